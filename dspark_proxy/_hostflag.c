@@ -1,0 +1,713 @@
+/*
+ * _hostflag: the few things Python cannot express for the engine <-> proxy hand-off.
+ *
+ *  - acquire loads, release stores and compare-and-swap on 64-bit words in shared memory,
+ *  - futex waits (bounded spin first) and wakes, with the GIL released,
+ *  - claim + copy + release of the reply page as one call the other party cannot interleave with,
+ *  - seqlock reads and writes of small blocks (statistics, resync requests).
+ *
+ * Everything else (names, sizes, deadlines, who calls what) is policy and lives in Python
+ * (hostflag.py, shm_layout.py). Every function takes a writable buffer (the mapped segment) and
+ * byte offsets into it; offsets are checked against the buffer and for 8-byte (words: 64-byte)
+ * alignment before any access.
+ *
+ * Words (each on its own 128-byte line, index * WORD_STRIDE from the words region; shm_layout.md
+ * is the reference and has the full table):
+ *
+ *   word        writer(s)                        reader(s)        rule
+ *   gathered    engine (release)                 proxy, watchdog  round t's staging is complete
+ *   claimed     proxy | watchdog | fail_all (CAS)  engine         exactly one winner per round; never backwards
+ *   published   the claim's winner (release)     engine           page holds the winner's reply
+ *   consumed    engine (release)                 proxy            page may be rewritten for t+1
+ *
+ * Memory order: every store another process reads is a release store paired with an acquire load
+ * on the reader's side (named at each site). No x86-only fences: this must be right on aarch64.
+ * The futex wait sits on the low 32 bits of a 64-bit word (little-endian only; checked at build).
+ * A sleeper registers in the word's `sleepers` count (same cache line, +8) before its final check
+ * and a writer wakes only when that count is non-zero: both sides use seq_cst for that pair (a
+ * Dekker handshake), so no wake is lost and an uncontended store costs no syscall.
+ *
+ * No lock anywhere: a process that dies at any instruction leaves at worst a claimed-but-unpublished
+ * round, which the other side detects by its deadline (see shm_layout.md, "Dying at any point").
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "_hostflag: the futex sits on the low half of a 64-bit word; little-endian only"
+#endif
+
+_Static_assert(sizeof(_Atomic uint64_t) == 8, "64-bit atomics must be 8 bytes");
+_Static_assert(sizeof(_Atomic uint32_t) == 4, "32-bit atomics must be 4 bytes");
+
+/* Word indices; shm_layout.py reads these from the module so the two cannot disagree. */
+enum {
+    W_GATHERED = 0,
+    W_CLAIMED = 1,
+    W_PUBLISHED = 2,
+    W_CONSUMED = 3,
+    N_ROUND_WORDS = 4,
+};
+#define WORD_STRIDE 128   /* one word per false-sharing range (two 64-byte lines on x86 and Neoverse) */
+#define SLEEPERS_OFF 8    /* the sleepers count shares its word's line */
+
+#define ROUND_FAILED 2    /* reply page status written by fail_round / fail_all (round.py: STATUS_ROUND_FAILED) */
+
+/* ------------------------------------------------------------------ helpers */
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
+static inline int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static inline _Atomic uint64_t *word_at(char *base, Py_ssize_t off) {
+    return (_Atomic uint64_t *)(base + off);
+}
+
+/* Check that [off, off + len) lies in the buffer and off is `align`-aligned; sets ValueError. */
+static int check_range(const Py_buffer *b, Py_ssize_t off, Py_ssize_t len, Py_ssize_t align) {
+    if (off < 0 || len < 0 || off > b->len - len) {
+        PyErr_Format(PyExc_ValueError, "offset %zd + %zd bytes outside the %zd-byte buffer", off, len, b->len);
+        return -1;
+    }
+    if (align > 1 && (((uintptr_t)b->buf + (uintptr_t)off) % (uintptr_t)align) != 0) {
+        PyErr_Format(PyExc_ValueError, "offset %zd is not %zd-byte aligned", off, align);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_words(const Py_buffer *b, Py_ssize_t words_off) {
+    return check_range(b, words_off, (Py_ssize_t)N_ROUND_WORDS * WORD_STRIDE, 64);
+}
+
+static long futex_wait32(_Atomic uint32_t *addr, uint32_t expected, int64_t timeout_ns) {
+    struct timespec ts;
+    ts.tv_sec = (time_t)(timeout_ns / 1000000000LL);
+    ts.tv_nsec = (long)(timeout_ns % 1000000000LL);
+    /* shared (not FUTEX_PRIVATE): the word lives in a segment mapped by two processes */
+    return syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT, expected, &ts, NULL, 0);
+}
+
+static void futex_wake_all(_Atomic uint32_t *addr) {
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Wake sleepers on a word just stored. seq_cst load: pairs with the seq_cst increment in wait_ge_nogil. */
+static inline void wake_if_sleepers(_Atomic uint64_t *w) {
+    _Atomic uint32_t *sleepers = (_Atomic uint32_t *)((char *)w + SLEEPERS_OFF);
+    if (atomic_load_explicit(sleepers, memory_order_seq_cst) != 0)
+        futex_wake_all((_Atomic uint32_t *)w);
+}
+
+/* Store v with release semantics, then wake. The seq_cst fence orders the store before the sleepers
+ * load (the other half of the Dekker handshake). */
+static inline void store_release_wake(_Atomic uint64_t *w, uint64_t v) {
+    atomic_store_explicit(w, v, memory_order_release);
+    atomic_thread_fence(memory_order_seq_cst);
+    wake_if_sleepers(w);
+}
+
+/* Raise a word to at least v (monotonic); returns the value before. */
+static inline uint64_t raise_to(_Atomic uint64_t *w, uint64_t v) {
+    uint64_t cur = atomic_load_explicit(w, memory_order_relaxed);
+    while (cur < v) {
+        /* release: pairs with the acquire loads of whoever waits on this word */
+        if (atomic_compare_exchange_weak_explicit(w, &cur, v, memory_order_acq_rel, memory_order_relaxed))
+            break;
+    }
+    return cur;
+}
+
+/* Outcome of a wait, without the GIL. */
+enum { WAIT_OK = 1, WAIT_TIMEOUT = 0, WAIT_EINTR = -1 };
+
+/*
+ * Wait until *w >= target or until deadline (CLOCK_MONOTONIC ns). Spins for up to spin_ns first
+ * (cheap when the answer comes quickly and each side has a core), then sleeps in the futex.
+ * Called without the GIL. Returns WAIT_EINTR when a signal interrupted the sleep so that the
+ * caller can run Python's signal handlers and decide whether to go on.
+ */
+static int wait_ge_nogil(_Atomic uint64_t *w, uint64_t target, int64_t deadline, int64_t spin_ns) {
+    /* acquire: pairs with the writer's release store (gathered / published / consumed) */
+    uint64_t v = atomic_load_explicit(w, memory_order_acquire);
+    if (v >= target)
+        return WAIT_OK;
+    int64_t start = now_ns();
+    if (spin_ns > 0) {
+        int64_t spin_end = start + spin_ns;
+        if (spin_end > deadline)
+            spin_end = deadline;
+        for (unsigned i = 1;; i++) {
+            cpu_relax();
+            v = atomic_load_explicit(w, memory_order_acquire);
+            if (v >= target)
+                return WAIT_OK;
+            if ((i & 63) == 0 && now_ns() >= spin_end)
+                break;
+        }
+    }
+    _Atomic uint32_t *low = (_Atomic uint32_t *)w;
+    _Atomic uint32_t *sleepers = (_Atomic uint32_t *)((char *)w + SLEEPERS_OFF);
+    for (;;) {
+        int64_t left = deadline - now_ns();
+        if (left <= 0)
+            return atomic_load_explicit(w, memory_order_acquire) >= target ? WAIT_OK : WAIT_TIMEOUT;
+        /* seq_cst: pairs with the seq_cst load in wake_if_sleepers */
+        atomic_fetch_add_explicit(sleepers, 1, memory_order_seq_cst);
+        v = atomic_load_explicit(w, memory_order_seq_cst);
+        if (v >= target) {
+            atomic_fetch_sub_explicit(sleepers, 1, memory_order_seq_cst);
+            return WAIT_OK;
+        }
+        long r = futex_wait32(low, (uint32_t)v, left);
+        int err = errno;
+        atomic_fetch_sub_explicit(sleepers, 1, memory_order_seq_cst);
+        if (atomic_load_explicit(w, memory_order_acquire) >= target)
+            return WAIT_OK;
+        if (r == -1 && err == EINTR)
+            return WAIT_EINTR;
+        /* woken, EAGAIN (value moved but not far enough), ETIMEDOUT or spurious: loop re-checks */
+    }
+}
+
+/* Run a GIL-free wait, honouring signals: EINTR runs Python's handlers (Ctrl-C raises) and resumes. */
+static int wait_ge_signals(_Atomic uint64_t *w, uint64_t target, int64_t deadline, int64_t spin_ns) {
+    for (;;) {
+        int r;
+        Py_BEGIN_ALLOW_THREADS
+        r = wait_ge_nogil(w, target, deadline, spin_ns);
+        Py_END_ALLOW_THREADS
+        if (r != WAIT_EINTR)
+            return r;
+        if (PyErr_CheckSignals() < 0)
+            return -2; /* exception set */
+        spin_ns = 0;
+    }
+}
+
+static int64_t deadline_from_timeout(double timeout_s) {
+    int64_t now = now_ns();
+    if (timeout_s < 0)
+        return INT64_MAX;              /* negative: wait forever */
+    if (timeout_s > 9.0e9)
+        return INT64_MAX;
+    return now + (int64_t)(timeout_s * 1e9);
+}
+
+/* ------------------------------------------------------------------ the reply page */
+
+/*
+ * claim t (CAS claimed: t-1 -> t), run `fill`, then release published = t. Returns 1 when this
+ * caller won, 0 when someone claimed t (or beyond) first, -1 when claimed is behind t-1 (the caller
+ * is out of order: it must not claim ahead of an unclaimed round).
+ */
+static int claim(_Atomic uint64_t *claimed, uint64_t t) {
+    uint64_t expected = t - 1;
+    /* acq_rel: acquire orders our page writes after the claim; release publishes the claim itself */
+    if (atomic_compare_exchange_strong_explicit(claimed, &expected, t, memory_order_acq_rel,
+                                                memory_order_acquire))
+        return 1;
+    return expected >= t ? 0 : -1;
+}
+
+static void write_failed_page(char *page, Py_ssize_t zero_bytes, int32_t n) {
+    int32_t *p = (int32_t *)page;
+    memset(page + 8, 0, (size_t)zero_bytes);
+    p[0] = ROUND_FAILED;
+    p[1] = n;
+}
+
+/* publish(buf, words_off, page_off, t, src) -> 1 won / 0 lost / -1 out of order */
+static PyObject *hf_publish(PyObject *mod, PyObject *args) {
+    Py_buffer b, src;
+    Py_ssize_t words_off, page_off;
+    unsigned long long t;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "w*nnKy*", &b, &words_off, &page_off, &t, &src))
+        return NULL;
+    PyObject *res = NULL;
+    if (t == 0) {
+        PyErr_SetString(PyExc_ValueError, "rounds start at 1");
+        goto done;
+    }
+    if (check_words(&b, words_off) < 0 || check_range(&b, page_off, src.len, 64) < 0)
+        goto done;
+    char *base = (char *)b.buf;
+    _Atomic uint64_t *claimed = word_at(base, words_off + W_CLAIMED * WORD_STRIDE);
+    _Atomic uint64_t *published = word_at(base, words_off + W_PUBLISHED * WORD_STRIDE);
+    int won;
+    Py_BEGIN_ALLOW_THREADS
+    won = claim(claimed, (uint64_t)t);
+    if (won == 1) {
+        memcpy(base + page_off, src.buf, (size_t)src.len);
+        /* release: pairs with the acquire load of published in read_page / wait_ge */
+        raise_to(published, (uint64_t)t);
+        atomic_thread_fence(memory_order_seq_cst);
+        wake_if_sleepers(published);
+    }
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromLong(won);
+done:
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&src);
+    return res;
+}
+
+static int do_fail_round(char *base, Py_ssize_t words_off, Py_ssize_t page_off, Py_ssize_t zero_bytes,
+                         uint64_t t, int32_t n) {
+    _Atomic uint64_t *claimed = word_at(base, words_off + W_CLAIMED * WORD_STRIDE);
+    _Atomic uint64_t *published = word_at(base, words_off + W_PUBLISHED * WORD_STRIDE);
+    int won = claim(claimed, t);
+    if (won == 1) {
+        write_failed_page(base + page_off, zero_bytes, n);
+        raise_to(published, t); /* release: pairs with read_page's acquire */
+        atomic_thread_fence(memory_order_seq_cst);
+        wake_if_sleepers(published);
+    }
+    return won;
+}
+
+/* fail_round(buf, words_off, page_off, zero_bytes, t, n) -> 1 won / 0 lost / -1 out of order */
+static PyObject *hf_fail_round(PyObject *mod, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t words_off, page_off, zero_bytes;
+    unsigned long long t;
+    int n;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "w*nnnKi", &b, &words_off, &page_off, &zero_bytes, &t, &n))
+        return NULL;
+    PyObject *res = NULL;
+    if (t == 0) {
+        PyErr_SetString(PyExc_ValueError, "rounds start at 1");
+        goto done;
+    }
+    if (check_words(&b, words_off) < 0 || check_range(&b, page_off, zero_bytes + 8, 64) < 0)
+        goto done;
+    int won;
+    Py_BEGIN_ALLOW_THREADS
+    won = do_fail_round((char *)b.buf, words_off, page_off, zero_bytes, (uint64_t)t, (int32_t)n);
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromLong(won);
+done:
+    PyBuffer_Release(&b);
+    return res;
+}
+
+/*
+ * fail_all(buf, words_off, page_off, zero_bytes, T) -> True when this call moved claimed forward.
+ * Claims every round up to T at once (CAS claimed: c -> T for whatever c < T is there), writes a
+ * failed page and raises published to T. A reader of any round t < T sees claimed != t and treats
+ * t as target-only without trusting the page (read_page's rule), so a claimant still copying into
+ * the page meanwhile cannot hand anyone a torn reply.
+ */
+static PyObject *hf_fail_all(PyObject *mod, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t words_off, page_off, zero_bytes;
+    unsigned long long T;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "w*nnnK", &b, &words_off, &page_off, &zero_bytes, &T))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_words(&b, words_off) < 0 || check_range(&b, page_off, zero_bytes + 8, 64) < 0)
+        goto done;
+    char *base = (char *)b.buf;
+    _Atomic uint64_t *claimed = word_at(base, words_off + W_CLAIMED * WORD_STRIDE);
+    _Atomic uint64_t *published = word_at(base, words_off + W_PUBLISHED * WORD_STRIDE);
+    uint64_t before;
+    Py_BEGIN_ALLOW_THREADS
+    before = raise_to(claimed, (uint64_t)T);
+    if (before < (uint64_t)T)
+        write_failed_page(base + page_off, zero_bytes, 0);
+    raise_to(published, (uint64_t)T); /* release: pairs with read_page's acquire */
+    atomic_thread_fence(memory_order_seq_cst);
+    wake_if_sleepers(published);
+    Py_END_ALLOW_THREADS
+    res = PyBool_FromLong(before < (uint64_t)T);
+done:
+    PyBuffer_Release(&b);
+    return res;
+}
+
+/*
+ * read_page(buf, words_off, page_off, t, dst) -> 1 accepted / 0 not this round's page (someone
+ * failed ahead, or the claim moved while copying: target-only) / -1 not published yet.
+ * The seqlock rule: the copy is trusted only if claimed == t before and after it.
+ */
+static PyObject *hf_read_page(PyObject *mod, PyObject *args) {
+    Py_buffer b, dst;
+    Py_ssize_t words_off, page_off;
+    unsigned long long t;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "w*nnKw*", &b, &words_off, &page_off, &t, &dst))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_words(&b, words_off) < 0 || check_range(&b, page_off, dst.len, 64) < 0)
+        goto done;
+    char *base = (char *)b.buf;
+    _Atomic uint64_t *claimed = word_at(base, words_off + W_CLAIMED * WORD_STRIDE);
+    _Atomic uint64_t *published = word_at(base, words_off + W_PUBLISHED * WORD_STRIDE);
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    /* acquire: pairs with the release raise of published after the winner's copy */
+    if (atomic_load_explicit(published, memory_order_acquire) < (uint64_t)t) {
+        r = -1;
+    } else if (atomic_load_explicit(claimed, memory_order_acquire) != (uint64_t)t) {
+        r = 0;
+    } else {
+        memcpy(dst.buf, base + page_off, (size_t)dst.len);
+        /* acquire fence: the copy's loads complete before the second look at claimed */
+        atomic_thread_fence(memory_order_acquire);
+        r = atomic_load_explicit(claimed, memory_order_relaxed) == (uint64_t)t ? 1 : 0;
+    }
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromLong(r);
+done:
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&dst);
+    return res;
+}
+
+/*
+ * wait_or_fail(buf, words_off, page_off, zero_bytes, t, n, deadline_ns, spin_ns)
+ *   -> 1: published >= t by the deadline
+ *      2: this call claimed t at the deadline and published a failed page (the watchdog's claim)
+ *      3: someone else holds the claim of t but had not published by the deadline
+ *      4: claimed is behind t-1 (round t-1 still unclaimed: caller out of order), nothing done
+ * The whole wait and the deadline claim run without the GIL, so a busy engine cannot make the
+ * claim late. deadline_ns is CLOCK_MONOTONIC (time.monotonic_ns() in Python).
+ */
+static PyObject *hf_wait_or_fail(PyObject *mod, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t words_off, page_off, zero_bytes;
+    unsigned long long t;
+    int n;
+    long long deadline, spin_ns;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "w*nnnKiLL", &b, &words_off, &page_off, &zero_bytes, &t, &n, &deadline,
+                          &spin_ns))
+        return NULL;
+    PyObject *res = NULL;
+    if (t == 0) {
+        PyErr_SetString(PyExc_ValueError, "rounds start at 1");
+        goto done;
+    }
+    if (check_words(&b, words_off) < 0 || check_range(&b, page_off, zero_bytes + 8, 64) < 0)
+        goto done;
+    char *base = (char *)b.buf;
+    _Atomic uint64_t *published = word_at(base, words_off + W_PUBLISHED * WORD_STRIDE);
+    int r = wait_ge_signals(published, (uint64_t)t, (int64_t)deadline, (int64_t)spin_ns);
+    if (r == -2)
+        goto done;
+    int out;
+    if (r == WAIT_OK) {
+        out = 1;
+    } else {
+        int won;
+        Py_BEGIN_ALLOW_THREADS
+        won = do_fail_round(base, words_off, page_off, zero_bytes, (uint64_t)t, (int32_t)n);
+        Py_END_ALLOW_THREADS
+        if (won == 1)
+            out = 2;
+        else if (won == -1)
+            out = 4;
+        else /* lost the claim: published meanwhile, or a claimant is still copying (or hung) */
+            out = atomic_load_explicit(published, memory_order_acquire) >= (uint64_t)t ? 1 : 3;
+    }
+    res = PyLong_FromLong(out);
+done:
+    PyBuffer_Release(&b);
+    return res;
+}
+
+/* ------------------------------------------------------------------ plain words */
+
+static int parse_word(PyObject *args, const char *fmt, Py_buffer *b, Py_ssize_t *off, void *a1, void *a2,
+                      void *a3) {
+    if (!PyArg_ParseTuple(args, fmt, b, off, a1, a2, a3))
+        return -1;
+    if (check_range(b, *off, 8, 8) < 0) {
+        PyBuffer_Release(b);
+        return -1;
+    }
+    return 0;
+}
+
+/* load(buf, off) -> int: acquire load (pairs with the writer's release store) */
+static PyObject *hf_load(PyObject *mod, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t off;
+    (void)mod;
+    if (parse_word(args, "w*n", &b, &off, NULL, NULL, NULL) < 0)
+        return NULL;
+    uint64_t v = atomic_load_explicit(word_at(b.buf, off), memory_order_acquire);
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLongLong(v);
+}
+
+/* load_after(buf, off) -> int: acquire fence, then load: the seqlock reader's second look, after it
+ * copied the data the word guards (pairs with begin_write's release fence) */
+static PyObject *hf_load_after(PyObject *mod, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t off;
+    (void)mod;
+    if (parse_word(args, "w*n", &b, &off, NULL, NULL, NULL) < 0)
+        return NULL;
+    atomic_thread_fence(memory_order_acquire);
+    uint64_t v = atomic_load_explicit(word_at(b.buf, off), memory_order_relaxed);
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLongLong(v);
+}
+
+/* store(buf, off, v): release store (pairs with the reader's acquire load), then wake sleepers */
+static PyObject *hf_store(PyObject *mod, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t off;
+    unsigned long long v;
+    (void)mod;
+    if (parse_word(args, "w*nK", &b, &off, &v, NULL, NULL) < 0)
+        return NULL;
+    store_release_wake(word_at(b.buf, off), (uint64_t)v);
+    PyBuffer_Release(&b);
+    Py_RETURN_NONE;
+}
+
+/* begin_write(buf, off, v): the seqlock writer's first stamp: store, then a release fence so the
+ * stamp is visible before any data written after this call (pairs with load_after) */
+static PyObject *hf_begin_write(PyObject *mod, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t off;
+    unsigned long long v;
+    (void)mod;
+    if (parse_word(args, "w*nK", &b, &off, &v, NULL, NULL) < 0)
+        return NULL;
+    atomic_store_explicit(word_at(b.buf, off), (uint64_t)v, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    PyBuffer_Release(&b);
+    Py_RETURN_NONE;
+}
+
+/* cas(buf, off, expected, desired) -> bool (acq_rel on success) */
+static PyObject *hf_cas(PyObject *mod, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t off;
+    unsigned long long expected, desired;
+    (void)mod;
+    if (parse_word(args, "w*nKK", &b, &off, &expected, &desired, NULL) < 0)
+        return NULL;
+    uint64_t e = (uint64_t)expected;
+    _Atomic uint64_t *w = word_at(b.buf, off);
+    int ok = atomic_compare_exchange_strong_explicit(w, &e, (uint64_t)desired, memory_order_acq_rel,
+                                                     memory_order_acquire);
+    if (ok) {
+        atomic_thread_fence(memory_order_seq_cst);
+        wake_if_sleepers(w);
+    }
+    PyBuffer_Release(&b);
+    return PyBool_FromLong(ok);
+}
+
+/* raise_to(buf, off, v) -> previous value: monotonic max (a word that must never move backwards) */
+static PyObject *hf_raise_to(PyObject *mod, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t off;
+    unsigned long long v;
+    (void)mod;
+    if (parse_word(args, "w*nK", &b, &off, &v, NULL, NULL) < 0)
+        return NULL;
+    _Atomic uint64_t *w = word_at(b.buf, off);
+    uint64_t before = raise_to(w, (uint64_t)v);
+    if (before < (uint64_t)v) {
+        atomic_thread_fence(memory_order_seq_cst);
+        wake_if_sleepers(w);
+    }
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLongLong(before);
+}
+
+/* wait_ge(buf, off, target, timeout_s, spin_ns) -> bool; timeout_s < 0 waits forever */
+static PyObject *hf_wait_ge(PyObject *mod, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t off;
+    unsigned long long target;
+    double timeout_s;
+    long long spin_ns;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "w*nKdL", &b, &off, &target, &timeout_s, &spin_ns))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_range(&b, off, 16, 64) < 0)
+        goto done;
+    int r = wait_ge_signals(word_at(b.buf, off), (uint64_t)target, deadline_from_timeout(timeout_s),
+                            (int64_t)spin_ns);
+    if (r == -2)
+        goto done;
+    res = PyBool_FromLong(r == WAIT_OK);
+done:
+    PyBuffer_Release(&b);
+    return res;
+}
+
+/* wake(buf, off): wake every sleeper on a word (after a store made by other means) */
+static PyObject *hf_wake(PyObject *mod, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t off;
+    (void)mod;
+    if (parse_word(args, "w*n", &b, &off, NULL, NULL, NULL) < 0)
+        return NULL;
+    futex_wake_all((_Atomic uint32_t *)word_at(b.buf, off));
+    PyBuffer_Release(&b);
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ seqlock blocks */
+
+/*
+ * seq_write(buf, seq_off, data_off, src): one writer. seq odd while writing (rigtorp's Seqlock):
+ * store seq+1, release fence, copy, release store seq+2. Readers never block the writer.
+ */
+static PyObject *hf_seq_write(PyObject *mod, PyObject *args) {
+    Py_buffer b, src;
+    Py_ssize_t seq_off, data_off;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "w*nny*", &b, &seq_off, &data_off, &src))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_range(&b, seq_off, 8, 8) < 0 || check_range(&b, data_off, src.len, 8) < 0)
+        goto done;
+    _Atomic uint64_t *seq = word_at(b.buf, seq_off);
+    uint64_t s = atomic_load_explicit(seq, memory_order_relaxed);
+    if (s & 1)
+        s += 1; /* a writer died mid-write: start from the next even value */
+    atomic_store_explicit(seq, s + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release); /* pairs with the reader's acquire fence */
+    Py_BEGIN_ALLOW_THREADS
+    memcpy((char *)b.buf + data_off, src.buf, (size_t)src.len);
+    Py_END_ALLOW_THREADS
+    atomic_store_explicit(seq, s + 2, memory_order_release); /* pairs with the reader's first acquire load */
+    res = PyLong_FromUnsignedLongLong(s + 2);
+done:
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&src);
+    return res;
+}
+
+/* seq_read(buf, seq_off, data_off, dst, tries) -> seq (even, > 0) of a consistent copy, or 0 when
+ * no consistent copy was had in `tries` attempts (or nothing was ever written). */
+static PyObject *hf_seq_read(PyObject *mod, PyObject *args) {
+    Py_buffer b, dst;
+    Py_ssize_t seq_off, data_off;
+    int tries;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "w*nnw*i", &b, &seq_off, &data_off, &dst, &tries))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_range(&b, seq_off, 8, 8) < 0 || check_range(&b, data_off, dst.len, 8) < 0)
+        goto done;
+    _Atomic uint64_t *seq = word_at(b.buf, seq_off);
+    uint64_t got = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (int i = 0; i < tries && got == 0; i++) {
+        uint64_t s0 = atomic_load_explicit(seq, memory_order_acquire); /* pairs with seq_write's final store */
+        if (s0 == 0)
+            break;
+        if (s0 & 1) {
+            cpu_relax();
+            continue;
+        }
+        memcpy(dst.buf, (char *)b.buf + data_off, (size_t)dst.len);
+        atomic_thread_fence(memory_order_acquire); /* pairs with seq_write's release fence */
+        if (atomic_load_explicit(seq, memory_order_relaxed) == s0)
+            got = s0;
+    }
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromUnsignedLongLong(got);
+done:
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&dst);
+    return res;
+}
+
+static PyObject *hf_monotonic_ns(PyObject *mod, PyObject *noargs) {
+    (void)mod;
+    (void)noargs;
+    return PyLong_FromLongLong(now_ns());
+}
+
+/* ------------------------------------------------------------------ module */
+
+static PyMethodDef hf_methods[] = {
+    {"load", hf_load, METH_VARARGS, "load(buf, off) -> int: acquire load of a 64-bit word."},
+    {"load_after", hf_load_after, METH_VARARGS, "load_after(buf, off) -> int: acquire fence, then load."},
+    {"store", hf_store, METH_VARARGS, "store(buf, off, v): release store, then wake sleepers."},
+    {"begin_write", hf_begin_write, METH_VARARGS, "begin_write(buf, off, v): store, then release fence."},
+    {"cas", hf_cas, METH_VARARGS, "cas(buf, off, expected, desired) -> bool."},
+    {"raise_to", hf_raise_to, METH_VARARGS, "raise_to(buf, off, v) -> previous: monotonic max."},
+    {"wait_ge", hf_wait_ge, METH_VARARGS,
+     "wait_ge(buf, off, target, timeout_s, spin_ns) -> bool: spin, then futex sleep, GIL released."},
+    {"wake", hf_wake, METH_VARARGS, "wake(buf, off): wake every sleeper on the word."},
+    {"publish", hf_publish, METH_VARARGS,
+     "publish(buf, words_off, page_off, t, src) -> 1 won / 0 lost / -1 out of order."},
+    {"fail_round", hf_fail_round, METH_VARARGS,
+     "fail_round(buf, words_off, page_off, zero_bytes, t, n) -> 1 won / 0 lost / -1 out of order."},
+    {"fail_all", hf_fail_all, METH_VARARGS,
+     "fail_all(buf, words_off, page_off, zero_bytes, T) -> bool: claim and release every round up to T."},
+    {"read_page", hf_read_page, METH_VARARGS,
+     "read_page(buf, words_off, page_off, t, dst) -> 1 ok / 0 not this round's / -1 not published."},
+    {"wait_or_fail", hf_wait_or_fail, METH_VARARGS,
+     "wait_or_fail(buf, words_off, page_off, zero_bytes, t, n, deadline_ns, spin_ns) -> 1..4."},
+    {"seq_write", hf_seq_write, METH_VARARGS, "seq_write(buf, seq_off, data_off, src) -> new seq."},
+    {"seq_read", hf_seq_read, METH_VARARGS, "seq_read(buf, seq_off, data_off, dst, tries) -> seq or 0."},
+    {"monotonic_ns", hf_monotonic_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (the clock deadlines use)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int hf_exec(PyObject *m) {
+    if (PyModule_AddIntConstant(m, "WORD_STRIDE", WORD_STRIDE) < 0 ||
+        PyModule_AddIntConstant(m, "GATHERED", W_GATHERED) < 0 ||
+        PyModule_AddIntConstant(m, "CLAIMED", W_CLAIMED) < 0 ||
+        PyModule_AddIntConstant(m, "PUBLISHED", W_PUBLISHED) < 0 ||
+        PyModule_AddIntConstant(m, "CONSUMED", W_CONSUMED) < 0 ||
+        PyModule_AddIntConstant(m, "N_ROUND_WORDS", N_ROUND_WORDS) < 0 ||
+        PyModule_AddIntConstant(m, "ROUND_FAILED", ROUND_FAILED) < 0 ||
+        PyModule_AddIntConstant(m, "SLEEPERS_OFF", SLEEPERS_OFF) < 0)
+        return -1;
+    return 0;
+}
+
+static PyModuleDef_Slot hf_slots[] = {
+    {Py_mod_exec, hf_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef hf_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "dspark_proxy._hostflag",
+    .m_doc = "Hostflag atomics, futex waits and the claim-copy-release publish (see shm_layout.md).",
+    .m_size = 0,
+    .m_methods = hf_methods,
+    .m_slots = hf_slots,
+};
+
+PyMODINIT_FUNC PyInit__hostflag(void) {
+    return PyModuleDef_Init(&hf_module);
+}

@@ -1,0 +1,1 @@
+"""What the engine imports: enqueue gathers, read published replies, never wait past the deadline."""
