@@ -1,0 +1,570 @@
+"""One configuration schema for every command: frozen dataclasses, and the click glue derived from them.
+
+Each setting is declared once, as a dataclass field with a default and a one-line help
+(``field(metadata={"help": ...})``); the click options, their ``Choice``s, their env var names and the
+validation all come from that declaration, so a new setting is one edit, not one per layer.
+
+Precedence (highest first): command-line flag > environment variable ``DSPARK_PROXY_<FIELD>`` (for
+example ``DSPARK_PROXY_MAX_REQS``) > TOML file given by ``--config`` (or ``DSPARK_PROXY_CONFIG``) >
+the dataclass default. Click does the layering: the file is loaded into ``ctx.default_map`` by the eager
+``--config`` option before any other option is read, and ``ctx.get_parameter_source`` tells afterwards
+where each value came from.
+
+TOML layout: top-level keys are shared by every command (the natural place for the layout fields that
+the proxy and the worker must agree on); a table per command overrides them for that command only::
+
+    num_spec = 5          # proxy and worker
+    window = 128
+    row_bytes = 71680
+
+    [proxy]               # dspark-proxy start
+    worker = "10.0.0.2:7470"
+    deadline_ms = 4.0
+    n_out_table = [5, 5, 4, 3]
+
+    [worker]              # dspark-proxy worker
+    listen = "0.0.0.0:7470"
+    token_file = "/etc/dspark/token"
+
+A top-level key is used by the commands whose schema has it and ignored by the others; a key that no
+command knows is an error (a typo must not be silently dropped). Because ``[worker]`` is a table, the
+proxy's ``worker`` address belongs in ``[proxy]`` when the file also has a ``[worker]`` table.
+
+This is the only module that looks at the environment (through click's ``envvar``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import math
+import sys
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import click
+from click.core import ParameterSource
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on 3.10
+    import tomli as tomllib
+
+__all__ = [
+    "ENV_PREFIX",
+    "MAX_NUM_SPEC",
+    "MAX_REQS_LIMIT",
+    "ConfigError",
+    "LayoutConfig",
+    "ProxyConfig",
+    "WorkerConfig",
+    "build_config",
+    "click_options",
+    "config_to_dict",
+    "derive_sizes",
+    "env_var",
+    "format_settings",
+    "load_toml",
+    "parse_hostport",
+]
+
+ENV_PREFIX = "DSPARK_PROXY"
+MAX_NUM_SPEC = 255  # N travels in a uint8 on the wire, like k_window
+MAX_REQS_LIMIT = 65536  # requests per round (M); the descriptor and reply page are sized by it
+_MAX_WINDOW = 65536
+_MAX_ROW_BYTES = 1 << 30
+_MIB = 1 << 20
+
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+Drafter = Literal["integrity", "torch"]
+
+Source = Literal["cli", "env", "file", "default"]
+_SOURCE_NAMES: dict[ParameterSource, Source] = {
+    ParameterSource.COMMANDLINE: "cli",
+    ParameterSource.ENVIRONMENT: "env",
+    ParameterSource.DEFAULT_MAP: "file",
+    ParameterSource.DEFAULT: "default",
+}
+
+
+class ConfigError(ValueError):
+    """A setting is invalid. ``field`` names the setting (None for a file-level problem)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def env_var(name: str) -> str:
+    """The environment variable that sets field ``name``: ``DSPARK_PROXY_<NAME>``."""
+    return f"{ENV_PREFIX}_{name.upper()}"
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _where(name: str) -> str:
+    return f"({_flag(name)} / {env_var(name)})"
+
+
+# ---------------------------------------------------------------------------------------------- ranges
+
+
+@dataclass(frozen=True)
+class _Range:
+    """Accepted numeric range, inclusive unless ``lo_open``; rendered in error messages."""
+
+    lo: float
+    hi: float = math.inf
+    lo_open: bool = False
+
+    def __contains__(self, v: float) -> bool:
+        above = v > self.lo if self.lo_open else v >= self.lo
+        return above and v <= self.hi
+
+    def __str__(self) -> str:
+        hi = "inf)" if self.hi == math.inf else f"{self.hi:g}]"
+        return f"{'(' if self.lo_open else '['}{self.lo:g}, {hi}"
+
+
+def _opt(default: Any, help: str, rng: _Range | None = None, **meta: Any) -> Any:
+    return field(default=default, metadata={"help": help, "range": rng, **meta})
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def parse_hostport(value: str, *, field: str = "address", allow_port_zero: bool = False) -> tuple[str, int]:
+    """Split ``"HOST:PORT"`` (``"[::1]:7470"`` for IPv6) into ``(host, port)``; ConfigError names ``field``.
+
+    Port 0 (let the OS choose) makes sense for a listening socket in tests, never for a peer address,
+    hence ``allow_port_zero``.
+    """
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{field}: expected HOST:PORT, got {value!r}", field)
+    if value.startswith("["):
+        host, sep, rest = value[1:].partition("]")
+        if not sep or not rest.startswith(":"):
+            raise ConfigError(f"{field}: expected [IPV6]:PORT, got {value!r}", field)
+        port_s = rest[1:]
+    else:
+        host, sep, port_s = value.rpartition(":")
+        if not sep:
+            raise ConfigError(f"{field}: expected HOST:PORT, got {value!r} (no port)", field)
+        if ":" in host:
+            raise ConfigError(f"{field}: an IPv6 host must be bracketed, [HOST]:PORT; got {value!r}", field)
+    if not host:
+        raise ConfigError(f"{field}: empty host in {value!r}", field)
+    try:
+        port = int(port_s, 10)
+    except ValueError:
+        raise ConfigError(f"{field}: port {port_s!r} in {value!r} is not an integer", field) from None
+    lo = 0 if allow_port_zero else 1
+    if not lo <= port <= 65535:
+        raise ConfigError(f"{field}: port {port} in {value!r} must be in [{lo}, 65535]", field)
+    return host, port
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def derive_sizes(
+    max_reqs: int, num_spec: int, window: int, row_bytes: int, staging_budget_mb: int
+) -> tuple[int, int]:
+    """Default ``(max_rows, resync_per_round)`` from the staging budget (SPEC §3).
+
+    ``max_rows`` never goes below one full decode round (M × (N+1) rows) and never above what a round can
+    send at all (M × W, each request sending at most W rows); in between, the budget decides. Resync
+    windows cost W rows each, so the budget decides how many a round stages, at least 4 (so recovery
+    after a mass invalidation makes progress), at most M.
+    """
+    budget_bytes = staging_budget_mb * _MIB
+    max_rows = min(max_reqs * window, max(max_reqs * (num_spec + 1), budget_bytes // row_bytes))
+    resync_per_round = min(max_reqs, max(4, budget_bytes // (window * row_bytes)))
+    return max_rows, resync_per_round
+
+
+# ---------------------------------------------------------------------------------------------- schema
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Base:
+    """Type checks, coercion and range checks shared by every config class, run at construction, so
+    a config built in a test or by ``dataclasses.replace`` is as valid as one built from the CLI."""
+
+    SECTION: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            v = _coerce(f.name, getattr(self, f.name), hints[f.name])
+            object.__setattr__(self, f.name, v)
+            rng = f.metadata.get("range")
+            if rng is not None and v is not None and v not in rng:
+                raise ConfigError(f"{f.name}={v!r} is out of range: must be in {rng} {_where(f.name)}", f.name)
+        self._validate()
+
+    def _validate(self) -> None:
+        """Cross-field checks; subclasses extend."""
+
+
+def _coerce(name: str, v: Any, tp: Any) -> Any:
+    """Check ``v`` against the field type ``tp`` (int, float, str, bool, Literal, tuple[int, ...], X | None),
+    widening int to float and list to tuple, as a TOML file or a test may pass them."""
+    args = typing.get_args(tp)
+    if type(None) in args:
+        if v is None:
+            return None
+        (tp,) = (a for a in args if a is not type(None))
+        args = typing.get_args(tp)
+    origin = typing.get_origin(tp)
+    bad = f"{name}={v!r}: expected "
+    if origin is Literal:
+        if v not in args:
+            raise ConfigError(f"{bad}one of {', '.join(map(str, args))} {_where(name)}", name)
+        return v
+    if origin is tuple:
+        if not isinstance(v, (tuple, list)) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            raise ConfigError(f"{bad}a list of integers {_where(name)}", name)
+        return tuple(v)
+    if tp is bool:
+        if not isinstance(v, bool):
+            raise ConfigError(f"{bad}true or false {_where(name)}", name)
+        return v
+    if tp is int:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ConfigError(f"{bad}an integer {_where(name)}", name)
+        return v
+    if tp is float:
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            raise ConfigError(f"{bad}a finite number {_where(name)}", name)
+        return float(v)
+    if tp is str:
+        if not isinstance(v, str):
+            raise ConfigError(f"{bad}a string {_where(name)}", name)
+        return v
+    raise TypeError(f"config field {name}: unsupported type {tp!r}")  # a schema bug, not user input
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayoutConfig(_Base):
+    """The shapes that fix the shared-memory layout and that proxy, shim and worker must agree on."""
+
+    max_reqs: int = _opt(64, "M: most requests in one round (also the number of request slots).",
+                         _Range(1, MAX_REQS_LIMIT))
+    num_spec: int = _opt(5, "N: draft tokens per request per round.", _Range(1, MAX_NUM_SPEC))
+    window: int = _opt(16, "W: hidden-state rows kept per request (the drafter's window).",
+                       _Range(1, _MAX_WINDOW))
+    row_bytes: int = _opt(256, "Bytes in one hidden-state row (tapped layers x hidden x dtype size).",
+                          _Range(1, _MAX_ROW_BYTES))
+    sampled: bool = _opt(False, "Sampled mode: per-request seed and temperature, top-32 support and q.")
+
+    def layout(self) -> LayoutConfig:
+        """Just the layout fields, for comparing a proxy's, a worker's and an engine's shapes."""
+        return LayoutConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LayoutConfig)})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProxyConfig(LayoutConfig):
+    """``dspark-proxy start``: the proxy process that runs the round beside the engine."""
+
+    SECTION: ClassVar[str] = "proxy"
+
+    name: str = _opt("dspark", "Shared-memory segment name (one proxy per name; the shim attaches by it).")
+    worker: str = _opt("127.0.0.1:7470", "Draft worker address, HOST:PORT.")
+    want_margin: bool = _opt(False, "Ask the worker for the top-1/top-2 logit margin per draft.")
+    deadline_ms: float = _opt(5.0, "Round deadline in ms: the shim fails a round not published by then.",
+                              _Range(0, 60_000, lo_open=True))
+    n_out_table: tuple[int, ...] = _opt(
+        (), "Draft positions to produce by batch size: entry min(n, len-1) for n requests; 0 or empty = all N. "
+        "Comma list on the command line.")
+    staging_budget_mb: int = _opt(256, "MiB of gather staging and resync windows; sets max_rows and "
+                                  "resync_per_round unless they are given.", _Range(1, 1 << 20))
+    max_rows: int | None = _opt(None, "Most rows staged per round (default: derived from the staging budget).",
+                                _Range(1, math.inf))
+    resync_per_round: int | None = _opt(None, "Most resync windows staged per round (default: derived from "
+                                        "the staging budget).", _Range(1, math.inf))
+    breaker_threshold: int = _opt(3, "Consecutive failed rounds that open the circuit breaker.",
+                                  _Range(1, math.inf))
+    breaker_cooldown: int = _opt(50, "Rounds the open breaker keeps the network off before one probe round.",
+                                 _Range(0, math.inf))
+    stats_file: str | None = _opt(None, "Write the statistics as JSON to this file (atomically) every "
+                                  "--log-every rounds and at exit.")
+    log_every: int = _opt(1000, "Rounds between one-line summaries in the log (0: never).", _Range(0, math.inf))
+    token_file: str | None = _opt(None, "File holding the shared secret for the worker handshake.")
+    metrics_port: int | None = _opt(None, "Serve Prometheus metrics on 127.0.0.1:PORT (0: any free port).",
+                                    _Range(0, 65535))
+    step_timeout_ms: float | None = _opt(None, "Timeout of one worker round trip in ms (default: what is "
+                                         "left of the deadline when the STEP goes out).",
+                                         _Range(0, 60_000, lo_open=True))
+    log_level: LogLevel = _opt("INFO", "Logging level.")
+
+    def _validate(self) -> None:
+        parse_hostport(self.worker, field="worker")
+        if not self.name or "/" in self.name:
+            raise ConfigError(f"name={self.name!r}: a segment name must be non-empty and have no '/' "
+                              f"{_where('name')}", "name")
+        bad = [v for v in self.n_out_table if not 0 <= v <= self.num_spec]
+        if bad:
+            raise ConfigError(f"n_out_table={list(self.n_out_table)}: entries must be in [0, num_spec="
+                              f"{self.num_spec}] {_where('n_out_table')}", "n_out_table")
+        if self.max_rows is not None and self.max_rows > self.max_reqs * self.window:
+            raise ConfigError(f"max_rows={self.max_rows} is out of range: must be in [1, max_reqs*window="
+                              f"{self.max_reqs * self.window}] {_where('max_rows')}", "max_rows")
+        if self.resync_per_round is not None and self.resync_per_round > self.max_reqs:
+            raise ConfigError(f"resync_per_round={self.resync_per_round} is out of range: must be in "
+                              f"[1, max_reqs={self.max_reqs}] {_where('resync_per_round')}", "resync_per_round")
+
+    def resolved(self) -> ProxyConfig:
+        """A copy with ``max_rows`` and ``resync_per_round`` filled from the staging budget where unset."""
+        max_rows, resync = derive_sizes(self.max_reqs, self.num_spec, self.window, self.row_bytes,
+                                        self.staging_budget_mb)
+        return dataclasses.replace(
+            self,
+            max_rows=max_rows if self.max_rows is None else self.max_rows,
+            resync_per_round=resync if self.resync_per_round is None else self.resync_per_round,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig(LayoutConfig):
+    """``dspark-proxy worker``: the remote draft worker."""
+
+    SECTION: ClassVar[str] = "worker"
+
+    listen: str = _opt("127.0.0.1:7470", "Address to listen on, HOST:PORT (port 0: any free port).")
+    drafter: Drafter = _opt("integrity", "Drafter: integrity (the test oracle) or torch (a DSpark-style head).")
+    token_file: str | None = _opt(None, "File holding the shared secret; peers must prove they know it.")
+    insecure: bool = _opt(False, "Allow listening on a non-loopback address without --token-file.")
+    fault_delay_ms: float = _opt(0.0, "Fault injection: delay every reply by this many ms.", _Range(0, 3.6e6))
+    fault_stall_after: int = _opt(0, "Fault injection: stop answering after this many steps (0: off).",
+                                  _Range(0, math.inf))
+    fault_drop_every: int = _opt(0, "Fault injection: drop the connection every k-th step (0: off).",
+                                 _Range(0, math.inf))
+    fault_garbage_every: int = _opt(0, "Fault injection: answer every k-th step with garbage (0: off).",
+                                    _Range(0, math.inf))
+    fault_wrong_step_every: int = _opt(0, "Fault injection: answer every k-th step with a wrong step id "
+                                       "(0: off).", _Range(0, math.inf))
+    fault_crash_after: int = _opt(0, "Fault injection: exit the process after this many steps (0: off).",
+                                  _Range(0, math.inf))
+    device: str = _opt("cpu", "Torch device for the torch drafter (cpu, cuda, cuda:1, ...).")
+    weights: str | None = _opt(None, "Torch drafter weights file (default: seeded random weights).")
+    seed: int = _opt(0, "Seed of the torch drafter's random weights.", _Range(0, 2**63 - 1))
+    log_level: LogLevel = _opt("INFO", "Logging level.")
+
+    def _validate(self) -> None:
+        host, _ = parse_hostport(self.listen, field="listen", allow_port_zero=True)
+        if not _is_loopback(host) and self.token_file is None and not self.insecure:
+            raise ConfigError(
+                f"listen={self.listen!r} is not a loopback address and no token_file is set: anyone who "
+                f"can reach it could feed the engine drafts. Set --token-file (or {env_var('token_file')}), "
+                f"or pass --insecure to accept that.", "listen")
+        if not self.device:
+            raise ConfigError(f"device: must not be empty {_where('device')}", "device")
+
+
+_CONFIG_CLASSES: tuple[type[_Base], ...] = (ProxyConfig, WorkerConfig)
+
+
+# ---------------------------------------------------------------------------------------------- TOML
+
+
+def load_toml(path: str, cls: type[_Base]) -> dict[str, Any]:
+    """The values a TOML file sets for ``cls``: shared top-level keys, overridden by its ``[SECTION]``.
+
+    Unknown keys are an error; keys that belong to another command are skipped.
+    """
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"config file {path}: cannot read it ({e.strerror or e})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path}: not valid TOML ({e})") from None
+    sections = {c.SECTION for c in _CONFIG_CLASSES}
+    known = {f.name for c in _CONFIG_CLASSES for f in dataclasses.fields(c)}
+    mine = {f.name for f in dataclasses.fields(cls)}
+    out: dict[str, Any] = {}
+    section: dict[str, Any] = {}
+    for key, value in doc.items():
+        if key in sections and isinstance(value, dict):
+            if key == cls.SECTION:
+                section = value
+            continue
+        if key not in known:
+            raise ConfigError(f"config file {path}: unknown key {key!r} (known: {', '.join(sorted(known))}; "
+                              f"tables: {', '.join(sorted(sections))})", key)
+        if key in mine:
+            out[key] = value
+    for key, value in section.items():
+        if key not in mine:
+            raise ConfigError(f"config file {path}: unknown key {key!r} in [{cls.SECTION}] (known: "
+                              f"{', '.join(sorted(mine))})", key)
+        out[key] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- click
+
+
+class _IntList(click.ParamType):
+    """A comma list of integers on the command line or in an env var; a list in a TOML file."""
+
+    name = "INT,INT,..."
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...]:
+        if isinstance(value, (tuple, list)):
+            if all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+                return tuple(value)
+            self.fail(f"{value!r} is not a list of integers", param, ctx)
+        text = str(value).strip()
+        try:
+            return tuple(int(s.strip(), 10) for s in text.split(",")) if text else ()
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of integers", param, ctx)
+
+
+def _click_type(tp: Any) -> tuple[Any, bool]:
+    """(click type, is_flag) for a field type."""
+    args = typing.get_args(tp)
+    if type(None) in args:
+        (tp,) = (a for a in args if a is not type(None))
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return click.Choice([str(a) for a in typing.get_args(tp)], case_sensitive=False), False
+    if origin is tuple:
+        return _IntList(), False
+    if tp is bool:
+        return click.BOOL, True
+    return {int: click.INT, float: click.FLOAT, str: click.STRING}[tp], False
+
+
+def _config_callback(cls: type[_Base]) -> Callable[[click.Context, click.Parameter, Any], str | None]:
+    def load(ctx: click.Context, param: click.Parameter, path: str | None) -> str | None:
+        if not path:
+            return path
+        try:
+            values = load_toml(path, cls)
+        except ConfigError as e:
+            raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+        by_name = {p.name: p for p in ctx.command.params}
+        for key, value in values.items():
+            p = by_name[key]
+            try:  # type errors in the file name the file and key, not just the flag
+                values[key] = p.type.convert(value, p, ctx)
+            except click.BadParameter as e:
+                raise click.BadParameter(f"config file {path}: key {key!r}: {e.message}",
+                                         ctx=ctx, param=param) from None
+        ctx.default_map = {**(ctx.default_map or {}), **values}
+        return path
+
+    return load
+
+
+def click_options(cls: type[_Base]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: one click option per field of ``cls`` (``--max-reqs``, ``--sampled/--no-sampled``, Choices
+    for Literal fields, comma lists for tuples, each also read from ``DSPARK_PROXY_<FIELD>``) plus an eager
+    ``--config FILE.toml``. The command receives every field as a keyword (and ``config``); turn them into a
+    config with ``build_config(cls, click.get_current_context())``."""
+    hints = typing.get_type_hints(cls)
+    opts: list[Callable[[Any], Any]] = [
+        click.option("--config", "config", type=click.Path(dir_okay=False), default=None, is_eager=True,
+                     expose_value=True, envvar=env_var("config"), show_envvar=True,
+                     callback=_config_callback(cls),
+                     help="TOML file: top-level keys for every command, "
+                          f"[{cls.SECTION}] for this one. Flags and env vars override it."),
+    ]
+    for f in dataclasses.fields(cls):
+        if f.name == "config":  # pragma: no cover - a schema bug
+            raise TypeError("a config field may not be called 'config'")
+        ctype, is_flag = _click_type(hints[f.name])
+        decl = f"{_flag(f.name)}/--no-{f.name.replace('_', '-')}" if is_flag else _flag(f.name)
+        default = f.default
+        if isinstance(default, tuple):
+            default = ",".join(map(str, default))
+        opts.append(click.option(decl, f.name, type=None if is_flag else ctype, default=default,
+                                 envvar=env_var(f.name), show_envvar=True, show_default=default is not None
+                                 and default != "", help=f.metadata["help"]))
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for opt in reversed(opts):
+            fn = opt(fn)
+        return fn
+
+    return decorate
+
+
+def build_config(cls: type[_Base], ctx_or_params: click.Context | Mapping[str, Any]) -> tuple[Any, dict[str, Source]]:
+    """Build and validate a ``cls`` from a click context (after ``click_options``) or from a plain mapping.
+
+    Returns ``(cfg, sources)``: ``sources[field]`` is "cli", "env", "file" or "default". From a mapping,
+    the keys given count as "cli" and the rest as "default" (no env var or file is consulted). A
+    ``ProxyConfig`` comes back ``resolved()``: derived sizes filled, their source "default".
+
+    From a context, an invalid value raises ``click.BadParameter`` naming the option and where the value
+    came from (so the CLI prints a usage error, exit code 2); from a mapping, ``ConfigError``.
+    """
+    names = [f.name for f in dataclasses.fields(cls)]
+    if isinstance(ctx_or_params, click.Context):
+        ctx = ctx_or_params
+        values = {n: ctx.params[n] for n in names if n in ctx.params}
+        sources: dict[str, Source] = {}
+        for n in names:
+            src = ctx.get_parameter_source(n)
+            sources[n] = _SOURCE_NAMES.get(src, "cli") if src is not None else "default"
+        try:
+            cfg = _construct(cls, values)
+        except ConfigError as e:
+            param = next((p for p in ctx.command.params if p.name == e.field), None)
+            raise click.BadParameter(f"{e}; {_origin(ctx, e.field, sources)}", ctx=ctx, param=param) from None
+    else:
+        unknown = set(ctx_or_params) - set(names) - {"config"}
+        if unknown:
+            raise ConfigError(f"unknown settings for {cls.__name__}: {', '.join(sorted(unknown))}")
+        values = {n: ctx_or_params[n] for n in names if n in ctx_or_params}
+        sources = {n: ("cli" if n in values else "default") for n in names}
+        cfg = _construct(cls, values)
+    return cfg, sources
+
+
+def _origin(ctx: click.Context, name: str | None, sources: Mapping[str, Source]) -> str:
+    """Where the offending value came from, in words, so the user knows which layer to fix."""
+    src = sources.get(name or "", "default")
+    if src == "cli":
+        return "value from the command line"
+    if src == "env":
+        return f"value from environment variable {env_var(name or '')}"
+    if src == "file":
+        return f"value from config file {ctx.params.get('config')}"
+    return "value is the default (check the settings it depends on)"
+
+
+def _construct(cls: type[_Base], values: dict[str, Any]) -> Any:
+    cfg = cls(**values)
+    resolved = getattr(cfg, "resolved", None)
+    return resolved() if resolved is not None else cfg
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """The fields as JSON-able values (tuples as lists), for ``status --json`` and the startup log."""
+    return {f.name: (list(v) if isinstance(v := getattr(cfg, f.name), tuple) else v)
+            for f in dataclasses.fields(cfg)}
+
+
+def format_settings(cfg: Any, sources: Mapping[str, str] | None = None) -> str:
+    """Every effective setting on one line, ``key=value``, with ``(source)`` after any not at its default —
+    the startup log line."""
+    parts = []
+    for k, v in config_to_dict(cfg).items():
+        src = (sources or {}).get(k, "default")
+        parts.append(f"{k}={v}" if src == "default" else f"{k}={v}({src})")
+    return " ".join(parts)
