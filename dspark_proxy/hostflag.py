@@ -1,0 +1,164 @@
+"""The hand-off words of one segment, named the way the round reads them.
+
+Thin wrappers over `_hostflag` (the C extension does every atomic, wait and copy with the GIL
+released); what lives here is policy: offsets, the adaptive spin, and which side calls what.
+shm_layout.md has the rules each call follows.
+
+Proxy side:  wait_gathered, taken, reply_consumed, publish, fail_all, values
+Engine side: raise_gathered, wait_or_fail, wait_published, read_page, consume, fail
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from . import _hostflag
+from .segment import Segment
+from .shm_layout import Word
+
+__all__ = ["FAR_AHEAD", "HostFlags", "AdaptiveSpin", "OutOfOrder", "WAIT_PUBLISHED", "WAIT_FAILED_BY_ME",
+           "WAIT_CLAIMED_UNPUBLISHED", "WAIT_OUT_OF_ORDER", "PAGE_OK", "PAGE_NOT_THIS_ROUND",
+           "PAGE_NOT_PUBLISHED", "monotonic_ns"]
+
+FAR_AHEAD = 1 << 40  # fail_all(rounds + FAR_AHEAD): every round the engine can still run is target-only
+
+# wait_or_fail outcomes (see _hostflag.c)
+WAIT_PUBLISHED = 1
+WAIT_FAILED_BY_ME = 2
+WAIT_CLAIMED_UNPUBLISHED = 3
+WAIT_OUT_OF_ORDER = 4
+# read_page outcomes
+PAGE_OK = 1
+PAGE_NOT_THIS_ROUND = 0
+PAGE_NOT_PUBLISHED = -1
+
+monotonic_ns = _hostflag.monotonic_ns
+
+
+class OutOfOrder(RuntimeError):
+    """A claim for round t while round t-1 is still unclaimed: the hand-off's ordering is broken."""
+
+
+def _cores_available() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
+class AdaptiveSpin:
+    """How long to spin before sleeping in the futex, learned from recent waits.
+
+    Spinning answers in ~0.1 µs when the other side replies quickly and has its own core; sleeping
+    costs tens of µs to wake. But a spin that never succeeds only burns a core (and on one shared
+    core it delays the very process we wait for). So: grow the spin towards twice the waits that
+    were satisfied quickly, halve it after each wait that had to sleep, never above `max_ns`, and
+    not at all when this process may run on one core only.
+    """
+
+    def __init__(self, max_ns: int = 50_000, min_ns: int = 0) -> None:
+        self.max_ns = max_ns if _cores_available() > 1 else 0
+        self.min_ns = min(min_ns, self.max_ns)
+        self.spin_ns = self.max_ns
+
+    def update(self, waited_ns: int, ok: bool) -> None:
+        if ok and waited_ns < self.max_ns:
+            self.spin_ns = min(self.max_ns, max(self.spin_ns, 2 * waited_ns, 2_000))
+        else:
+            self.spin_ns = max(self.min_ns, self.spin_ns // 2)
+
+
+class HostFlags:
+    """The four round words of a segment plus the reply page. One instance per side per thread."""
+
+    def __init__(self, seg: Segment, spin: AdaptiveSpin | None = None) -> None:
+        self.seg = seg
+        self.mm = seg.mm
+        lay = seg.layout
+        self.words_off = lay.words
+        self.page_off = lay.page
+        self.zero_bytes = lay.reply.fail_zero_bytes
+        self.page_bytes = lay.reply.nbytes
+        self._off = [lay.word_off(i) for i in range(Word.COUNT)]
+        self.spin = spin or AdaptiveSpin()
+
+    # ------------------------------------------------------------------ common
+
+    def load(self, word: int) -> int:
+        return _hostflag.load(self.mm, self._off[word])
+
+    def values(self) -> dict[str, int]:
+        """The round words, for logs and error messages."""
+        m, o = self.mm, self._off
+        return {"gathered": _hostflag.load(m, o[Word.GATHERED]), "claimed": _hostflag.load(m, o[Word.CLAIMED]),
+                "published": _hostflag.load(m, o[Word.PUBLISHED]),
+                "consumed": _hostflag.load(m, o[Word.CONSUMED])}
+
+    def _wait_ge(self, word: int, target: int, timeout_s: float) -> bool:
+        t0 = _hostflag.monotonic_ns()
+        ok = _hostflag.wait_ge(self.mm, self._off[word], target, timeout_s, self.spin.spin_ns)
+        self.spin.update(_hostflag.monotonic_ns() - t0, ok)
+        return ok
+
+    # ------------------------------------------------------------------ proxy side
+
+    def wait_gathered(self, t: int, timeout_s: float) -> bool:
+        """True once the engine finished round t's gather (acquire: its staging is visible)."""
+        return self._wait_ge(Word.GATHERED, t, timeout_s)
+
+    def taken(self, t: int) -> bool:
+        """Round t already claimed (by the watchdog, a fail_all, or us)."""
+        return _hostflag.load(self.mm, self._off[Word.CLAIMED]) >= t
+
+    def reply_consumed(self, t: int) -> bool:
+        return _hostflag.load(self.mm, self._off[Word.CONSUMED]) >= t
+
+    def publish(self, t: int, page: np.ndarray) -> bool:
+        """Claim t, copy `page` (int32, the page's size) into the reply page, release published = t:
+        one GIL-free C call. False when someone claimed t first (the reply is discarded)."""
+        r = _hostflag.publish(self.mm, self.words_off, self.page_off, t, page)
+        if r < 0:
+            raise OutOfOrder(f"publish({t}) while round {t - 1} is unclaimed (words {self.values()})")
+        return r == 1
+
+    def fail_all(self, T: int) -> bool:
+        """Every round up to T becomes target-only at once (monotonic far-ahead release)."""
+        return _hostflag.fail_all(self.mm, self.words_off, self.page_off, self.zero_bytes, T)
+
+    # ------------------------------------------------------------------ engine side
+
+    def raise_gathered(self, t: int) -> None:
+        """Round t's staging, metadata and descriptor are complete (release; wakes the proxy)."""
+        _hostflag.store(self.mm, self._off[Word.GATHERED_NS], _hostflag.monotonic_ns())
+        _hostflag.store(self.mm, self._off[Word.GATHERED], t)
+
+    def fail(self, t: int, n: int) -> int:
+        """The watchdog's claim of round t with a failed reply: 1 won, 0 lost, -1 out of order."""
+        return _hostflag.fail_round(self.mm, self.words_off, self.page_off, self.zero_bytes, t, n)
+
+    def wait_or_fail(self, t: int, n: int, deadline_ns: int) -> int:
+        """Wait for round t's publish until deadline_ns; at the deadline claim and fail it (in C, so
+        the claim is on time whatever holds the GIL). Returns a WAIT_* outcome."""
+        t0 = _hostflag.monotonic_ns()
+        r = _hostflag.wait_or_fail(self.mm, self.words_off, self.page_off, self.zero_bytes, t, n,
+                                   deadline_ns, self.spin.spin_ns)
+        self.spin.update(_hostflag.monotonic_ns() - t0, r == WAIT_PUBLISHED)
+        return r
+
+    def wait_published(self, t: int, timeout_s: float) -> bool:
+        return self._wait_ge(Word.PUBLISHED, t, timeout_s)
+
+    def read_page(self, t: int, dst: np.ndarray) -> int:
+        """Copy the page into dst under the seqlock rule: PAGE_OK only if claimed == t before and after."""
+        return _hostflag.read_page(self.mm, self.words_off, self.page_off, t, dst)
+
+    def consume(self, t: int) -> None:
+        """The engine is done with round t's page (release; the proxy may write round t+1's)."""
+        _hostflag.raise_to(self.mm, self._off[Word.CONSUMED], t)
+
+    def rebase(self, t0: int) -> None:
+        """The attach handshake: words = t0 - 1 so the first round is t0 (never moves a word back)."""
+        for w in (Word.GATHERED, Word.CLAIMED, Word.PUBLISHED, Word.CONSUMED):
+            _hostflag.raise_to(self.mm, self._off[w], t0 - 1)
