@@ -34,11 +34,12 @@ class EngineRing:
             raise ValueError(f"row_bytes must be > 0, got {row_bytes}")
         self.table = SlotTable(max_slots, window)
         self.max_slots = self.table.max_slots
-        self.window = self.table.window
+        self.W = self.table.W
         self.row_bytes = int(row_bytes)
-        self.rows = np.zeros((self.max_slots, self.window, self.row_bytes), dtype=np.uint8)
-        self._flat = self.rows.reshape(self.max_slots * self.window, self.row_bytes)
-        self._anchor = np.empty(self.max_slots, dtype=np.int64)
+        self.rows = np.zeros((self.max_slots, self.W, self.row_bytes), dtype=np.uint8)
+        self._row_t = np.dtype((np.void, self.row_bytes))
+        self._flat = self.rows.view(self._row_t).reshape(self.max_slots * self.W)
+        self._j = np.arange(self.max_slots * self.W, dtype=np.int64)  # the flat row counter, never rebuilt
 
     def write(self, slots: np.ndarray, req_ids: np.ndarray, first_pos: np.ndarray, valid: np.ndarray,
               rows: np.ndarray) -> np.ndarray:
@@ -52,29 +53,32 @@ class EngineRing:
         slots = np.asarray(slots, dtype=np.int64)
         first_pos = np.asarray(first_pos, dtype=np.int64)
         valid = np.asarray(valid, dtype=np.int64)
-        n = slots.shape[0]
-        W = self.window
+        W = self.W
         sent = np.maximum(valid, 0)
-        total = int(sent.sum())
+        sent_ends = np.add.accumulate(sent)
+        total = int(sent_ends[-1]) if sent_ends.shape[0] else 0
         if rows.shape != (total, self.row_bytes) or rows.dtype != np.uint8:
             raise ValueError(f"rows must be uint8 [{total}, {self.row_bytes}], got {rows.dtype} {rows.shape}")
         self.table.begin_requests(slots, req_ids)
-        anchor = self.table.apply(slots, first_pos, valid, out=np.empty(n, dtype=np.int64))
+        anchor = self.table.apply(slots, first_pos, valid)
         if total == 0:
             return anchor
-        kept = np.minimum(sent, W)
-        n_kept = total if kept is sent else int(kept.sum())
-        # flat index of each kept row: request i's j-th kept row is position anchor_i - kept_i + j,
-        # and row (start of request i in `rows`) + sent_i - kept_i + j of the input
-        starts = np.cumsum(kept) - kept  # where request i's kept rows begin in the flat list
-        j = np.arange(n_kept, dtype=np.int64)
-        pos = j + np.repeat(anchor - kept - starts, kept)
+        over = np.count_nonzero(sent > W)
+        kept = np.minimum(sent, W) if over else sent
+        ends = np.add.accumulate(kept) if over else sent_ends
+        n_kept = int(ends[-1])
+        # kept row j (counting over the whole round) of request i holds position j + anchor_i - ends_i
+        j = self._j[:n_kept]
+        pos = j + np.repeat(anchor - ends, kept)
         dst = np.repeat(slots * W, kept) + pos % W
-        if n_kept == total:
-            self._flat[dst] = rows
-        else:
-            src_start = np.cumsum(sent) - sent + (sent - kept)
-            self._flat[dst] = rows[j + np.repeat(src_start - starts, kept)]
+        if not rows.flags.c_contiguous:
+            rows = np.ascontiguousarray(rows)
+        # rows as one void item each: a 1-D fancy assignment moves a row per index, far cheaper than 2-D
+        src = rows.view(self._row_t).reshape(total)
+        if over:
+            # and comes from input row j + sent_ends_i - ends_i (the last `kept` of the request's rows)
+            src = src[j + np.repeat(sent_ends - ends, kept)]
+        self._flat[dst] = src
         return anchor
 
     def stage_window(self, slot: int, dst_rows: np.ndarray) -> tuple[int, int, int]:
@@ -97,4 +101,4 @@ class EngineRing:
         lo, hi = int(self.table.lo[s]), int(self.table.hi[s])
         if n < 0 or (n > 0 and (first < lo or first + n - 1 > hi)):
             raise ValueError(f"slot {s} holds positions {lo}..{hi}, not {first}..{first + n - 1}")
-        return self.rows[s][(first + np.arange(n, dtype=np.int64)) % self.window]
+        return self.rows[s][(first + np.arange(n, dtype=np.int64)) % self.W]
