@@ -1,0 +1,244 @@
+"""Statistics: counters, gauges and latency histograms, cheap enough to update on every round.
+
+``observe()`` runs several times per round on the proxy's hot path, so a histogram is a preallocated list
+of log-linear buckets (HDR-style: 64 linear sub-buckets per power of two, from 0.0625 µs to 2**27 µs ≈ 134
+s): the bucket index is one ``math.frexp`` and two integer operations, and recording is one list
+increment. Percentiles are reported as the midpoint of the bucket holding the nearest-rank sample, clamped
+to the observed min/max: a bucket is 1/128 of its octave wide, so the midpoint is within 0.8 % of any
+value in it, the true nearest-rank sample included. Memory per histogram is fixed (1,984 buckets) whatever the number of samples.
+
+Threads: one thread owns a ``Stats`` and is the only one that calls ``inc``/``set``/``observe``.
+``snapshot()`` (and everything built on it) may also be called from another thread, such as the
+Prometheus endpoint's: it takes each dict and bucket list with one C-level copy, which is atomic under
+the GIL, so it never fails on a concurrent insert. Such a snapshot is exact per counter and per
+histogram's buckets, but not a cut across keys (and a histogram's mean may be an observation apart from
+its count).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+import numpy as np
+
+__all__ = ["LATENCY_FIELDS", "PERCENTILES", "Stats"]
+
+_SUB_BITS = 6
+_SUB = 1 << _SUB_BITS  # linear sub-buckets per power of two
+_E_MIN = -3  # frexp exponent of the lowest octave: [2**-4, 2**-3) µs
+_E_MAX = 27  # frexp exponent of the highest octave: [2**26, 2**27) µs
+_N_BUCKETS = (_E_MAX - _E_MIN + 1) * _SUB
+_LO_US = 2.0 ** (_E_MIN - 1)  # at or below: bucket 0 (underflow)
+_HI_US = 2.0 ** _E_MAX  # at or above: the last bucket (overflow), value clamped here
+# bucket = e * _SUB + int(m * 2 * _SUB) + _OFFSET for frexp(v) = (m, e), m in [0.5, 1)
+_OFFSET = -_E_MIN * _SUB - _SUB
+
+
+def _bucket_mids() -> np.ndarray:
+    i = np.arange(_N_BUCKETS, dtype=np.int64)
+    e = (i - _OFFSET - _SUB) // _SUB
+    s = (i - _OFFSET - e * _SUB).astype(np.float64)  # in [_SUB, 2 * _SUB)
+    return (s + 0.5) / (2 * _SUB) * np.exp2(e.astype(np.float64))
+
+
+_MIDS_US = _bucket_mids()
+
+PERCENTILES: tuple[tuple[str, float], ...] = (("p50_us", 0.50), ("p90_us", 0.90), ("p99_us", 0.99),
+                                               ("p999_us", 0.999))
+LATENCY_FIELDS = ("count", "p50_us", "p90_us", "p99_us", "p999_us", "max_us", "mean_us")
+
+
+class _Hist:
+    """Bucket counts plus the exact sum, min and max of one latency key."""
+
+    __slots__ = ("counts", "sum_us", "min_us", "max_us")
+
+    def __init__(self) -> None:
+        self.counts = [0] * _N_BUCKETS
+        self.sum_us = 0.0
+        self.min_us = math.inf
+        self.max_us = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        counts = np.array(self.counts.copy(), dtype=np.int64)  # copy: atomic under the GIL
+        n = int(counts.sum())
+        if n == 0:
+            return {"count": 0, "p50_us": None, "p90_us": None, "p99_us": None, "p999_us": None,
+                    "max_us": None, "mean_us": None}
+        cum = np.cumsum(counts)
+        hi = self.max_us
+        lo = self.min_us if self.min_us <= hi else 0.0  # inf only in a race with the very first observe
+        out: dict[str, Any] = {"count": n}
+        for name, q in PERCENTILES:
+            rank = max(1, math.ceil(q * n))
+            idx = int(np.searchsorted(cum, rank, side="left"))
+            out[name] = round(min(max(float(_MIDS_US[idx]), lo), hi), 3)
+        out["max_us"] = round(hi, 3)
+        out["mean_us"] = round(self.sum_us / n, 3)
+        return out
+
+
+def _enc_hook(obj: Any) -> Any:
+    """JSON for what gauges may hold besides plain types: numpy scalars and arrays, enums, anything else
+    by its str()."""
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    value = getattr(obj, "value", None)
+    return value if isinstance(value, (str, int, float)) else str(obj)
+
+
+_ENCODER = msgspec.json.Encoder(enc_hook=_enc_hook)
+
+
+class Stats:
+    """Counters (``inc``), gauges (``set``: any JSON-able value) and latency histograms (``observe``).
+
+    Owned by one thread (see the module docstring for what other threads may call)."""
+
+    def __init__(self) -> None:
+        self._counters: dict[str, int] = {}
+        self._gauges: dict[str, Any] = {}
+        self._lat: dict[str, _Hist] = {}
+
+    # ------------------------------------------------------------------ hot path
+
+    def inc(self, key: str, n: int = 1) -> None:
+        c = self._counters
+        c[key] = c.get(key, 0) + n
+
+    def set(self, key: str, value: Any) -> None:
+        """Store a gauge. The value is kept by reference: pass a fresh or immutable one (``list(events)``)."""
+        self._gauges[key] = value
+
+    def observe(self, key: str, value_us: float) -> None:
+        """Record one latency in µs. Negative and NaN count as 0; above ~134 s as ~134 s."""
+        h = self._lat.get(key)
+        if h is None:
+            h = self._lat[key] = _Hist()
+        v = value_us
+        if _LO_US < v < _HI_US:
+            m, e = math.frexp(v)
+            h.counts[e * _SUB + int(m * (2 * _SUB)) + _OFFSET] += 1
+        elif v >= _HI_US:
+            v = _HI_US
+            h.counts[_N_BUCKETS - 1] += 1
+        else:
+            if not v > 0.0:
+                v = 0.0
+            h.counts[0] += 1
+        h.sum_us += v
+        if v > h.max_us:
+            h.max_us = v
+        if v < h.min_us:
+            h.min_us = v
+
+    # ------------------------------------------------------------------ reading
+
+    def counter(self, key: str) -> int:
+        return self._counters.get(key, 0)
+
+    def gauge(self, key: str, default: Any = None) -> Any:
+        return self._gauges.get(key, default)
+
+    def latency(self, key: str) -> dict[str, Any] | None:
+        """One histogram's summary (``LATENCY_FIELDS``), or None if the key was never observed."""
+        h = self._lat.get(key)
+        return h.summary() if h is not None else None
+
+    def snapshot(self) -> dict[str, Any]:
+        """``{"counters": {...}, "gauges": {...}, "latency": {key: {count, p50_us, ..., mean_us}}}``."""
+        lat = self._lat.copy()
+        return {
+            "counters": self._counters.copy(),
+            "gauges": self._gauges.copy(),
+            "latency": {k: lat[k].summary() for k in sorted(lat)},
+        }
+
+    def write_json(self, path: str | os.PathLike[str]) -> None:
+        """Write the snapshot to ``path`` atomically: a reader sees the old file or the new one, never a
+        part (temp file in the same directory, then ``os.replace``). Not fsynced: this is monitoring data,
+        and an fsync would put disk latency on the round thread."""
+        data = msgspec.json.format(_ENCODER.encode(self.snapshot()), indent=2)
+        path = os.fspath(path)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=f".{os.path.basename(path)}.",
+                                   suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), 0o644)  # for dashboards and scrapers running as other users
+                f.write(data)
+                f.write(b"\n")
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    def snapshot_bytes(self, limit: int) -> bytes:
+        """The snapshot as compact JSON of at most ``limit`` bytes, for a fixed-size shared-memory block.
+
+        When it does not fit, whole entries are dropped, largest gauges first (an event list is worth
+        less than the counters), then the latency keys with the fewest samples, then the smallest
+        counters; the result then carries ``"dropped": {"gauges": g, "latency": l, "counters": c}``.
+        ValueError if not even the empty skeleton fits.
+        """
+        snap = self.snapshot()
+        data = _ENCODER.encode(snap)
+        if len(data) <= limit:
+            return data
+        dropped = {"gauges": 0, "latency": 0, "counters": 0}
+        snap["dropped"] = dropped
+        size = len(_ENCODER.encode(snap))
+        g, lat, c = snap["gauges"], snap["latency"], snap["counters"]
+        victims: list[tuple[str, dict[str, Any], Iterable[str]]] = [
+            ("gauges", g, sorted(g, key=lambda k: -len(_ENCODER.encode(g[k])))),
+            ("latency", lat, sorted(lat, key=lambda k: (lat[k]["count"], k))),
+            ("counters", c, sorted(c, key=lambda k: (c[k], k))),
+        ]
+        for section, table, order in victims:
+            for k in order:
+                # estimated saving: "key":value plus a comma; re-encode only when the estimate fits
+                size -= len(_ENCODER.encode(k)) + len(_ENCODER.encode(table[k])) + 2
+                del table[k]
+                dropped[section] += 1
+                if size <= limit:
+                    data = _ENCODER.encode(snap)
+                    if len(data) <= limit:
+                        return data
+                    size = len(data)
+        data = _ENCODER.encode(snap)
+        if len(data) <= limit:
+            return data
+        raise ValueError(f"stats snapshot: limit {limit} bytes cannot hold even an empty snapshot "
+                         f"({len(data)} bytes)")
+
+    def format_line(self, prefix: str, counters: Iterable[str] | None = None,
+                    latency: Iterable[str] | None = None) -> str:
+        """One log line: ``prefix k=v ... | key p50/p99/max=a/b/c us n=count ...``, every counter and
+        latency key unless ``counters`` / ``latency`` name the ones to show (missing ones as 0 / -)."""
+        c = self._counters.copy()
+        lat = self._lat.copy()
+        ckeys = sorted(c) if counters is None else list(counters)
+        lkeys = sorted(lat) if latency is None else list(latency)
+        parts = [prefix] if prefix else []
+        parts += [f"{k}={c.get(k, 0)}" for k in ckeys]
+        lparts = []
+        for k in lkeys:
+            s = lat[k].summary() if k in lat else None
+            if s is None or s["count"] == 0:
+                lparts.append(f"{k} -")
+            else:
+                lparts.append(f"{k} p50/p99/max={s['p50_us']:.1f}/{s['p99_us']:.1f}/{s['max_us']:.1f}us "
+                              f"n={s['count']}")
+        if lparts:
+            parts.append("|")
+            parts.extend(lparts)
+        return " ".join(parts)
