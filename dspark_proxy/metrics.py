@@ -1,0 +1,168 @@
+"""Optional Prometheus endpoint: the proxy's statistics, scraped over HTTP.
+
+``prometheus_client`` is imported only when the endpoint is started (it is an optional dependency, the
+``metrics`` extra), and nothing is registered in its global registry: each server has its own registry
+with one custom collector that turns a ``Stats.snapshot()`` into metric families at scrape time. So the
+round thread does no work for Prometheus at all; the HTTP thread reads the snapshot (see ``stats.py`` for
+why a snapshot may be taken from another thread).
+
+Naming (namespace ``dspark_proxy`` by default; keys sanitised to ``[a-zA-Z0-9_]``):
+
+- counter ``k`` -> counter ``dspark_proxy_<k>_total``
+- numeric or boolean gauge ``k`` -> gauge ``dspark_proxy_<k>``; a dict gauge (the breaker snapshot) is
+  flattened one level, ``dspark_proxy_<k>_<field>``, with a string field as ``..._<field>{value="open"} 1``;
+  a list gauge (``watchdog_events``) as its length ``dspark_proxy_<k>_len``; anything else is skipped
+- latency ``k_us`` -> summary ``dspark_proxy_<k>_seconds`` with quantiles 0.5/0.9/0.99/0.999, ``_count``
+  and ``_sum`` (Prometheus convention: seconds), plus gauge ``dspark_proxy_<k>_max_seconds``
+- ``dspark_proxy_stats_up``: 1, or 0 if the stats getter raised during this scrape
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from http.server import ThreadingHTTPServer
+from typing import Any
+
+__all__ = ["MetricsServer", "snapshot_to_families", "start_metrics_server"]
+
+log = logging.getLogger(__name__)
+
+_BAD_CHARS = re.compile(r"[^a-zA-Z0-9_]")
+_QUANTILES = (("0.5", "p50_us"), ("0.9", "p90_us"), ("0.99", "p99_us"), ("0.999", "p999_us"))
+
+
+def _import_prometheus() -> Any:
+    try:
+        import prometheus_client
+    except ImportError:
+        raise RuntimeError(
+            "the Prometheus endpoint needs prometheus-client: pip install 'dspark-proxy[metrics]', or run "
+            "without --metrics-port / DSPARK_PROXY_METRICS_PORT") from None
+    return prometheus_client
+
+
+def _name(*parts: str) -> str:
+    n = _BAD_CHARS.sub("_", "_".join(p for p in parts if p))
+    return n if not n[0].isdigit() else "_" + n
+
+
+def snapshot_to_families(snap: Mapping[str, Any], namespace: str = "dspark_proxy") -> Iterator[Any]:
+    """Metric families for one ``Stats.snapshot()`` (see the module docstring for the naming)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+    for key, value in sorted(snap.get("counters", {}).items()):
+        c = CounterMetricFamily(_name(namespace, key), f"counter {key}")
+        c.add_metric([], float(value))
+        yield c
+    for key, value in sorted(snap.get("gauges", {}).items()):
+        yield from _gauge_families(_name(namespace, key), key, value, GaugeMetricFamily, depth=0)
+    for key, s in sorted(snap.get("latency", {}).items()):
+        if not s.get("count"):
+            continue
+        base = key[:-3] if key.endswith("_us") else key
+        name = _name(namespace, base, "seconds")
+        m = Metric(name, f"latency {key} (from log-linear buckets, ~1% relative error)", "summary")
+        for q, field in _QUANTILES:
+            m.add_sample(name, {"quantile": q}, s[field] / 1e6)
+        m.add_sample(name + "_count", {}, float(s["count"]))
+        m.add_sample(name + "_sum", {}, s["mean_us"] * s["count"] / 1e6)
+        yield m
+        g = GaugeMetricFamily(_name(namespace, base, "max_seconds"), f"largest {key} observed")
+        g.add_metric([], s["max_us"] / 1e6)
+        yield g
+
+
+def _gauge_families(name: str, key: str, value: Any, family: Any, depth: int) -> Iterator[Any]:
+    if isinstance(value, (bool, int, float)):
+        g = family(name, f"gauge {key}")
+        g.add_metric([], float(value))
+        yield g
+    elif isinstance(value, str) and depth > 0:
+        g = family(name, f"gauge {key}", labels=["value"])
+        g.add_metric([value], 1.0)
+        yield g
+    elif isinstance(value, Mapping) and depth == 0:
+        for sub, v in sorted(value.items()):
+            yield from _gauge_families(_name(name, str(sub)), f"{key}.{sub}", v, family, depth + 1)
+    elif isinstance(value, (list, tuple)) and depth == 0:
+        g = family(_name(name, "len"), f"entries in {key}")
+        g.add_metric([], float(len(value)))
+        yield g
+
+
+class _Collector:
+    """Calls the stats getter at each scrape; a failing getter yields ``stats_up 0`` instead of a 500."""
+
+    def __init__(self, stats_getter: Callable[[], Any], namespace: str) -> None:
+        self._get = stats_getter
+        self._ns = namespace
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        up = GaugeMetricFamily(_name(self._ns, "stats_up"), "1 if the statistics could be read")
+        try:
+            snap = self._get()
+            if hasattr(snap, "snapshot"):
+                snap = snap.snapshot()
+            families = list(snapshot_to_families(snap, self._ns))
+        except Exception as e:  # noqa: BLE001 - a scrape must not take the proxy down
+            log.warning("[metrics] reading the statistics failed: %r", e)
+            up.add_metric([], 0.0)
+            yield up
+            return
+        up.add_metric([], 1.0)
+        yield up
+        yield from families
+
+
+class MetricsServer:
+    """A running endpoint: ``port`` (the real one when 0 was asked), ``url``, ``stop()`` (idempotent)."""
+
+    def __init__(self, httpd: ThreadingHTTPServer, thread: threading.Thread) -> None:
+        self._httpd = httpd
+        self._thread = thread
+        self.host, self.port = httpd.server_address[:2]
+        self._stopped = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/metrics"
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._httpd.shutdown()  # wakes serve_forever; returns once it has exited
+        self._httpd.server_close()
+        self._thread.join(timeout_s)
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_metrics_server(port: int, stats_getter: Callable[[], Any], *, addr: str = "127.0.0.1",
+                         namespace: str = "dspark_proxy") -> MetricsServer:
+    """Serve ``/metrics`` on ``addr:port`` (port 0: any free port) from a daemon thread.
+
+    ``stats_getter()`` is called on the HTTP thread at every scrape and returns a ``Stats.snapshot()``
+    dict (or a ``Stats``, whose ``snapshot()`` is then taken there). RuntimeError if prometheus-client is
+    not installed; OSError if the port cannot be bound.
+    """
+    prom = _import_prometheus()
+    registry = prom.CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(stats_getter, namespace))
+    handler = prom.exposition.MetricsHandler.factory(registry)
+    httpd = ThreadingHTTPServer((addr, port), handler)  # daemon_threads: a stuck scraper never blocks exit
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.5},
+                              name="dspark-metrics", daemon=True)
+    thread.start()
+    server = MetricsServer(httpd, thread)
+    log.info("[metrics] serving %s", server.url)
+    return server
