@@ -373,6 +373,7 @@ class WorkerConfig(LayoutConfig):
 
 
 _CONFIG_CLASSES: tuple[type[_Base], ...] = (ProxyConfig, WorkerConfig)
+_C = typing.TypeVar("_C", bound=_Base)
 
 
 # ---------------------------------------------------------------------------------------------- TOML
@@ -503,7 +504,7 @@ def click_options(cls: type[_Base]) -> Callable[[Callable[..., Any]], Callable[.
     return decorate
 
 
-def build_config(cls: type[_Base], ctx_or_params: click.Context | Mapping[str, Any]) -> tuple[Any, dict[str, Source]]:
+def build_config(cls: type[_C], ctx_or_params: click.Context | Mapping[str, Any]) -> tuple[_C, dict[str, Source]]:
     """Build and validate a ``cls`` from a click context (after ``click_options``) or from a plain mapping.
 
     Returns ``(cfg, sources)``: ``sources[field]`` is "cli", "env", "file" or "default". From a mapping,
@@ -548,7 +549,7 @@ def _origin(ctx: click.Context, name: str | None, sources: Mapping[str, Source])
     return "value is the default (check the settings it depends on)"
 
 
-def _construct(cls: type[_Base], values: dict[str, Any]) -> Any:
+def _construct(cls: type[_C], values: dict[str, Any]) -> _C:
     cfg = cls(**values)
     resolved = getattr(cfg, "resolved", None)
     return resolved() if resolved is not None else cfg
