@@ -90,7 +90,7 @@ class EngineRing:
         s = int(slot)
         if not 0 <= s < self.max_slots:
             raise IndexError(f"slot {s} out of range [0, {self.max_slots})")
-        np.copyto(dst_rows, self.rows[s])
+        np.copyto(dst_rows, self.rows[s][::-1])
         t = self.table
         return int(t.generation[s]), int(t.lo[s]), int(t.hi[s])
 

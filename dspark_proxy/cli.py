@@ -1,0 +1,47 @@
+"""`dspark-proxy`: one click group; each subcommand lives in dspark_proxy/commands/."""
+
+from __future__ import annotations
+
+import click
+
+from . import __version__
+
+__all__ = ["main", "cli", "EXIT_OK", "EXIT_FAILURE", "EXIT_STARTUP_FAILURE", "EXIT_WRONG_DRAFTS"]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2  # click's own
+EXIT_STARTUP_FAILURE = 3
+EXIT_WRONG_DRAFTS = 4
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="dspark-proxy")
+def cli() -> None:
+    """Remote DSpark drafting for LLM engines, without ever stalling the engine."""
+
+
+def _register() -> None:
+    from .commands.control import status, stop
+    from .commands.start import start
+    from .commands.worker import worker
+
+    for cmd in (start, stop, status, worker):
+        cli.add_command(cmd)
+    try:
+        from .commands.demo import demo
+
+        cli.add_command(demo)
+    except ImportError:  # pragma: no cover - demo needs the simulated engine
+        pass
+
+
+_register()
+
+
+def main() -> None:
+    cli(prog_name="dspark-proxy")
+
+
+if __name__ == "__main__":
+    main()

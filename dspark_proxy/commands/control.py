@@ -1,0 +1,135 @@
+"""`dspark-proxy stop` and `dspark-proxy status`: read and signal a running proxy through its segment."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import click
+
+from .. import _hostflag
+from ..segment import DEFAULT_NAME, Segment, SegmentError, owner_alive
+from ..shm_layout import HEADER_DTYPE, State, Word
+
+__all__ = ["stop", "status", "read_status"]
+
+
+def read_status(name: str | None) -> dict[str, Any]:
+    """Everything `status` shows, as one JSON-able dict: header, words, proxy, shim."""
+    seg = Segment.open(name)
+    try:
+        h = seg.header
+        header = {k: h[k].item() for k in HEADER_DTYPE.names}
+        header["magic"] = hex(header["magic"])
+        words = seg.words()
+        now = _hostflag.monotonic_ns()
+        header["state"] = State.NAMES.get(words["state"], words["state"])
+        header["heartbeat_age_ms"] = round((now - words["heartbeat_ns"]) / 1e6, 3)
+        header["owner_alive"] = owner_alive(int(h["owner_pid"]), int(h["owner_start_ticks"]))
+        header["bytes"] = seg.layout.total_bytes
+        header["regions"] = {n: {"offset": o, "bytes": b} for n, o, b in seg.layout.region_table()}
+        out = {"name": seg.name, "header": header, "words": words, "proxy": _block(seg, "proxy"),
+               "shim": _block(seg, "shim")}
+    finally:
+        seg.close()
+    return out
+
+
+def _block(seg: Segment, which: str) -> dict[str, Any]:
+    raw = seg.read_block(which)
+    if not raw:
+        return {}
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {"error": "unreadable snapshot"}
+
+
+def _table(st: dict[str, Any]) -> str:
+    h, w, p, s = st["header"], st["words"], st["proxy"], st["shim"]
+    lines = [
+        f"dspark-proxy {st['name']}: {h['state']}, pid {h['owner_pid']} "
+        f"({'alive' if h['owner_alive'] else 'DEAD'}), incarnation {h['incarnation']}, "
+        f"heartbeat {h['heartbeat_age_ms']:.1f} ms ago",
+        f"  layout   M={h['max_slots']} N={h['num_spec']} W={h['window']} row_bytes={h['row_bytes']} "
+        f"max_rows={h['max_rows']} resync/round={h['resync_per_round']} sampled={bool(h['sampled'])} "
+        f"deadline={h['deadline_ms']} ms, {h['bytes'] / 2**20:.1f} MiB",
+        "  words    " + " ".join(f"{k}={w[k]}" for k in ("gathered", "claimed", "published", "consumed",
+                                                          "attached", "engine_pid", "abandoned")),
+    ]
+    for title, snap in (("proxy", p), ("shim", s)):
+        if not snap:
+            lines.append(f"  {title:<8} (no snapshot yet)")
+            continue
+        c = snap.get("counters", {})
+        if c:
+            lines.append(f"  {title:<8} " + " ".join(f"{k}={v}" for k, v in sorted(c.items())))
+        g = snap.get("gauges", {})
+        if isinstance(g.get("breaker"), dict):
+            b = g["breaker"]
+            lines.append(f"  breaker  {b.get('state')} trips={b.get('trips')}")
+        for key, lat in sorted(snap.get("latency", {}).items()):
+            lines.append(f"    {key:<28} n={lat.get('count')} p50={lat.get('p50_us')} p99={lat.get('p99_us')} "
+                         f"p99.9={lat.get('p999_us')} max={lat.get('max_us')} us")
+        events = g.get("watchdog_events") or []
+        for ev in events[-8:]:
+            lines.append(f"    event {ev}")
+    return "\n".join(lines)
+
+
+@click.command("status")
+@click.option("--name", default=DEFAULT_NAME, show_default=True, envvar="DSPARK_PROXY_NAME",
+              help="Segment name of the proxy to inspect.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (header, words, proxy, shim).")
+@click.option("--watch", type=float, default=None, metavar="SEC", help="Refresh every SEC seconds.")
+def status(name: str, as_json: bool, watch: float | None) -> None:
+    """Show a running proxy: header, words, heartbeat, breaker, counters, latencies, watchdog events."""
+    while True:
+        try:
+            st = read_status(name)
+        except SegmentError as e:
+            click.echo(f"dspark-proxy status: {e}", err=True)
+            sys.exit(1)
+        if as_json:
+            click.echo(json.dumps(st, default=str))
+        else:
+            if watch:
+                click.echo("\x1b[2J\x1b[H", nl=False)
+            click.echo(_table(st))
+        if not watch:
+            return
+        time.sleep(watch)
+
+
+@click.command("stop")
+@click.option("--name", default=DEFAULT_NAME, show_default=True, envvar="DSPARK_PROXY_NAME",
+              help="Segment name of the proxy to stop.")
+@click.option("--timeout", "timeout_s", type=float, default=10.0, show_default=True,
+              help="Seconds to wait for a clean stop before giving up.")
+def stop(name: str, timeout_s: float) -> None:
+    """Stop a running proxy cleanly (SIGTERM: it fails every round ahead, then unlinks its segment)."""
+    try:
+        seg = Segment.open(name)
+    except SegmentError as e:
+        click.echo(f"dspark-proxy stop: {e}", err=True)
+        sys.exit(1)
+    pid, ticks, inc = int(seg.header["owner_pid"]), int(seg.header["owner_start_ticks"]), seg.incarnation
+    state = seg.word(Word.STATE)
+    seg.close()
+    if not owner_alive(pid, ticks):
+        click.echo(f"proxy pid {pid} is not running (state {State.NAMES.get(state, state)}); "
+                   "the next start reclaims its segment")
+        return
+    os.kill(pid, signal.SIGTERM)
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if not owner_alive(pid, ticks):
+            click.echo(f"stopped proxy pid {pid} (incarnation {inc})")
+            return
+        time.sleep(0.05)
+    click.echo(f"dspark-proxy stop: pid {pid} still running after {timeout_s} s", err=True)
+    sys.exit(1)

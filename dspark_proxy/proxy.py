@@ -1,0 +1,267 @@
+"""The proxy: owns a segment incarnation, keeps its heartbeat, waits for an engine, runs the rounds.
+
+    create incarnation (READY) -> wait for ATTACHED -> round t0, t0+1, ... -> (engine gone / abandoned)
+    -> unlink, create the next incarnation -> ...            stop: fail_all far ahead, STOPPING, unlink
+
+The round loop is one thread (`serve`); the heartbeat is another (`_Heartbeat`), so a long STEP or a
+slow engine never makes the proxy look dead. `Proxy` runs the same in `dspark-proxy start` (its own
+process) and in the shim's thread mode (a thread inside the engine process).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from . import _hostflag
+from .breaker import CircuitBreaker
+from .config import ProxyConfig, parse_hostport
+from .events import EventRing
+from .hostflag import FAR_AHEAD, HostFlags
+from .round import RoundCore, RoundSettings
+from .segment import Segment
+from .shm_layout import LayoutParams, State, Word
+from .stats import Stats
+
+__all__ = ["Proxy", "run_proxy", "layout_params"]
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_EVERY_S = 0.05
+STATS_EVERY_S = 0.25
+
+
+def layout_params(cfg: ProxyConfig) -> LayoutParams:
+    c = cfg.resolved()
+    return LayoutParams(max_slots=c.max_reqs, num_spec=c.num_spec, window=c.window, row_bytes=c.row_bytes,
+                        max_rows=int(c.max_rows), resync_per_round=int(c.resync_per_round), sampled=c.sampled)
+
+
+class _Heartbeat:
+    """Beats the segment's HEARTBEAT_NS and publishes the stats snapshot, from its own thread."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dspark-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        next_stats = 0.0
+        while not self._stop.is_set():
+            seg = self.proxy.segment
+            if seg is not None:
+                try:
+                    seg.set_word(Word.HEARTBEAT_NS, _hostflag.monotonic_ns())
+                    now = time.monotonic()
+                    if now >= next_stats:
+                        next_stats = now + STATS_EVERY_S
+                        self.proxy.publish_stats(seg)
+                except (ValueError, RuntimeError, TypeError):
+                    pass  # segment swapped under us, or a stats dict changed while iterated: next beat
+            self._stop.wait(HEARTBEAT_EVERY_S)
+
+
+class Proxy:
+    """One proxy: `serve()` until `stop()`. The client may be injected (tests, thread mode)."""
+
+    def __init__(self, cfg: ProxyConfig, client: Any | None = None, token: bytes | None = None) -> None:
+        self.cfg = cfg.resolved()
+        self.params = layout_params(self.cfg)
+        self.stats = Stats()
+        self.events = EventRing(64)
+        self.breaker = CircuitBreaker(self.cfg.breaker_threshold, self.cfg.breaker_cooldown)
+        self.settings = RoundSettings(
+            want_margin=self.cfg.want_margin, n_out_table=tuple(self.cfg.n_out_table),
+            step_timeout_s=None if self.cfg.step_timeout_ms is None else self.cfg.step_timeout_ms / 1e3)
+        if client is None:
+            from .client import DraftClient
+
+            host, port = parse_hostport(self.cfg.worker, field="worker")
+            client = DraftClient(host, port, max_reqs=self.cfg.max_reqs, num_spec=self.cfg.num_spec,
+                                 window=self.cfg.window, row_bytes=self.cfg.row_bytes, sampled=self.cfg.sampled,
+                                 token=token)
+        self.client = client
+        self.segment: Segment | None = None
+        self.core: RoundCore | None = None
+        self._stop = threading.Event()
+        self._heartbeat = _Heartbeat(self)
+        self.incarnations = 0
+        self.ready = threading.Event()  # set once the first incarnation is READY (tests, demo)
+        self._last_log = 0
+
+    # ------------------------------------------------------------------ control
+
+    def stop(self) -> None:
+        """Ask serve() to return (signal-safe: sets an Event and nothing else)."""
+        self._stop.set()
+
+    def serve(self) -> None:
+        """Run incarnations until stop(). On the way out: fail everything ahead, STOPPING, unlink."""
+        cfg = self.cfg
+        log.info("[proxy] start name=%s worker=%s M=%d N=%d W=%d row_bytes=%d max_rows=%d resync_per_round=%d "
+                 "sampled=%s deadline_ms=%.3f breaker=%d/%d", cfg.name, cfg.worker, cfg.max_reqs, cfg.num_spec,
+                 cfg.window, cfg.row_bytes, cfg.max_rows, cfg.resync_per_round, cfg.sampled, cfg.deadline_ms,
+                 cfg.breaker_threshold, cfg.breaker_cooldown)
+        self.client.start()
+        self._heartbeat.start()
+        try:
+            while not self._stop.is_set():
+                self._incarnation()
+        finally:
+            self._heartbeat.stop()
+            self._heartbeat.join(1.0)
+            self._finish_segment(State.STOPPING)
+            self.client.stop()
+            self.write_stats_file()
+            log.info("[proxy] stopped name=%s", cfg.name)
+
+    # ------------------------------------------------------------------ one incarnation
+
+    def _incarnation(self) -> None:
+        seg = Segment.create(self.cfg.name, self.params, deadline_ms=self.cfg.deadline_ms)
+        self.segment = seg
+        self.incarnations += 1
+        seg.set_word(Word.STATE, State.READY)
+        self.ready.set()
+        log.info("[proxy] ready name=%s incarnation=%d bytes=%d", self.cfg.name, seg.incarnation,
+                 seg.layout.total_bytes)
+        t0 = self._wait_attached(seg)
+        if t0 is None:
+            return
+        core = self.core = RoundCore(seg, self.client, self.stats, self.events, self.breaker, self.settings)
+        self.client.new_session(f"engine attached at round {t0}")
+        self.stats.inc("attaches")
+        log.info("[proxy] engine attached incarnation=%d pid=%d round=%d", seg.incarnation,
+                 seg.word(Word.ENGINE_PID), t0)
+        t = t0
+        try:
+            while not self._stop.is_set():
+                if not self._wait_gathered(seg, core.flags, t):
+                    break
+                seg.set_word(Word.PROXY_ROUND, t)
+                core.handle(t, 0.0)
+                self._maybe_log(t)
+                t += 1
+        except Exception as e:  # noqa: BLE001 - the hand-off is broken: die for this incarnation
+            self._die(seg, core.flags, t, repr(e))
+        self._finish_segment(State.DEAD)
+
+    def _wait_attached(self, seg: Segment) -> int | None:
+        off = seg.layout.word_off(Word.ATTACHED)
+        while not self._stop.is_set():
+            if _hostflag.wait_ge(seg.mm, off, 1, 0.1, 0):
+                return seg.word(Word.ATTACHED)
+        return None
+
+    def _wait_gathered(self, seg: Segment, flags: HostFlags, t: int) -> bool:
+        """True once round t is gathered; False when stopping or when the engine abandoned us. A
+        prefill's forward can take seconds, so there is no give-up on the engine."""
+        t0 = time.monotonic()
+        next_log = 30.0
+        while not self._stop.is_set():
+            if flags.wait_gathered(t, 0.1):
+                return True
+            if seg.word(Word.ABANDONED):
+                log.info("[proxy] incarnation %d abandoned by the engine at round %d: starting a new one",
+                         seg.incarnation, t)
+                self.stats.inc("abandoned")
+                return False
+            waited = time.monotonic() - t0
+            if waited >= next_log:
+                next_log += 30.0
+                log.warning("[proxy] round %d not gathered after %.0f s (words %s)", t, waited, flags.values())
+        return False
+
+    def _die(self, seg: Segment, flags: HostFlags, t: int, reason: str) -> None:
+        """Fail every pending and later round first (one C call), then record it."""
+        flags.fail_all(t + FAR_AHEAD)
+        self.stats.inc("deaths")
+        self.stats.set("dead_reason", reason)
+        log.error("[proxy] round loop stopped at round %d (%s): every later round is target-only; "
+                  "starting a new incarnation", t, reason)
+
+    def _finish_segment(self, state: int) -> None:
+        seg, self.segment, self.core = self.segment, None, None
+        if seg is None:
+            return
+        try:
+            HostFlags(seg).fail_all(max(seg.word(Word.GATHERED), seg.word(Word.CLAIMED)) + FAR_AHEAD)
+            seg.set_word(Word.STATE, state)
+            self.publish_stats(seg)
+        except ValueError:
+            pass
+        seg.unlink()
+        seg.close()
+
+    # ------------------------------------------------------------------ statistics
+
+    def snapshot(self) -> dict:
+        snap = self.stats.snapshot()
+        snap["breaker"] = self.breaker.snapshot()
+        snap["watchdog_events"] = self.events.dump()
+        snap["client"] = dict(getattr(self.client, "counters", {}))
+        snap["incarnations"] = self.incarnations
+        snap["pid"] = os.getpid()
+        return snap
+
+    def publish_stats(self, seg: Segment) -> None:
+        st = self.stats
+        st.set("breaker", self.breaker.snapshot())
+        st.set("watchdog_events", self.events.dump())
+        st.set("client", dict(getattr(self.client, "counters", {})))
+        st.set("incarnations", self.incarnations)
+        seg.write_block("proxy", st.snapshot_bytes(seg.layout.regions["proxy_stats"][1] - 8))
+
+    def write_stats_file(self) -> None:
+        if not self.cfg.stats_file:
+            return
+        try:
+            self.stats.set("breaker", self.breaker.snapshot())
+            self.stats.write_json(self.cfg.stats_file)
+        except OSError as e:
+            log.warning("[proxy] stats file %s: %s", self.cfg.stats_file, e)
+
+    def _maybe_log(self, t: int) -> None:
+        every = self.cfg.log_every
+        if every <= 0 or t - self._last_log < every:
+            return
+        self._last_log = t
+        log.info("%s", self.stats.format_line(f"[proxy] t={t}"))
+        self.write_stats_file()
+
+
+def run_proxy(cfg: ProxyConfig, token: bytes | None = None) -> Proxy:
+    """Run a proxy in the foreground until SIGTERM/SIGINT (the signal handlers only set stop)."""
+    import signal
+
+    proxy = Proxy(cfg, token=token)
+
+    def _on_signal(signum: int, frame: object) -> None:
+        proxy.stop()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    metrics = None
+    if cfg.metrics_port is not None:
+        from .metrics import start_metrics_server
+
+        metrics = start_metrics_server(cfg.metrics_port, proxy.snapshot)
+        log.info("[proxy] metrics url=%s", metrics.url)
+    try:
+        proxy.serve()
+    finally:
+        if metrics is not None:
+            metrics.stop()
+    return proxy

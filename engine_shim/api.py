@@ -1,0 +1,108 @@
+"""attach(), boot() and current(): how an engine gets its shim without ever failing its own boot."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from dspark_proxy.segment import LayoutMismatch, Segment, SegmentError
+
+from .shim import Shim
+
+__all__ = ["attach", "boot", "current", "ENV_NAME"]
+
+log = logging.getLogger(__name__)
+
+ENV_NAME = "DSPARK_PROXY"  # boot(): the segment name to attach to
+
+_current: Shim | None = None
+_current_lock = threading.Lock()
+
+
+def attach(name: str | None = None, *, max_reqs: int, num_spec: int, window: int, row_bytes: int,
+           sampled: bool = False, deadline_ms: float | None = None, mode: str = "process",
+           timeout_s: float = 0.0, **kwargs: Any) -> Shim:
+    """A shim for the proxy segment `name` (process mode) or for an in-process proxy thread (thread mode).
+
+    Process mode validates a segment that is already there against the engine's parameters: a
+    mismatch raises LayoutMismatch naming the field. With `timeout_s > 0` it waits that long for the
+    proxy to be ready and attached-to; otherwise the shim starts detached and attaches (at a round
+    boundary) when a proxy appears. Thread mode takes the proxy's settings as keyword arguments
+    (`worker="HOST:PORT"`, breaker_threshold=..., ...) and runs the same round loop on a thread.
+    """
+    if mode == "thread":
+        from .thread_mode import attach_thread
+
+        shim = attach_thread(name, max_reqs=max_reqs, num_spec=num_spec, window=window, row_bytes=row_bytes,
+                             sampled=sampled, deadline_ms=deadline_ms, timeout_s=timeout_s, **kwargs)
+        _set_current(shim)
+        return shim
+    if mode != "process":
+        raise ValueError(f"mode={mode!r}: use 'process' or 'thread'")
+    shim_kw = {k: kwargs.pop(k) for k in ("grace_ms", "heartbeat_timeout_s", "look_every_s") if k in kwargs}
+    if kwargs:
+        raise TypeError(f"unexpected arguments for process mode: {', '.join(sorted(kwargs))}")
+    _check_existing(name, max_reqs, num_spec, window, row_bytes, sampled)
+    shim = Shim(name, max_reqs=max_reqs, num_spec=num_spec, window=window, row_bytes=row_bytes, sampled=sampled,
+                deadline_ms=deadline_ms, **shim_kw)
+    if timeout_s > 0:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end and shim.state.value == "detached":
+            time.sleep(0.01)
+    _set_current(shim)
+    return shim
+
+
+def _check_existing(name: str | None, max_reqs: int, num_spec: int, window: int, row_bytes: int,
+                    sampled: bool) -> None:
+    """If a segment is already there, its parameters must be the engine's: say which one is not."""
+    try:
+        seg = Segment.open(name)
+    except SegmentError:
+        return
+    try:
+        seg.check_params(max_slots=max_reqs, num_spec=num_spec, window=window, row_bytes=row_bytes,
+                         sampled=sampled)
+    finally:
+        seg.close()
+
+
+def _set_current(shim: Shim) -> None:
+    global _current
+    with _current_lock:
+        _current = shim
+
+
+def current() -> Shim | None:
+    """The shim attached by boot() or attach(), if any."""
+    return _current
+
+
+def boot(**params: Any) -> None:
+    """Attach in the background when DSPARK_PROXY=<name> is set. Never blocks and never raises: a
+    mismatch or any other error is logged and the engine stays target-only.
+
+    The engine's shapes come from `params` (max_reqs, num_spec, window, row_bytes, ...) or from
+    DSPARK_PROXY_MAX_REQS / _NUM_SPEC / _WINDOW / _ROW_BYTES.
+    """
+    name = os.environ.get(ENV_NAME)
+    if not name:
+        return
+
+    def _go() -> None:
+        try:
+            p = {k: int(os.environ[f"{ENV_NAME}_{k.upper()}"]) for k in ("max_reqs", "num_spec", "window",
+                                                                       "row_bytes")
+                 if f"{ENV_NAME}_{k.upper()}" in os.environ}
+            p.update(params)
+            attach(name, **p)
+            log.info("[shim] boot: attached to %s (target-only until the proxy is there)", name)
+        except LayoutMismatch as e:
+            log.error("[shim] boot: %s; the engine stays target-only", e)
+        except Exception:  # noqa: BLE001 - boot never fails because of us
+            log.exception("[shim] boot: could not attach to %s; the engine stays target-only", name)
+
+    threading.Thread(target=_go, name="dspark-boot", daemon=True).start()

@@ -1,0 +1,94 @@
+"""What `Shim.read_reply(t)` returns: one round's drafts, as views of the shim's private page copy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dspark_proxy.shm_layout import STATUS_NAMES, STATUS_ROUND_FAILED, SUPPORT_K, ReplyLayout
+
+__all__ = ["Reply", "ReplyReader"]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Round t's result for the engine.
+
+    The arrays are views of the shim's private copy of the page, valid until the next `read_reply`
+    (copy them to keep them longer). A failed round (`status == 2`) has `ok_mask` all False: the
+    engine runs target-only for every request.
+    """
+
+    t: int
+    status: int  # 0 ok, 1 some_failed, 2 round_failed
+    n: int
+    ok_mask: np.ndarray  # [n] bool: drafts usable for request i
+    draft_ids: np.ndarray  # [n, N] int32
+    confidence: np.ndarray  # [n, N] float32
+    sample_mask: np.ndarray | None = None  # [n] bool (sampled mode)
+    support_ids: np.ndarray | None = None  # [n, N, 32] int32
+    proposal_q: np.ndarray | None = None  # [n, N, 32] float32
+    reason: str = ""  # why a failed round failed, from the engine side's point of view
+
+    @property
+    def ok(self) -> bool:
+        return self.status != STATUS_ROUND_FAILED
+
+    @property
+    def status_name(self) -> str:
+        return STATUS_NAMES.get(self.status, str(self.status))
+
+    def to_torch(self, device: str | None = None) -> Reply:
+        """The same reply with torch tensors (shares memory on CPU)."""
+        import torch
+
+        def conv(a: np.ndarray | None):
+            if a is None:
+                return None
+            x = torch.from_numpy(a)
+            return x.to(device) if device else x
+
+        return Reply(self.t, self.status, self.n, conv(self.ok_mask), conv(self.draft_ids),
+                     conv(self.confidence), conv(self.sample_mask), conv(self.support_ids),
+                     conv(self.proposal_q), self.reason)
+
+
+class ReplyReader:
+    """Turns a copied page into a Reply without allocating: every array is a view of `buf`."""
+
+    def __init__(self, layout: ReplyLayout) -> None:
+        self.L = layout
+        self.buf = np.zeros(layout.size, dtype=np.int32)
+        self._okbool = np.zeros(layout.M, dtype=np.bool_)
+        self._smask = np.zeros(layout.M, dtype=np.bool_)
+        self._fail_ids = np.full((layout.M, layout.N), -1, dtype=np.int32)
+        self._fail_conf = np.zeros((layout.M, layout.N), dtype=np.float32)
+        self._fail_ok = np.zeros(layout.M, dtype=np.bool_)
+
+    def failed(self, t: int, n: int, reason: str) -> Reply:
+        n = min(max(n, 0), self.L.M)
+        return Reply(t, STATUS_ROUND_FAILED, n, self._fail_ok[:n], self._fail_ids[:n], self._fail_conf[:n],
+                     reason=reason)
+
+    def parse(self, t: int, n_expected: int) -> Reply:
+        """The reply in `buf`. A page whose own n disagrees with the round's is not trusted."""
+        L, b = self.L, self.buf
+        status, n = int(b[0]), int(b[1])
+        if status == STATUS_ROUND_FAILED:
+            return self.failed(t, n_expected, "round_failed")
+        if status not in STATUS_NAMES or n != n_expected or not 0 <= n <= L.M:
+            return self.failed(t, n_expected, "bad_page")
+        ok = self._okbool[:n]
+        np.not_equal(b[L.o_ok:L.o_ok + n], 0, out=ok)
+        N = L.N
+        ids = b[L.o_ids:L.o_ids + n * N].reshape(n, N)
+        conf = b[L.o_conf:L.o_conf + n * N].view(np.float32).reshape(n, N)
+        if not L.sampled:
+            return Reply(t, status, n, ok, ids, conf)
+        sm = self._smask[:n]
+        np.not_equal(b[L.o_sample_mask:L.o_sample_mask + n], 0, out=sm)
+        K = SUPPORT_K
+        qids = b[L.o_qids:L.o_qids + n * N * K].reshape(n, N, K)
+        q = b[L.o_q:L.o_q + n * N * K].view(np.float32).reshape(n, N, K)
+        return Reply(t, status, n, ok, ids, conf, sm, qids, q)

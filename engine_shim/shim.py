@@ -1,0 +1,485 @@
+"""The engine side of the hand-off: enqueue a round's gather, read its published reply, never wait
+past the deadline.
+
+The engine calls `enqueue(t, ...)` then `read_reply(t)` once per step, on one thread. Everything that
+can take time without the engine asking (finding a proxy, noticing it died, claiming late rounds,
+publishing our statistics) is the watchdog thread's (watchdog.py). Attaching and detaching happen
+only at a round boundary, on the engine thread (attach.py has the table).
+
+Thread ownership: `_seg`, `_flags`, `_state`, the ring and the staging are the engine thread's;
+`_pending` and `_lost` are handed over by the watchdog under `_lock` (held for a few instructions,
+never across a wait).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from dspark_proxy import _hostflag
+from dspark_proxy.events import EventRing
+from dspark_proxy.hostflag import (
+    PAGE_OK,
+    WAIT_CLAIMED_UNPUBLISHED,
+    WAIT_FAILED_BY_ME,
+    WAIT_OUT_OF_ORDER,
+    WAIT_PUBLISHED,
+    HostFlags,
+)
+from dspark_proxy.segment import Segment
+from dspark_proxy.shm_layout import ReplyLayout, Word
+from dspark_proxy.stats import Stats
+
+from .attach import AttachEvent, AttachState, next_state
+from .reply import Reply, ReplyReader
+from .ring import EngineRing
+
+__all__ = ["Shim", "ShimError"]
+
+log = logging.getLogger(__name__)
+
+
+class ShimError(ValueError):
+    """Bad input to enqueue/read_reply: raised before anything is written."""
+
+
+class _ReqIds:
+    """Request ids as int64: integers pass through; strings get small ids from a bounded table."""
+
+    def __init__(self, limit: int) -> None:
+        self._ids: dict[Any, int] = {}
+        self._next = 0
+        self._limit = limit
+
+    def __call__(self, req_ids: Any, n: int) -> np.ndarray:
+        if isinstance(req_ids, np.ndarray) and req_ids.dtype.kind in "iu":
+            return req_ids.astype(np.int64, copy=False)
+        if hasattr(req_ids, "dtype") and hasattr(req_ids, "numpy"):  # an integer torch tensor
+            return req_ids.detach().cpu().numpy().astype(np.int64, copy=False)
+        ids = self._ids
+        if len(ids) > self._limit:
+            ids.clear()  # owners re-register below; a slot whose owner id changes resends its window
+        out = np.empty(n, dtype=np.int64)
+        for i, r in enumerate(req_ids):
+            v = ids.get(r)
+            if v is None:
+                v = ids[r] = self._next
+                self._next += 1
+            out[i] = v
+        return out
+
+
+def _as_numpy(x: Any, dtype: Any, name: str) -> np.ndarray:
+    if hasattr(x, "detach"):  # torch tensor
+        x = x.detach()
+        if x.device.type != "cpu":
+            x = x.cpu()
+        x = x.numpy()
+    a = np.asarray(x)
+    if dtype is not None and a.dtype != dtype:
+        try:
+            a = a.astype(dtype)
+        except (TypeError, ValueError) as e:
+            raise ShimError(f"{name}: cannot convert {a.dtype} to {np.dtype(dtype)}") from e
+    return a
+
+
+class Shim:
+    """One engine's connection to a proxy segment (or, detached, a target-only stand-in)."""
+
+    def __init__(self, name: str | None, *, max_reqs: int, num_spec: int, window: int, row_bytes: int,
+                 sampled: bool = False, deadline_ms: float | None = None, grace_ms: float = 2.0,
+                 heartbeat_timeout_s: float = 1.0, look_every_s: float = 0.1, start_watchdog: bool = True,
+                 events_kept: int = 64) -> None:
+        self.name = name
+        self.max_reqs, self.num_spec, self.window, self.row_bytes = max_reqs, num_spec, window, row_bytes
+        self.sampled = sampled
+        self.deadline_override_ms = deadline_ms
+        self.grace_ns = int(grace_ms * 1e6)
+        self.heartbeat_timeout_ns = int(heartbeat_timeout_s * 1e9)
+        self.look_every_s = look_every_s
+        self.stats = Stats()
+        self.events = EventRing(events_kept)
+        self.ring = EngineRing(max_reqs, window, row_bytes)
+        self._req_ids = _ReqIds(limit=16 * max_reqs + 1024)
+        self._reader = ReplyReader(ReplyLayout(max_reqs, num_spec, sampled))
+        self._lock = threading.Lock()
+        self._state = AttachState.DETACHED
+        self._seg: Segment | None = None
+        self._flags: HostFlags | None = None
+        self._pending: Segment | None = None  # found by the watchdog, attached by the engine thread
+        self._lost: str | None = None  # set by the watchdog: detach at the next round boundary
+        self._abandoned_incarnations: set[int] = set()
+        self._t = 0  # last round enqueued
+        self._n = 0  # its number of requests
+        self._round_attached = False  # round _t went through the segment
+        self._rows_total = 0
+        self._resync_req: np.ndarray | None = None  # private copy of the proxy's resync request
+        self._deadline_ns = 0
+        self.on_close: list = []  # callables run by close() after detaching (thread mode stops its proxy)
+        self.proxy = None  # thread mode: the in-process Proxy
+        from .watchdog import Watchdog  # a cycle only at import time
+
+        self.watchdog = Watchdog(self)
+        if start_watchdog:
+            self.watchdog.start()
+
+    # ------------------------------------------------------------------ attach / detach
+
+    @property
+    def state(self) -> AttachState:
+        return self._state
+
+    @property
+    def attached(self) -> bool:
+        return self._state is AttachState.ATTACHED
+
+    @property
+    def segment(self) -> Segment | None:
+        return self._seg
+
+    def deadline_ms(self) -> float:
+        if self.deadline_override_ms is not None:
+            return float(self.deadline_override_ms)
+        seg = self._seg
+        return seg.deadline_ms if seg is not None else 5.0
+
+    def _move(self, event: AttachEvent) -> None:
+        self._state = next_state(self._state, event)
+
+    def offer(self, seg: Segment) -> bool:
+        """Watchdog: a ready incarnation with our parameters; attached at the next round boundary."""
+        with self._lock:
+            if self._state is not AttachState.DETACHED or self._pending is not None:
+                return False
+            self._pending = seg
+            self._move(AttachEvent.FOUND)
+            return True
+
+    def lose(self, why: str) -> None:
+        """Watchdog: the attached (or pending) proxy is gone; detach at the next round boundary."""
+        with self._lock:
+            if self._lost is None:
+                self._lost = why
+
+    def _boundary(self, t: int) -> None:
+        """Engine thread, start of enqueue(t): apply what the watchdog handed over."""
+        with self._lock:
+            lost, self._lost = self._lost, None
+            pending = self._pending
+        if lost is not None and self._state in (AttachState.ATTACHED, AttachState.PENDING):
+            self._detach(lost)
+        if self._state is AttachState.PENDING and pending is not None:
+            self._try_attach(pending, t)
+
+    def _try_attach(self, seg: Segment, t: int) -> None:
+        with self._lock:
+            self._pending = None
+        off = seg.layout.word_off(Word.ATTACHED)
+        if _hostflag.cas(seg.mm, off, 0, t):
+            seg.set_word(Word.ENGINE_PID, os.getpid())
+            flags = HostFlags(seg)
+            flags.rebase(t)  # the handshake: the proxy's first round is t
+            self._seg, self._flags = seg, flags
+            self._resync_req = np.zeros(1, seg.layout.resync_req_dtype)
+            self._move(AttachEvent.ATTACH_OK)
+            self.stats.inc("attaches")
+            self.events.record(round=t, how="attached", phase="", n=0, rows=0, longest_query=0,
+                               proxy_wait_ms=0.0, incarnation=seg.incarnation)
+            log.info("[shim] attached name=%s incarnation=%d at round %d deadline_ms=%.3f", seg.name,
+                     seg.incarnation, t, self.deadline_ms())
+        else:
+            # someone attached first (a previous engine, or a race): finished for us and for the proxy
+            seg.set_word(Word.ABANDONED, 1)
+            self._abandoned_incarnations.add(seg.incarnation)
+            seg.close()
+            self._move(AttachEvent.ATTACH_REFUSED)
+            self.stats.inc("attach_refused")
+
+    def _detach(self, why: str) -> None:
+        seg = self._seg if self._seg is not None else self._pending
+        with self._lock:
+            self._pending = None
+        if seg is not None:
+            self._abandoned_incarnations.add(seg.incarnation)
+            try:
+                seg.set_word(Word.ABANDONED, 1)
+            except ValueError:
+                pass
+            seg.close()
+        self._seg = self._flags = None
+        self._move(AttachEvent.LOST)
+        self.stats.inc(f"detach_{why}")
+        log.warning("[shim] detached why=%s: target-only until a new proxy incarnation appears", why)
+
+    # ------------------------------------------------------------------ enqueue
+
+    def enqueue(self, t: int, *, req_ids: Sequence[Any] | np.ndarray, slots: Any, qsl: Any, need_draft: Any,
+                k_window: Any, rows: Any, valid: Any, first_pos: Any, anchor: Any, sampled: Any = None,
+                seed: Any = None, temperature: Any = None) -> None:
+        """Copy round t's rows into the engine ring and the staging, write its metadata and descriptor,
+        stage the resync windows the proxy asked for, and raise `gathered`. Validates everything first:
+        bad input raises ShimError (a ValueError) with nothing written."""
+        if self._state is AttachState.CLOSED:
+            raise ShimError("enqueue on a closed shim")
+        if t != self._t + 1 and self._t != 0:
+            raise ShimError(f"enqueue({t}): the next round is {self._t + 1}")
+        if self._round_attached:
+            raise ShimError(f"enqueue({t}): read_reply({self._t}) must come first")
+        if t < 1:
+            raise ShimError(f"enqueue({t}): rounds are numbered from 1")
+        n, a = self._validate(req_ids, slots, qsl, need_draft, k_window, rows, valid, first_pos, anchor,
+                              sampled, seed, temperature)
+        self._boundary(t)
+        self.ring.write(a["slots"], a["req_ids"], a["first_pos"], a["valid"], a["rows"])
+        self._t, self._n = t, n
+        self._rows_total = int(a["rows"].shape[0])
+        self._round_attached = False
+        if self._state is not AttachState.ATTACHED:
+            self.stats.inc("rounds_detached")
+            return
+        seg, flags = self._seg, self._flags
+        assert seg is not None and flags is not None
+        self._write_round(seg, t, n, a)
+        flags.raise_gathered(t)
+        self._deadline_ns = seg.word(Word.GATHERED_NS) + int(self.deadline_ms() * 1e6)
+        self._round_attached = True
+
+    def _validate(self, req_ids, slots, qsl, need_draft, k_window, rows, valid, first_pos, anchor, sampled,
+                  seed, temperature) -> tuple[int, dict[str, np.ndarray]]:
+        M, W = self.max_reqs, self.window
+        slots_a = _as_numpy(slots, np.int64, "slots")
+        n = int(slots_a.shape[0]) if slots_a.ndim == 1 else -1
+        if n < 0 or n > M:
+            raise ShimError(f"slots: expected a 1-D array of at most max_reqs={M} requests, got shape "
+                            f"{slots_a.shape}")
+        a: dict[str, np.ndarray] = {"slots": slots_a}
+        for key, val, dt in (("valid", valid, np.int64), ("first_pos", first_pos, np.int64),
+                             ("anchor", anchor, np.int64), ("k_window", k_window, np.int64),
+                             ("need_draft", need_draft, np.bool_)):
+            arr = _as_numpy(val, dt, key)
+            if arr.shape != (n,):
+                raise ShimError(f"{key}: expected shape ({n},), got {arr.shape}")
+            a[key] = arr
+        qsl_a = _as_numpy(qsl, np.int64, "qsl")
+        if qsl_a.shape != (n + 1,):
+            raise ShimError(f"qsl: expected shape ({n + 1},), got {qsl_a.shape}")
+        if n and np.any(np.diff(qsl_a) < 0):
+            raise ShimError("qsl: must be non-decreasing")
+        a["qsl"] = qsl_a
+        if n:
+            if slots_a.min() < 0 or slots_a.max() >= M:
+                raise ShimError(f"slots: every slot must be in [0, {M}), got {slots_a.min()}..{slots_a.max()}")
+            if np.unique(slots_a).shape[0] != n:
+                raise ShimError("slots: a slot appears more than once in the round")
+            v = a["valid"]
+            if v.max() > W or v.min() < 0:
+                raise ShimError(f"valid: every value must be in [0, window={W}] (only the last W rows of a "
+                                f"chunk are sent), got {v.min()}..{v.max()}")
+            if a["first_pos"].min() < 0:
+                raise ShimError("first_pos: positions must be >= 0")
+            if a["k_window"].min() < 0:
+                raise ShimError("k_window: must be >= 0")
+        a["req_ids"] = self._req_ids(req_ids, n)
+        if a["req_ids"].shape != (n,):
+            raise ShimError(f"req_ids: expected {n} ids, got {a['req_ids'].shape}")
+        if n and a["req_ids"].min() < 0:
+            raise ShimError("req_ids: integer request ids must be >= 0")
+        total = int(a["valid"].sum()) if n else 0
+        a["rows"] = self._rows(rows, total)
+        s = np.zeros(n, np.bool_) if sampled is None else _as_numpy(sampled, np.bool_, "sampled")
+        if s.shape != (n,):
+            raise ShimError(f"sampled: expected shape ({n},), got {s.shape}")
+        a["sampled"] = s
+        if self.sampled:
+            if seed is None or temperature is None:
+                raise ShimError("seed and temperature are required: the proxy was started with --sampled")
+            a["seed"] = _as_numpy(seed, np.int64, "seed")
+            a["temperature"] = _as_numpy(temperature, np.float32, "temperature")
+            for key in ("seed", "temperature"):
+                if a[key].shape != (n,):
+                    raise ShimError(f"{key}: expected shape ({n},), got {a[key].shape}")
+        return n, a
+
+    def _rows(self, rows: Any, total: int) -> np.ndarray:
+        B = self.row_bytes
+        if hasattr(rows, "detach"):  # torch: view the row as bytes without a copy on CPU
+            import torch
+
+            x = rows.detach()
+            if x.device.type != "cpu":
+                x = x.to("cpu")  # synchronous D2H: gathered is raised only after it completed
+            x = x.contiguous()
+            if x.dim() != 2 or x.shape[0] != total or x.shape[1] * x.element_size() != B:
+                raise ShimError(f"rows: expected [{total}, H] with H * itemsize == row_bytes={B}, got "
+                                f"{tuple(x.shape)} of {x.dtype}")
+            arr = x.view(torch.uint8).numpy()
+        else:
+            arr = np.asarray(rows)
+            if arr.ndim != 2 or arr.shape[0] != total or arr.shape[1] * arr.itemsize != B:
+                raise ShimError(f"rows: expected [{total}, H] with H * itemsize == row_bytes={B}, got "
+                                f"{arr.shape} of {arr.dtype}")
+            arr = np.ascontiguousarray(arr).view(np.uint8)
+        return arr.reshape(total, B)
+
+    def _write_round(self, seg: Segment, t: int, n: int, a: dict[str, np.ndarray]) -> None:
+        lay, p = seg.layout, seg.params
+        mm = seg.mm
+        valid = a["valid"]
+        # requests whose rows do not fit stage none this round (the proxy resyncs them later)
+        ends = np.cumsum(valid)
+        fits = ends <= p.max_rows
+        staged_rows = np.where(fits, valid, 0)
+        rows_staged = int(ends[fits][-1]) if n and fits.any() else 0
+        if rows_staged:
+            seg.staging[:rows_staged] = a["rows"][:rows_staged]
+        # metadata slot t % 64: stamp_start, fields, stamp_end (shm_layout.md, "stamps")
+        moff = lay.meta_off(t)
+        m = seg.meta[t % len(seg.meta)]
+        _hostflag.begin_write(mm, moff, t)
+        m["t"] = t
+        m["n"] = n
+        m["rows_staged"] = rows_staged
+        m["valid"][:n] = valid
+        m["first_pos"][:n] = a["first_pos"]
+        m["anchor"][:n] = a["anchor"]
+        m["staged_rows"][:n] = staged_rows
+        m["sampled"][:n] = a["sampled"]
+        if self.sampled:
+            m["seed"][:n] = a["seed"]
+            m["temperature"][:n] = a["temperature"]
+        _hostflag.store(mm, moff + lay.meta_dtype.fields["stamp_end"][1], t)
+        # resync windows the proxy asked for (a bounded number)
+        staged = self._stage_windows(seg, t)
+        doff = lay.desc_off(t)
+        d = seg.desc[t % len(seg.desc)]
+        _hostflag.begin_write(mm, doff, t)
+        d["t"] = t
+        d["n"] = n
+        qsl = a["qsl"]
+        d["max_q"] = int(np.diff(qsl).max()) if n else 0
+        d["rows_gathered"] = rows_staged
+        d["n_staged"] = len(staged)
+        d["staged_slots"][:len(staged)] = staged
+        d["req_id"][:n] = a["req_ids"]
+        d["slot"][:n] = a["slots"]
+        d["qsl"][:n + 1] = qsl
+        d["need_draft"][:n] = a["need_draft"]
+        d["k_window"][:n] = a["k_window"]
+        _hostflag.store(mm, doff + lay.desc_dtype.fields["stamp_end"][1], t)
+
+    def _stage_windows(self, seg: Segment, t: int) -> list[int]:
+        lay = seg.layout
+        req = self._resync_req
+        assert req is not None
+        if not _hostflag.seq_read(seg.mm, lay.word_off(Word.RESYNC_SEQ), lay.resync_req, req.view(np.uint8), 8):
+            return []
+        count = min(int(req["count"][0]), seg.params.max_slots)
+        want = req["slots"][0, :count]
+        want = want[(want >= 0) & (want < seg.params.max_slots)]
+        staged: list[int] = []
+        for s in want[: seg.params.resync_per_round]:
+            w = seg.windows[len(staged)]
+            gen, lo, hi = self.ring.stage_window(int(s), w["rows"])
+            w["slot"], w["generation"], w["lo"], w["hi"] = int(s), gen, lo, hi
+            w["stamp"] = t
+            staged.append(int(s))
+        if staged:
+            self.stats.inc("resync_windows_staged", len(staged))
+        return staged
+
+    # ------------------------------------------------------------------ read_reply
+
+    def read_reply(self, t: int) -> Reply:
+        """Round t's reply, within the deadline whatever happens; then `consumed = t`."""
+        if t != self._t:
+            raise ShimError(f"read_reply({t}): the round in flight is {self._t}")
+        n = self._n
+        if not self._round_attached:
+            return self._reader.failed(t, n, "detached")
+        self._round_attached = False
+        flags, seg = self._flags, self._seg
+        assert flags is not None and seg is not None
+        r = flags.wait_or_fail(t, n, self._deadline_ns)
+        reason = ""
+        if r == WAIT_CLAIMED_UNPUBLISHED:
+            # the proxy claimed t but has not published: it is copying, or stopped mid-copy
+            if not flags.wait_published(t, self.grace_ns / 1e9):
+                self._hung(t, n)
+                return self._reader.failed(t, n, "proxy_hung")
+            r = WAIT_PUBLISHED
+        if r == WAIT_OUT_OF_ORDER:
+            self.lose("out_of_order")
+            flags.consume(t)
+            return self._reader.failed(t, n, "out_of_order")
+        if r == WAIT_FAILED_BY_ME:
+            self._note_watchdog(t, n, "watchdog")
+            reason = "deadline"
+        got = flags.read_page(t, self._reader.buf)
+        flags.consume(t)
+        if got != PAGE_OK:
+            self.stats.inc("pages_not_this_round")
+            return self._reader.failed(t, n, reason or "failed_ahead")
+        reply = self._reader.parse(t, n)
+        self.stats.inc(f"replies_{reply.status_name}")
+        return reply
+
+    def _hung(self, t: int, n: int) -> None:
+        """A round claimed but not published by deadline + grace: the proxy hung mid-publish. The page
+        is never read again; fail everything ahead and detach at the next boundary."""
+        self._note_watchdog(t, n, "proxy_hung")
+        self.lose("proxy_hung")
+
+    def _note_watchdog(self, t: int, n: int, how: str) -> None:
+        self.stats.inc(f"watchdog_{how}")
+        self.events.record(round=t, how=how, phase="", n=n, rows=self._rows_total, longest_query=0,
+                           proxy_wait_ms=round(self.deadline_ms(), 3))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def stats_snapshot(self) -> dict:
+        snap = self.stats.snapshot()
+        snap["state"] = self._state.value
+        snap["round"] = self._t
+        snap["watchdog_events"] = self.events.dump()
+        return snap
+
+    def close(self) -> None:
+        """Stop the watchdog, abandon the segment (the proxy then makes a fresh one), unmap. Idempotent."""
+        if self._state is AttachState.CLOSED:
+            return
+        self.watchdog.stop()
+        self.watchdog.join(timeout=2.0)
+        seg = self._seg
+        with self._lock:
+            pending, self._pending = self._pending, None
+        for s in (seg, pending):
+            if s is not None:
+                try:
+                    s.set_word(Word.ABANDONED, 1)
+                except ValueError:
+                    pass
+                s.close()
+        self._seg = self._flags = None
+        self._move(AttachEvent.CLOSE)
+        for fn in self.on_close:
+            fn()
+
+    def __enter__(self) -> Shim:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort; close() is the real path
+        try:
+            if self._state is not AttachState.CLOSED:
+                self.watchdog.stop()
+        except Exception:
+            pass
+

@@ -1,0 +1,204 @@
+"""The shim's watchdog thread: late rounds, lost proxies, new incarnations (SPEC §4).
+
+Three jobs, escalating:
+1. The round in flight: from `gathered`, wait (in C, GIL released) until it is published or its
+   deadline passes; at the deadline claim it and publish a failed reply. The claim is made inside
+   the C call, so engine threads holding the GIL cannot make it late. (read_reply makes the same
+   claim when the engine gets there first; the CAS lets exactly one of them win.)
+2. The proxy: pid gone, heartbeat stale, state stopping/dead, segment abandoned or replaced by a new
+   incarnation under the same name: fail every round far ahead and hand the engine thread a detach.
+3. Detached: look for a ready incarnation every `look_every_s` (100 ms), validate it against the
+   engine's parameters in this thread (not the engine's), and offer it; the engine thread attaches
+   at its next round.
+
+The last resort is injectable (`on_dead=`), as PyTorch's heartbeat monitor's terminate is, so
+tests can observe it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from dspark_proxy.hostflag import FAR_AHEAD, WAIT_FAILED_BY_ME, HostFlags, monotonic_ns
+from dspark_proxy.segment import LayoutMismatch, Segment, SegmentError, owner_alive
+from dspark_proxy.shm_layout import State, Word
+
+from .attach import AttachState
+
+if TYPE_CHECKING:
+    from .shim import Shim
+
+__all__ = ["Watchdog"]
+
+log = logging.getLogger(__name__)
+
+_STATS_EVERY_S = 0.5
+
+
+class Watchdog:
+    """A named daemon thread with start/stop/join; stop() wakes it at once."""
+
+    def __init__(self, shim: Shim, on_dead: Callable[[Segment, str], None] | None = None) -> None:
+        self.shim = shim
+        self.on_dead = on_dead or self._fail_far_ahead
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dspark-watchdog", daemon=True)
+        self._flags: HostFlags | None = None
+        self._flags_seg: Segment | None = None
+        self._next_look = 0.0
+        self._next_stats = 0.0
+        self._mismatch_logged: set[int] = set()
+        self.claims = 0  # rounds this thread failed at their deadline
+        self.lateness_ns: list[int] = []  # claim time minus deadline, for the GIL-isolation report
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ loop
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._tick()
+            except Exception:  # noqa: BLE001 - the watchdog must outlive any one bad tick
+                log.exception("[watchdog] tick failed")
+                self._stop.wait(0.05)
+
+    def _tick(self) -> None:
+        shim = self.shim
+        seg = shim.segment
+        if seg is None or shim.state is not AttachState.ATTACHED:
+            self._look_for_proxy()
+            self._stop.wait(0.01 if shim.state is AttachState.PENDING else shim.look_every_s)
+            return
+        if self._flags_seg is not seg:
+            self._flags, self._flags_seg = HostFlags(seg), seg
+        flags = self._flags
+        assert flags is not None
+        try:
+            why = self._proxy_lost(seg)
+            if why is not None:
+                self.on_dead(seg, why)
+                shim.lose(why)
+                self._stop.wait(0.01)
+                return
+            self._publish_stats(seg)
+            w = flags.values()
+            g, p = w["gathered"], w["published"]
+            if g > p and w["claimed"] < g:
+                # a round in flight: wait for it, or fail it at its deadline (GIL-free)
+                deadline = seg.word(Word.GATHERED_NS) + int(shim.deadline_ms() * 1e6)
+                r = flags.wait_or_fail(g, shim._n, deadline)
+                if r == WAIT_FAILED_BY_ME:
+                    self.claims += 1
+                    late = monotonic_ns() - deadline
+                    self.lateness_ns.append(late)
+                    del self.lateness_ns[:-4096]
+                    shim._note_watchdog(g, shim._n, "watchdog")
+                return
+            # idle: sleep until the next gather (or 100 ms, for the liveness checks above)
+            flags.wait_gathered(g + 1, shim.look_every_s)
+        except ValueError:
+            # the engine thread detached and unmapped this segment under us: next tick sees it
+            self._flags = self._flags_seg = None
+
+    def _proxy_lost(self, seg: Segment) -> str | None:
+        shim = self.shim
+        state = seg.word(Word.STATE)
+        if state in (State.STOPPING, State.DEAD):
+            return "proxy_stopping"
+        if seg.word(Word.ABANDONED):
+            return "abandoned"
+        h = seg.header
+        if not owner_alive(int(h["owner_pid"]), int(h["owner_start_ticks"])):
+            return "proxy_dead"
+        age = monotonic_ns() - seg.word(Word.HEARTBEAT_NS)
+        if age > shim.heartbeat_timeout_ns:
+            return "proxy_hung"
+        return None
+
+    def _fail_far_ahead(self, seg: Segment, why: str) -> None:
+        """Every round the engine may still run on this segment is target-only at once."""
+        shim = self.shim
+        if self._flags is not None:
+            self._flags.fail_all(shim._t + FAR_AHEAD)
+        shim._note_watchdog(shim._t, shim._n, why)
+        log.warning("[watchdog] proxy lost why=%s incarnation=%d round=%d: failing ahead, detaching", why,
+                    seg.incarnation, shim._t)
+
+    # ------------------------------------------------------------------ detached
+
+    def _look_for_proxy(self) -> None:
+        shim = self.shim
+        now = time.monotonic()
+        if shim.state is not AttachState.DETACHED or now < self._next_look:
+            return
+        self._next_look = now + shim.look_every_s
+        try:
+            seg = Segment.open(shim.name)
+        except SegmentError:
+            return
+        ok = False
+        try:
+            inc = seg.incarnation
+            if inc in shim._abandoned_incarnations:
+                return
+            try:
+                seg.check_params(max_slots=shim.max_reqs, num_spec=shim.num_spec, window=shim.window,
+                                 row_bytes=shim.row_bytes, sampled=shim.sampled)
+            except LayoutMismatch as e:
+                if inc not in self._mismatch_logged:
+                    self._mismatch_logged.add(inc)
+                    log.error("[watchdog] %s: staying target-only", e)
+                    shim.stats.inc("attach_mismatch")
+                return
+            if seg.word(Word.STATE) != State.READY or seg.word(Word.ABANDONED):
+                return
+            h = seg.header
+            if not owner_alive(int(h["owner_pid"]), int(h["owner_start_ticks"])):
+                return
+            if seg.word(Word.ATTACHED) != 0:
+                # attached before, by an engine that is gone (or by us, earlier): the proxy must start
+                # afresh, since its words cannot be re-based backwards
+                engine = seg.word(Word.ENGINE_PID)
+                if not owner_alive(engine, 0) or engine == _getpid():
+                    seg.set_word(Word.ABANDONED, 1)
+                return
+            ok = shim.offer(seg)
+        finally:
+            if not ok:
+                seg.close()
+
+    def _publish_stats(self, seg: Segment) -> None:
+        now = time.monotonic()
+        if now < self._next_stats:
+            return
+        self._next_stats = now + _STATS_EVERY_S
+        shim = self.shim
+        st = shim.stats
+        try:
+            st.set("state", shim.state.value)
+            st.set("round", shim._t)
+            st.set("watchdog_events", shim.events.dump())
+            st.set("watchdog_claims", self.claims)
+            seg.write_block("shim", st.snapshot_bytes(seg.layout.regions["shim_stats"][1] - 8))
+        except (ValueError, TypeError, RuntimeError) as e:
+            # RuntimeError: the engine thread added a counter while we iterated; next time
+            log.debug("[watchdog] shim stats not published: %s", e)
+
+
+def _getpid() -> int:
+    import os
+
+    return os.getpid()
