@@ -1,0 +1,435 @@
+"""The proxy's side of the wire: a background connector and a synchronous, deadline-bounded step().
+
+Threads and ownership:
+- the connect thread ("dspark-client-connect") connects with exponential backoff, handshakes, and
+  publishes a `_Live` (connection, epoch, session) by one attribute store; it never touches a
+  published connection again except to shut it down in stop();
+- the stepping thread (the round's) owns the published connection: it sends and receives on it in
+  step(), and on a failure unpublishes it (`_live = None`), closes it and wakes the connect thread,
+  which reconnects and raises the epoch. step() never waits on a connect.
+
+Timeouts: a step whose reply does not come by its deadline returns "timeout" and keeps the
+connection; its reply, if it comes later, is drained and dropped by a later step (counted in
+`late_replies_dropped`), never returned for another step. After `max_consecutive_timeouts`
+timeouts in a row (a stalled worker) the connection is dropped and re-established (a new epoch). A
+send that times out after some bytes went out tears the stream, so that connection is dropped at
+once. Step ids must increase from step to step: a reply whose step id is below the current one is
+late, above it is bad.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import secrets
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .conn import FramedConnection, SendTimeout, byte_view, connect_tcp
+from .wire import (
+    APP_HEADER_SIZE,
+    ENTRY_DTYPE,
+    MAX_CONTROL_PAYLOAD,
+    MSG_CHALLENGE,
+    MSG_ERROR,
+    MSG_PONG,
+    MSG_REPLY,
+    MSG_WELCOME,
+    NONCE_BYTES,
+    PROTOCOL_VERSION,
+    SAMPLE_DTYPE,
+    SF_ALL,
+    SF_SAMPLED,
+    STEP_HDR_SIZE,
+    Auth,
+    Challenge,
+    Decoder,
+    ErrorMsg,
+    Hello,
+    LocalProtocolError,
+    NewSession,
+    RemoteProtocolError,
+    StepReply,
+    Welcome,
+    WireLayout,
+    check_proof,
+    client_proof,
+    decode_control,
+    decode_reply,
+    encode_control,
+    entries_view,
+    fill_step_prefix,
+    sample_view,
+    worker_proof,
+)
+
+__all__ = ["DraftClient", "StepOutcome", "StepReply", "STEP_FAILURE_REASONS"]
+
+log = logging.getLogger(__name__)
+
+STEP_FAILURE_REASONS = ("not_ready", "disabled", "reconnected", "timeout", "connection_lost", "bad_reply",
+                        "worker_error")
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    ok: bool
+    reason: str | None
+    reply: StepReply | None
+    rtt_us: float
+
+
+_NOT_READY = StepOutcome(False, "not_ready", None, 0.0)
+_DISABLED = StepOutcome(False, "disabled", None, 0.0)
+_RECONNECTED = StepOutcome(False, "reconnected", None, 0.0)
+
+
+class _Disable(Exception):
+    """The handshake found a permanent problem (mismatch, auth): stop reconnecting."""
+
+
+class _Live:
+    """A published connection. `session` and `pending` belong to the stepping thread."""
+
+    __slots__ = ("conn", "epoch", "session", "pending", "timeouts", "welcome")
+
+    def __init__(self, conn: FramedConnection, epoch: int, session: int, welcome: Welcome) -> None:
+        self.conn = conn
+        self.epoch = epoch
+        self.session = session
+        self.pending: bytes | None = None  # a NEW_SESSION frame to send before the next STEP
+        self.timeouts = 0
+        self.welcome = welcome
+
+
+def _new_session_id() -> int:
+    return secrets.randbits(63) | 1
+
+
+class DraftClient:
+    """Connection to one draft worker, for one proxy. See the module docstring for the threading."""
+
+    def __init__(self, host: str, port: int, *, max_reqs: int, num_spec: int, window: int, row_bytes: int,
+                 sampled: bool = False, token: bytes | None = None, connect_timeout_s: float = 1.0,
+                 max_frame_bytes: int = 64 << 20, backoff_s: tuple[float, float] = (0.05, 1.0),
+                 max_consecutive_timeouts: int = 3, client_id: str | None = None) -> None:
+        self.host = host
+        self.port = port
+        self.layout = WireLayout(num_spec=num_spec, window=window, row_bytes=row_bytes, max_reqs=max_reqs,
+                                 sampled=sampled)
+        self.token = token
+        self.connect_timeout_s = connect_timeout_s
+        self.max_frame_bytes = max_frame_bytes
+        self.backoff_s = backoff_s
+        self.max_consecutive_timeouts = max_consecutive_timeouts
+        self.client_id = client_id or f"dspark-proxy pid={os.getpid()}"
+        self.counters: Counter[str] = Counter()
+        self.disabled = False
+        self.disabled_reason: str | None = None
+        self.welcome: Welcome | None = None
+        self._epoch = 0
+        self._live: _Live | None = None
+        self._stop = threading.Event()
+        self._lost = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._prefix_id = -1
+        self._prefix_addr = 0
+        reply_max = self.layout.max_reply_payload()
+        if reply_max + APP_HEADER_SIZE > max_frame_bytes:
+            raise ValueError(f"max_frame_bytes={max_frame_bytes} is below the largest REPLY for these "
+                             f"parameters ({reply_max + APP_HEADER_SIZE} bytes)")
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._connect_loop, name="dspark-client-connect", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Idempotent: stop reconnecting, close the connection, join the connect thread."""
+        self._stop.set()
+        self._lost.set()
+        live = self._live
+        if live is not None:
+            live.conn.shutdown()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(self.connect_timeout_s + 2.0)
+        live, self._live = self._live, None
+        if live is not None:
+            live.conn.close()
+
+    def connection_epoch(self) -> int | None:
+        """The current connection's epoch (raised by every successful handshake); None while not ready."""
+        live = self._live
+        return None if live is None else live.epoch
+
+    @property
+    def session_id(self) -> int | None:
+        live = self._live
+        return None if live is None else live.session
+
+    def wait_ready(self, timeout_s: float) -> int | None:
+        """Tests and tools: wait (polling lightly) until connected or disabled; the epoch or None."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not self.disabled:
+            e = self.connection_epoch()
+            if e is not None:
+                return e
+            self._stop.wait(0.005)
+        return self.connection_epoch()
+
+    def new_session(self, reason: str) -> None:
+        """Steps from now on go under a fresh session id; the next STEP is preceded by a NEW_SESSION
+        that tells the worker to drop the old one. Called from the stepping thread."""
+        live = self._live
+        if live is None:
+            return  # the next connection starts a fresh session anyway
+        old, live.session = live.session, _new_session_id()
+        live.pending = encode_control(NewSession(previous=old, reason=reason[:4000]), session=live.session,
+                                      epoch=live.epoch)
+        self.counters["new_sessions"] += 1
+        log.info("[client] new session=%d previous=%d reason=%s", live.session, old, reason)
+
+    # ------------------------------------------------------------------ the round's call
+
+    def step(self, prefix: bytearray, entries: np.ndarray, n_rows: int, *, step_id: int, step_flags: int,
+             epoch: int, rows: Sequence, sample_meta: np.ndarray | None = None,
+             timeout_s: float) -> StepOutcome:
+        """Send one STEP (prefix headers + entries [+ sample meta], then rows, one sendmsg) and wait
+        for its REPLY until timeout_s. Never raises for network or peer problems: the outcome says
+        why it failed. Raises LocalProtocolError for arguments that cannot be a valid STEP."""
+        t0 = time.perf_counter()
+        if self.disabled:
+            return _DISABLED
+        live = self._live
+        if live is None:
+            return _NOT_READY
+        if epoch != live.epoch:
+            self.counters["steps_refused_epoch"] += 1
+            return _RECONNECTED
+        lay = self.layout
+        n = entries.shape[0]
+        if n > lay.max_reqs or entries.dtype != ENTRY_DTYPE:
+            raise LocalProtocolError(f"{n} entries of dtype {entries.dtype}: at most {lay.max_reqs} of ENTRY_DTYPE")
+        if step_flags & ~SF_ALL:
+            raise LocalProtocolError(f"unknown step flags 0x{step_flags:x}")
+        sampled = bool(step_flags & SF_SAMPLED)
+        if sampled and (not lay.sampled or sample_meta is None or sample_meta.shape[0] != n):
+            raise LocalProtocolError("SF_SAMPLED needs sampled=True and sample_meta for every entry")
+        addr = self._addr_of(prefix)
+        off = addr + APP_HEADER_SIZE + STEP_HDR_SIZE
+        if entries.__array_interface__["data"][0] != off:
+            entries_view(prefix, n)[:] = entries
+        if sampled:
+            assert sample_meta is not None
+            if sample_meta.dtype != SAMPLE_DTYPE:
+                raise LocalProtocolError(f"sample_meta dtype {sample_meta.dtype}, expected SAMPLE_DTYPE")
+            if sample_meta.__array_interface__["data"][0] != off + n * ENTRY_DTYPE.itemsize:
+                sample_view(prefix, n)[:] = sample_meta
+        if int(entries["n_rows"].sum(dtype=np.int64)) != n_rows:
+            raise LocalProtocolError("entries' n_rows do not add up to n_rows")
+        views = [byte_view(r) for r in rows]
+        if sum(len(v) for v in views) != n_rows * lay.row_bytes:
+            raise LocalProtocolError(f"rows hold {sum(len(v) for v in views)} bytes, expected "
+                                     f"{n_rows} x {lay.row_bytes}")
+        plen = fill_step_prefix(prefix, n_req=n, n_rows=n_rows, row_bytes=lay.row_bytes, step_flags=step_flags,
+                                session=live.session, epoch=epoch, step_id=step_id)
+        parts: list = [memoryview(prefix)[:plen], *views]
+        if live.pending is not None:
+            parts.insert(0, live.pending)
+        deadline = time.monotonic() + timeout_s
+        conn = live.conn
+        try:
+            conn.send_parts(parts, deadline)
+        except SendTimeout as e:
+            self.counters["send_timeouts"] += 1
+            if e.partial:
+                self._drop(live, "send timed out mid-frame")
+            return self._fail("timeout", t0)
+        except OSError as e:
+            self._drop(live, f"send failed: {e}")
+            return self._fail("connection_lost", t0)
+        live.pending = None
+        self.counters["steps_sent"] += 1
+        try:
+            while True:
+                f = conn.recv_frame(deadline)
+                if f is None:
+                    self.counters["timeouts"] += 1
+                    live.timeouts += 1
+                    if live.timeouts >= self.max_consecutive_timeouts:
+                        self._drop(live, f"{live.timeouts} consecutive timeouts")
+                    return self._fail("timeout", t0)
+                h = f.header
+                if h.type == MSG_PONG:
+                    continue
+                if h.step_id != step_id:
+                    if h.step_id < step_id:
+                        self.counters["late_replies_dropped"] += 1
+                        continue
+                    self.counters["bad_replies"] += 1
+                    self.counters["bad_reply_step_id"] += 1
+                    return self._fail("bad_reply", t0)
+                live.timeouts = 0
+                if h.session != live.session or h.epoch != epoch:
+                    self.counters["bad_replies"] += 1
+                    self.counters["bad_reply_session"] += 1
+                    return self._fail("bad_reply", t0)
+                if h.type == MSG_ERROR:
+                    return self._worker_error(f, t0)
+                try:
+                    reply = decode_reply(f, lay, n_req=n, step_flags=step_flags)
+                except RemoteProtocolError as e:
+                    self.counters["bad_replies"] += 1
+                    self.counters[e.counter] += 1
+                    return self._fail("bad_reply", t0)
+                return StepOutcome(True, None, reply, (time.perf_counter() - t0) * 1e6)
+        except RemoteProtocolError as e:
+            # a bad frame header: the stream cannot be trusted any more
+            self.counters["bad_frames"] += 1
+            self.counters[e.counter] += 1
+            self._drop(live, f"bad frame: {e}")
+            return self._fail("bad_reply", t0)
+        except OSError as e:
+            self._drop(live, f"receive failed: {e}")
+            return self._fail("connection_lost", t0)
+
+    # ------------------------------------------------------------------ internals (stepping thread)
+
+    def _addr_of(self, prefix) -> int:
+        if id(prefix) != self._prefix_id:
+            self._prefix_addr = np.frombuffer(prefix, dtype=np.uint8).__array_interface__["data"][0]
+            self._prefix_id = id(prefix)
+        return self._prefix_addr
+
+    def _fail(self, reason: str, t0: float) -> StepOutcome:
+        self.counters[f"step_{reason}"] += 1
+        return StepOutcome(False, reason, None, (time.perf_counter() - t0) * 1e6)
+
+    def _worker_error(self, f, t0: float) -> StepOutcome:
+        try:
+            msg = decode_control(f)
+        except RemoteProtocolError as e:
+            self.counters["bad_replies"] += 1
+            self.counters[e.counter] += 1
+            return self._fail("bad_reply", t0)
+        self.counters["worker_errors"] += 1
+        if isinstance(msg, ErrorMsg):
+            log.debug("[client] worker error code=%s message=%s", msg.code, msg.message)
+        return self._fail("worker_error", t0)
+
+    def _drop(self, live: _Live, why: str) -> None:
+        """Unpublish and close a connection, and wake the connect thread to make a new one."""
+        if self._live is live:
+            self._live = None
+        live.conn.close()
+        self.counters["connections_dropped"] += 1
+        log.warning("[client] connection epoch=%d dropped: %s", live.epoch, why)
+        self._lost.set()
+
+    # ------------------------------------------------------------------ the connect thread
+
+    def _connect_loop(self) -> None:
+        lo, hi = self.backoff_s
+        delay = lo
+        while not self._stop.is_set():
+            if self._live is not None:
+                self._lost.wait()
+                self._lost.clear()
+                continue
+            try:
+                live = self._connect_once()
+            except _Disable as e:
+                self.disabled_reason = str(e)
+                self.disabled = True
+                self.counters["disabled"] += 1
+                log.error("[client] disabled: %s", e)
+                return
+            except (OSError, RemoteProtocolError, TimeoutError) as e:
+                self.counters["connect_failures"] += 1
+                log.debug("[client] connect to %s:%d failed: %s (retry in %.3fs)", self.host, self.port, e, delay)
+                self._stop.wait(delay * (0.5 + random.random() / 2))
+                delay = min(hi, delay * 2)
+                continue
+            delay = lo
+            if self._stop.is_set():
+                live.conn.close()
+                return
+            self._live = live
+            self.counters["reconnects" if live.epoch > 1 else "connects"] += 1
+            log.info("[client] connected to %s:%d epoch=%d worker=%s drafter=%s", self.host, self.port,
+                     live.epoch, live.welcome.worker_id, live.welcome.drafter)
+
+    def _connect_once(self) -> _Live:
+        lay = self.layout
+        sock = connect_tcp(self.host, self.port, self.connect_timeout_s)
+        ctl = {t: MAX_CONTROL_PAYLOAD for t in (MSG_CHALLENGE, MSG_WELCOME, MSG_ERROR)}
+        conn = FramedConnection(sock, Decoder(ctl, max_frame_bytes=APP_HEADER_SIZE + MAX_CONTROL_PAYLOAD))
+        ok = False
+        try:
+            deadline = time.monotonic() + self.connect_timeout_s
+            cn = secrets.token_bytes(NONCE_BYTES)
+            conn.send_parts([encode_control(Hello(protocol_version=PROTOCOL_VERSION, num_spec=lay.num_spec,
+                                                  window=lay.window, row_bytes=lay.row_bytes,
+                                                  max_reqs=lay.max_reqs, sampled=lay.sampled,
+                                                  client_id=self.client_id[:256], nonce=cn))], deadline)
+            msg = self._recv_control(conn, deadline)
+            if isinstance(msg, Challenge):
+                if self.token is None:
+                    raise _Disable("auth_required: the worker requires a shared token; configure the same "
+                                   "token file on the proxy")
+                if not check_proof(worker_proof(self.token, cn, msg.nonce), msg.proof):
+                    raise _Disable("auth_refused: the worker's proof does not match our token (the two sides "
+                                   "have different tokens)")
+                conn.send_parts([encode_control(Auth(proof=client_proof(self.token, cn, msg.nonce)))], deadline)
+                msg = self._recv_control(conn, deadline)
+            elif self.token is not None and isinstance(msg, Welcome):
+                raise _Disable("auth_refused: the worker did not authenticate itself (it runs without a "
+                               "token); refusing an unauthenticated worker")
+            if isinstance(msg, ErrorMsg):
+                if msg.code in ("mismatch", "auth_refused"):
+                    field = f" field={msg.field}" if msg.field else ""
+                    raise _Disable(f"{msg.code}:{field} {msg.message}".strip())
+                raise RemoteProtocolError(f"worker refused the handshake: {msg.code} {msg.message}",
+                                          counter="handshake_refused")
+            if not isinstance(msg, Welcome):
+                raise RemoteProtocolError(f"unexpected {type(msg).__name__} in handshake", counter="bad_handshake")
+            self._check_welcome(msg)
+            conn.decoder.set_limits({MSG_REPLY: lay.max_reply_payload(), MSG_ERROR: MAX_CONTROL_PAYLOAD,
+                                     MSG_PONG: MAX_CONTROL_PAYLOAD}, max_frame_bytes=self.max_frame_bytes)
+            self._epoch += 1
+            self.welcome = msg
+            ok = True
+            return _Live(conn, self._epoch, _new_session_id(), msg)
+        finally:
+            if not ok:
+                conn.close()
+
+    @staticmethod
+    def _recv_control(conn: FramedConnection, deadline: float):
+        f = conn.recv_frame(deadline)
+        if f is None:
+            raise TimeoutError("handshake timed out")
+        return decode_control(f)
+
+    def _check_welcome(self, w: Welcome) -> None:
+        lay = self.layout
+        if w.protocol_version != PROTOCOL_VERSION:
+            raise _Disable(f"mismatch: field=protocol_version worker {w.protocol_version}, "
+                           f"client {PROTOCOL_VERSION}")
+        for field in ("num_spec", "window", "row_bytes"):
+            if getattr(w, field) != getattr(lay, field):
+                raise _Disable(f"mismatch: field={field} worker {getattr(w, field)}, client {getattr(lay, field)}")
+        if w.max_reqs < lay.max_reqs:
+            raise _Disable(f"mismatch: field=max_reqs worker serves {w.max_reqs}, client needs {lay.max_reqs}")
+        if lay.sampled and not w.sampled:
+            raise _Disable("mismatch: field=sampled the worker does not support sampled mode")

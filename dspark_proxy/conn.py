@@ -1,0 +1,165 @@
+"""Framed socket I/O: the only module that calls sendmsg / recv_into.
+
+The socket is kept non-blocking and waits go through poll() with the caller's deadline, so a send or
+a receive never blocks past it, and one syscall pattern serves both the round's timed step() and the
+worker's untimed loop. Frames are received through the sans-IO `wire.Decoder`: recv_into writes into
+the decoder's buffers, and a payload buffer is only allocated after its header passed the limits.
+Rows are sent with scatter-gather sendmsg straight from the caller's buffers; partial sends advance
+through memoryview slices, never a copy.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import select
+import socket
+import time
+from collections.abc import Sequence
+
+from .wire import NEED_DATA, Decoder, Frame, LocalProtocolError
+
+__all__ = ["FramedConnection", "SendTimeout", "byte_view", "connect_tcp", "listen_tcp", "IOV_MAX"]
+
+IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024)
+
+
+class SendTimeout(TimeoutError):
+    """The deadline passed during a send. `partial`: some bytes went out, so the stream is torn and
+    the connection must be dropped."""
+
+    def __init__(self, msg: str, *, partial: bool) -> None:
+        super().__init__(msg)
+        self.partial = partial
+
+
+def byte_view(p) -> memoryview:
+    """A flat unsigned-byte memoryview of a C-contiguous buffer (no copy)."""
+    mv = p if isinstance(p, memoryview) else memoryview(p)
+    if mv.ndim != 1 or mv.format != "B":
+        if not mv.c_contiguous:
+            raise LocalProtocolError("a buffer to send is not C-contiguous")
+        mv = mv.cast("B")
+    return mv
+
+
+def _configure(sock: socket.socket) -> None:
+    sock.setblocking(False)
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def connect_tcp(host: str, port: int, timeout_s: float) -> socket.socket:
+    """Connect (blocking, bounded by timeout_s) and return a configured non-blocking socket."""
+    sock = socket.create_connection((host, port), timeout=timeout_s)
+    _configure(sock)
+    return sock
+
+
+def listen_tcp(host: str, port: int, backlog: int = 64) -> socket.socket:
+    """A listening socket (SO_REUSEADDR); port 0 picks a free port."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _timeout_ms(deadline: float | None) -> int | None:
+    """poll() timeout for a monotonic deadline: None blocks, 0 does not wait."""
+    if deadline is None:
+        return None
+    rem = deadline - time.monotonic()
+    return 0 if rem <= 0 else max(1, math.ceil(rem * 1000.0))
+
+
+class FramedConnection:
+    """One connected socket plus its frame decoder. Not thread-safe: one owner thread at a time
+    (the client hands it from its connect thread to the stepping thread once; the worker has one
+    thread per connection). close() may be called from any thread."""
+
+    def __init__(self, sock: socket.socket, decoder: Decoder) -> None:
+        _configure(sock)
+        self.sock = sock
+        self.decoder = decoder
+        self._poll_in = select.poll()
+        self._poll_in.register(sock.fileno(), select.POLLIN)
+        self._poll_out = select.poll()
+        self._poll_out.register(sock.fileno(), select.POLLOUT)
+        self.closed = False
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    def send_parts(self, parts: Sequence, deadline: float | None = None) -> None:
+        """Send the concatenation of parts (bytes-like buffers) completely, or raise SendTimeout /
+        OSError. One sendmsg for up to IOV_MAX parts at a time; a short send resumes mid-buffer."""
+        views = [v for v in (byte_view(p) for p in parts) if len(v)]
+        i = 0
+        sent_any = False
+        sock = self.sock
+        while i < len(views):
+            try:
+                n = sock.sendmsg(views[i:i + IOV_MAX])
+            except BlockingIOError:
+                ms = _timeout_ms(deadline)
+                if ms == 0:
+                    raise SendTimeout("send deadline passed", partial=sent_any) from None
+                self._poll_out.poll(ms)
+                continue
+            if n:
+                sent_any = True
+                self.bytes_sent += n
+            while n:
+                k = len(views[i])
+                if n >= k:
+                    n -= k
+                    i += 1
+                else:
+                    views[i] = views[i][n:]
+                    n = 0
+
+    def recv_frame(self, deadline: float | None = None) -> Frame | None:
+        """The next frame, or None once the deadline passed (a partial frame stays buffered for
+        the next call). Raises ConnectionError when the peer closed, RemoteProtocolError on a bad
+        header (drop the connection), OSError on socket errors."""
+        dec = self.decoder
+        sock = self.sock
+        while True:
+            f = dec.next_frame()
+            if f is not NEED_DATA:
+                return f
+            try:
+                n = sock.recv_into(dec.recv_buffer())
+            except BlockingIOError:
+                ms = _timeout_ms(deadline)
+                if ms == 0:
+                    return None
+                self._poll_in.poll(ms)
+                continue
+            if n == 0:
+                raise ConnectionError("peer closed the connection")
+            self.bytes_received += n
+            dec.advance(n)
+
+    def shutdown(self) -> None:
+        """Wake any thread blocked on this socket (it then sees the connection closed)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.shutdown()
+        try:
+            self.sock.close()
+        except OSError:
+            pass

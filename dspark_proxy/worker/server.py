@@ -1,0 +1,423 @@
+"""The draft worker's server: accepts connections, handshakes, and answers STEPs (SPEC §5, §6).
+
+One thread per connection (a worker serves a handful of proxies); sessions are shared across
+connections in a `SessionTable` and each session's steps are serialised by its own lock. The STEP
+path decodes the frame into views (no copy of the rows until they are written into the slot
+windows), applies entries in batch order, drafts for the usable requests, and sends one REPLY
+buffer. Thread ownership: `_conns` is guarded by `_lock`; `counters` is incremented from
+connection threads (single dict ops under the GIL) and read by anyone.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+
+from .. import __version__
+from ..conn import FramedConnection, listen_tcp
+from ..wire import (
+    APP_HEADER_SIZE,
+    MAX_CONTROL_PAYLOAD,
+    MSG_AUTH,
+    MSG_HELLO,
+    MSG_NEW_SESSION,
+    MSG_PING,
+    MSG_REPLY,
+    MSG_STEP,
+    NONCE_BYTES,
+    PROTOCOL_VERSION,
+    RF_NEED_DRAFT,
+    RS_BAD_ENTRY,
+    RS_INTERNAL,
+    USABLE_STATUS_TABLE,
+    Auth,
+    Challenge,
+    Decoder,
+    ErrorMsg,
+    Frame,
+    Hello,
+    NewSession,
+    Ping,
+    Pong,
+    RemoteProtocolError,
+    ReplyWriter,
+    StepView,
+    Welcome,
+    WireLayout,
+    bad_entry_mask,
+    check_proof,
+    client_proof,
+    decode_control,
+    decode_step,
+    encode_control,
+    pack_app_header,
+    worker_proof,
+)
+from .drafters import DraftItem, make_drafter
+from .faults import FaultAction, FaultCounter, FaultPlan
+from .session import Session, SessionTable
+
+__all__ = ["WorkerServer", "is_loopback", "CRASH_EXIT_CODE"]
+
+log = logging.getLogger(__name__)
+
+CRASH_EXIT_CODE = 70  # os._exit code of the crash_after fault
+
+
+def is_loopback(host: str) -> bool:
+    """True when every address host resolves to is a loopback address."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return False
+    try:
+        return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback for i in infos)
+    except ValueError:
+        return False
+
+
+class WorkerServer:
+    """The remote side of the protocol: windows per session and slot, and a drafter.
+
+    Without a token it refuses to bind a non-loopback address unless insecure=True. With a token
+    every peer must pass the HMAC challenge-response before anything else.
+    """
+
+    def __init__(self, host: str, port: int, *, num_spec: int, window: int, row_bytes: int, max_reqs: int,
+                 drafter: str = "integrity", sampled: bool = False, token: bytes | None = None,
+                 insecure: bool = False, faults: FaultPlan | None = None, torch_device: str = "cpu",
+                 weights: str | None = None, seed: int = 0, max_slots: int = 1 << 20,
+                 max_sessions: int = 64, max_connections: int = 64, max_frame_bytes: int | None = None,
+                 handshake_timeout_s: float = 5.0) -> None:
+        self.layout = WireLayout(num_spec=num_spec, window=window, row_bytes=row_bytes, max_reqs=max_reqs,
+                                 sampled=sampled)
+        if token is not None and len(token) == 0:
+            raise ValueError("empty token: give a non-empty shared token or none")
+        if token is None and not insecure and not is_loopback(host):
+            raise ValueError(f"refusing to listen on non-loopback address {host!r} without a token: "
+                             "give --token-file, or --insecure to accept unauthenticated peers")
+        self.host = host
+        self._port = port
+        self.drafter_name = drafter
+        self.token = token
+        self.faults = faults or FaultPlan()
+        self.max_connections = max_connections
+        self.max_frame_bytes = max_frame_bytes or (APP_HEADER_SIZE + self.layout.max_step_payload())
+        self.handshake_timeout_s = handshake_timeout_s
+        self.worker_id = f"dspark-worker/{__version__} pid={os.getpid()}"
+        self.sessions = SessionTable(window, row_bytes, max_slots, max_sessions)
+        self.counters: Counter[str] = Counter()
+        self._drafter_args = dict(num_spec=num_spec, window=window, row_bytes=row_bytes, device=torch_device,
+                                  weights=weights, seed=seed)
+        self.drafter = None
+        self._draft_lock = threading.Lock()
+        self._fault_counter = FaultCounter(self.faults)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._conns: dict[int, FramedConnection] = {}
+        self._threads: dict[int, threading.Thread] = {}
+        self._next_conn = 0
+        self._listener: socket.socket | None = None
+        self._accept_thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def drafter_identity(self) -> str:
+        a = self._drafter_args
+        extra = f" weights={a['weights']}" if a["weights"] else f" seed={a['seed']}"
+        return self.drafter_name + ("" if self.drafter_name == "integrity" else extra)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Create the drafter, bind and listen, and start accepting on a thread."""
+        if self._listener is not None:
+            return
+        self.drafter = make_drafter(self.drafter_name, **self._drafter_args)
+        self._listener = listen_tcp(self.host, self._port)
+        self._port = self._listener.getsockname()[1]
+        log.info("[worker] listening host=%s port=%d drafter=%s N=%d W=%d row_bytes=%d max_reqs=%d "
+                 "sampled=%s auth=%s faults=%s", self.host, self._port, self.drafter_identity,
+                 self.layout.num_spec, self.layout.window, self.layout.row_bytes, self.layout.max_reqs,
+                 self.layout.sampled, self.token is not None, self.faults)
+        self._accept_thread = threading.Thread(target=self._accept_loop, name="dspark-worker-accept",
+                                               daemon=True)
+        self._accept_thread.start()
+
+    def request_stop(self) -> None:
+        """Signal-handler safe: only sets the stop flag; serve_forever() then stops the server."""
+        self._stop.set()
+
+    def serve_forever(self) -> None:
+        """Start if needed and block until stop is requested; then shut down cleanly."""
+        self.start()
+        while not self._stop.wait(0.5):
+            pass
+        self.stop()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Idempotent: close the listener and every connection, join the threads."""
+        self._stop.set()
+        lst, self._listener = self._listener, None
+        if lst is not None:
+            try:
+                lst.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            lst.close()
+        with self._lock:
+            conns = list(self._conns.values())
+            threads = list(self._threads.values())
+        for c in conns:
+            c.shutdown()
+        if self._accept_thread is not None and self._accept_thread is not threading.current_thread():
+            self._accept_thread.join(timeout_s)
+        for t in threads:
+            if t is not threading.current_thread():
+                t.join(timeout_s)
+
+    def __enter__(self) -> WorkerServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ connections
+
+    def _accept_loop(self) -> None:
+        lst = self._listener
+        while not self._stop.is_set() and lst is not None:
+            try:
+                sock, peer = lst.accept()
+            except OSError:
+                if self._stop.is_set():
+                    break
+                self.counters["accept_errors"] += 1
+                self._stop.wait(0.05)
+                continue
+            with self._lock:
+                if len(self._conns) >= self.max_connections:
+                    self.counters["connections_refused"] += 1
+                    sock.close()
+                    continue
+                cid = self._next_conn = self._next_conn + 1
+                conn = FramedConnection(sock, Decoder({MSG_HELLO: MAX_CONTROL_PAYLOAD},
+                                                      max_frame_bytes=APP_HEADER_SIZE + MAX_CONTROL_PAYLOAD,
+                                                      reuse_payload=True))
+                self._conns[cid] = conn
+                t = threading.Thread(target=self._conn_main, args=(cid, conn, peer),
+                                     name=f"dspark-worker-conn-{cid}", daemon=True)
+                self._threads[cid] = t
+            self.counters["connections"] += 1
+            t.start()
+
+    def _conn_main(self, cid: int, conn: FramedConnection, peer) -> None:
+        try:
+            layout = self._handshake(conn, peer)
+            if layout is None:
+                return
+            conn.decoder.set_limits({MSG_STEP: layout.max_step_payload(),
+                                     MSG_NEW_SESSION: MAX_CONTROL_PAYLOAD, MSG_PING: MAX_CONTROL_PAYLOAD},
+                                    max_frame_bytes=self.max_frame_bytes)
+            while not self._stop.is_set():
+                f = conn.recv_frame(None)
+                if f is None:
+                    continue
+                if not self._on_frame(cid, conn, f, layout):
+                    break
+        except RemoteProtocolError as e:
+            self.counters[e.counter] += 1
+            log.warning("[worker] conn=%d peer=%s dropped: %s", cid, peer, e)
+        except (ConnectionError, OSError) as e:
+            log.debug("[worker] conn=%d peer=%s closed: %s", cid, peer, e)
+        finally:
+            conn.close()
+            dropped = self.sessions.drop_owned_by(cid)
+            with self._lock:
+                self._conns.pop(cid, None)
+                self._threads.pop(cid, None)
+            log.info("[worker] conn=%d peer=%s closed sessions_dropped=%d", cid, peer, dropped)
+
+    def _send_error(self, conn: FramedConnection, code: str, message: str, *, field: str | None = None,
+                    session: int = 0, epoch: int = 0, step_id: int = 0) -> None:
+        try:
+            conn.send_parts([encode_control(ErrorMsg(code=code, message=message[:4000], field=field),
+                                            session=session, epoch=epoch, step_id=step_id)],
+                            time.monotonic() + 1.0)
+        except OSError:
+            pass
+
+    def _handshake(self, conn: FramedConnection, peer) -> WireLayout | None:
+        deadline = time.monotonic() + self.handshake_timeout_s
+        f = conn.recv_frame(deadline)
+        if f is None:
+            self.counters["handshake_timeout"] += 1
+            return None
+        hello = decode_control(f)
+        assert isinstance(hello, Hello)  # the decoder only accepts HELLO frames here
+        if hello.protocol_version != PROTOCOL_VERSION:
+            self.counters["handshake_mismatch"] += 1
+            self._send_error(conn, "mismatch", f"protocol version {hello.protocol_version}, worker speaks "
+                             f"{PROTOCOL_VERSION}", field="protocol_version")
+            return None
+        if self.token is not None:
+            wn = secrets.token_bytes(NONCE_BYTES)
+            conn.decoder.set_limits({MSG_AUTH: MAX_CONTROL_PAYLOAD},
+                                    max_frame_bytes=APP_HEADER_SIZE + MAX_CONTROL_PAYLOAD)
+            conn.send_parts([encode_control(Challenge(nonce=wn, proof=worker_proof(self.token, hello.nonce, wn)))],
+                            deadline)
+            f = conn.recv_frame(deadline)
+            if f is None:
+                self.counters["handshake_timeout"] += 1
+                return None
+            auth = decode_control(f)
+            assert isinstance(auth, Auth)
+            if not check_proof(client_proof(self.token, hello.nonce, wn), auth.proof):
+                self.counters["auth_refused"] += 1
+                log.warning("[worker] peer=%s refused: wrong token", peer)
+                self._send_error(conn, "auth_refused", "wrong token")
+                return None
+        mine = self.layout
+        for field in ("num_spec", "window", "row_bytes"):
+            if getattr(hello, field) != getattr(mine, field):
+                self.counters["handshake_mismatch"] += 1
+                msg = f"{field}: client {getattr(hello, field)}, worker {getattr(mine, field)}"
+                log.warning("[worker] peer=%s mismatch %s", peer, msg)
+                self._send_error(conn, "mismatch", msg, field=field)
+                return None
+        if hello.max_reqs > mine.max_reqs or hello.max_reqs < 1:
+            self.counters["handshake_mismatch"] += 1
+            self._send_error(conn, "mismatch", f"max_reqs: client {hello.max_reqs}, worker serves at most "
+                             f"{mine.max_reqs}", field="max_reqs")
+            return None
+        if hello.sampled and not mine.sampled:
+            self.counters["handshake_mismatch"] += 1
+            self._send_error(conn, "mismatch", "sampled: client wants sampled mode, worker started without "
+                             "--sampled", field="sampled")
+            return None
+        conn.send_parts([encode_control(Welcome(protocol_version=PROTOCOL_VERSION, num_spec=mine.num_spec,
+                                                window=mine.window, row_bytes=mine.row_bytes,
+                                                max_reqs=mine.max_reqs, sampled=mine.sampled,
+                                                worker_id=self.worker_id, drafter=self.drafter_identity))],
+                        deadline)
+        self.counters["handshakes"] += 1
+        log.info("[worker] peer=%s client=%s ready max_reqs=%d sampled=%s", peer, hello.client_id,
+                 hello.max_reqs, hello.sampled)
+        return WireLayout(mine.num_spec, mine.window, mine.row_bytes, hello.max_reqs, hello.sampled)
+
+    # ------------------------------------------------------------------ frames
+
+    def _on_frame(self, cid: int, conn: FramedConnection, f: Frame, layout: WireLayout) -> bool:
+        """Handle one frame; False closes the connection."""
+        h = f.header
+        if h.type == MSG_STEP:
+            return self._on_step(cid, conn, f, layout)
+        try:
+            msg = decode_control(f)
+        except RemoteProtocolError as e:
+            self.counters[e.counter] += 1
+            self._send_error(conn, e.counter, str(e), session=h.session, epoch=h.epoch, step_id=h.step_id)
+            return True
+        if isinstance(msg, NewSession):
+            self.sessions.drop(msg.previous)
+            self.counters["new_sessions"] += 1
+            log.info("[worker] conn=%d new session=%d previous=%d reason=%s", cid, h.session, msg.previous,
+                     msg.reason)
+        elif isinstance(msg, Ping):
+            conn.send_parts([encode_control(Pong(token=msg.token), session=h.session, epoch=h.epoch,
+                                            step_id=h.step_id)], time.monotonic() + 1.0)
+        return True
+
+    def _on_step(self, cid: int, conn: FramedConnection, f: Frame, layout: WireLayout) -> bool:
+        t0 = time.perf_counter()
+        h = f.header
+        action = self._fault_counter.next_step()
+        if action is FaultAction.CRASH:
+            log.error("[worker] fault: crash after %s steps", self.faults.crash_after)
+            logging.shutdown()
+            os._exit(CRASH_EXIT_CODE)
+        if action is FaultAction.STALL:
+            self.counters["fault_stall"] += 1
+            self._stop.wait()
+            return False
+        if action is FaultAction.DROP:
+            self.counters["fault_drop"] += 1
+            return False
+        try:
+            sv = decode_step(f, layout)
+        except RemoteProtocolError as e:
+            self.counters[e.counter] += 1
+            self._send_error(conn, e.counter, str(e), session=h.session, epoch=h.epoch, step_id=h.step_id)
+            return True
+        out = ReplyWriter(sv.n_req, layout.num_spec, sv.step_flags)
+        session = self.sessions.get(h.session, cid)
+        with session.lock:
+            self._serve(session, sv, out, layout)
+        self.counters["steps"] += 1
+        self.counters["rows"] += sv.n_rows
+        if self.faults.delay_ms > 0:
+            self._stop.wait(self.faults.delay_ms / 1000.0)
+        step_id = h.step_id
+        if action is FaultAction.WRONG_STEP:
+            self.counters["fault_wrong_step"] += 1
+            step_id = (step_id + 1) & (2**64 - 1)
+        buf = out.finish(session=h.session, epoch=h.epoch, step_id=step_id,
+                         worker_us=(time.perf_counter() - t0) * 1e6)
+        if action is FaultAction.GARBAGE:
+            self.counters["fault_garbage"] += 1
+            junk = bytearray(APP_HEADER_SIZE) + os.urandom(secrets.randbelow(256))
+            pack_app_header(junk, 0, MSG_REPLY, session=h.session, epoch=h.epoch, step_id=step_id,
+                            payload_len=len(junk) - APP_HEADER_SIZE)
+            buf = memoryview(junk)
+        conn.send_parts([buf])
+        return True
+
+    def _serve(self, session: Session, sv: StepView, out: ReplyWriter, layout: WireLayout) -> None:
+        """Apply the entries in order and draft for the usable ones (the test oracle: per request)."""
+        e = sv.entries
+        n = sv.n_req
+        bad = bad_entry_mask(e, layout)
+        ends = np.cumsum(e["n_rows"], dtype=np.int64)
+        slots, gens, firsts = e["slot"].tolist(), e["generation"].tolist(), e["first_pos"].tolist()
+        ks, flags, n_outs = e["n_rows"].tolist(), e["flags"].tolist(), e["n_out"].tolist()
+        tokens, anchors = e["anchor_token"].tolist(), e["anchor_pos"].tolist()
+        meta = sv.sample_meta
+        items: list[DraftItem] = []
+        for i in range(n):
+            if bad[i]:
+                out.status[i] = RS_BAD_ENTRY
+                self.counters["bad_entries"] += 1
+                continue
+            end = int(ends[i])
+            st, w = session.apply(slots[i], gens[i], firsts[i], ks[i], flags[i], sv.rows[end - ks[i]:end])
+            out.status[i] = st
+            out.window_rows[i] = w
+            if USABLE_STATUS_TABLE[st] and flags[i] & RF_NEED_DRAFT:
+                sw = session.slots[slots[i]]
+                items.append(DraftItem(i, tokens[i], anchors[i], w, n_outs[i], sw.segments(w),
+                                       int(meta["seed"][i]) if meta is not None else 0,
+                                       float(meta["temperature"][i]) if meta is not None else 0.0))
+        if not items:
+            return
+        try:
+            with self._draft_lock:
+                self.drafter.draft(items, out)
+        except Exception:
+            log.exception("[worker] drafter %s failed for %d requests", self.drafter_name, len(items))
+            self.counters["drafter_errors"] += 1
+            idx = np.array([it.index for it in items])
+            out.status[idx] = RS_INTERNAL
+            out.draft_ids[idx] = -1
+            out.confidence[idx] = 0.0
