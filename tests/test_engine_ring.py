@@ -129,7 +129,7 @@ def test_ring_matches_reference_rows_under_random_rounds(W: int, data) -> None:
         req, fps, vals = [], [], []
         for s in slots:
             kind, a, b = data.draw(st.tuples(st.sampled_from(["cont", "cont", "cont", "jump", "new", "any"]),
-                                             st.integers(1, W + 2), st.integers(0, 30)), label=f"slot {s}")
+                                             st.integers(1, 2 * W + 2), st.integers(0, 30)), label=f"slot {s}")
             nxt = held[s][-1] + 1 if held[s] else b
             r = owner[s] if owner[s] >= 0 and kind != "new" else 1000 + counter + s
             if kind == "cont":
