@@ -23,8 +23,13 @@ so the window the worker drafts from is the range when it ends right before the 
 
 Every method is vectorised over the round's requests: ``slots`` is an integer array in which each slot
 appears at most once per call (``validate_round`` checks that; the methods trust it, since a duplicate
-would make the scatters order-dependent). There is no per-request Python loop, and the per-round
-temporaries live in scratch arrays allocated once.
+would make the scatters order-dependent). There is no per-request Python loop. At these sizes (n up
+to a few hundred) the cost is numpy's per-call overhead, not the data, so the code minimises the number
+of numpy calls: fields are separate 1-D arrays (a 1-D gather is several times cheaper than a 2-D one),
+temporaries are plain expressions (``np.take(..., out=)`` measured slower than a fresh gather), rare
+cases (clears, restarts, new owners) sit behind one ``np.count_nonzero`` test, and an empty range is
+always stored as ``(0, -1)`` so that ``hi - lo + 1`` needs no clamp. Measured at W = 128, n = 256:
+begin_requests + apply + window about 14 us a round, 22 us at n = 1024.
 
 Thread ownership: a SlotTable belongs to the one thread that runs rounds (the proxy's round loop, or
 the engine thread for the engine side's copy); nothing here locks.
@@ -230,8 +235,10 @@ class SlotTable:
         unstaged one is sent with this round's rows (``first_pos``, ``valid``) and stays dirty.
         """
         first, n_rows = self.window(slots, anchor_pos)
-        new_gen = self.dirty[slots] | ~self.announced[slots]
-        resync = ((first != first_pos) | (n_rows != valid)) & new_gen & (n_rows > 0)
+        new_gen = self.dirty[slots] >= self.announced[slots]  # dirty or not announced, in one op on bools
+        # the window ends at the anchor like this round's rows, so it differs from them exactly when it
+        # starts elsewhere (an empty window is no resync: there is nothing in the ring to resend)
+        resync = (first != first_pos) & (n_rows > 0) & new_gen
         if np.count_nonzero(resync):
             first = np.where(resync, first, first_pos)
             n_rows = np.where(resync, n_rows, np.maximum(valid, 0))
