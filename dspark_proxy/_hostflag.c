@@ -214,6 +214,15 @@ static int64_t deadline_from_timeout(double timeout_s) {
     return now + (int64_t)(timeout_s * 1e9);
 }
 
+/* "O&" converter for a 64-bit word value: unlike "K", out of range (negative, >= 2**64) raises OverflowError */
+static int conv_u64(PyObject *o, void *out) {
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return 0;
+    *(unsigned long long *)out = v;
+    return 1;
+}
+
 /* ------------------------------------------------------------------ the reply page */
 
 /*
@@ -243,7 +252,7 @@ static PyObject *hf_publish(PyObject *mod, PyObject *args) {
     Py_ssize_t words_off, page_off;
     unsigned long long t;
     (void)mod;
-    if (!PyArg_ParseTuple(args, "w*nnKy*", &b, &words_off, &page_off, &t, &src))
+    if (!PyArg_ParseTuple(args, "w*nnO&y*", &b, &words_off, &page_off, conv_u64, &t, &src))
         return NULL;
     PyObject *res = NULL;
     if (t == 0) {
@@ -294,7 +303,7 @@ static PyObject *hf_fail_round(PyObject *mod, PyObject *args) {
     unsigned long long t;
     int n;
     (void)mod;
-    if (!PyArg_ParseTuple(args, "w*nnnKi", &b, &words_off, &page_off, &zero_bytes, &t, &n))
+    if (!PyArg_ParseTuple(args, "w*nnnO&i", &b, &words_off, &page_off, &zero_bytes, conv_u64, &t, &n))
         return NULL;
     PyObject *res = NULL;
     if (t == 0) {
@@ -325,7 +334,7 @@ static PyObject *hf_fail_all(PyObject *mod, PyObject *args) {
     Py_ssize_t words_off, page_off, zero_bytes;
     unsigned long long T;
     (void)mod;
-    if (!PyArg_ParseTuple(args, "w*nnnK", &b, &words_off, &page_off, &zero_bytes, &T))
+    if (!PyArg_ParseTuple(args, "w*nnnO&", &b, &words_off, &page_off, &zero_bytes, conv_u64, &T))
         return NULL;
     PyObject *res = NULL;
     if (check_words(&b, words_off) < 0 || check_range(&b, page_off, zero_bytes + 8, 64) < 0)
@@ -358,7 +367,7 @@ static PyObject *hf_read_page(PyObject *mod, PyObject *args) {
     Py_ssize_t words_off, page_off;
     unsigned long long t;
     (void)mod;
-    if (!PyArg_ParseTuple(args, "w*nnKw*", &b, &words_off, &page_off, &t, &dst))
+    if (!PyArg_ParseTuple(args, "w*nnO&w*", &b, &words_off, &page_off, conv_u64, &t, &dst))
         return NULL;
     PyObject *res = NULL;
     if (check_words(&b, words_off) < 0 || check_range(&b, page_off, dst.len, 64) < 0)
@@ -403,7 +412,7 @@ static PyObject *hf_wait_or_fail(PyObject *mod, PyObject *args) {
     int n;
     long long deadline, spin_ns;
     (void)mod;
-    if (!PyArg_ParseTuple(args, "w*nnnKiLL", &b, &words_off, &page_off, &zero_bytes, &t, &n, &deadline,
+    if (!PyArg_ParseTuple(args, "w*nnnO&iLL", &b, &words_off, &page_off, &zero_bytes, conv_u64, &t, &n, &deadline,
                           &spin_ns))
         return NULL;
     PyObject *res = NULL;
@@ -441,9 +450,17 @@ done:
 
 /* ------------------------------------------------------------------ plain words */
 
-static int parse_word(PyObject *args, const char *fmt, Py_buffer *b, Py_ssize_t *off, void *a1, void *a2,
-                      void *a3) {
-    if (!PyArg_ParseTuple(args, fmt, b, off, a1, a2, a3))
+/* Parse (buf, off[, v1[, v2]]) with the word at off checked for range and 8-byte alignment. */
+static int parse_word(PyObject *args, Py_buffer *b, Py_ssize_t *off, int nvals, unsigned long long *v1,
+                      unsigned long long *v2) {
+    int ok;
+    if (nvals == 0)
+        ok = PyArg_ParseTuple(args, "w*n", b, off);
+    else if (nvals == 1)
+        ok = PyArg_ParseTuple(args, "w*nO&", b, off, conv_u64, v1);
+    else
+        ok = PyArg_ParseTuple(args, "w*nO&O&", b, off, conv_u64, v1, conv_u64, v2);
+    if (!ok)
         return -1;
     if (check_range(b, *off, 8, 8) < 0) {
         PyBuffer_Release(b);
@@ -457,7 +474,7 @@ static PyObject *hf_load(PyObject *mod, PyObject *args) {
     Py_buffer b;
     Py_ssize_t off;
     (void)mod;
-    if (parse_word(args, "w*n", &b, &off, NULL, NULL, NULL) < 0)
+    if (parse_word(args, &b, &off, 0, NULL, NULL) < 0)
         return NULL;
     uint64_t v = atomic_load_explicit(word_at(b.buf, off), memory_order_acquire);
     PyBuffer_Release(&b);
@@ -470,7 +487,7 @@ static PyObject *hf_load_after(PyObject *mod, PyObject *args) {
     Py_buffer b;
     Py_ssize_t off;
     (void)mod;
-    if (parse_word(args, "w*n", &b, &off, NULL, NULL, NULL) < 0)
+    if (parse_word(args, &b, &off, 0, NULL, NULL) < 0)
         return NULL;
     atomic_thread_fence(memory_order_acquire);
     uint64_t v = atomic_load_explicit(word_at(b.buf, off), memory_order_relaxed);
@@ -484,7 +501,7 @@ static PyObject *hf_store(PyObject *mod, PyObject *args) {
     Py_ssize_t off;
     unsigned long long v;
     (void)mod;
-    if (parse_word(args, "w*nK", &b, &off, &v, NULL, NULL) < 0)
+    if (parse_word(args, &b, &off, 1, &v, NULL) < 0)
         return NULL;
     store_release_wake(word_at(b.buf, off), (uint64_t)v);
     PyBuffer_Release(&b);
@@ -498,7 +515,7 @@ static PyObject *hf_begin_write(PyObject *mod, PyObject *args) {
     Py_ssize_t off;
     unsigned long long v;
     (void)mod;
-    if (parse_word(args, "w*nK", &b, &off, &v, NULL, NULL) < 0)
+    if (parse_word(args, &b, &off, 1, &v, NULL) < 0)
         return NULL;
     atomic_store_explicit(word_at(b.buf, off), (uint64_t)v, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
@@ -512,7 +529,7 @@ static PyObject *hf_cas(PyObject *mod, PyObject *args) {
     Py_ssize_t off;
     unsigned long long expected, desired;
     (void)mod;
-    if (parse_word(args, "w*nKK", &b, &off, &expected, &desired, NULL) < 0)
+    if (parse_word(args, &b, &off, 2, &expected, &desired) < 0)
         return NULL;
     uint64_t e = (uint64_t)expected;
     _Atomic uint64_t *w = word_at(b.buf, off);
@@ -532,7 +549,7 @@ static PyObject *hf_raise_to(PyObject *mod, PyObject *args) {
     Py_ssize_t off;
     unsigned long long v;
     (void)mod;
-    if (parse_word(args, "w*nK", &b, &off, &v, NULL, NULL) < 0)
+    if (parse_word(args, &b, &off, 1, &v, NULL) < 0)
         return NULL;
     _Atomic uint64_t *w = word_at(b.buf, off);
     uint64_t before = raise_to(w, (uint64_t)v);
@@ -552,7 +569,7 @@ static PyObject *hf_wait_ge(PyObject *mod, PyObject *args) {
     double timeout_s;
     long long spin_ns;
     (void)mod;
-    if (!PyArg_ParseTuple(args, "w*nKdL", &b, &off, &target, &timeout_s, &spin_ns))
+    if (!PyArg_ParseTuple(args, "w*nO&dL", &b, &off, conv_u64, &target, &timeout_s, &spin_ns))
         return NULL;
     PyObject *res = NULL;
     if (check_range(&b, off, 16, 64) < 0)
@@ -572,7 +589,7 @@ static PyObject *hf_wake(PyObject *mod, PyObject *args) {
     Py_buffer b;
     Py_ssize_t off;
     (void)mod;
-    if (parse_word(args, "w*n", &b, &off, NULL, NULL, NULL) < 0)
+    if (parse_word(args, &b, &off, 0, NULL, NULL) < 0)
         return NULL;
     futex_wake_all((_Atomic uint32_t *)word_at(b.buf, off));
     PyBuffer_Release(&b);

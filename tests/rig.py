@@ -1,0 +1,121 @@
+"""A proxy side and an engine side over one real segment, in one thread: round by round, no timing.
+
+`Rig.round(...)` enqueues through the real Shim, runs RoundCore.handle for that round, and reads the
+reply through the real Shim, so every test goes through the actual hand-off code (stamps, words,
+publish, seqlock read) while staying deterministic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dspark_proxy.breaker import CircuitBreaker
+from dspark_proxy.events import EventRing
+from dspark_proxy.inproc import InProcessClient, InProcessOutcome
+from dspark_proxy.integrity import integrity_drafts, integrity_hash
+from dspark_proxy.round import RoundCore, RoundSettings
+from dspark_proxy.segment import Segment
+from dspark_proxy.shm_layout import LayoutParams, State, Word
+from dspark_proxy.stats import Stats
+from engine_shim.shim import Shim
+
+
+def row_of(req: int, pos: int, row_bytes: int) -> np.ndarray:
+    """Deterministic row bytes for (request, position)."""
+    rng = np.random.default_rng(req * 1_000_003 + pos)
+    return rng.integers(0, 256, row_bytes, dtype=np.uint8)
+
+
+class ScriptedClient(InProcessClient):
+    """The in-process worker, plus knobs: fail the next steps, raise, go not-ready or disabled."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.fail_reason: str | None = None
+        self.raise_next = False
+        self.ready = True
+        self.before_step = None  # callable run inside step() (e.g. the watchdog claiming the round)
+        self.sent_rows: list[np.ndarray] = []
+        self.sent_entries: list[np.ndarray] = []
+
+    def connection_epoch(self):
+        return self.epoch if self.ready and not self.disabled else None
+
+    def step(self, prefix, entries, n_rows, **kw):
+        if self.before_step is not None:
+            self.before_step()
+        if self.raise_next:
+            self.raise_next = False
+            raise RuntimeError("injected client bug")
+        self.sent_entries.append(entries.copy())
+        self.sent_rows.append(np.concatenate(kw["rows"]) if kw["rows"] else np.zeros((0, self.row_bytes), np.uint8))
+        if self.fail_reason is not None:
+            return InProcessOutcome(False, self.fail_reason, None, 10.0)
+        return super().step(prefix, entries, n_rows, **kw)
+
+
+class Rig:
+    def __init__(self, name: str, *, M: int = 8, N: int = 3, W: int = 4, B: int = 16, max_rows: int | None = None,
+                 R: int = 2, breaker: tuple[int, int] = (3, 5), deadline_ms: float = 10_000.0) -> None:
+        self.M, self.N, self.W, self.B = M, N, W, B
+        p = LayoutParams(max_slots=M, num_spec=N, window=W, row_bytes=B, max_rows=max_rows or M * W,
+                         resync_per_round=R)
+        self.seg = Segment.create(name, p, deadline_ms=deadline_ms)
+        self.seg.set_word(Word.STATE, State.READY)
+        self.seg.set_word(Word.HEARTBEAT_NS, 1 << 62)
+        self.client = ScriptedClient(max_reqs=M, num_spec=N, window=W, row_bytes=B)
+        self.stats = Stats()
+        self.breaker = CircuitBreaker(*breaker)
+        self.core = RoundCore(self.seg, self.client, self.stats, EventRing(64), self.breaker, RoundSettings())
+        self.shim = Shim(name, max_reqs=M, num_spec=N, window=W, row_bytes=B, start_watchdog=False)
+        assert self.shim.offer(Segment.open(name))
+        self.t = 0
+        self.pos: dict[int, int] = {}  # request -> next position (its rows so far)
+
+    def close(self) -> None:
+        self.shim.close()
+        self.seg.unlink()
+        self.seg.close()
+
+    # ------------------------------------------------------------------ rounds
+
+    def batch(self, reqs: list[tuple[int, int, int]], *, first_pos: dict[int, int] | None = None) -> dict:
+        """reqs: (request id, slot, rows this round). Positions continue per request unless overridden."""
+        n = len(reqs)
+        rows, valid, fp, anchor = [], [], [], []
+        for r, _s, v in reqs:
+            p0 = (first_pos or {}).get(r, self.pos.get(r, 0))
+            rows += [row_of(r, p0 + j, self.B) for j in range(v)]
+            valid.append(v)
+            fp.append(p0)
+            anchor.append((r * 7919 + p0 + v) % 50_000)
+            self.pos[r] = p0 + v
+        return dict(req_ids=np.array([r for r, _, _ in reqs], np.int64), slots=np.array([s for _, s, _ in reqs]),
+                    qsl=np.arange(n + 1), need_draft=np.ones(n, bool), k_window=np.zeros(n, np.int64),
+                    rows=np.array(rows, np.uint8).reshape(-1, self.B), valid=np.array(valid),
+                    first_pos=np.array(fp), anchor=np.array(anchor))
+
+    def round(self, reqs: list[tuple[int, int, int]], *, handle: bool = True, **kw):
+        b = self.batch(reqs, **kw)
+        self.t += 1
+        self.shim.enqueue(self.t, **b)
+        if handle:
+            self.core.handle(self.t, 0.0)
+        return self.shim.read_reply(self.t), b
+
+    def check_drafts(self, reply, b) -> int:
+        """Usable drafts checked against the integrity oracle; returns how many were checked."""
+        checked = 0
+        for i in np.flatnonzero(reply.ok_mask):
+            r = int(b["req_ids"][i])
+            anchor_pos = int(b["first_pos"][i] + b["valid"][i])
+            w = int(round(float(reply.confidence[i][0]) * self.W))
+            assert 1 <= w <= self.W
+            rows = np.concatenate([row_of(r, p, self.B) for p in range(anchor_pos - w, anchor_pos)])
+            h = integrity_hash(int(b["anchor"][i]), anchor_pos, rows)
+            ids = np.zeros(self.N, np.int32)
+            conf = np.zeros(self.N, np.float32)
+            integrity_drafts(h, w, self.W, self.N, 0, ids, conf)
+            assert np.array_equal(reply.draft_ids[i], ids), f"request {r}: wrong drafts"
+            checked += 1
+        return checked
