@@ -10,6 +10,9 @@ also the layout of a staged resync window, so staging one is a single contiguous
 block. The block is allocated with ``np.zeros``: the kernel maps untouched pages lazily, so slots the
 engine never uses cost no memory.
 
+Cost (measured, n = 256 requests, 910 rows, W = 128): write about 24 us with 16-byte rows, all but
+~2 us of it bookkeeping; with 71,680-byte rows it is the 65 MB copy (about 5 ms on this CPU).
+
 Thread ownership: the engine thread that enqueues rounds; nothing here locks.
 """
 
@@ -90,7 +93,7 @@ class EngineRing:
         s = int(slot)
         if not 0 <= s < self.max_slots:
             raise IndexError(f"slot {s} out of range [0, {self.max_slots})")
-        np.copyto(dst_rows, self.rows[s][::-1])
+        np.copyto(dst_rows, self.rows[s])
         t = self.table
         return int(t.generation[s]), int(t.lo[s]), int(t.hi[s])
 
