@@ -47,6 +47,8 @@ from typing import Any, ClassVar, Literal
 import click
 from click.core import ParameterSource
 
+from .shm_layout import derive_sizes
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on 3.10
@@ -54,6 +56,7 @@ else:  # pragma: no cover - exercised only on 3.10
 
 __all__ = [
     "ENV_PREFIX",
+    "IN_PROCESS_WORKERS",
     "MAX_NUM_SPEC",
     "MAX_REQS_LIMIT",
     "ConfigError",
@@ -87,6 +90,9 @@ _SOURCE_NAMES: dict[ParameterSource, Source] = {
     ParameterSource.DEFAULT_MAP: "file",
     ParameterSource.DEFAULT: "default",
 }
+
+
+IN_PROCESS_WORKERS = ("inproc", "null")  # ProxyConfig.worker values that need no network
 
 
 class ConfigError(ValueError):
@@ -177,22 +183,6 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def derive_sizes(
-    max_reqs: int, num_spec: int, window: int, row_bytes: int, staging_budget_mb: int
-) -> tuple[int, int]:
-    """Default ``(max_rows, resync_per_round)`` from the staging budget (SPEC §3).
-
-    ``max_rows`` never goes below one full decode round (M × (N+1) rows) and never above what a round can
-    send at all (M × W, each request sending at most W rows); in between, the budget decides. Resync
-    windows cost W rows each, so the budget decides how many a round stages, at least 4 (so recovery
-    after a mass invalidation makes progress), at most M.
-    """
-    budget_bytes = staging_budget_mb * _MIB
-    max_rows = min(max_reqs * window, max(max_reqs * (num_spec + 1), budget_bytes // row_bytes))
-    resync_per_round = min(max_reqs, max(4, budget_bytes // (window * row_bytes)))
-    return max_rows, resync_per_round
-
-
 # ---------------------------------------------------------------------------------------------- schema
 
 
@@ -280,7 +270,8 @@ class ProxyConfig(LayoutConfig):
     SECTION: ClassVar[str] = "proxy"
 
     name: str = _opt("dspark", "Shared-memory segment name (one proxy per name; the shim attaches by it).")
-    worker: str = _opt("127.0.0.1:7470", "Draft worker address, HOST:PORT.")
+    worker: str = _opt("127.0.0.1:7470", "Draft worker address, HOST:PORT; 'inproc' (an integrity worker "
+                       "inside the proxy, no network) or 'null' (fixed drafts, no windows) for benchmarks.")
     want_margin: bool = _opt(False, "Ask the worker for the top-1/top-2 logit margin per draft.")
     deadline_ms: float = _opt(5.0, "Round deadline in ms: the shim fails a round not published by then.",
                               _Range(0, 60_000, lo_open=True))
@@ -309,7 +300,8 @@ class ProxyConfig(LayoutConfig):
     log_level: LogLevel = _opt("INFO", "Logging level.")
 
     def _validate(self) -> None:
-        parse_hostport(self.worker, field="worker")
+        if self.worker not in IN_PROCESS_WORKERS:
+            parse_hostport(self.worker, field="worker")
         if not self.name or "/" in self.name:
             raise ConfigError(f"name={self.name!r}: a segment name must be non-empty and have no '/' "
                               f"{_where('name')}", "name")

@@ -18,7 +18,7 @@ from typing import Any
 
 from . import _hostflag
 from .breaker import CircuitBreaker
-from .config import ProxyConfig, parse_hostport
+from .config import IN_PROCESS_WORKERS, ProxyConfig, parse_hostport
 from .events import EventRing
 from .hostflag import FAR_AHEAD, HostFlags
 from .round import RoundCore, RoundSettings
@@ -85,6 +85,12 @@ class Proxy:
         self.settings = RoundSettings(
             want_margin=self.cfg.want_margin, n_out_table=tuple(self.cfg.n_out_table),
             step_timeout_s=None if self.cfg.step_timeout_ms is None else self.cfg.step_timeout_ms / 1e3)
+        if client is None and self.cfg.worker in IN_PROCESS_WORKERS:
+            from .inproc import InProcessClient
+
+            client = InProcessClient(max_reqs=self.cfg.max_reqs, num_spec=self.cfg.num_spec,
+                                     window=self.cfg.window, row_bytes=self.cfg.row_bytes,
+                                     null=self.cfg.worker == "null")
         if client is None:
             from .client import DraftClient
 

@@ -115,7 +115,13 @@ def _up(x: int, a: int) -> int:
 
 def derive_sizes(max_reqs: int, num_spec: int, window: int, row_bytes: int, staging_budget_mb: float
                  ) -> tuple[int, int]:
-    """Default (max_rows, resync_per_round) from a staging budget (SPEC §3)."""
+    """Default ``(max_rows, resync_per_round)`` from the staging budget in MiB (SPEC §3).
+
+    ``max_rows`` never goes below one full decode round (M x (N+1) rows) and never above what a round can
+    send at all (M x W, each request sending at most W rows); in between, the budget decides. Resync
+    windows cost W rows each, so the budget decides how many a round stages, at least 4 (so recovery
+    after a mass invalidation makes progress), at most M.
+    """
     budget = int(staging_budget_mb * 1024 * 1024)
     max_rows = min(max_reqs * window, max(max_reqs * (num_spec + 1), budget // row_bytes))
     resync = min(max_reqs, max(4, budget // (window * row_bytes)))
