@@ -40,12 +40,21 @@ def run_worker(cfg: WorkerConfig, *, token: bytes | None = None, install_signals
                           max_reqs=cfg.max_reqs, drafter=cfg.drafter, sampled=cfg.sampled, token=token,
                           insecure=cfg.insecure, faults=fault_plan(cfg), torch_device=cfg.device,
                           weights=cfg.weights, seed=cfg.seed)
+    previous = {}
     if install_signals:
         def _on_signal(signum, _frame):  # only sets state; serve_forever() does the shutdown
             server.request_stop()
 
-        signal.signal(signal.SIGTERM, _on_signal)
-        signal.signal(signal.SIGINT, _on_signal)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, _on_signal)
+    try:
+        _serve(server, host)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _serve(server, host: str) -> None:
     server.start()
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"worker listening on {shown}:{server.port}")
