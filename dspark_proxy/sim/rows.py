@@ -97,7 +97,7 @@ class RowGen:
         """A [n_rows, row_bytes] view of the reusable buffer, every byte outside the stamps already the
         base row. Valid until the next call (the buffer may grow and move)."""
         if n_rows > self._buf.shape[0]:
-            cap = max(int(n_rows), 2 * self._buf.shape[0], 64)
+            cap = max(int(n_rows), self._buf.shape[0] * 3 // 2, 64)
             buf = np.empty((cap, self.row_bytes), dtype=np.uint8)
             buf[:] = self.base
             self._buf = buf

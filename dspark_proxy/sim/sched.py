@@ -63,7 +63,10 @@ class Scheduler:
         self.drafts = np.zeros(M, dtype=np.int64)  # drafts proposed for the next step
         self.order = np.zeros(M, dtype=np.int64)  # admission sequence: the running list's order
         self.last_owner = np.full(M, -1, dtype=np.int64)
-        self.free: deque[int] = deque(range(M))
+        # free slots; admission takes the most recently freed half the time (as vLLM refills the hole a
+        # removed request leaves) and a random one otherwise, so a preempted request that comes back
+        # sometimes gets its old slot (a rewind in place) and sometimes another (a new owner there)
+        self.free: list[int] = list(range(M - 1, -1, -1))
         # (uid, target, tokens, slot it was preempted from or -1)
         self.waiting: deque[tuple[int, int, int, int]] = deque()
         self.counters = dict.fromkeys(COUNTERS, 0)
@@ -125,7 +128,11 @@ class Scheduler:
         c = self.counters
         while budget_left > 0 and self.waiting and self.free:
             uid, target, tokens, prev = self.waiting.popleft()
-            s = self.free.popleft()
+            free = self.free
+            if len(free) > 1 and self.rng.random() < 0.5:
+                j = int(self.rng.integers(len(free)))
+                free[j], free[-1] = free[-1], free[j]
+            s = free.pop()
             if prev >= 0:
                 c["resumes"] += 1
                 c["resumes_same_slot" if s == prev else "resumes_other_slot"] += 1
