@@ -82,14 +82,15 @@ def _summary(r: dict[str, Any]) -> str:
 @click.option("--engine-work-us", type=float, default=2000.0, show_default=True,
               help="Simulated target forward per step (sleep), between enqueue and read_reply.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--name", default=None, help="Segment name (default: demo-<pid>).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 def demo(duration_s: float, rounds: int | None, max_reqs: int, num_spec: int, window: int, row_bytes: int,
-         deadline_ms: float, engine_work_us: float, seed: int, as_json: bool) -> None:
+         deadline_ms: float, engine_work_us: float, seed: int, name: str | None, as_json: bool) -> None:
     """Worker + proxy + simulated engine, end to end, with every draft checked against the oracle."""
     from ..cli import EXIT_WRONG_DRAFTS
 
     r = run_demo(rounds=rounds, duration_s=duration_s, max_reqs=max_reqs, num_spec=num_spec, window=window,
-                 row_bytes=row_bytes, deadline_ms=deadline_ms, seed=seed, engine_work_us=engine_work_us)
+                 row_bytes=row_bytes, deadline_ms=deadline_ms, seed=seed, engine_work_us=engine_work_us, name=name)
     click.echo(json.dumps(r, default=str) if as_json else _summary(r))
     if r["wrong_drafts"]:
         click.echo(f"dspark-proxy demo: {r['wrong_drafts']} WRONG drafts: {r.get('first_wrong')}", err=True)

@@ -1,0 +1,182 @@
+"""The real system through the real CLI: a worker process, a proxy process, the engine side in the test
+(the real shim driven by the simulated engine, every usable draft checked against the oracle)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import engine_shim
+from dspark_proxy.launch import spawn_proxy, spawn_worker, wait_proxy_ready
+from dspark_proxy.segment import Segment, SegmentError
+from dspark_proxy.sim import SimConfig, SimEngine
+
+pytestmark = pytest.mark.timeout(120)
+
+M, N, W, B = 16, 4, 8, 64
+LAYOUT = ["--max-reqs", str(M), "--num-spec", str(N), "--window", str(W), "--row-bytes", str(B)]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dspark_proxy.cli", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.fixture
+def worker():
+    w = spawn_worker(*LAYOUT)
+    yield w
+    w.stop()
+
+
+def _segment_gone(name: str) -> bool:
+    return not os.path.exists(f"/dev/shm/dspark-proxy.{name}")
+
+
+def test_proxy_and_worker_through_the_cli(seg_name, worker):
+    proxy = spawn_proxy(seg_name, worker.address, *LAYOUT, "--deadline-ms", "50", "--log-every", "0")
+    shim = None
+    try:
+        shim = engine_shim.attach(seg_name, max_reqs=M, num_spec=N, window=W, row_bytes=B, timeout_s=5.0)
+        sim = SimEngine(SimConfig(seed=3, max_reqs=M, num_spec=N, window=W, row_bytes=B))
+        res = sim.run(shim, rounds=1500)
+        assert res.wrong_drafts == 0, res.first_wrong
+        assert res.usable_rate > 0.9, res.to_dict()
+        time.sleep(0.4)  # one heartbeat-thread snapshot later
+        out = _cli("status", "--name", seg_name, "--json")
+        assert out.returncode == 0, out.stderr
+        st = json.loads(out.stdout)
+        assert set(st) >= {"header", "words", "proxy", "shim"}
+        assert st["header"]["state"] == "ready" and st["header"]["owner_pid"] == proxy.pid
+        assert st["proxy"]["counters"]["rounds_ok"] >= 1000
+        assert "rank0_round_us" in st["proxy"]["latency"]
+        assert st["words"]["published"] >= 1500
+        human = _cli("status", "--name", seg_name)
+        assert "rounds_ok=" in human.stdout and "rank0_round_us" in human.stdout
+        # SIGTERM: the proxy fails every round ahead (a waiting engine is released), then unlinks
+        proxy.signal(signal.SIGTERM)
+        assert proxy.proc.wait(10) == 0
+        assert _segment_gone(seg_name)
+        # the engine keeps going, target-only, without waiting
+        b = shim._t + 1
+        batch = sim.next_batch(b)
+        t0 = time.perf_counter()
+        shim.enqueue(b, **batch.enqueue_kwargs())
+        reply = shim.read_reply(b)
+        assert reply.status == 2 and (time.perf_counter() - t0) < 0.05
+    finally:
+        if shim is not None:
+            shim.close()
+        proxy.stop()
+    assert _segment_gone(seg_name)
+
+
+def test_stop_command_and_live_owner_refused(seg_name, worker):
+    proxy = spawn_proxy(seg_name, worker.address, *LAYOUT)
+    try:
+        again = _cli("start", "--name", seg_name, "--worker", worker.address, *LAYOUT)
+        assert again.returncode == 3
+        assert "live proxy" in again.stderr and str(proxy.pid) in again.stderr
+        out = _cli("stop", "--name", seg_name)
+        assert out.returncode == 0, out.stderr
+        assert proxy.proc.wait(10) == 0
+        assert _segment_gone(seg_name)
+    finally:
+        proxy.stop()
+
+
+def test_mismatched_engine_is_refused_with_the_field_named(seg_name, worker):
+    proxy = spawn_proxy(seg_name, worker.address, *LAYOUT)
+    try:
+        with pytest.raises(SegmentError, match="window"):
+            engine_shim.attach(seg_name, max_reqs=M, num_spec=N, window=W * 2, row_bytes=B)
+    finally:
+        proxy.stop()
+
+
+def _phase(sim: SimEngine, shim, **kw) -> dict:
+    """Run the sim for a while; the figures of just this stretch (SimEngine's result is cumulative)."""
+    before, k = sim.result(), len(sim._wait_ns)
+    after = sim.run(shim, **kw)
+    waits = sim._wait_ns[k:]
+    return {"rounds": after.rounds - before.rounds, "wrong": after.wrong_drafts - before.wrong_drafts,
+            "usable": after.usable_drafts - before.usable_drafts,
+            "needed": after.drafts_needed - before.drafts_needed,
+            "wait_us_max": max(waits, default=0) / 1000.0}
+
+
+def test_proxy_killed_stopped_and_restarted_under_a_running_engine(seg_name, worker):
+    """SIGSTOP, then SIGKILL, then a new proxy: the engine never waits past the deadline (+ margin)
+    and drafts resume from the new incarnation."""
+    deadline_ms, margin_ms = 20.0, 15.0
+    args = [*LAYOUT, "--deadline-ms", str(deadline_ms), "--log-every", "0"]
+    proxy = spawn_proxy(seg_name, worker.address, *args)
+    shim = engine_shim.attach(seg_name, max_reqs=M, num_spec=N, window=W, row_bytes=B, timeout_s=5.0,
+                              heartbeat_timeout_s=0.3)
+    sim = SimEngine(SimConfig(seed=5, max_reqs=M, num_spec=N, window=W, row_bytes=B, engine_work_us=500.0))
+    phases: dict[str, dict] = {}
+    try:
+        p = phases["healthy"] = _phase(sim, shim, rounds=300)
+        assert p["usable"] > 0.8 * p["needed"]
+        proxy.signal(signal.SIGSTOP)
+        phases["stopped"] = _phase(sim, shim, duration_s=1.0)
+        proxy.kill()
+        phases["killed"] = _phase(sim, shim, duration_s=0.5)
+        proxy = spawn_proxy(seg_name, worker.address, *args)
+        # rounds keep running while the new proxy appears; drafts come back within a second
+        end = time.monotonic() + 5.0
+        back = None
+        while time.monotonic() < end and back is None:
+            p = _phase(sim, shim, rounds=20)
+            back = p if p["usable"] else None
+        assert back is not None, "drafts did not resume after the proxy restart"
+        p = phases["restarted"] = _phase(sim, shim, rounds=300)
+        assert p["usable"] > 0.8 * p["needed"], p
+        assert sim.result().wrong_drafts == 0
+        for name, ph in phases.items():
+            assert ph["wait_us_max"] < (deadline_ms + margin_ms) * 1000, (name, ph)
+    finally:
+        shim.close()
+        proxy.stop()
+    assert _segment_gone(seg_name)
+
+
+def test_attach_waits_for_a_proxy_that_comes_later(seg_name, worker):
+    shim = engine_shim.attach(seg_name, max_reqs=M, num_spec=N, window=W, row_bytes=B)
+    proxy = None
+    try:
+        sim = SimEngine(SimConfig(seed=9, max_reqs=M, num_spec=N, window=W, row_bytes=B))
+        r = sim.run(shim, rounds=20)  # no proxy: target-only, instantly
+        assert r.usable_drafts == 0 and r.wait_us_max < 5000
+        proxy = spawn_proxy(seg_name, worker.address, *LAYOUT, "--deadline-ms", "50")
+        wait_proxy_ready(seg_name, proxy.pid, 5.0)
+        end = time.monotonic() + 5.0
+        got = 0
+        while time.monotonic() < end and got == 0:
+            got = sim.run(shim, rounds=20).usable_drafts
+        assert got > 0
+        assert sim.run(shim, rounds=200).wrong_drafts == 0
+    finally:
+        shim.close()
+        if proxy is not None:
+            proxy.stop()
+    with pytest.raises(SegmentError):
+        Segment.open(seg_name)
+
+
+def test_demo_command_end_to_end(seg_name):
+    out = _cli("demo", "--rounds", "2000", "--json", "--name", seg_name, "--max-reqs", "16", "--window", "8",
+               "--row-bytes", "64")
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout)
+    assert r["rounds"] == 2000 and r["wrong_drafts"] == 0
+    assert r["usable_rate"] > 0.9
+    assert _segment_gone(seg_name)
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert seg_name not in ps  # the demo's proxy is gone
