@@ -488,3 +488,13 @@ def test_sim_cost_per_round_stays_small_at_n256():
     res = eng.run(shim, rounds=50)
     assert res.wrong_drafts == 0 and res.mean_batch > 150
     assert res.sim_us_p50 < 20_000
+
+
+def test_module_entry_point(capsys):
+    from dspark_proxy.sim.__main__ import main
+
+    assert main(["--rounds", "60", "--max-reqs", "16", "--partial-prob", "0.1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["rounds"] == 60 and out["wrong_drafts"] == 0
+    assert main(["--rounds", "60", "--max-reqs", "16", "--corrupt", "conf"]) == 1
+    assert json.loads(capsys.readouterr().out)["wrong_drafts"] > 0

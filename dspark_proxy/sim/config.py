@@ -55,8 +55,9 @@ class SimConfig:
     oracle: str = "fast"
     """"fast": drafts recomputed by CRC algebra from the rows' known CRCs; "bytes": by hashing
     regenerated rows with integrity_hash (slow at large rows; the reference the fast one is tested on)."""
-    stamp_stride_bytes: int = 512
-    """Distance between the (uid, pos) stamps inside a row; see dspark_proxy.sim.rows."""
+    stamp_stride_bytes: int = 4096
+    """Distance between the (uid, pos) stamps inside a row (a page: a copy cut at any page boundary
+    shows); see dspark_proxy.sim.rows."""
     max_wrong_details: int = 8
     """How many wrong drafts are recorded in detail."""
     uid_base: int = 1

@@ -49,7 +49,7 @@ def mix64(x: np.ndarray) -> np.ndarray:
 class RowGen:
     """Rows, their CRCs and tokens for (uid, pos); owns the reusable buffer a round's rows are made in."""
 
-    def __init__(self, row_bytes: int, *, vocab_size: int = 152064, stamp_stride_bytes: int = 512) -> None:
+    def __init__(self, row_bytes: int, *, vocab_size: int = 152064, stamp_stride_bytes: int = 4096) -> None:
         L = int(row_bytes)
         if L <= 0:
             raise ValueError(f"row_bytes must be > 0, got {row_bytes}")
