@@ -138,7 +138,8 @@ class DraftClient:
         self._stop = threading.Event()
         self._lost = threading.Event()
         self._thread: threading.Thread | None = None
-        self._prefix_id = -1
+        self._prefix_ref: object = None  # stepping thread only
+        self._prefix_len = -1
         self._prefix_addr = 0
         reply_max = self.layout.max_reply_payload()
         if reply_max + APP_HEADER_SIZE > max_frame_bytes:
@@ -227,13 +228,13 @@ class DraftClient:
             raise LocalProtocolError("SF_SAMPLED needs sampled=True and sample_meta for every entry")
         addr = self._addr_of(prefix)
         off = addr + APP_HEADER_SIZE + STEP_HDR_SIZE
-        if entries.__array_interface__["data"][0] != off:
+        if entries.ctypes.data != off:  # not the in-place view: copy in
             entries_view(prefix, n)[:] = entries
         if sampled:
             assert sample_meta is not None
             if sample_meta.dtype != SAMPLE_DTYPE:
                 raise LocalProtocolError(f"sample_meta dtype {sample_meta.dtype}, expected SAMPLE_DTYPE")
-            if sample_meta.__array_interface__["data"][0] != off + n * ENTRY_DTYPE.itemsize:
+            if sample_meta.ctypes.data != off + n * ENTRY_DTYPE.itemsize:
                 sample_view(prefix, n)[:] = sample_meta
         if int(entries["n_rows"].sum(dtype=np.int64)) != n_rows:
             raise LocalProtocolError("entries' n_rows do not add up to n_rows")
@@ -306,9 +307,12 @@ class DraftClient:
     # ------------------------------------------------------------------ internals (stepping thread)
 
     def _addr_of(self, prefix) -> int:
-        if id(prefix) != self._prefix_id:
-            self._prefix_addr = np.frombuffer(prefix, dtype=np.uint8).__array_interface__["data"][0]
-            self._prefix_id = id(prefix)
+        """The prefix buffer's address, cached per buffer (a reference is kept, so the id stays
+        unique; a bytearray cannot move while the caller holds an entries view into it)."""
+        if prefix is not self._prefix_ref or len(prefix) != self._prefix_len:
+            self._prefix_addr = np.frombuffer(prefix, dtype=np.uint8).ctypes.data
+            self._prefix_ref = prefix
+            self._prefix_len = len(prefix)
         return self._prefix_addr
 
     def _fail(self, reason: str, t0: float) -> StepOutcome:
