@@ -428,6 +428,7 @@ def test_run_bounds_hooks_and_result():
     d = json.loads(json.dumps(res.to_dict()))
     assert d["wait_us_p50"] > 0 and d["wait_us_max"] >= d["wait_us_p99"] >= d["wait_us_p50"]
     assert d["sim_us_p50"] > 0 and d["rounds_per_s"] > 0
+    assert len(eng.wait_ns) == res.rounds
 
     eng = SimEngine(cfg)
     res = eng.run(_shim(cfg), rounds=100, on_round=lambda b, r: b.t >= 5)

@@ -124,6 +124,12 @@ class SimEngine:
         self._sim_ns: list[int] = []
         self._elapsed_ns = 0
 
+    @property
+    def wait_ns(self) -> list[int]:
+        """The engine's wait inside read_reply, per round driven by `run`, in order (the live list: a
+        caller that wants one stretch's figures slices it from a length it noted before)."""
+        return self._wait_ns
+
     # ---- one round ---------------------------------------------------------------------------
 
     def next_batch(self, t: int | None = None) -> Batch | None:
