@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import engine_shim
@@ -180,3 +181,32 @@ def test_demo_command_end_to_end(seg_name):
     assert _segment_gone(seg_name)
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert seg_name not in ps  # the demo's proxy is gone
+
+
+def test_sampled_mode_end_to_end(seg_name):
+    """--sampled on both sides: seed and temperature travel, support ids and q come back for the
+    requests that sampled (the integrity drafter's support is draft + k, q one-hot on k = 0)."""
+    w = spawn_worker(*LAYOUT, "--sampled")
+    proxy = spawn_proxy(seg_name, w.address, *LAYOUT, "--sampled", "--deadline-ms", "50")
+    shim = engine_shim.attach(seg_name, max_reqs=M, num_spec=N, window=W, row_bytes=B, sampled=True,
+                              timeout_s=5.0)
+    seen = {"sampled": 0}
+
+    def check(batch, reply):
+        ok = reply.ok_mask & reply.sample_mask
+        for i in np.flatnonzero(ok):
+            ids = reply.draft_ids[i].astype(np.int64)
+            sup = reply.support_ids[i]
+            assert np.array_equal(sup[:, 0], ids) and np.array_equal(sup[:, 5], (ids + 5) & 0x7FFFFFFF)
+            assert np.all(reply.proposal_q[i][:, 0] == 1.0)
+            seen["sampled"] += 1
+
+    try:
+        sim = SimEngine(SimConfig(seed=4, max_reqs=M, num_spec=N, window=W, row_bytes=B, sampled_mode=True))
+        res = sim.run(shim, rounds=400, on_round=check)
+        assert res.wrong_drafts == 0 and res.usable_rate > 0.9, res.to_dict()
+        assert seen["sampled"] > 100
+    finally:
+        shim.close()
+        proxy.stop()
+        w.stop()
