@@ -18,7 +18,7 @@ from typing import Any
 
 from . import _hostflag
 from .breaker import CircuitBreaker
-from .config import IN_PROCESS_WORKERS, ProxyConfig, parse_hostport
+from .config import IN_PROCESS_WORKERS, ProxyConfig, config_to_dict, parse_hostport
 from .events import EventRing
 from .hostflag import FAR_AHEAD, HostFlags
 from .round import RoundCore, RoundSettings
@@ -76,10 +76,13 @@ class _Heartbeat:
 class Proxy:
     """One proxy: `serve()` until `stop()`. The client may be injected (tests, thread mode)."""
 
-    def __init__(self, cfg: ProxyConfig, client: Any | None = None, token: bytes | None = None) -> None:
+    def __init__(self, cfg: ProxyConfig, client: Any | None = None, token: bytes | None = None,
+                 sources: dict[str, str] | None = None) -> None:
         self.cfg = cfg.resolved()
         self.params = layout_params(self.cfg)
         self.stats = Stats()
+        self.stats.set("config", config_to_dict(self.cfg))
+        self.stats.set("config_sources", dict(sources or {}))
         self.events = EventRing(64)
         self.breaker = CircuitBreaker(self.cfg.breaker_threshold, self.cfg.breaker_cooldown)
         self.settings = RoundSettings(
@@ -248,11 +251,11 @@ class Proxy:
         self.write_stats_file()
 
 
-def run_proxy(cfg: ProxyConfig, token: bytes | None = None) -> Proxy:
+def run_proxy(cfg: ProxyConfig, token: bytes | None = None, sources: dict[str, str] | None = None) -> Proxy:
     """Run a proxy in the foreground until SIGTERM/SIGINT (the signal handlers only set stop)."""
     import signal
 
-    proxy = Proxy(cfg, token=token)
+    proxy = Proxy(cfg, token=token, sources=sources)
 
     def _on_signal(signum: int, frame: object) -> None:
         proxy.stop()

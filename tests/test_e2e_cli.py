@@ -57,6 +57,9 @@ def test_proxy_and_worker_through_the_cli(seg_name, worker):
         assert st["header"]["state"] == "ready" and st["header"]["owner_pid"] == proxy.pid
         assert st["proxy"]["counters"]["rounds_ok"] >= 1000
         assert "rank0_round_us" in st["proxy"]["latency"]
+        g = st["proxy"]["gauges"]
+        assert g["config"]["deadline_ms"] == 50.0 and g["config_sources"]["deadline_ms"] == "cli"
+        assert g["config_sources"]["breaker_threshold"] == "default"
         assert st["words"]["published"] >= 1500
         human = _cli("status", "--name", seg_name)
         assert "rounds_ok=" in human.stdout and "rank0_round_us" in human.stdout

@@ -44,7 +44,7 @@ def start(ctx: click.Context, **_: object) -> None:
     logging.getLogger("dspark_proxy").info("[proxy] settings %s", format_settings(cfg, sources))
     token = read_token(cfg.token_file)
     try:
-        run_proxy(cfg, token=token)
+        run_proxy(cfg, token=token, sources=dict(sources))
     except SegmentError as e:
         click.echo(f"dspark-proxy start: {e}", err=True)
         sys.exit(EXIT_STARTUP_FAILURE)
