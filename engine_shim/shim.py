@@ -61,6 +61,10 @@ class _ReqIds:
             return req_ids.astype(np.int64, copy=False)
         if hasattr(req_ids, "dtype") and hasattr(req_ids, "numpy"):  # an integer torch tensor
             return req_ids.detach().cpu().numpy().astype(np.int64, copy=False)
+        if not hasattr(req_ids, "__len__"):
+            req_ids = list(req_ids)
+        if len(req_ids) != n:
+            raise ShimError(f"req_ids: expected {n} ids, got {len(req_ids)}")
         ids = self._ids
         if len(ids) > self._limit:
             ids.clear()  # owners re-register below; a slot whose owner id changes resends its window
@@ -118,6 +122,7 @@ class Shim:
         self._t = 0  # last round enqueued
         self._n = 0  # its number of requests
         self._round_attached = False  # round _t went through the segment
+        self._awaiting_reply = False  # round _t was enqueued and its read_reply has not come yet
         self._rows_total = 0
         self._resync_req: np.ndarray | None = None  # private copy of the proxy's resync request
         self._deadline_ns = 0
@@ -229,7 +234,7 @@ class Shim:
             raise ShimError("enqueue on a closed shim")
         if t != self._t + 1 and self._t != 0:
             raise ShimError(f"enqueue({t}): the next round is {self._t + 1}")
-        if self._round_attached:
+        if self._awaiting_reply:
             raise ShimError(f"enqueue({t}): read_reply({self._t}) must come first")
         if t < 1:
             raise ShimError(f"enqueue({t}): rounds are numbered from 1")
@@ -240,6 +245,7 @@ class Shim:
         self._t, self._n = t, n
         self._rows_total = int(a["rows"].shape[0])
         self._round_attached = False
+        self._awaiting_reply = True
         if self._state is not AttachState.ATTACHED:
             self.stats.inc("rounds_detached")
             return
@@ -400,6 +406,7 @@ class Shim:
         if t != self._t:
             raise ShimError(f"read_reply({t}): the round in flight is {self._t}")
         n = self._n
+        self._awaiting_reply = False
         if not self._round_attached:
             return self._reader.failed(t, n, "detached")
         self._round_attached = False
