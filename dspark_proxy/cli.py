@@ -32,6 +32,7 @@ def _register() -> None:
         from .commands.demo import demo
 
         cli.add_command(demo)
+        cli.add_command(__import__("dspark_proxy.commands.chaos", fromlist=["chaos"]).chaos)
     except ImportError:  # pragma: no cover - demo needs the simulated engine
         pass
 

@@ -1,0 +1,277 @@
+"""The fault campaign: the simulated engine steps through the real shim, against a real worker and a real
+proxy (child processes, the real CLI), while a controller injects every fault kind on a schedule.
+
+Two threads in this process: the engine thread (SimEngine.run over an EngineProbe: every usable draft
+is checked against the integrity oracle, every wait is timed) and the controller (this thread: the
+schedule, the injections, the bookkeeping). The controller never makes the engine wait for anything;
+it only reads the engine's per-round record by index.
+
+One injection is: wait until drafts flow, mark the start, inject and hold the fault, mark where it
+was cleared, then wait for the first usable draft and a short settle, and mark the end. `report.py`
+turns the marks and the per-round record into the table.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .corrupt import DescriptorCorruptor
+from .injectors import INJECTORS
+from .probe import EngineProbe
+from .report import build_report
+from .schedule import KIND_NAMES, pass_order
+from .system import ChaosSystem
+from .tally import ProxyTally, ShimEventLog
+
+__all__ = ["ChaosConfig", "Injection", "Controller", "run_campaign"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    duration_s: float = 60.0  # total budget: at least one full pass; more passes while they fit
+    seed: int = 0
+    deadline_ms: float = 30.0
+    margin_ms: float = 20.0  # no engine wait may exceed deadline + margin
+    max_reqs: int = 32
+    num_spec: int = 5
+    window: int = 16
+    row_bytes: int = 256
+    engine_work_us: float = 1000.0  # the simulated target forward between enqueue and read_reply (sleep)
+    hold_s: float = 0.6  # how long a fault that can be held is held
+    gap_s: float = 0.25  # healthy stepping after drafts resume, before the next fault
+    heartbeat_timeout_s: float = 0.5  # the shim's: a proxy silent this long is hung
+    resume_timeout_s: float = 15.0  # an injection whose drafts do not come back by then fails the run
+    self_recover_s: float = 1.5  # worker_layout: how long to watch for recovery without a proxy restart
+    kinds: tuple[str, ...] = KIND_NAMES
+    max_passes: int | None = None
+    name: str | None = None
+    log_dir: str | None = None  # keep the children's logs here (default: a temp dir, removed if all passed)
+
+    def __post_init__(self) -> None:
+        unknown = [k for k in self.kinds if k not in INJECTORS]
+        if unknown:
+            raise ValueError(f"unknown fault kinds {unknown}; known: {', '.join(KIND_NAMES)}")
+        if not self.kinds:
+            raise ValueError("no fault kinds to inject")
+        if self.deadline_ms <= 0 or self.margin_ms < 0:
+            raise ValueError("deadline_ms must be > 0 and margin_ms >= 0")
+
+
+@dataclass
+class Injection:
+    """One fault injected: indices into the engine's per-round record, and what was seen."""
+
+    kind: str
+    n: int  # the k-th injection of this kind (1-based)
+    idx_start: int
+    t_start: int  # the engine's round number at the start
+    clock_start_s: float  # since the campaign started
+    idx_clear: int = -1
+    clear_ns: int = 0
+    idx_resume: int | None = None
+    idx_end: int = -1
+    t_end: int = 0
+    notes: dict[str, Any] = field(default_factory=dict)
+    shim_counters: dict[str, int] = field(default_factory=dict)  # deltas over the injection
+    proxy_counters: dict[str, int] = field(default_factory=dict)  # deltas, summed over proxy incarnations
+    shim_events: list[dict[str, Any]] = field(default_factory=list)
+    shim_events_lost: int = 0
+    proxy_events: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+
+class Controller:
+    """What an injector works with (injectors.py), and the schedule around it."""
+
+    def __init__(self, cfg: ChaosConfig, system: ChaosSystem, probe: EngineProbe, corruptor: DescriptorCorruptor,
+                 tally: ProxyTally, events: ShimEventLog) -> None:
+        self.cfg = cfg
+        self.system, self.probe, self.corruptor = system, probe, corruptor
+        self.tally, self.events = tally, events
+        self.deadline_s = cfg.deadline_ms / 1e3
+        self.hold_s = cfg.hold_s
+        self.heartbeat_timeout_s = cfg.heartbeat_timeout_s
+        self.self_recover_s = cfg.self_recover_s
+        self.current: Injection | None = None
+        self.engine_error: BaseException | None = None
+
+    # ------------------------------------------------------------------ for injectors
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, polling the shim's event ring so none is lost to its wrap."""
+        end = time.monotonic() + seconds
+        while True:
+            self.events.poll()
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.05))
+
+    def cleared(self) -> None:
+        inj = self.current
+        assert inj is not None
+        inj.idx_clear = self.probe.count
+        inj.clear_ns = time.perf_counter_ns()
+
+    def note(self, **kw: Any) -> None:
+        assert self.current is not None
+        self.current.notes.update(kw)
+
+    def wait_resumed(self, from_idx: int, timeout_s: float) -> int | None:
+        """The first usable round at or after from_idx, or None if none came within timeout_s."""
+        if self.engine_error is not None:
+            return None
+        return self.probe.first_usable(from_idx, timeout_s, idle=self.events.poll)
+
+    # ------------------------------------------------------------------ one injection
+
+    def wait_healthy(self) -> bool:
+        ok = self.wait_resumed(self.probe.count, self.cfg.resume_timeout_s) is not None
+        self.sleep(self.cfg.gap_s)
+        return ok
+
+    def inject(self, kind: str, n: int, clock0: float) -> Injection:
+        p = self.probe
+        self.tally.sample()
+        proxy_before = self.tally.counters()
+        shim_before = dict(self.system.shim.stats.snapshot()["counters"])
+        ev_lo = self.events.poll()
+        idx = p.count
+        inj = self.current = Injection(kind=kind, n=n, idx_start=idx, t_start=p.t[idx - 1] + 1 if idx else 1,
+                                       clock_start_s=round(time.monotonic() - clock0, 3))
+        log.info("[chaos] inject %s #%d at round %d", kind, n, inj.t_start)
+        try:
+            INJECTORS[kind](self)
+        except Exception as e:  # noqa: BLE001 - the campaign records it and goes on to the next fault
+            inj.error = f"injector failed: {e!r}"
+            log.exception("[chaos] %s failed", kind)
+        if inj.idx_clear < 0:
+            self.cleared()
+        inj.idx_resume = self.wait_resumed(inj.idx_clear, self.cfg.resume_timeout_s)
+        self.sleep(self.cfg.gap_s)
+        inj.idx_end = p.count
+        inj.t_end = p.t[-1] if p.t else 0
+        self.tally.sample()
+        inj.proxy_counters = _delta_proxy(proxy_before, self.tally.counters())
+        shim_after = self.system.shim.stats.snapshot()["counters"]
+        inj.shim_counters = {k: v - shim_before.get(k, 0) for k, v in sorted(shim_after.items())
+                             if isinstance(v, int) and v != shim_before.get(k, 0)}
+        ev_hi = self.events.poll()
+        inj.shim_events = self.events.between(ev_lo, ev_hi)
+        inj.shim_events_lost = self.events.lost(ev_lo, ev_hi)
+        inj.proxy_events = self.tally.events_between(inj.t_start, inj.t_end)
+        self.current = None
+        return inj
+
+
+def _delta_proxy(before: dict[int, dict[str, int]], after: dict[int, dict[str, int]]) -> dict[str, int]:
+    from .tally import counter_delta
+
+    return counter_delta(before, after)
+
+
+def _engine_main(sim: Any, probe: EngineProbe, ctl: Controller) -> None:
+    try:
+        sim.run(probe, duration_s=1e9, on_round=probe.on_round)
+    except BaseException as e:  # noqa: BLE001 - reported by the controller
+        ctl.engine_error = e
+        log.exception("[chaos] engine thread failed")
+
+
+def run_campaign(cfg: ChaosConfig, progress: Any = None) -> dict[str, Any]:
+    """Run the whole campaign; returns the report (report.build_report), `ok` False on any failure.
+
+    `progress(msg)` is called with a line per injection (the command prints it to stderr)."""
+    from ..sim import SimConfig, SimEngine
+
+    say = progress or (lambda msg: None)
+    rng = random.Random(cfg.seed)
+    name = cfg.name or f"chaos-{os.getpid()}"
+    log_dir = Path(cfg.log_dir) if cfg.log_dir else Path(tempfile.mkdtemp(prefix="dspark-chaos-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    lay = (cfg.max_reqs, cfg.num_spec, cfg.window, cfg.row_bytes)
+    system = ChaosSystem(name, lay, deadline_ms=cfg.deadline_ms, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
+                         log_dir=log_dir, rng=rng)
+    injections: list[Injection] = []
+    failures: list[str] = []
+    probe: EngineProbe | None = None
+    corruptor = DescriptorCorruptor(cfg.seed)
+    engine: threading.Thread | None = None
+    ctl: Controller | None = None
+    clock0 = time.monotonic()
+    passes = 0
+    leftovers: list[str] = []
+    try:
+        system.start()
+        corruptor.install(system.shim)
+        probe = EngineProbe(system.shim, cfg.deadline_ms)
+        sim = SimEngine(SimConfig(seed=cfg.seed, max_reqs=cfg.max_reqs, num_spec=cfg.num_spec, window=cfg.window,
+                                  row_bytes=cfg.row_bytes, engine_work_us=cfg.engine_work_us))
+        ctl = Controller(cfg, system, probe, corruptor, ProxyTally(name), ShimEventLog(system.shim))
+        engine = threading.Thread(target=_engine_main, args=(sim, probe, ctl), name="dspark-chaos-engine",
+                                  daemon=True)
+        engine.start()
+        say(f"[chaos] worker {system.address} proxy pid {system.proxy.pid if system.proxy else '?'} "
+            f"segment {name}; deadline {cfg.deadline_ms} ms; logs in {log_dir}")
+        counts: dict[str, int] = {}
+        while True:
+            t_pass = time.monotonic()
+            for kind in pass_order(cfg.kinds, rng):
+                if ctl.engine_error is not None:
+                    break
+                if not ctl.wait_healthy():
+                    failures.append(f"no usable drafts within {cfg.resume_timeout_s} s before {kind}")
+                counts[kind] = counts.get(kind, 0) + 1
+                inj = ctl.inject(kind, counts[kind], clock0)
+                injections.append(inj)
+                say(_progress_line(inj, probe, cfg))
+            passes += 1
+            if ctl.engine_error is not None:
+                failures.append(f"the engine thread failed: {ctl.engine_error!r}")
+                break
+            pass_s = time.monotonic() - t_pass
+            if cfg.max_passes is not None and passes >= cfg.max_passes:
+                break
+            if time.monotonic() - clock0 + pass_s > cfg.duration_s:
+                break
+        ctl.sleep(cfg.gap_s)
+    except Exception as e:  # noqa: BLE001 - the report says what broke; children are stopped below
+        failures.append(f"campaign aborted: {e!r}")
+        log.exception("[chaos] aborted")
+    finally:
+        if probe is not None:
+            probe.stop_requested = True
+        if engine is not None:
+            engine.join(cfg.deadline_ms / 1e3 + 10.0)
+            if engine.is_alive():
+                failures.append("the engine thread did not stop")
+        leftovers = system.close()
+    report = build_report(cfg=asdict(cfg), probe=probe, injections=injections, passes=passes,
+                          elapsed_s=time.monotonic() - clock0, leftovers=leftovers, failures=failures,
+                          corruptions=dict(corruptor.counts))
+    report["log_dir"] = str(log_dir)
+    if report["ok"] and not cfg.log_dir:
+        shutil.rmtree(log_dir, ignore_errors=True)
+        report["log_dir"] = None
+    return report
+
+
+def _progress_line(inj: Injection, probe: EngineProbe, cfg: ChaosConfig) -> str:
+    waits = probe.wait_ns[inj.idx_start:inj.idx_end]
+    mx = max(waits, default=0) / 1e6
+    resume = "never" if inj.idx_resume is None else str(inj.idx_resume - inj.idx_clear)
+    wrong = sum(probe.wrong[inj.idx_start:inj.idx_end])
+    return (f"[chaos] {inj.kind:<19} #{inj.n:<3} rounds {inj.idx_end - inj.idx_start:>5}  wrong {wrong}  "
+            f"max wait {mx:6.2f} ms (deadline {cfg.deadline_ms:g})  resumed after {resume} rounds"
+            + (f"  ERROR {inj.error}" if inj.error else ""))

@@ -1,0 +1,117 @@
+"""The engine side of a chaos run: a shim stand-in that times every hand-off, and a per-round record.
+
+`EngineProbe` has the shim's surface (what `SimEngine.run` drives), forwards to the real shim, and
+times `enqueue` and `read_reply` itself, so the waits are measured exactly where the engine would
+feel them. `on_round` (SimEngine's callback) records, per round, the oracle's verdict: drafts needed,
+usable, wrong. The controller thread reads the record by index (a round's index is its position in
+the record, not its round number) and waits for usable drafts to come back with `first_usable`.
+
+Thread ownership: the engine thread appends to the lists and sets `_resumed`; the controller reads
+lengths and slices (list appends and reads are atomic under the GIL) and sets `_watch_from`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+__all__ = ["EngineProbe"]
+
+_NEVER = 1 << 62
+
+
+class EngineProbe:
+    """Times one shim's hand-offs and records every round's outcome (engine thread only)."""
+
+    def __init__(self, shim: Any, deadline_ms: float) -> None:
+        self.shim = shim
+        self.deadline_ns = int(deadline_ms * 1e6)
+        self.max_reqs, self.num_spec = shim.max_reqs, shim.num_spec
+        self.window, self.row_bytes = shim.window, shim.row_bytes
+        self.t: list[int] = []
+        self.wait_ns: list[int] = []  # inside read_reply: what the engine waited for its drafts
+        self.enqueue_ns: list[int] = []
+        self.late_ns: list[int] = []  # reply returned minus (gathered + deadline); gathered ~ enqueue's end
+        self.status: list[int] = []
+        self.needed: list[int] = []
+        self.usable: list[int] = []
+        self.wrong: list[int] = []
+        self.done_ns: list[int] = []  # perf_counter_ns when the round ended
+        self.stop_requested = False
+        self._enq_ns = 0
+        self._enq_end = 0
+        self._wait_ns = 0
+        self._late_ns = 0
+        self._watch_from = _NEVER
+        self._resumed = threading.Event()  # set by the engine thread: a usable round past _watch_from
+
+    # ------------------------------------------------------------------ the shim's surface
+
+    def enqueue(self, t: int, **kwargs: Any) -> None:
+        t0 = time.perf_counter_ns()
+        self.shim.enqueue(t, **kwargs)
+        self._enq_end = time.perf_counter_ns()
+        self._enq_ns = self._enq_end - t0
+
+    def read_reply(self, t: int) -> Any:
+        t0 = time.perf_counter_ns()
+        reply = self.shim.read_reply(t)
+        t1 = time.perf_counter_ns()
+        self._wait_ns = t1 - t0
+        self._late_ns = t1 - self._enq_end - self.deadline_ns
+        return reply
+
+    # ------------------------------------------------------------------ SimEngine's callback
+
+    def on_round(self, batch: Any, reply: Any) -> bool:
+        """Record round `batch.t` (already checked by the oracle); True asks SimEngine.run to stop."""
+        chk = batch.check
+        usable = int(chk.usable.sum()) if chk is not None else 0
+        idx = len(self.t)
+        self.t.append(batch.t)
+        self.wait_ns.append(self._wait_ns)
+        self.enqueue_ns.append(self._enq_ns)
+        self.late_ns.append(self._late_ns)
+        self.status.append(int(reply.status))
+        self.needed.append(int(batch.need_draft.sum()))
+        self.usable.append(usable)
+        self.wrong.append(int(chk.wrong.sum()) if chk is not None else 0)
+        self.done_ns.append(time.perf_counter_ns())
+        if usable and idx >= self._watch_from:
+            self._resumed.set()
+        return self.stop_requested
+
+    # ------------------------------------------------------------------ controller side
+
+    @property
+    def count(self) -> int:
+        """Rounds recorded so far (the index the next round will get)."""
+        return len(self.t)
+
+    def first_usable(self, from_idx: int, timeout_s: float, idle: Any = None) -> int | None:
+        """The index of the first round at or after `from_idx` with a usable draft, waiting up to
+        timeout_s for it; `idle()` runs between looks (the controller polls the shim's events there).
+
+        The scan of the record is what decides; the event only wakes the wait early."""
+        self._resumed.clear()
+        self._watch_from = from_idx
+        end = time.monotonic() + timeout_s
+        cursor = from_idx
+        usable = self.usable
+        try:
+            while True:
+                n = len(usable)
+                for i in range(cursor, n):
+                    if usable[i]:
+                        return i
+                cursor = max(cursor, n)
+                left = end - time.monotonic()
+                if left <= 0 or self.stop_requested:
+                    return None
+                self._resumed.wait(min(left, 0.05))
+                self._resumed.clear()
+                if idle is not None:
+                    idle()
+        finally:
+            self._watch_from = _NEVER

@@ -1,0 +1,220 @@
+"""The campaign's report: per fault kind, what the engine saw (rounds, usable drafts, wrong drafts, its
+waits against the deadline, rounds until drafts resumed) and what both watchdogs recorded; the checks
+SPEC §9 asks for; a human table.
+
+Windows, per injection, as indices into the engine's per-round record:
+    [idx_start, idx_clear)  the fault is on         -> rounds, usable rate
+    [idx_clear, idx_resume] until the first usable  -> rounds (and ms) until drafts resume
+    [idx_start, idx_end)    fault, recovery, settle -> waits, wrong drafts
+Rounds outside every window are the `baseline` row.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+__all__ = ["build_report", "format_table"]
+
+_SHOWN_COUNTER_PREFIXES = ("fallback_", "watchdog_", "deaths", "breaker_trips", "abandoned", "attaches",
+                           "client.connections_dropped", "client.bad_", "client.late_", "client.disabled",
+                           "client.timeouts", "client.reconnects", "detach_", "attach_")
+
+
+def _ms(ns: np.ndarray, q: float | None = None) -> float:
+    if ns.size == 0:
+        return 0.0
+    v = ns.max() if q is None else np.percentile(ns, q)
+    return round(float(v) / 1e6, 3)
+
+
+def _wait_summary(ns: np.ndarray, deadline_ms: float, late: np.ndarray) -> dict[str, float]:
+    """Waits inside read_reply, and how far past gathered + deadline the latest reply came back."""
+    mx = _ms(ns)
+    return {"wait_ms_p50": _ms(ns, 50), "wait_ms_p99": _ms(ns, 99), "wait_ms_max": mx,
+            "beyond_deadline_ms": round(mx - deadline_ms, 3),
+            "late_ms_max": round(float(late.max()) / 1e6, 3) if late.size else 0.0}
+
+
+def _sum(a: list[int], lo: int, hi: int) -> int:
+    return int(sum(a[lo:hi]))
+
+
+def build_report(*, cfg: dict[str, Any], probe: Any, injections: list, passes: int, elapsed_s: float,
+                 leftovers: list[str], failures: list[str], corruptions: dict[str, int]) -> dict[str, Any]:
+    D, margin = float(cfg["deadline_ms"]), float(cfg["margin_ms"])
+    failures = list(failures)
+    n_rounds = probe.count if probe is not None else 0
+    wait = np.asarray(probe.wait_ns[:n_rounds] if probe else [], dtype=np.int64)
+    enq = np.asarray(probe.enqueue_ns[:n_rounds] if probe else [], dtype=np.int64)
+    late = np.asarray(probe.late_ns[:n_rounds] if probe else [], dtype=np.int64)
+    in_fault = np.zeros(n_rounds, dtype=np.bool_)
+    per_inj: list[dict[str, Any]] = []
+    by_kind: dict[str, list] = {}
+    for inj in injections:
+        lo, clear, hi = inj.idx_start, inj.idx_clear, min(inj.idx_end, n_rounds)
+        in_fault[lo:hi] = True
+        resume_rounds = None if inj.idx_resume is None else inj.idx_resume - clear
+        resume_ms = None
+        if inj.idx_resume is not None and inj.idx_resume < len(probe.done_ns):
+            resume_ms = round(max(0, probe.done_ns[inj.idx_resume] - inj.clear_ns) / 1e6, 1)
+        row = {"kind": inj.kind, "n": inj.n, "t_start": inj.t_start, "t_end": inj.t_end,
+               "clock_start_s": inj.clock_start_s, "rounds_fault": clear - lo, "rounds": hi - lo,
+               "needed_fault": _sum(probe.needed, lo, clear), "usable_fault": _sum(probe.usable, lo, clear),
+               "wrong": _sum(probe.wrong, lo, hi), "resume_rounds": resume_rounds, "resume_ms": resume_ms,
+               **_wait_summary(wait[lo:hi], D, late[lo:hi]), "notes": inj.notes, "error": inj.error,
+               "shim_events": dict(Counter(e.get("how", "?") for e in inj.shim_events)),
+               "shim_events_lost": inj.shim_events_lost,
+               "proxy_events": dict(Counter(e.get("how", "?") for e in inj.proxy_events)),
+               "shim_counters": inj.shim_counters, "proxy_counters": inj.proxy_counters,
+               "first_events": {"shim": inj.shim_events[:3], "proxy": inj.proxy_events[:3]}}
+        per_inj.append(row)
+        by_kind.setdefault(inj.kind, []).append((inj, row))
+        if inj.error:
+            failures.append(f"{inj.kind} #{inj.n}: {inj.error}")
+        if resume_rounds is None:
+            failures.append(f"{inj.kind} #{inj.n}: usable drafts did not resume within "
+                            f"{cfg['resume_timeout_s']} s after the fault cleared")
+    kinds: dict[str, dict[str, Any]] = {}
+    for kind, items in by_kind.items():
+        idx = np.concatenate([np.arange(i.idx_start, min(i.idx_end, n_rounds)) for i, _ in items])
+        rows = [r for _, r in items]
+        needed = sum(r["needed_fault"] for r in rows)
+        res = [r["resume_rounds"] for r in rows]
+        res_ms = [r["resume_ms"] for r in rows if r["resume_ms"] is not None]
+        shim_ev: Counter[str] = Counter()
+        proxy_ev: Counter[str] = Counter()
+        shim_c: Counter[str] = Counter()
+        proxy_c: Counter[str] = Counter()
+        for r in rows:
+            shim_ev.update(r["shim_events"])
+            proxy_ev.update(r["proxy_events"])
+            shim_c.update(r["shim_counters"])
+            proxy_c.update(r["proxy_counters"])
+        kinds[kind] = {
+            "injections": len(rows), "rounds_fault": sum(r["rounds_fault"] for r in rows),
+            "rounds": sum(r["rounds"] for r in rows),
+            "usable_rate_fault": round(sum(r["usable_fault"] for r in rows) / needed, 4) if needed else None,
+            "wrong": sum(r["wrong"] for r in rows), **_wait_summary(wait[idx], D, late[idx]),
+            "resume_rounds_max": None if None in res else max(res, default=0),
+            "resume_rounds_median": None if None in res else float(np.median(res)) if res else 0,
+            "resume_ms_max": max(res_ms, default=None), "never_resumed": sum(x is None for x in res),
+            "shim_events": dict(sorted(shim_ev.items())), "proxy_events": dict(sorted(proxy_ev.items())),
+            "shim_counters": dict(sorted(shim_c.items())), "proxy_counters": dict(sorted(proxy_c.items())),
+            "notes": [r["notes"] for r in rows if r["notes"]][:3],
+        }
+    base = ~in_fault
+    base_needed = int(np.asarray(probe.needed[:n_rounds])[base].sum()) if n_rounds else 0
+    baseline = {"rounds": int(base.sum()), "wrong": int(np.asarray(probe.wrong[:n_rounds])[base].sum())
+                if n_rounds else 0,
+                "usable_rate": round(int(np.asarray(probe.usable[:n_rounds])[base].sum()) / base_needed, 4)
+                if base_needed else None, **_wait_summary(wait[base], D, late[base])}
+    wrong_total = int(sum(probe.wrong)) if probe else 0
+    limit_ns = (D + margin) * 1e6
+    over = np.flatnonzero(wait > limit_ns)
+    worst = [{"round": int(probe.t[i]), "wait_ms": round(float(wait[i]) / 1e6, 3),
+              "during": _during(int(i), injections)} for i in over[np.argsort(-wait[over])][:10]]
+    _checks(cfg, kinds, wrong_total, over, worst, leftovers, failures, per_inj)
+    overall = {"rounds": n_rounds, "elapsed_s": round(elapsed_s, 1), "passes": passes,
+               "injections": len(injections), "wrong_drafts": wrong_total,
+               "drafts_needed": int(sum(probe.needed)) if probe else 0,
+               "usable_drafts": int(sum(probe.usable)) if probe else 0, **_wait_summary(wait, D, late),
+               "enqueue_ms_max": _ms(enq), "enqueue_ms_p99": _ms(enq, 99),
+               "worst_enqueue": [{"round": int(probe.t[i]), "enqueue_ms": round(float(enq[i]) / 1e6, 3),
+                                  "during": _during(int(i), injections)} for i in np.argsort(-enq)[:5]], "limit_ms": D + margin, "rounds_over_limit": int(over.size),
+               "worst_over_limit": worst, "descriptor_corruptions": corruptions}
+    return {"ok": not failures, "failures": failures, "config": cfg, "overall": overall, "baseline": baseline,
+            "faults": kinds, "injections": per_inj, "leftovers": leftovers}
+
+
+def _during(i: int, injections: list) -> str:
+    for inj in injections:
+        if inj.idx_start <= i < inj.idx_end:
+            return f"{inj.kind} #{inj.n}"
+    return "baseline"
+
+
+def _checks(cfg: dict[str, Any], kinds: dict[str, dict[str, Any]], wrong_total: int, over: np.ndarray,
+            worst: list[dict[str, Any]], leftovers: list[str], failures: list[str], per_inj: list) -> None:
+    for k in cfg["kinds"]:
+        if k not in kinds:
+            failures.append(f"fault kind {k} was never injected")
+    if wrong_total:
+        failures.append(f"{wrong_total} WRONG drafts reached the engine")
+    if over.size:
+        failures.append(f"{over.size} rounds waited longer than deadline + margin "
+                        f"({cfg['deadline_ms']} + {cfg['margin_ms']} ms); worst {worst[0]}")
+    for r in per_inj:
+        pc = r["proxy_counters"]
+        if r["kind"] == "bad_descriptor":
+            if r["notes"].get("corrupted", 0) and pc.get("fallback_bad_descriptor", 0) < 1:
+                failures.append(f"bad_descriptor #{r['n']}: {r['notes'].get('corrupted')} rounds corrupted but "
+                                f"the proxy counted no fallback_bad_descriptor")
+            if pc.get("deaths", 0):
+                failures.append(f"bad_descriptor #{r['n']}: the proxy's round loop died")
+        if r["kind"] == "worker_layout" and not r["notes"].get("refusal"):
+            failures.append(f"worker_layout #{r['n']}: no '[client] disabled: ...' message in the proxy's log")
+    for left in leftovers:
+        failures.append(f"left behind: {left}")
+
+
+def _short_counters(c: dict[str, int], limit: int = 7) -> str:
+    shown = [(k, v) for k, v in c.items() if k.startswith(_SHOWN_COUNTER_PREFIXES)]
+    shown.sort(key=lambda kv: -abs(kv[1]))
+    return " ".join(f"{k}={v}" for k, v in shown[:limit])
+
+
+def _events(c: dict[str, int]) -> str:
+    return ",".join(f"{k}:{v}" for k, v in c.items()) or "-"
+
+
+def format_table(r: dict[str, Any]) -> str:
+    """The human table: one row per fault kind, then per-kind counters, then the verdict."""
+    cfg, ov = r["config"], r["overall"]
+    D = cfg["deadline_ms"]
+    head = (f"{'fault':<19} {'inj':>3} {'rounds':>6} {'usable%':>7} {'wrong':>5} {'wait ms p50':>11} {'p99':>7} "
+            f"{'max':>7} {'max-D':>7} {'late':>6} {'resume rnds':>11} {'resume ms':>9}  watchdog events (shim | proxy)")
+    lines = [f"dspark-proxy chaos: {ov['rounds']} rounds in {ov['elapsed_s']} s, {ov['injections']} injections "
+             f"({ov['passes']} passes), deadline {D:g} ms, margin {cfg['margin_ms']:g} ms, "
+             f"M={cfg['max_reqs']} N={cfg['num_spec']} W={cfg['window']} row_bytes={cfg['row_bytes']}, seed {cfg['seed']}",
+             "", head, "-" * len(head)]
+
+    def row(name: str, inj: str, d: dict[str, Any], rate: Any, resume: str, resume_ms: str, ev: str) -> str:
+        pct = "-" if rate is None else f"{100 * rate:.1f}"
+        return (f"{name:<19} {inj:>3} {d.get('rounds_fault', d.get('rounds', 0)):>6} {pct:>7} {d['wrong']:>5} "
+                f"{d['wait_ms_p50']:>11.2f} {d['wait_ms_p99']:>7.2f} {d['wait_ms_max']:>7.2f} "
+                f"{d['beyond_deadline_ms']:>+7.2f} {d['late_ms_max']:>+6.2f} {resume:>11} {resume_ms:>9}  {ev}")
+
+    b = r["baseline"]
+    lines.append(row("(baseline)", "-", b, b["usable_rate"], "-", "-", "-"))
+    for kind, d in r["faults"].items():
+        res = "never" if d["resume_rounds_max"] is None else f"{d['resume_rounds_max']}"
+        res_ms = "-" if d["resume_ms_max"] is None else f"{d['resume_ms_max']:.0f}"
+        ev = f"{_events(d['shim_events'])} | {_events(d['proxy_events'])}"
+        lines.append(row(kind, str(d["injections"]), d, d["usable_rate_fault"], res, res_ms, ev))
+    lines += ["", "rounds: rounds while the fault was on; usable%: usable drafts / drafts needed while it was on; "
+              "wait: inside read_reply, over fault + recovery; max-D: max wait minus the deadline; late: latest "
+              "reply minus (gathered + deadline); resume: rounds (ms) from the fault clearing to the "
+              "first usable draft (max over injections)", "", "counters (deltas over the injections):"]
+    for kind, d in r["faults"].items():
+        lines.append(f"  {kind:<19} proxy: {_short_counters(d['proxy_counters']) or '-'}")
+        sc = _short_counters(d["shim_counters"])
+        if sc:
+            lines.append(f"  {'':<19} shim:  {sc}")
+        for note in d["notes"][:1]:
+            lines.append(f"  {'':<19} note:  {note}")
+    lines += ["", f"all rounds: wrong drafts {ov['wrong_drafts']}, usable {ov['usable_drafts']} of "
+              f"{ov['drafts_needed']} needed; engine wait p50 {ov['wait_ms_p50']:.2f} p99 {ov['wait_ms_p99']:.2f} "
+              f"max {ov['wait_ms_max']:.2f} ms (limit {ov['limit_ms']:g}); enqueue p99 {ov['enqueue_ms_p99']:.2f} "
+              f"max {ov['enqueue_ms_max']:.2f} ms"]
+    if r["failures"]:
+        lines.append("FAILED:")
+        lines += [f"  - {f}" for f in r["failures"]]
+    else:
+        lines.append("PASSED: every fault kind injected, no wrong draft, no wait beyond deadline + margin, "
+                     "drafts resumed after every fault, nothing left behind")
+    if r.get("log_dir"):
+        lines.append(f"children's logs: {r['log_dir']}")
+    return "\n".join(lines)

@@ -1,0 +1,214 @@
+"""The system under test: a worker and a proxy as child processes (the real CLI, `launch.py`) and the
+shim attached to the proxy's segment, plus what the fault schedule does to them.
+
+The worker always listens on one fixed port, chosen below the kernel's ephemeral range: a restarted
+worker comes back at the address the proxy knows, and no outgoing connection (the proxy's reconnects
+while the worker is down) can take the port meanwhile. Children's stderr goes to log files, so a
+fault's message (the client's handshake refusal, say) can be shown in the report.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from ..launch import Child, spawn_proxy, spawn_worker
+from ..segment import Segment, SegmentError, shm_name
+
+__all__ = ["ChaosSystem", "Layout4", "free_fixed_port"]
+
+log = logging.getLogger(__name__)
+
+Layout4 = tuple[int, int, int, int]  # max_reqs, num_spec, window, row_bytes
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_fixed_port(rng: random.Random) -> int:
+    """A free loopback port below the ephemeral range (never handed out to outgoing connections)."""
+    hi = max(_ephemeral_low() - 1, 10001)
+    for _ in range(200):
+        port = rng.randint(10000, hi)
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+            return port
+        except OSError:
+            continue
+        finally:
+            s.close()
+    raise RuntimeError("no free port below the ephemeral range")
+
+
+def layout_args(lay: Layout4) -> list[str]:
+    m, n, w, b = lay
+    return ["--max-reqs", str(m), "--num-spec", str(n), "--window", str(w), "--row-bytes", str(b)]
+
+
+class ChaosSystem:
+    """Owns every child it starts and the shim; `close()` stops them all and reports what was left."""
+
+    def __init__(self, name: str, layout: Layout4, *, deadline_ms: float, heartbeat_timeout_s: float,
+                 log_dir: Path, rng: random.Random) -> None:
+        self.name = name
+        self.layout = layout
+        self.deadline_ms = deadline_ms
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.log_dir = log_dir
+        self.port = free_fixed_port(rng)
+        self.address = f"127.0.0.1:{self.port}"
+        self.worker: Child | None = None
+        self.proxy: Child | None = None
+        self.shim: Any = None
+        self.children: list[Child] = []  # everything ever started, for the leftover check
+        self._logs: list[IO[str]] = []
+        self._n_logs = 0
+        self.proxy_logs: list[Path] = []
+
+    # ------------------------------------------------------------------ start
+
+    def start(self) -> None:
+        import engine_shim
+
+        self.spawn_worker()
+        self.spawn_proxy()
+        m, n, w, b = self.layout
+        self.shim = engine_shim.attach(self.name, max_reqs=m, num_spec=n, window=w, row_bytes=b, timeout_s=5.0,
+                                       heartbeat_timeout_s=self.heartbeat_timeout_s)
+        if self.shim.state.value == "detached":  # pending: attaches at the engine's first round
+            raise RuntimeError(f"the shim found no ready proxy segment {self.name} within 5 s")
+
+    def _log_file(self, kind: str) -> tuple[IO[str], Path]:
+        self._n_logs += 1
+        path = self.log_dir / f"{self._n_logs:03d}-{kind}.log"
+        f = open(path, "w")  # noqa: SIM115 - closed in close()
+        self._logs.append(f)
+        return f, path
+
+    def spawn_worker(self, *extra: str, layout: Layout4 | None = None) -> Child:
+        """A worker on the fixed port (extra: fault flags); retried briefly if the port is still busy."""
+        lay = layout or self.layout
+        last: Exception | None = None
+        for _ in range(20):
+            f, _path = self._log_file("worker")
+            try:
+                w = spawn_worker(*layout_args(lay), *extra, listen=self.address, stderr=f)
+            except RuntimeError as e:  # bind failed (a socket in the way): try again shortly
+                last = e
+                time.sleep(0.1)
+                continue
+            self.worker = w
+            self.children.append(w)
+            return w
+        raise RuntimeError(f"worker could not listen on {self.address}: {last}")
+
+    def spawn_proxy(self) -> Child:
+        f, path = self._log_file("proxy")
+        p = spawn_proxy(self.name, self.address, *layout_args(self.layout), "--deadline-ms", str(self.deadline_ms),
+                        "--log-every", "0", stderr=f)
+        self.proxy = p
+        self.children.append(p)
+        self.proxy_logs.append(path)
+        return p
+
+    # ------------------------------------------------------------------ faults
+
+    def signal_worker(self, sig: int) -> None:
+        assert self.worker is not None
+        self.worker.signal(sig)
+
+    def signal_proxy(self, sig: int) -> None:
+        assert self.proxy is not None
+        self.proxy.signal(sig)
+
+    def kill_worker(self) -> None:
+        if self.worker is not None:
+            self.worker.kill()
+            self.worker.stop()
+
+    def restart_worker(self, *extra: str, layout: Layout4 | None = None) -> Child:
+        """SIGKILL the worker and start another on the same port (with fault flags or another layout)."""
+        self.kill_worker()
+        return self.spawn_worker(*extra, layout=layout)
+
+    def kill_proxy(self) -> None:
+        if self.proxy is not None:
+            self.proxy.kill()
+            self.proxy.stop()
+
+    def stop_proxy(self) -> int | None:
+        """SIGTERM: the clean stop (fails every round ahead, STOPPING, unlinks)."""
+        return self.proxy.stop(10.0) if self.proxy is not None else None
+
+    def proxy_log_text(self) -> str:
+        out = []
+        for p in self.proxy_logs:
+            try:
+                out.append(p.read_text(errors="replace"))
+            except OSError:
+                pass
+        return "\n".join(out)
+
+    # ------------------------------------------------------------------ close
+
+    def close(self) -> list[str]:
+        """Stop the shim and every child; returns what was left behind (processes, the segment)."""
+        left: list[str] = []
+        if self.shim is not None:
+            try:
+                self.shim.close()
+            except Exception as e:  # noqa: BLE001 - keep closing the rest
+                left.append(f"shim.close() raised {e!r}")
+        for c in reversed(self.children):
+            try:
+                c.signal(signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            rc = c.stop(10.0)
+            if c.alive():
+                left.append(f"{c.name} pid {c.pid} still running after stop (rc {rc})")
+                c.kill()
+        for f in self._logs:
+            f.close()
+        if self._segment_exists():
+            left.append(f"segment {shm_name(self.name)} still in /dev/shm")
+            try:
+                import posix_ipc
+
+                posix_ipc.unlink_shared_memory(shm_name(self.name))
+            except Exception:  # noqa: BLE001
+                pass
+        if _any_child_named(self.name):
+            left.append(f"a process with {self.name!r} on its command line is still running")
+        return left
+
+    def _segment_exists(self) -> bool:
+        try:
+            seg = Segment.open(self.name)
+        except SegmentError:
+            return os.path.exists(f"/dev/shm{shm_name(self.name)}")
+        seg.close()
+        return True
+
+
+def _any_child_named(name: str) -> bool:
+    """A process of ours (this process's children) whose command line names the segment."""
+    try:
+        out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(os.getpid())], capture_output=True,
+                             text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return any(f"--name {name}" in line for line in out.splitlines())
