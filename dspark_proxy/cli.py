@@ -35,6 +35,7 @@ def _register() -> None:
         cli.add_command(__import__("dspark_proxy.commands.chaos", fromlist=["chaos"]).chaos)
     except ImportError:  # pragma: no cover - demo needs the simulated engine
         pass
+    cli.add_command(__import__("dspark_proxy.commands.bench", fromlist=["bench"]).bench)
 
 
 _register()

@@ -1,0 +1,111 @@
+"""Section 1, hand-off: engine -> proxy -> engine with a null worker inside a real proxy process,
+against a raw futex ping-pong through our own hostflag words (the floor), a multiprocessing.Pipe
+round trip and a loopback TCP round trip, all in the same run and placement.
+
+The engine side is a real Shim in this process driving minimal rounds (one request, 1-6 rows of 256
+bytes, M=256, N=5, W=128); a round is `enqueue` + `read_reply`, timed around both. The proxy is
+`dspark-proxy start --worker null` (the round's whole proxy side runs; the worker answers in ~3 µs
+without a socket). Its own time per round (gathered seen -> published, `rank0_round_us`) comes
+from its statistics.
+
+Placements: unpinned (the scheduler decides, 2+ cores: both sides may spin), both processes on one
+core, each on its own core. Pinned processes are started pinned (affinity inherited, like taskset),
+so their adaptive spin sees the single core it has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .batches import RoundGen
+from .measure import Samples, from_stats, ratio, summarize
+from .peers import time_futex, time_pipe, time_tcp
+from .procs import on_cpu, pinned, placements
+
+__all__ = ["run_handoff", "HANDOFF_SHAPE"]
+
+HANDOFF_SHAPE = {"max_reqs": 256, "num_spec": 5, "window": 128, "row_bytes": 256, "n": 1}
+
+
+def _layout_args(shape: dict[str, int]) -> list[str]:
+    return ["--max-reqs", str(shape["max_reqs"]), "--num-spec", str(shape["num_spec"]),
+            "--window", str(shape["window"]), "--row-bytes", str(shape["row_bytes"])]
+
+
+def time_handoff(name: str, rounds: int, warmup: int, other_cpu: int | None,
+                 shape: dict[str, int] = HANDOFF_SHAPE) -> dict[str, Any]:
+    """Rounds through a null-worker proxy process; returns raw ns arrays and the proxy's own figures."""
+    import numpy as np
+
+    import engine_shim
+    from dspark_proxy.commands.control import read_status
+    from dspark_proxy.launch import spawn_proxy
+
+    with on_cpu(other_cpu):
+        proxy = spawn_proxy(name, "null", *_layout_args(shape), "--deadline-ms", "1000", "--log-every", "0")
+    shim = None
+    try:
+        shim = engine_shim.attach(name, max_reqs=shape["max_reqs"], num_spec=shape["num_spec"],
+                                  window=shape["window"], row_bytes=shape["row_bytes"], timeout_s=10.0)
+        gen = RoundGen(shape["n"], num_spec=shape["num_spec"], window=shape["window"],
+                       row_bytes=shape["row_bytes"])
+        total = warmup + rounds
+        enq = np.empty(total, np.int64)
+        read = np.empty(total, np.int64)
+        failed = 0
+        clock = time.perf_counter_ns
+        for i in range(total):
+            kw = gen.next()
+            t0 = clock()
+            shim.enqueue(gen.t, **kw)
+            t1 = clock()
+            reply = shim.read_reply(gen.t)
+            t2 = clock()
+            enq[i], read[i] = t1 - t0, t2 - t1
+            failed += reply.status == 2
+        time.sleep(0.35)  # the proxy publishes its statistics every 0.25 s
+        lat = read_status(name)["proxy"].get("latency", {})
+        return {"enqueue": enq[warmup:], "read_reply": read[warmup:], "round": (enq + read)[warmup:],
+                "failed": int(failed), "proxy_round": from_stats(lat.get("rank0_round_us")),
+                "worker": from_stats(lat.get("rtt_us"))}
+    finally:
+        if shim is not None:
+            shim.close()
+        proxy.stop()
+
+
+def run_handoff(quick: bool = False, say: Callable[[str], None] = lambda s: None) -> tuple[dict, Samples]:
+    rounds, warmup, pings = (1500, 200, 2000) if quick else (20000, 1000, 20000)
+    samples = Samples()
+    out: dict[str, Any] = {"shape": HANDOFF_SHAPE, "rounds": rounds, "pings": pings, "placements": {}}
+    for i, (place, eng, other) in enumerate(placements()):
+        say(f"hand-off: {place}")
+        ctx = pinned({eng}) if eng is not None else contextlib.nullcontext()
+        with ctx:
+            h = time_handoff(f"bench-{os.getpid()}-handoff-{i}", rounds, warmup, other)
+            base = {"futex_adaptive": time_futex(pings, "adaptive", other),
+                    "futex_sleep": time_futex(pings, "0", other),
+                    "pipe": time_pipe(pings, other),
+                    "tcp": time_tcp(pings, other)}
+        skip = pings // 10
+        r: dict[str, Any] = {"handoff": summarize(h["round"]), "enqueue": summarize(h["enqueue"]),
+                             "read_reply": summarize(h["read_reply"]), "proxy_round": h["proxy_round"],
+                             "null_worker": h["worker"], "failed_rounds": h["failed"]}
+        for k, v in base.items():
+            r[k] = summarize(v, skip)
+            samples.add(f"{place}/{k}", v, skip)
+        samples.add(f"{place}/handoff", h["round"])
+        hp50 = r["handoff"]["p50_us"]
+        floor = min(r["futex_adaptive"]["p50_us"], r["futex_sleep"]["p50_us"])
+        r["ratios"] = {
+            "handoff_over_futex_floor_p50": ratio(hp50, floor),
+            "pipe_over_handoff_p50": ratio(r["pipe"]["p50_us"], hp50),
+            "tcp_over_handoff_p50": ratio(r["tcp"]["p50_us"], hp50),
+            "proxy_round_over_futex_floor_p50": ratio(r["proxy_round"]["p50_us"], floor),
+        }
+        out["placements"][place] = r
+    return out, samples

@@ -1,0 +1,63 @@
+"""`dspark-proxy bench`: the performance case, side by side in one run (see dspark_proxy/bench/)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+__all__ = ["bench"]
+
+
+def _sections(value: str | None) -> list[str] | None:
+    from ..bench import SECTIONS
+
+    if not value:
+        return None
+    chosen = [s.strip() for s in value.split(",") if s.strip()]
+    bad = [s for s in chosen if s not in SECTIONS]
+    if bad:
+        raise click.BadParameter(f"unknown section(s) {', '.join(bad)}; choose from {', '.join(SECTIONS)}",
+                                 param_hint="--sections")
+    return chosen
+
+
+@click.command("bench")
+@click.option("--quick", is_flag=True, help="Fewer rounds and shapes (CI: well under two minutes).")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as one JSON object instead of the table.")
+@click.option("--sections", default=None, metavar="LIST",
+              help="Comma list of sections to run: handoff,gil,scaling,rows,memory (default: all).")
+@click.option("--plot", "plot_path", default=None, metavar="PNG",
+              help="Also draw the latency distributions to this file (needs matplotlib).")
+@click.option("--output", "out_path", default=None, metavar="FILE", help="Also write the JSON results to FILE.")
+@click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+def bench(quick: bool, as_json: bool, sections: str | None, plot_path: str | None, out_path: str | None,
+          quiet: bool) -> None:
+    """Measure the hand-off, GIL isolation, scaling, rows throughput and memory, with their baselines.
+
+    Every figure is p50 / p99 / p99.9 / max; ratios against each baseline come from the same run. The
+    benchmark reports; it asserts nothing about speed."""
+    from ..bench import run_bench
+    from ..bench.report import format_report
+
+    chosen = _sections(sections)
+    if plot_path:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as e:
+            raise click.UsageError("--plot needs matplotlib: pip install 'dspark-proxy[plot]'") from e
+    t0 = time.monotonic()
+    say = (lambda msg: None) if quiet else (lambda msg: click.echo(f"[bench] {msg}", err=True))
+    results, samples = run_bench(chosen, quick=quick, say=say)
+    results["meta"]["total_s"] = round(time.monotonic() - t0, 2)
+    if plot_path:
+        from ..bench.plot import plot
+
+        plot(results, samples, plot_path)
+        say(f"plot written to {plot_path}")
+    text = json.dumps(results, default=str)
+    if out_path:
+        with open(out_path, "w") as f:
+            f.write(json.dumps(results, default=str, indent=1) + "\n")
+    click.echo(text if as_json else format_report(results))
