@@ -52,6 +52,8 @@ class Watchdog:
         self._next_look = 0.0
         self._next_stats = 0.0
         self._mismatch_logged: set[int] = set()
+        self._lost_incarnation: int | None = None  # on_dead ran for it: once per incarnation
+        self._next_name_check = 0.0
         self.claims = 0  # rounds this thread failed at their deadline
         self.lateness_ns: list[int] = []  # claim time minus deadline, for the GIL-isolation report
 
@@ -87,8 +89,13 @@ class Watchdog:
         flags = self._flags
         assert flags is not None
         try:
+            if self._lost_incarnation == seg.incarnation:
+                # already failed ahead and handed over: the engine thread detaches at its next round
+                self._stop.wait(shim.look_every_s)
+                return
             why = self._proxy_lost(seg)
             if why is not None:
+                self._lost_incarnation = seg.incarnation
                 self.on_dead(seg, why)
                 shim.lose(why)
                 self._stop.wait(0.01)
@@ -126,7 +133,24 @@ class Watchdog:
         age = monotonic_ns() - seg.word(Word.HEARTBEAT_NS)
         if age > shim.heartbeat_timeout_ns:
             return "proxy_hung"
+        if self._replaced(seg):
+            return "proxy_replaced"
         return None
+
+    def _replaced(self, seg: Segment) -> bool:
+        """The name now points at another incarnation (a new proxy took it over): every look_every_s."""
+        now = time.monotonic()
+        if now < self._next_name_check:
+            return False
+        self._next_name_check = now + self.shim.look_every_s
+        try:
+            cur = Segment.open(self.shim.name)
+        except SegmentError:
+            return False  # unlinked, or a new one half-created: the mapped segment still works
+        try:
+            return cur.incarnation != seg.incarnation
+        finally:
+            cur.close()
 
     def _fail_far_ahead(self, seg: Segment, why: str) -> None:
         """Every round the engine may still run on this segment is target-only at once."""
