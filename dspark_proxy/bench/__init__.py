@@ -58,8 +58,10 @@ def _meta(quick: bool) -> dict[str, Any]:
 
 
 def run_bench(sections: Sequence[str] | None = None, *, quick: bool = False,
-              say: Callable[[str], None] = lambda s: None) -> tuple[dict[str, Any], Samples]:
-    """Run the chosen sections (all by default) in order; returns the results and the raw samples."""
+              say: Callable[[str], None] = lambda s: None,
+              prefix: str = "") -> tuple[dict[str, Any], Samples]:
+    """Run the chosen sections (all by default) in order; returns the results and the raw samples.
+    Shared-memory segments are named `<prefix>-<section>...` (default prefix: bench-<pid>)."""
     from .targets import evaluate
 
     chosen = list(sections or SECTIONS)
@@ -70,7 +72,7 @@ def run_bench(sections: Sequence[str] | None = None, *, quick: bool = False,
     elapsed: dict[str, float] = {}
     for s in chosen:
         t0 = time.monotonic()
-        res, smp = _runner(s)(quick=quick, say=say)
+        res, smp = _runner(s)(quick=quick, say=say, prefix=prefix)
         elapsed[s] = round(time.monotonic() - t0, 2)
         results[s] = res
         samples.merge(smp, prefix=f"{s}/")

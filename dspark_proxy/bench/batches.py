@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MIXES", "RoundGen"]
+__all__ = ["MIXES", "RoundGen", "wait_connected"]
 
 MIXES = ("decode", "prefill")
 
@@ -72,3 +72,24 @@ class RoundGen:
 
     def nbytes(self, kw: dict[str, Any]) -> int:
         return int(kw["rows"].nbytes)
+
+
+def wait_connected(name: str, timeout_s: float = 20.0) -> None:
+    """Wait until the proxy `name` has connected to its worker (its published client counters say so).
+
+    The proxy connects in the background; rounds before that fail at once ("not_ready") and would
+    enter its latency histogram as sub-millisecond rounds."""
+    import time
+
+    from dspark_proxy.commands.control import read_status
+
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            client = read_status(name)["proxy"].get("gauges", {}).get("client") or {}
+        except Exception:  # noqa: BLE001 - a segment being created or a snapshot not yet written
+            client = {}
+        if client.get("connects", 0) >= 1:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"proxy {name} did not connect to its worker within {timeout_s} s")

@@ -5,7 +5,8 @@ proxy in its own process and with the proxy on a thread of the engine process (t
 Reported per mode and load: the proxy's own round time (gathered seen -> published, its
 `rank0_round_us`: from the proxy process's statistics, or from `shim.proxy` in thread mode), the
 worker round trip inside it (`rtt_us`), and the engine's side: `enqueue` and the wait in
-`read_reply`. Each mode and load gets a fresh proxy so its statistics are its own; one worker
+`read_reply` after a 10 ms forward (a sleep: the GIL is free, as in a CUDA step; every case runs at
+this cadence, so idle and loaded cases compare like with like). Each mode and load gets a fresh proxy so its statistics are its own; one worker
 process (integrity drafter, loopback TCP) serves them all. The deadline is long (1 s) so that slow
 rounds are measured rather than cut off; rounds that failed anyway are counted.
 """
@@ -13,15 +14,14 @@ rounds are measured rather than cut off; rounds that failed anyway are counted.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from .batches import RoundGen
-from .measure import Samples, from_stats, ratio, summarize
+from .batches import RoundGen, wait_connected
+from .measure import Samples, default_prefix, from_stats, ratio, summarize
 from .procs import BusyThreads, cores, on_cpu, pinned
 
 __all__ = ["run_gil", "GIL_SHAPE", "BUSY_LEVELS"]
@@ -29,6 +29,7 @@ __all__ = ["run_gil", "GIL_SHAPE", "BUSY_LEVELS"]
 GIL_SHAPE = {"max_reqs": 64, "num_spec": 5, "window": 16, "row_bytes": 1024, "n": 32}
 BUSY_LEVELS = (0, 2, 4)
 DEADLINE_MS = 1000.0
+ENGINE_STEP_MS = 10.0  # between enqueue and read_reply; every case runs at this cadence
 
 
 def _drive(shim: Any, gen: RoundGen, seconds: float, max_rounds: int, warmup: int) -> dict[str, Any]:
@@ -36,17 +37,20 @@ def _drive(shim: Any, gen: RoundGen, seconds: float, max_rounds: int, warmup: in
     failed = 0
     clock = time.perf_counter_ns
     end = time.monotonic() + seconds
+    step_s = ENGINE_STEP_MS / 1e3
     i = 0
     while i < warmup + max_rounds and (i < warmup + 20 or time.monotonic() < end):
         kw = gen.next()
         t0 = clock()
         shim.enqueue(gen.t, **kw)
         t1 = clock()
-        reply = shim.read_reply(gen.t)
+        time.sleep(step_s)  # the target's forward: the GIL is free meanwhile, as in a CUDA step
         t2 = clock()
+        reply = shim.read_reply(gen.t)
+        t3 = clock()
         if i >= warmup:
             enq.append(t1 - t0)
-            read.append(t2 - t1)
+            read.append(t3 - t2)
             failed += reply.status == 2
         i += 1
     e, r = np.asarray(enq, np.int64), np.asarray(read, np.int64)
@@ -69,6 +73,7 @@ def _one(mode: str, busy: int, worker_addr: str, name: str, seconds: float, max_
                 proxy = spawn_proxy(name, worker_addr, "--max-reqs", str(s["max_reqs"]), "--num-spec",
                                     str(s["num_spec"]), "--window", str(s["window"]), "--row-bytes",
                                     str(s["row_bytes"]), "--deadline-ms", str(DEADLINE_MS), "--log-every", "0")
+            wait_connected(name)
             shim = engine_shim.attach(name, timeout_s=10.0, **layout)
         else:
             shim = engine_shim.attach(name, mode="thread", worker=worker_addr, deadline_ms=DEADLINE_MS,
@@ -104,15 +109,17 @@ def _wait_ready(shim: Any, timeout_s: float = 10.0) -> None:
     raise RuntimeError("thread-mode proxy did not connect to the worker or attach")
 
 
-def run_gil(quick: bool = False, say: Callable[[str], None] = lambda s: None) -> tuple[dict, Samples]:
+def run_gil(quick: bool = False, say: Callable[[str], None] = lambda s: None,
+            prefix: str = "") -> tuple[dict, Samples]:
     from dspark_proxy.launch import spawn_worker
 
     s = GIL_SHAPE
-    seconds, max_rounds, warmup = (1.0, 600, 10) if quick else (6.0, 4000, 50)
+    seconds, max_rounds, warmup = (1.5, 600, 10) if quick else (8.0, 4000, 30)
     samples = Samples()
     cs = cores()
     eng, other = (cs[0], cs[1]) if len(cs) > 1 else (None, None)
-    out: dict[str, Any] = {"shape": s, "deadline_ms": DEADLINE_MS, "seconds_per_case": seconds,
+    out: dict[str, Any] = {"shape": s, "deadline_ms": DEADLINE_MS, "engine_step_ms": ENGINE_STEP_MS,
+                           "seconds_per_case": seconds,
                            "engine_cpu": eng, "proxy_worker_cpu": other, "modes": {}}
     ctx = pinned({eng}) if eng is not None else contextlib.nullcontext()
     with ctx:
@@ -120,19 +127,20 @@ def run_gil(quick: bool = False, say: Callable[[str], None] = lambda s: None) ->
             worker = spawn_worker("--max-reqs", str(s["max_reqs"]), "--num-spec", str(s["num_spec"]),
                                   "--window", str(s["window"]), "--row-bytes", str(s["row_bytes"]))
         try:
-            _modes(out, samples, worker.address, other, seconds, max_rounds, warmup, say)
+            _modes(out, samples, worker.address, other, seconds, max_rounds, warmup, say,
+                   prefix or default_prefix())
         finally:
             worker.stop()
     return out, samples
 
 
 def _modes(out: dict, samples: Samples, worker_addr: str, other: int | None, seconds: float, max_rounds: int,
-           warmup: int, say: Callable[[str], None]) -> None:
+           warmup: int, say: Callable[[str], None], prefix: str) -> None:
     for mode in ("process", "thread"):
         cases: dict[str, Any] = {}
         for busy in BUSY_LEVELS:
             say(f"gil: {mode} mode, {busy} busy threads")
-            r = _one(mode, busy, worker_addr, f"bench-{os.getpid()}-gil-{mode}-{busy}", seconds,
+            r = _one(mode, busy, worker_addr, f"{prefix}-gil-{mode}-{busy}", seconds,
                      max_rounds, warmup, other)
             cases[f"busy_{busy}"] = {"rounds": int(r["round"].size), "failed_rounds": r["failed"],
                                      "proxy_round": r["proxy_round"], "worker_rtt": r["worker_rtt"],

@@ -16,13 +16,12 @@ so their adaptive spin sees the single core it has.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 from .batches import RoundGen
-from .measure import Samples, from_stats, ratio, summarize
+from .measure import Samples, default_prefix, from_stats, ratio, summarize
 from .peers import time_futex, time_pipe, time_tcp
 from .procs import on_cpu, pinned, placements
 
@@ -78,7 +77,8 @@ def time_handoff(name: str, rounds: int, warmup: int, other_cpu: int | None,
         proxy.stop()
 
 
-def run_handoff(quick: bool = False, say: Callable[[str], None] = lambda s: None) -> tuple[dict, Samples]:
+def run_handoff(quick: bool = False, say: Callable[[str], None] = lambda s: None,
+                prefix: str = "") -> tuple[dict, Samples]:
     rounds, warmup, pings = (1500, 200, 2000) if quick else (20000, 1000, 20000)
     samples = Samples()
     out: dict[str, Any] = {"shape": HANDOFF_SHAPE, "rounds": rounds, "pings": pings, "placements": {}}
@@ -86,7 +86,7 @@ def run_handoff(quick: bool = False, say: Callable[[str], None] = lambda s: None
         say(f"hand-off: {place}")
         ctx = pinned({eng}) if eng is not None else contextlib.nullcontext()
         with ctx:
-            h = time_handoff(f"bench-{os.getpid()}-handoff-{i}", rounds, warmup, other)
+            h = time_handoff(f"{prefix or default_prefix()}-handoff-{i}", rounds, warmup, other)
             base = {"futex_adaptive": time_futex(pings, "adaptive", other),
                     "futex_sleep": time_futex(pings, "0", other),
                     "pipe": time_pipe(pings, other),

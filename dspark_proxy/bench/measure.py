@@ -7,14 +7,20 @@ figures, which live in another process). Benchmarks report; nothing here judges.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["FIGURES", "summarize", "from_stats", "ratio", "mb_per_s", "Samples"]
+__all__ = ["default_prefix", "FIGURES", "summarize", "from_stats", "ratio", "mb_per_s", "Samples"]
 
 FIGURES = ("p50_us", "p99_us", "p999_us", "max_us")
+
+
+def default_prefix() -> str:
+    """Segment names of a bench run start with this (one run per process at a time)."""
+    return f"bench-{os.getpid()}"
 
 
 def summarize(samples_ns: Sequence[int] | np.ndarray, skip: int = 0) -> dict[str, Any]:
@@ -35,11 +41,11 @@ def from_stats(lat: dict[str, Any] | None) -> dict[str, Any]:
             "p999_us": lat.get("p999_us"), "max_us": lat.get("max_us"), "mean_us": lat.get("mean_us")}
 
 
-def ratio(a: float | None, b: float | None, digits: int = 2) -> float | None:
-    """a / b, or None when either is missing or b is 0."""
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b to three significant digits, or None when either is missing or b is 0."""
     if a is None or b is None or b == 0:
         return None
-    return round(float(a) / float(b), digits)
+    return float(f"{float(a) / float(b):.3g}")
 
 
 def mb_per_s(nbytes: int, us: float | None) -> float | None:

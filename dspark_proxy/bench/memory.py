@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .batches import RoundGen
-from .measure import Samples
+from .batches import RoundGen, wait_connected
+from .measure import Samples, default_prefix
 from .procs import cpu_s, rss_kb, thread_cpu_s
 
 __all__ = ["run_memory", "REALISTIC"]
@@ -55,14 +55,15 @@ def _idle(proxy_pid: int, worker_pid: int, watchdog_tid: int | None, seconds: fl
     return out
 
 
-def run_memory(quick: bool = False, say: Callable[[str], None] = lambda s: None) -> tuple[dict, Samples]:
+def run_memory(quick: bool = False, say: Callable[[str], None] = lambda s: None,
+               prefix: str = "") -> tuple[dict, Samples]:
     import engine_shim
     from dspark_proxy.commands.control import read_status
     from dspark_proxy.launch import spawn_proxy, spawn_worker
 
     r = REALISTIC
     rounds, idle_s = (3, 2.0) if quick else (8, 10.0)
-    name = f"bench-{os.getpid()}-memory"
+    name = f"{prefix or default_prefix()}-memory"
     layout = ["--max-reqs", str(r["max_reqs"]), "--num-spec", str(r["num_spec"]), "--window", str(r["window"]),
               "--row-bytes", str(r["row_bytes"])]
     gen = RoundGen(r["n"], num_spec=r["num_spec"], window=r["window"], row_bytes=r["row_bytes"])
@@ -73,6 +74,7 @@ def run_memory(quick: bool = False, say: Callable[[str], None] = lambda s: None)
     proxy = shim = None
     try:
         proxy = spawn_proxy(name, worker.address, *layout, "--deadline-ms", "20000", "--log-every", "0")
+        wait_connected(name)
         st = read_status(name)
         regions = st["header"]["regions"]
         out["segment"] = {"total_mb": round(st["header"]["bytes"] / 2**20, 1),

@@ -17,6 +17,11 @@ def _v(x: Any) -> str:
     return str(x)
 
 
+def _r(x: Any) -> str:
+    """A ratio: three significant digits."""
+    return "-" if x is None else f"{x:.3g}"
+
+
 def _fig(d: dict[str, Any] | None) -> str:
     d = d or {}
     return " ".join(f"{_v(d.get(k)):>9}" for k in ("p50_us", "p99_us", "p999_us", "max_us"))
@@ -43,10 +48,10 @@ def _handoff(r: dict[str, Any]) -> list[str]:
         for key, label in labels:
             out.append(_row(label, p[key]))
         rt = p["ratios"]
-        out.append(f"  ratios p50: hand-off / futex floor {_v(rt['handoff_over_futex_floor_p50'])}x, "
-                   f"proxy round / futex floor {_v(rt['proxy_round_over_futex_floor_p50'])}x, "
-                   f"Pipe / hand-off {_v(rt['pipe_over_handoff_p50'])}x, "
-                   f"TCP / hand-off {_v(rt['tcp_over_handoff_p50'])}x")
+        out.append(f"  ratios p50: hand-off / futex floor {_r(rt['handoff_over_futex_floor_p50'])}x, "
+                   f"proxy round / futex floor {_r(rt['proxy_round_over_futex_floor_p50'])}x, "
+                   f"Pipe / hand-off {_r(rt['pipe_over_handoff_p50'])}x, "
+                   f"TCP / hand-off {_r(rt['tcp_over_handoff_p50'])}x")
     return out
 
 
@@ -54,7 +59,7 @@ def _gil(r: dict[str, Any]) -> list[str]:
     s = r["shape"]
     out = [f"2. GIL ISOLATION  full round to a local worker process, n={s['n']} decode, M={s['max_reqs']} "
            f"N={s['num_spec']} W={s['window']} row_bytes={s['row_bytes']}; engine on cpu {r['engine_cpu']}, "
-           f"proxy and worker on cpu {r['proxy_worker_cpu']} (us)",
+           f"proxy and worker on cpu {r['proxy_worker_cpu']}; engine step {r['engine_step_ms']} ms (us)",
            f"  {'':<44} {_HEAD}"]
     for mode, cases in r["modes"].items():
         for key, c in cases.items():
@@ -67,8 +72,8 @@ def _gil(r: dict[str, Any]) -> list[str]:
             out.append(_row("  engine enqueue", c["enqueue"]))
             rt = c.get("ratios_vs_idle")
             if rt:
-                out.append(f"  vs idle: proxy round p50 {_v(rt['proxy_round_p50'])}x, p99 "
-                           f"{_v(rt['proxy_round_p99'])}x; engine wait p50 {_v(rt['engine_wait_p50'])}x")
+                out.append(f"  vs idle: proxy round p50 {_r(rt['proxy_round_p50'])}x, p99 "
+                           f"{_r(rt['proxy_round_p99'])}x; engine wait p50 {_r(rt['engine_wait_p50'])}x")
     return out
 
 
@@ -98,8 +103,8 @@ def _rows(r: dict[str, Any]) -> list[str]:
         mb, rt = c["mb_per_s"], c["ratios_vs_raw"]
         out.append(f"  MB/s at p50: proxy round {_v(mb['proxy_round'])}, transport {_v(mb['transport'])}, "
                    f"engine round {_v(mb['engine_round'])}, raw {_v(mb['raw'])}")
-        out.append(f"  vs raw: proxy round {_v(rt['proxy_round'])}x, transport {_v(rt['transport'])}x, "
-                   f"engine round {_v(rt['engine_round'])}x")
+        out.append(f"  vs raw: proxy round {_r(rt['proxy_round'])}x, transport {_r(rt['transport'])}x, "
+                   f"engine round {_r(rt['engine_round'])}x")
     return out
 
 

@@ -17,15 +17,14 @@ Figures per case, all p50, as MB/s of row bytes:
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from .batches import RoundGen
-from .measure import Samples, from_stats, mb_per_s, ratio, summarize
+from .batches import RoundGen, wait_connected
+from .measure import Samples, default_prefix, from_stats, mb_per_s, ratio, summarize
 from .peers import RawSink
 
 __all__ = ["run_rows", "FULL_CASES", "QUICK_CASES"]
@@ -46,6 +45,7 @@ def _case(row_bytes: int, n: int, k: int, rounds: int, warmup: int, sink: RawSin
     proxy = shim = None
     try:
         proxy = spawn_proxy(name, worker.address, *layout, "--deadline-ms", "10000", "--log-every", "0")
+        wait_connected(name)
         shim = engine_shim.attach(name, max_reqs=n, num_spec=NUM_SPEC, window=k, row_bytes=row_bytes,
                                   timeout_s=10.0)
         gen = RoundGen(n, num_spec=NUM_SPEC, window=k, row_bytes=row_bytes, fixed_valid=k)
@@ -98,7 +98,8 @@ def _case(row_bytes: int, n: int, k: int, rounds: int, warmup: int, sink: RawSin
     return res
 
 
-def run_rows(quick: bool = False, say: Callable[[str], None] = lambda s: None) -> tuple[dict, Samples]:
+def run_rows(quick: bool = False, say: Callable[[str], None] = lambda s: None,
+             prefix: str = "") -> tuple[dict, Samples]:
     cases, rounds, warmup = (QUICK_CASES, 15, 3) if quick else (FULL_CASES, 100, 10)
     samples = Samples()
     out: dict[str, Any] = {"num_spec": NUM_SPEC, "cases": []}
@@ -106,7 +107,8 @@ def run_rows(quick: bool = False, say: Callable[[str], None] = lambda s: None) -
     try:
         for i, (row_bytes, n, k) in enumerate(cases):
             say(f"rows: {n} x {k} rows of {row_bytes} bytes")
-            out["cases"].append(_case(row_bytes, n, k, rounds, warmup, sink, f"bench-{os.getpid()}-rows-{i}"))
+            name = f"{prefix or default_prefix()}-rows-{i}"
+            out["cases"].append(_case(row_bytes, n, k, rounds, warmup, sink, name))
     finally:
         sink.close()
     return out, samples

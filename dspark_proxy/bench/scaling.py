@@ -18,7 +18,6 @@ row copies at realistic row sizes are the rows section's subject.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .batches import MIXES, RoundGen
-from .measure import Samples, summarize
+from .measure import Samples, default_prefix, summarize
 
 __all__ = ["run_scaling", "ScaleRig"]
 
@@ -118,7 +117,8 @@ def _fit(ns: list[int], p50: list[float]) -> dict[str, float]:
     return {"fixed_us": round(float(a), 2), "us_per_request": round(float(b), 4)}
 
 
-def run_scaling(quick: bool = False, say: Callable[[str], None] = lambda s: None) -> tuple[dict, Samples]:
+def run_scaling(quick: bool = False, say: Callable[[str], None] = lambda s: None,
+                prefix: str = "") -> tuple[dict, Samples]:
     n_list, w_list = (QUICK_N, QUICK_W) if quick else (FULL_N, FULL_W)
     rounds, warmup, budget_s = (40, 5, 0.6) if quick else (300, 20, 3.0)
     M = max(n_list)
@@ -129,7 +129,7 @@ def run_scaling(quick: bool = False, say: Callable[[str], None] = lambda s: None
     for W in w_list:
         for mix in MIXES:
             say(f"scaling: W={W} {mix}")
-            rig = ScaleRig(f"bench-{os.getpid()}-scale-{W}-{mix}", max_reqs=M, window=W)
+            rig = ScaleRig(f"{prefix or default_prefix()}-scale-{W}-{mix}", max_reqs=M, window=W)
             try:
                 p50s = []
                 for n in n_list:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "failed_rounds"]
 
 
 def _get(d: Any, *path: Any) -> Any:
@@ -79,5 +79,30 @@ def _memory(res: dict[str, Any]) -> list[dict[str, Any]]:
             _line("proxy resident memory outside the segment < 200 MB", f"{own} MB", own < 200.0)]
 
 
+def failed_rounds(res: dict[str, Any]) -> dict[str, int]:
+    """Measured rounds that came back failed, per section: figures of failed rounds measure the failure
+    path, not the round, so any here makes that section's numbers suspect."""
+    out: dict[str, int] = {}
+
+    def walk(d: Any, key: str) -> None:
+        if isinstance(d, dict):
+            for k, v in d.items():
+                if k == "failed_rounds" and isinstance(v, int):
+                    out[key] = out.get(key, 0) + v
+                else:
+                    walk(v, key)
+        elif isinstance(d, list):
+            for v in d:
+                walk(v, key)
+
+    for section in ("handoff", "gil", "scaling", "rows", "memory"):
+        if section in res:
+            walk(res[section], section)
+    return out
+
+
 def evaluate(res: dict[str, Any]) -> list[dict[str, Any]]:
-    return _handoff(res) + _gil(res) + _scaling(res) + _rows(res) + _memory(res)
+    failed = failed_rounds(res)
+    checks = [_line("every measured round succeeded", ", ".join(f"{k} {v} failed" for k, v in failed.items()),
+                    not any(failed.values()))]
+    return checks + _handoff(res) + _gil(res) + _scaling(res) + _rows(res) + _memory(res)

@@ -32,8 +32,10 @@ def _sections(value: str | None) -> list[str] | None:
               help="Also draw the latency distributions to this file (needs matplotlib).")
 @click.option("--output", "out_path", default=None, metavar="FILE", help="Also write the JSON results to FILE.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+@click.option("--name-prefix", default="", metavar="NAME",
+              help="Prefix of the shared-memory segment names the benchmark creates (default bench-<pid>).")
 def bench(quick: bool, as_json: bool, sections: str | None, plot_path: str | None, out_path: str | None,
-          quiet: bool) -> None:
+          quiet: bool, name_prefix: str) -> None:
     """Measure the hand-off, GIL isolation, scaling, rows throughput and memory, with their baselines.
 
     Every figure is p50 / p99 / p99.9 / max; ratios against each baseline come from the same run. The
@@ -49,7 +51,7 @@ def bench(quick: bool, as_json: bool, sections: str | None, plot_path: str | Non
             raise click.UsageError("--plot needs matplotlib: pip install 'dspark-proxy[plot]'") from e
     t0 = time.monotonic()
     say = (lambda msg: None) if quiet else (lambda msg: click.echo(f"[bench] {msg}", err=True))
-    results, samples = run_bench(chosen, quick=quick, say=say)
+    results, samples = run_bench(chosen, quick=quick, say=say, prefix=name_prefix)
     results["meta"]["total_s"] = round(time.monotonic() - t0, 2)
     if plot_path:
         from ..bench.plot import plot
