@@ -24,6 +24,7 @@ import numpy as np
 from dspark_proxy import _hostflag
 from dspark_proxy.events import EventRing
 from dspark_proxy.hostflag import (
+    FAR_AHEAD,
     PAGE_OK,
     WAIT_CLAIMED_UNPUBLISHED,
     WAIT_FAILED_BY_ME,
@@ -460,6 +461,13 @@ class Shim:
         """Stop the watchdog, abandon the segment (the proxy then makes a fresh one), unmap. Idempotent."""
         if self._state is AttachState.CLOSED:
             return
+        if self._flags is not None:
+            # every round ahead is target-only: wakes the watchdog if it waits on a round in flight
+            # (else join would sit out that round's deadline) and tells the proxy we are gone
+            try:
+                self._flags.fail_all(self._t + FAR_AHEAD)
+            except ValueError:
+                pass
         self.watchdog.stop()
         self.watchdog.join(timeout=2.0)
         seg = self._seg

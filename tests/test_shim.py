@@ -8,6 +8,7 @@ so the hand-off code runs for real while every step is deterministic.
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -349,3 +350,29 @@ def test_context_manager_stops_the_watchdog(seg_name):
         json.dumps(snap)  # what status and the stats file print
     assert shim.state is AttachState.CLOSED
     assert not shim.watchdog._thread.is_alive()
+
+
+def test_close_with_a_round_in_flight_is_prompt(seg_name):
+    """An engine shutting down between enqueue and read_reply: close() must not sit out the round's
+    deadline in the watchdog's join, nor leave the watchdog thread running."""
+    seg = Segment.create(seg_name, LayoutParams(max_slots=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W,
+                                                resync_per_round=2), deadline_ms=5_000.0)
+    seg.set_word(Word.HEARTBEAT_NS, 1 << 62)
+    seg.set_word(Word.STATE, State.READY)
+    shim = Shim(seg_name, max_reqs=M, num_spec=N, window=W, row_bytes=B, look_every_s=0.01)
+    try:
+        end = time.monotonic() + 5
+        while shim.state is not AttachState.PENDING and time.monotonic() < end:
+            time.sleep(0.005)
+        shim.enqueue(1, **Rig.batch(_FakeRig(), [(1, 0, 2)]))
+        assert shim.attached
+        time.sleep(0.05)  # the watchdog is waiting for round 1 (5 s deadline)
+        t0 = time.perf_counter()
+        shim.close()
+        assert time.perf_counter() - t0 < 0.5
+        assert not shim.watchdog._thread.is_alive()
+        assert seg.word(Word.ABANDONED) == 1 and seg.word(Word.PUBLISHED) >= 1
+    finally:
+        shim.close()
+        seg.unlink()
+        seg.close()
