@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import posix_ipc
@@ -50,10 +50,15 @@ def seg_name(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 @pytest.fixture
-def seg_names(request: pytest.FixtureRequest) -> Iterator[list[str]]:
-    """A factory's worth of unique names: append-only list; each one is unlinked on teardown."""
+def make_seg_name() -> Iterator[Callable[[str], str]]:
+    """A factory of unique names for a test that needs several; each one is unlinked on teardown."""
     names: list[str] = []
-    yield names
+
+    def make(tag: str = "") -> str:
+        names.append(new_segment_name(tag))
+        return names[-1]
+
+    yield make
     for n in names:
         _unlink(n)
 
