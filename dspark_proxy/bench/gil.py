@@ -4,7 +4,8 @@ proxy in its own process and with the proxy on a thread of the engine process (t
 
 Reported per mode and load: the proxy's own round time (gathered seen -> published, its
 `rank0_round_us`: from the proxy process's statistics, or from `shim.proxy` in thread mode), the
-worker round trip inside it (`rtt_us`), and the engine's side: `enqueue` and the wait in
+worker round trip inside it (`rtt_us`), the difference of their p50s (the proxy's own work, which
+the worker's timing does not blur), and the engine's side: `enqueue` and the wait in
 `read_reply` after a 10 ms forward (a sleep: the GIL is free, as in a CUDA step; every case runs at
 this cadence, so idle and loaded cases compare like with like). Each mode and load gets a fresh proxy so its statistics are its own; one worker
 process (integrity drafter, loopback TCP) serves them all. The deadline is long (1 s) so that slow
@@ -146,6 +147,9 @@ def _modes(out: dict, samples: Samples, worker_addr: str, other: int | None, sec
                                      "proxy_round": r["proxy_round"], "worker_rtt": r["worker_rtt"],
                                      "engine_wait": summarize(r["read_reply"]),
                                      "enqueue": summarize(r["enqueue"]), "round": summarize(r["round"])}
+            c = cases[f"busy_{busy}"]
+            p, w = c["proxy_round"]["p50_us"], c["worker_rtt"]["p50_us"]
+            c["proxy_cost_p50_us"] = None if p is None or w is None else round(p - w, 1)
             samples.add(f"{mode}/busy_{busy}/engine_wait", r["read_reply"])
         idle = cases["busy_0"]
         for busy in BUSY_LEVELS[1:]:
@@ -153,6 +157,7 @@ def _modes(out: dict, samples: Samples, worker_addr: str, other: int | None, sec
             c["ratios_vs_idle"] = {
                 "proxy_round_p50": ratio(c["proxy_round"]["p50_us"], idle["proxy_round"]["p50_us"]),
                 "proxy_round_p99": ratio(c["proxy_round"]["p99_us"], idle["proxy_round"]["p99_us"]),
+                "proxy_cost_p50": ratio(c["proxy_cost_p50_us"], idle["proxy_cost_p50_us"]),
                 "engine_wait_p50": ratio(c["engine_wait"]["p50_us"], idle["engine_wait"]["p50_us"]),
             }
         out["modes"][mode] = cases

@@ -8,13 +8,13 @@
   ring ([M, W, row_bytes], zero pages until written) and the worker's windows grow with the rows
   written, up to M x W x row_bytes each; that bound is reported next to the measured figure.
 - Idle: the engine stays attached and does nothing for 10 s (--quick: 2 s); CPU used meanwhile by the
-  proxy (all threads, /proc/<pid>/stat), by the worker, by this whole process (the shim's watchdog
-  thread and nothing else runs) and by the watchdog thread alone, as % of one core.
+  proxy (all threads, /proc/<pid>/task/*/schedstat), by the worker, by this whole process (the
+  shim's watchdog thread and nothing else runs) and by the watchdog thread alone (its CPU-time
+  clock), as % of one core.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,25 +32,25 @@ def _mb(kb: dict[str, int]) -> dict[str, float]:
     out = {k: round(v / 1024, 1) for k, v in kb.items()}
     if "VmRSS" in kb and "RssShmem" in kb:
         out["own_mb"] = round((kb["VmRSS"] - kb["RssShmem"]) / 1024, 1)  # resident outside shared memory
-    return {k.replace("Vm", "vm_").replace("Rss", "rss_").lower() if k != "own_mb" else k: v
-            for k, v in out.items()}
+    names = {"VmRSS": "vm_rss", "VmHWM": "vm_hwm", "RssAnon": "rss_anon", "RssFile": "rss_file",
+             "RssShmem": "rss_shmem", "AnonHugePages": "anon_huge_pages", "own_mb": "own_mb"}
+    return {names.get(k, k): v for k, v in out.items()}
 
 
-def _idle(proxy_pid: int, worker_pid: int, watchdog_tid: int | None, seconds: float) -> dict[str, Any]:
+def _idle(proxy_pid: int, worker_pid: int, watchdog: Any, seconds: float) -> dict[str, Any]:
     p0, w0, e0 = cpu_s(proxy_pid), cpu_s(worker_pid), time.process_time()
-    d0 = thread_cpu_s(watchdog_tid) if watchdog_tid else 0.0
+    d0 = thread_cpu_s(watchdog)
     t0 = time.monotonic()
     time.sleep(seconds)
     wall = time.monotonic() - t0
     p1, w1, e1 = cpu_s(proxy_pid), cpu_s(worker_pid), time.process_time()
-    d1 = thread_cpu_s(watchdog_tid) if watchdog_tid else 0.0
+    d1 = thread_cpu_s(watchdog)
 
     def pct(x: float) -> float:
         return round(100.0 * x / wall, 3)
 
     out = {"seconds": round(wall, 2), "proxy_pct_core": pct(p1 - p0), "worker_pct_core": pct(w1 - w0),
-           "engine_process_pct_core": pct(e1 - e0), "shim_watchdog_pct_core": pct(d1 - d0),
-           "clock_tick_s": 1.0 / os.sysconf("SC_CLK_TCK")}
+           "engine_process_pct_core": pct(e1 - e0), "shim_watchdog_pct_core": pct(d1 - d0)}
     out["proxy_plus_shim_pct_core"] = round(out["proxy_pct_core"] + out["engine_process_pct_core"], 3)
     return out
 
@@ -109,8 +109,7 @@ def run_memory(quick: bool = False, say: Callable[[str], None] = lambda s: None,
                                                     / 1024, 1),
                          "engine_ring_full_mb": round(full_mb, 1)}
         say(f"memory: idle for {idle_s:.0f} s")
-        tid = getattr(shim.watchdog._thread, "native_id", None)
-        out["idle"] = _idle(proxy.pid, worker.pid, tid, idle_s)
+        out["idle"] = _idle(proxy.pid, worker.pid, shim.watchdog._thread, idle_s)
     finally:
         if shim is not None:
             shim.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -73,7 +74,9 @@ def on_cpu(cpu: int | None) -> Iterator[None]:
 
 
 def rss_kb(pid: int = 0) -> dict[str, int]:
-    """VmRSS and its parts (RssAnon, RssFile, RssShmem) in kB from /proc/<pid>/status."""
+    """VmRSS and its parts (RssAnon, RssFile, RssShmem) in kB from /proc/<pid>/status, and how much of
+    it is transparent huge pages (AnonHugePages, /proc/<pid>/smaps_rollup; numpy asks for them on
+    large arrays, so a few rows written per slot can make a whole 2 MB page resident)."""
     pid = pid or os.getpid()
     out: dict[str, int] = {}
     with open(f"/proc/{pid}/status") as f:
@@ -81,6 +84,14 @@ def rss_kb(pid: int = 0) -> dict[str, int]:
             key, _, rest = line.partition(":")
             if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmHWM"):
                 out[key] = int(rest.split()[0])
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key == "AnonHugePages":
+                    out[key] = int(rest.split()[0])
+    except OSError:
+        pass
     return out
 
 
@@ -92,13 +103,23 @@ def _stat_cpu_s(path: str) -> float:
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of every thread of `pid`, from /proc/<pid>/stat."""
-    return _stat_cpu_s(f"/proc/{pid}/stat")
+    """CPU seconds used so far by the live threads of `pid`: the sum of /proc/<pid>/task/*/schedstat
+    (ns, exact), or utime + stime from /proc/<pid>/stat (clock ticks) where schedstat is missing."""
+    total_ns = 0
+    try:
+        for tid in _tids(pid):
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total_ns += int(f.read().split()[0])
+        return total_ns / 1e9
+    except (OSError, ValueError, IndexError):
+        return _stat_cpu_s(f"/proc/{pid}/stat")
 
 
-def thread_cpu_s(tid: int, pid: int = 0) -> float:
-    """User + system CPU seconds of one thread (by its native id)."""
-    return _stat_cpu_s(f"/proc/{pid or os.getpid()}/task/{tid}/stat")
+def thread_cpu_s(thread: threading.Thread) -> float:
+    """CPU seconds used so far by one thread of this process (its CPU-time clock, exact)."""
+    if thread.ident is None:
+        return 0.0
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
 
 class BusyThreads:

@@ -68,12 +68,14 @@ def _gil(r: dict[str, Any]) -> list[str]:
             fail = f"  ({c['rounds']} rounds, {c['failed_rounds']} failed)"
             out.append(_row(f"{tag}: proxy round", c["proxy_round"], extra=fail))
             out.append(_row("  of which worker round trip", c["worker_rtt"]))
+            out.append(f"  {'  proxy round - worker round trip (p50s)':<44} {_v(c.get('proxy_cost_p50_us')):>9}")
             out.append(_row("  engine wait (read_reply)", c["engine_wait"]))
             out.append(_row("  engine enqueue", c["enqueue"]))
             rt = c.get("ratios_vs_idle")
             if rt:
                 out.append(f"  vs idle: proxy round p50 {_r(rt['proxy_round_p50'])}x, p99 "
-                           f"{_r(rt['proxy_round_p99'])}x; engine wait p50 {_r(rt['engine_wait_p50'])}x")
+                           f"{_r(rt['proxy_round_p99'])}x; proxy round - worker p50 {_r(rt['proxy_cost_p50'])}x; "
+                           f"engine wait p50 {_r(rt['engine_wait_p50'])}x")
     return out
 
 
@@ -110,7 +112,8 @@ def _rows(r: dict[str, Any]) -> list[str]:
 
 def _rss(d: dict[str, Any]) -> str:
     return (f"VmRSS {_v(d.get('vm_rss'))} MB (anon {_v(d.get('rss_anon'))}, file {_v(d.get('rss_file'))}, "
-            f"shmem {_v(d.get('rss_shmem'))}; outside the segment {_v(d.get('own_mb'))})")
+            f"shmem {_v(d.get('rss_shmem'))}; outside the segment {_v(d.get('own_mb'))}; huge pages "
+            f"{_v(d.get('anon_huge_pages'))})")
 
 
 def _memory(r: dict[str, Any]) -> list[str]:
@@ -133,7 +136,7 @@ def _memory(r: dict[str, Any]) -> list[str]:
     i = r["idle"]
     out.append(f"  idle {i['seconds']} s: proxy {i['proxy_pct_core']}% of a core, shim (engine process) "
                f"{i['engine_process_pct_core']}%, of which watchdog thread {i['shim_watchdog_pct_core']}%, "
-               f"worker {i['worker_pct_core']}% (clock tick {i['clock_tick_s']} s)")
+               f"worker {i['worker_pct_core']}%")
     return out
 
 
