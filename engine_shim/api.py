@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any
 
-from dspark_proxy.segment import LayoutMismatch, Segment, SegmentError
+from dspark_proxy.segment import LayoutMismatch, Segment, SegmentError, owner_alive
 
 from .shim import Shim
 
@@ -64,6 +64,9 @@ def _check_existing(name: str | None, max_reqs: int, num_spec: int, window: int,
     except SegmentError:
         return
     try:
+        h = seg.header
+        if not owner_alive(int(h["owner_pid"]), int(h["owner_start_ticks"])):
+            return  # a dead proxy's leftover: its successor replaces it, and the watchdog checks that one
         seg.check_params(max_slots=max_reqs, num_spec=num_spec, window=window, row_bytes=row_bytes,
                          sampled=sampled)
     finally:

@@ -183,3 +183,27 @@ def test_vllm_plugin_entry_point_loads_and_never_raises(monkeypatch, seg_name, c
     caplog.set_level(logging.INFO, logger="engine_shim")
     register()
     assert any("vLLM plugin" in r.getMessage() for r in caplog.records)
+
+
+def test_a_dead_proxys_leftover_segment_does_not_refuse_the_engine(monkeypatch, seg_name):
+    """A SIGKILLed proxy leaves its segment behind; the next proxy (maybe with the engine's new
+    parameters) replaces it. Its stale parameters must not keep the engine target-only for good."""
+    seg = _segment(seg_name, window=W * 2)
+    seg.header["owner_pid"] = 0  # nobody: a dead owner
+    try:
+        monkeypatch.setenv("DSPARK_PROXY", seg_name)
+        engine_shim.boot(**SHAPES)
+        _join_boot()
+        shim = engine_shim.current()
+        assert shim is not None and shim.state is AttachState.DETACHED
+        # and a live proxy with the right parameters is attached when it comes
+        seg.unlink()
+        seg.close()
+        seg = _segment(seg_name)
+        end = time.monotonic() + 3
+        while time.monotonic() < end and shim.state is not AttachState.PENDING:
+            time.sleep(0.01)
+        assert shim.state is AttachState.PENDING
+    finally:
+        seg.unlink()
+        seg.close()
