@@ -26,11 +26,12 @@ from typing import Any
 
 from .corrupt import DescriptorCorruptor
 from .injectors import INJECTORS
+from .noise import NoiseProbe
 from .probe import EngineProbe
 from .report import build_report
 from .schedule import KIND_NAMES, pass_order
 from .system import ChaosSystem
-from .tally import ProxyTally, ShimEventLog
+from .tally import ProxyTally, ShimEventLog, counter_delta
 
 __all__ = ["ChaosConfig", "Injection", "Controller", "run_campaign"]
 
@@ -55,6 +56,7 @@ class ChaosConfig:
     self_recover_s: float = 1.5  # worker_layout: how long to watch for recovery without a proxy restart
     kinds: tuple[str, ...] = KIND_NAMES
     max_passes: int | None = None
+    strict: bool = False  # also fail rounds over the limit that the noise probe explains (see noise.py)
     name: str | None = None
     log_dir: str | None = None  # keep the children's logs here (default: a temp dir, removed if all passed)
 
@@ -136,6 +138,16 @@ class Controller:
 
     # ------------------------------------------------------------------ one injection
 
+    def repair(self) -> None:
+        """Back to a known-good system: a fresh right worker and a fresh proxy."""
+        log.error("[chaos] drafts did not resume: restarting the worker and the proxy")
+        try:
+            self.system.restart_worker()
+            self.system.kill_proxy()
+            self.system.spawn_proxy()
+        except Exception:  # noqa: BLE001 - the report already says this injection failed
+            log.exception("[chaos] repair failed")
+
     def wait_healthy(self) -> bool:
         ok = self.wait_resumed(self.probe.count, self.cfg.resume_timeout_s) is not None
         self.sleep(self.cfg.gap_s)
@@ -159,11 +171,14 @@ class Controller:
         if inj.idx_clear < 0:
             self.cleared()
         inj.idx_resume = self.wait_resumed(inj.idx_clear, self.cfg.resume_timeout_s)
+        if inj.idx_resume is None and self.engine_error is None:
+            self.repair()  # a failure already; repaired so the next faults are measured on a healthy system
+            inj.notes["repaired"] = True
         self.sleep(self.cfg.gap_s)
         inj.idx_end = p.count
         inj.t_end = p.t[-1] if p.t else 0
         self.tally.sample()
-        inj.proxy_counters = _delta_proxy(proxy_before, self.tally.counters())
+        inj.proxy_counters = counter_delta(proxy_before, self.tally.counters())
         shim_after = self.system.shim.stats.snapshot()["counters"]
         inj.shim_counters = {k: v - shim_before.get(k, 0) for k, v in sorted(shim_after.items())
                              if isinstance(v, int) and v != shim_before.get(k, 0)}
@@ -173,12 +188,6 @@ class Controller:
         inj.proxy_events = self.tally.events_between(inj.t_start, inj.t_end)
         self.current = None
         return inj
-
-
-def _delta_proxy(before: dict[int, dict[str, int]], after: dict[int, dict[str, int]]) -> dict[str, int]:
-    from .tally import counter_delta
-
-    return counter_delta(before, after)
 
 
 def _engine_main(sim: Any, probe: EngineProbe, ctl: Controller) -> None:
@@ -212,7 +221,9 @@ def run_campaign(cfg: ChaosConfig, progress: Any = None) -> dict[str, Any]:
     clock0 = time.monotonic()
     passes = 0
     leftovers: list[str] = []
+    noise = NoiseProbe(log_dir / "noise.txt")
     try:
+        noise.start()
         system.start()
         corruptor.install(system.shim)
         probe = EngineProbe(system.shim, cfg.deadline_ms)
@@ -257,9 +268,10 @@ def run_campaign(cfg: ChaosConfig, progress: Any = None) -> dict[str, Any]:
             if engine.is_alive():
                 failures.append("the engine thread did not stop")
         leftovers = system.close()
+        noise.stop()
     report = build_report(cfg=asdict(cfg), probe=probe, injections=injections, passes=passes,
                           elapsed_s=time.monotonic() - clock0, leftovers=leftovers, failures=failures,
-                          corruptions=dict(corruptor.counts))
+                          corruptions=dict(corruptor.counts), noise=noise)
     report["log_dir"] = str(log_dir)
     if report["ok"] and not cfg.log_dir:
         shutil.rmtree(log_dir, ignore_errors=True)

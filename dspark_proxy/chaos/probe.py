@@ -32,6 +32,7 @@ class EngineProbe:
         self.t: list[int] = []
         self.wait_ns: list[int] = []  # inside read_reply: what the engine waited for its drafts
         self.enqueue_ns: list[int] = []
+        self.reply_end_ns: list[int] = []  # perf_counter_ns when read_reply returned
         self.late_ns: list[int] = []  # reply returned minus (gathered + deadline); gathered ~ enqueue's end
         self.status: list[int] = []
         self.needed: list[int] = []
@@ -43,6 +44,7 @@ class EngineProbe:
         self._enq_end = 0
         self._wait_ns = 0
         self._late_ns = 0
+        self._reply_end = 0
         self._watch_from = _NEVER
         self._resumed = threading.Event()  # set by the engine thread: a usable round past _watch_from
 
@@ -57,7 +59,7 @@ class EngineProbe:
     def read_reply(self, t: int) -> Any:
         t0 = time.perf_counter_ns()
         reply = self.shim.read_reply(t)
-        t1 = time.perf_counter_ns()
+        t1 = self._reply_end = time.perf_counter_ns()
         self._wait_ns = t1 - t0
         self._late_ns = t1 - self._enq_end - self.deadline_ns
         return reply
@@ -73,6 +75,7 @@ class EngineProbe:
         self.wait_ns.append(self._wait_ns)
         self.enqueue_ns.append(self._enq_ns)
         self.late_ns.append(self._late_ns)
+        self.reply_end_ns.append(self._reply_end)
         self.status.append(int(reply.status))
         self.needed.append(int(batch.need_draft.sum()))
         self.usable.append(usable)

@@ -43,7 +43,8 @@ def _sum(a: list[int], lo: int, hi: int) -> int:
 
 
 def build_report(*, cfg: dict[str, Any], probe: Any, injections: list, passes: int, elapsed_s: float,
-                 leftovers: list[str], failures: list[str], corruptions: dict[str, int]) -> dict[str, Any]:
+                 leftovers: list[str], failures: list[str], corruptions: dict[str, int],
+                 noise: Any = None) -> dict[str, Any]:
     D, margin = float(cfg["deadline_ms"]), float(cfg["margin_ms"])
     failures = list(failures)
     n_rounds = probe.count if probe is not None else 0
@@ -103,7 +104,7 @@ def build_report(*, cfg: dict[str, Any], probe: Any, injections: list, passes: i
             "resume_ms_max": max(res_ms, default=None), "never_resumed": sum(x is None for x in res),
             "shim_events": dict(sorted(shim_ev.items())), "proxy_events": dict(sorted(proxy_ev.items())),
             "shim_counters": dict(sorted(shim_c.items())), "proxy_counters": dict(sorted(proxy_c.items())),
-            "notes": [r["notes"] for r in rows if r["notes"]][:3],
+            "notes": [r["notes"] for r in rows if r["notes"]],
         }
     base = ~in_fault
     base_needed = int(np.asarray(probe.needed[:n_rounds])[base].sum()) if n_rounds else 0
@@ -114,19 +115,40 @@ def build_report(*, cfg: dict[str, Any], probe: Any, injections: list, passes: i
     wrong_total = int(sum(probe.wrong)) if probe else 0
     limit_ns = (D + margin) * 1e6
     over = np.flatnonzero(wait > limit_ns)
-    worst = [{"round": int(probe.t[i]), "wait_ms": round(float(wait[i]) / 1e6, 3),
-              "during": _during(int(i), injections)} for i in over[np.argsort(-wait[over])][:10]]
-    _checks(cfg, kinds, wrong_total, over, worst, leftovers, failures, per_inj)
+    over_rows = []
+    for i in over[np.argsort(-wait[over])].tolist():
+        end = probe.reply_end_ns[i]
+        stall = noise.stall_ns(end - int(wait[i]), end) if noise is not None else 0
+        over_rows.append({"round": int(probe.t[i]), "wait_ms": round(float(wait[i]) / 1e6, 3),
+                          "during": _during(i, injections), "box_stall_ms": round(stall / 1e6, 3),
+                          "explained": bool(stall >= wait[i] - limit_ns)})
+    unexplained = [o for o in over_rows if not o["explained"]]
+    worst = over_rows[:10]
+    _checks(cfg, kinds, wrong_total, unexplained if not cfg.get("strict") else over_rows, leftovers, failures,
+            per_inj)
     overall = {"rounds": n_rounds, "elapsed_s": round(elapsed_s, 1), "passes": passes,
                "injections": len(injections), "wrong_drafts": wrong_total,
                "drafts_needed": int(sum(probe.needed)) if probe else 0,
                "usable_drafts": int(sum(probe.usable)) if probe else 0, **_wait_summary(wait, D, late),
+               "rounds_over_limit_unexplained": len(unexplained),
+               "box_noise_ms": noise.summary_ms() if noise is not None else {},
                "enqueue_ms_max": _ms(enq), "enqueue_ms_p99": _ms(enq, 99),
-               "worst_enqueue": [{"round": int(probe.t[i]), "enqueue_ms": round(float(enq[i]) / 1e6, 3),
-                                  "during": _during(int(i), injections)} for i in np.argsort(-enq)[:5]], "limit_ms": D + margin, "rounds_over_limit": int(over.size),
+               "worst_enqueue": [_outlier(probe, int(i), injections, noise, "enqueue") for i in np.argsort(-enq)[:5]],
+               "worst_late": [_outlier(probe, int(i), injections, noise, "late") for i in np.argsort(-late)[:5]], "limit_ms": D + margin, "rounds_over_limit": int(over.size),
                "worst_over_limit": worst, "descriptor_corruptions": corruptions}
     return {"ok": not failures, "failures": failures, "config": cfg, "overall": overall, "baseline": baseline,
             "faults": kinds, "injections": per_inj, "leftovers": leftovers}
+
+
+def _outlier(probe: Any, i: int, injections: list, noise: Any, what: str) -> dict[str, Any]:
+    """One slow round, with the machine's largest scheduling stall during that part of it."""
+    end = probe.reply_end_ns[i]
+    enq_end = end - probe.late_ns[i] - probe.deadline_ns  # late = reply end - enqueue end - deadline
+    lo, hi = (enq_end - probe.enqueue_ns[i], enq_end) if what == "enqueue" else (enq_end, end)
+    stall = noise.stall_ns(lo, hi) if noise is not None else 0
+    return {"round": int(probe.t[i]), f"{what}_ms": round((hi - lo - (probe.deadline_ns if what == "late" else 0))
+                                                           / 1e6, 3),
+            "during": _during(i, injections), "box_stall_ms": round(stall / 1e6, 3)}
 
 
 def _during(i: int, injections: list) -> str:
@@ -136,16 +158,18 @@ def _during(i: int, injections: list) -> str:
     return "baseline"
 
 
-def _checks(cfg: dict[str, Any], kinds: dict[str, dict[str, Any]], wrong_total: int, over: np.ndarray,
-            worst: list[dict[str, Any]], leftovers: list[str], failures: list[str], per_inj: list) -> None:
+def _checks(cfg: dict[str, Any], kinds: dict[str, dict[str, Any]], wrong_total: int, over: list[dict[str, Any]],
+            leftovers: list[str], failures: list[str], per_inj: list) -> None:
     for k in cfg["kinds"]:
         if k not in kinds:
             failures.append(f"fault kind {k} was never injected")
     if wrong_total:
         failures.append(f"{wrong_total} WRONG drafts reached the engine")
-    if over.size:
-        failures.append(f"{over.size} rounds waited longer than deadline + margin "
-                        f"({cfg['deadline_ms']} + {cfg['margin_ms']} ms); worst {worst[0]}")
+    if over:
+        failures.append(f"{len(over)} rounds waited longer than deadline + margin "
+                        f"({cfg['deadline_ms']} + {cfg['margin_ms']} ms)"
+                        + ("" if cfg.get("strict") else " while the noise probe saw no stall that long")
+                        + f"; worst {over[0]}")
     for r in per_inj:
         pc = r["proxy_counters"]
         if r["kind"] == "bad_descriptor":
@@ -205,6 +229,16 @@ def format_table(r: dict[str, Any]) -> str:
             lines.append(f"  {'':<19} shim:  {sc}")
         for note in d["notes"][:1]:
             lines.append(f"  {'':<19} note:  {note}")
+    if ov["rounds_over_limit"]:
+        lines.append(f"rounds over deadline + margin: {ov['rounds_over_limit']} "
+                     f"({ov['rounds_over_limit_unexplained']} not explained by a concurrent scheduler stall of the "
+                     f"machine); worst: " + "; ".join(
+                         f"round {o['round']} {o['wait_ms']:.1f} ms during {o['during']} (box stall "
+                         f"{o['box_stall_ms']:.1f} ms)" for o in ov["worst_over_limit"][:3]))
+    bn = ov.get("box_noise_ms") or {}
+    if bn.get("windows"):
+        lines.append(f"machine noise (a 1 ms sleeper's oversleep per 20 ms window): p50 {bn['p50']:.2f} "
+                     f"p99 {bn['p99']:.2f} max {bn['max']:.2f} ms")
     lines += ["", f"all rounds: wrong drafts {ov['wrong_drafts']}, usable {ov['usable_drafts']} of "
               f"{ov['drafts_needed']} needed; engine wait p50 {ov['wait_ms_p50']:.2f} p99 {ov['wait_ms_p99']:.2f} "
               f"max {ov['wait_ms_max']:.2f} ms (limit {ov['limit_ms']:g}); enqueue p99 {ov['enqueue_ms_p99']:.2f} "
@@ -213,8 +247,10 @@ def format_table(r: dict[str, Any]) -> str:
         lines.append("FAILED:")
         lines += [f"  - {f}" for f in r["failures"]]
     else:
-        lines.append("PASSED: every fault kind injected, no wrong draft, no wait beyond deadline + margin, "
-                     "drafts resumed after every fault, nothing left behind")
+        explained = ov["rounds_over_limit"] - ov["rounds_over_limit_unexplained"]
+        lines.append("PASSED: every fault kind injected, no wrong draft, no wait beyond deadline + margin"
+                     + (f" (but {explained} explained by machine stalls, above)" if explained else "")
+                     + ", drafts resumed after every fault, nothing left behind")
     if r.get("log_dir"):
         lines.append(f"children's logs: {r['log_dir']}")
     return "\n".join(lines)

@@ -29,6 +29,8 @@ __all__ = ["chaos"]
               help="The shim's: a proxy whose heartbeat is older than this is hung.")
 @click.option("--kinds", default=None, help="Comma-separated fault kinds (default: all).")
 @click.option("--passes", "max_passes", type=int, default=None, help="At most this many passes.")
+@click.option("--strict", is_flag=True,
+              help="Also fail rounds over deadline + margin that a concurrent stall of the machine explains.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--name", default=None, help="Segment name (default: chaos-<pid>).")
 @click.option("--log-dir", default=None, help="Keep the children's logs here (default: a temp dir, kept on failure).")
@@ -36,7 +38,7 @@ __all__ = ["chaos"]
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 def chaos(duration_s: float, deadline_ms: float, margin_ms: float, max_reqs: int, num_spec: int, window: int,
           row_bytes: int, engine_work_us: float, hold_ms: float, heartbeat_timeout_ms: float, kinds: str | None,
-          max_passes: int | None, seed: int, name: str | None, log_dir: str | None, as_json: bool,
+          max_passes: int | None, strict: bool, seed: int, name: str | None, log_dir: str | None, as_json: bool,
           quiet: bool) -> None:
     """Inject every fault kind into a running system; report what the engine saw, per fault."""
     from ..chaos import KIND_NAMES, ChaosConfig, format_table, run_campaign
@@ -51,7 +53,7 @@ def chaos(duration_s: float, deadline_ms: float, margin_ms: float, max_reqs: int
                           engine_work_us=engine_work_us, hold_s=hold_ms / 1e3,
                           heartbeat_timeout_s=heartbeat_timeout_ms / 1e3,
                           kinds=tuple(k.strip() for k in kinds.split(",") if k.strip()) if kinds else KIND_NAMES,
-                          max_passes=max_passes, name=name, log_dir=log_dir)
+                          max_passes=max_passes, strict=strict, name=name, log_dir=log_dir)
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
     report = run_campaign(cfg, progress=None if quiet else (lambda msg: click.echo(msg, err=True)))

@@ -1,0 +1,129 @@
+"""The short fault campaign, through the real CLI (SPEC §9, issue 6): every fault kind injected at least
+once into a running system (real worker and proxy processes, the real shim, the simulated engine with
+every draft checked by the integrity oracle), and the guarantees hold:
+
+- zero wrong drafts;
+- no engine wait (inside read_reply) beyond the deadline + MARGIN_MS;
+- usable drafts resume after every fault;
+- every fault had its effect (the counters that prove it moved);
+- no segment and no process left behind.
+
+MARGIN_MS: on this 2-core box, with other test suites running beside it, the engine's longest wait
+measured over long campaigns was the deadline plus about 1-3 ms (scheduling noise while a child
+process starts; see the issue-6 report). 20 ms leaves room for a loaded CI machine and still fails
+loudly if a round ever waits for a stalled peer (each such wait would be >= 60 ms here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dspark_proxy.chaos import KIND_NAMES, format_table
+from dspark_proxy.chaos.tally import counter_delta
+
+DEADLINE_MS = 30.0
+MARGIN_MS = 20.0
+
+# per fault kind: (where, counter, at least) that proves the injection did what it says
+EFFECTS = {
+    "worker_stall_long": ("proxy", "fallback_timeout", 1),
+    "worker_kill": ("proxy", "client.connections_dropped", 1),
+    "conn_drop": ("proxy", "fallback_connection_lost", 2),
+    "garbage_replies": ("proxy", "client.bad_reply", 1),
+    "wrong_step_id": ("proxy", "client.bad_reply_step_id", 1),
+    "slow_replies": ("proxy", "fallback_timeout", 1),
+    "proxy_stop_short": ("shim", "watchdog_watchdog", 1),
+    "proxy_stop_long": ("shim", "detach_proxy_hung", 1),
+    "proxy_kill": ("shim", "detach_proxy_dead", 1),
+    "bad_descriptor": ("proxy", "fallback_bad_descriptor", 1),
+    "worker_layout": ("proxy", "client.disabled", 1),
+}
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory):
+    from tests.conftest import _unlink, new_segment_name
+
+    name = new_segment_name("chaos")
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run([sys.executable, "-m", "dspark_proxy.cli", "chaos", "--duration", "40", "--passes", "1",
+                              "--deadline-ms", str(DEADLINE_MS), "--margin-ms", str(MARGIN_MS), "--seed", "0",
+                              "--name", name, "--json", "--quiet"],
+                             capture_output=True, text=True, timeout=150)
+        elapsed = time.monotonic() - t0
+        left_segment = os.path.exists(f"/dev/shm/dspark-proxy.{name}")
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        left_procs = [ln for ln in ps.splitlines() if f"--name {name}" in ln]
+    finally:
+        _unlink(name)
+    report = json.loads(out.stdout) if out.stdout.strip() else None
+    return {"rc": out.returncode, "stderr": out.stderr, "report": report, "elapsed_s": elapsed,
+            "left_segment": left_segment, "left_procs": left_procs}
+
+
+@pytest.mark.timeout(200)
+def test_short_campaign_holds_every_guarantee(campaign):
+    r = campaign["report"]
+    assert r is not None, campaign["stderr"][-3000:]
+    assert campaign["rc"] == 0 and r["ok"], (r["failures"], campaign["stderr"][-2000:])
+    assert set(r["faults"]) == set(KIND_NAMES)
+    for kind, f in r["faults"].items():
+        assert f["injections"] >= 1, kind
+        assert f["never_resumed"] == 0 and f["resume_rounds_max"] is not None, (kind, f)
+        assert f["wrong"] == 0, kind
+    ov = r["overall"]
+    assert ov["wrong_drafts"] == 0
+    assert ov["wait_ms_max"] <= DEADLINE_MS + MARGIN_MS and ov["rounds_over_limit"] == 0, ov["worst_over_limit"]
+    assert ov["rounds"] > 2000 and r["baseline"]["usable_rate"] > 0.9, (ov, r["baseline"])
+    assert r["leftovers"] == []
+    assert not campaign["left_segment"] and campaign["left_procs"] == []
+    assert campaign["elapsed_s"] < 90, f"the CI campaign took {campaign['elapsed_s']:.0f} s"
+
+
+@pytest.mark.timeout(200)
+def test_every_fault_had_its_effect(campaign):
+    r = campaign["report"]
+    assert r is not None, campaign["stderr"][-3000:]
+    for kind, (where, counter, least) in EFFECTS.items():
+        got = r["faults"][kind][f"{where}_counters"].get(counter, 0)
+        assert got >= least, (kind, counter, r["faults"][kind])
+    bd = r["faults"]["bad_descriptor"]
+    corrupted = sum(n["corrupted"] for n in bd["notes"])
+    assert 1 <= bd["proxy_counters"]["fallback_bad_descriptor"] <= corrupted
+    assert bd["proxy_counters"].get("deaths", 0) == 0 and bd["proxy_counters"].get("fallback_internal_error", 0) == 0
+    note = r["faults"]["worker_layout"]["notes"][0]
+    assert "mismatch" in note["refusal"] and "window" in note["refusal"], note
+    stall = r["faults"]["worker_stall_short"]["notes"][0]
+    assert stall["stalls"] >= 1
+    # the engine's watchdog claimed rounds while the proxy was stopped, and the proxy skipped them
+    assert r["faults"]["proxy_stop_short"]["shim_events"].get("watchdog", 0) >= 1
+    assert r["faults"]["proxy_stop_short"]["proxy_events"].get("skipped", 0) >= 1
+
+
+@pytest.mark.timeout(200)
+def test_the_table_has_a_row_per_fault(campaign):
+    r = campaign["report"]
+    assert r is not None, campaign["stderr"][-3000:]
+    table = format_table(r)
+    rows = [ln.split()[0] for ln in table.splitlines() if ln and ln.split()[0] in KIND_NAMES]
+    assert sorted(set(rows)) == sorted(KIND_NAMES)
+    assert "PASSED" in table
+
+
+def test_counter_delta_sums_over_proxy_incarnations():
+    before = {10: {"a": 5, "b": 1}}
+    after = {10: {"a": 7, "b": 1}, 11: {"a": 3, "c": 2, "s": "x"}}  # 11: a proxy restarted meanwhile
+    assert counter_delta(before, after) == {"a": 5, "c": 2}
+
+
+def test_unknown_kind_is_a_usage_error():
+    out = subprocess.run([sys.executable, "-m", "dspark_proxy.cli", "chaos", "--kinds", "nope", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "unknown fault kinds" in out.stderr

@@ -1,0 +1,51 @@
+"""What the fault campaign found in other modules, as tests that fail until it is fixed (strict xfail:
+a fix makes them pass, and then pytest asks for the marker to go).
+
+1. A DraftClient whose handshake was refused (a worker restarted with another layout) stays disabled
+   for good: its connect thread returns. When the right worker comes back on the same address, drafts
+   never resume until the proxy is restarted (SPEC §9: after a fault clears, usable drafts resume
+   within a bounded number of rounds). `dspark-proxy chaos` (worker_layout) restarts the proxy to
+   recover and reports `self_recovered: False`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dspark_proxy.client import DraftClient
+from dspark_proxy.worker import WorkerServer
+
+pytestmark = pytest.mark.timeout(30)
+
+N, W, RB, M = 3, 4, 8, 6
+
+
+@pytest.mark.xfail(strict=True, reason="client.py: _connect_loop returns after _Disable and never retries "
+                                       "(see the issue-6 report for the proposed fix)")
+def test_client_reconnects_when_the_right_worker_comes_back():
+    wrong = WorkerServer("127.0.0.1", 0, num_spec=N, window=W * 2, row_bytes=RB, max_reqs=M)
+    wrong.start()
+    port = wrong.port
+    c = DraftClient("127.0.0.1", port, max_reqs=M, num_spec=N, window=W, row_bytes=RB, backoff_s=(0.01, 0.05))
+    right = None
+    try:
+        c.start()
+        end = time.monotonic() + 5
+        while not c.disabled and time.monotonic() < end:
+            time.sleep(0.01)
+        assert c.disabled and "window" in (c.disabled_reason or "")  # refused, with the field named
+        wrong.stop()
+        right = WorkerServer("127.0.0.1", port, num_spec=N, window=W, row_bytes=RB, max_reqs=M)
+        right.start()
+        end = time.monotonic() + 5  # a fix may retry a refused worker slowly (every second, say)
+        while c.connection_epoch() is None and time.monotonic() < end:
+            time.sleep(0.02)
+        assert c.connection_epoch() is not None, "the client never retried after the refused handshake"
+        assert not c.disabled
+    finally:
+        c.stop()
+        wrong.stop()
+        if right is not None:
+            right.stop()
