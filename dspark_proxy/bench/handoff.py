@@ -8,6 +8,11 @@ bytes, M=256, N=5, W=128); a round is `enqueue` + `read_reply`, timed around bot
 without a socket). Its own time per round (gathered seen -> published, `rank0_round_us`) comes
 from its statistics.
 
+Also, when the repository's scripts/bench_handoff.py is there (a checkout, not an installed wheel):
+its bare hand-off, the same words and page copy through a real segment with no round logic (no
+Shim, no RoundCore), reused by importing its `run_handoff`: the distance between it and the full
+hand-off is what the Python work on both sides costs.
+
 Placements: unpinned (the scheduler decides, 2+ cores: both sides may spin), both processes on one
 core, each on its own core. Pinned processes are started pinned (affinity inherited, like taskset),
 so their adaptive spin sees the single core it has.
@@ -16,8 +21,11 @@ so their adaptive spin sees the single core it has.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import time
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from .batches import RoundGen
@@ -77,6 +85,35 @@ def time_handoff(name: str, rounds: int, warmup: int, other_cpu: int | None,
         proxy.stop()
 
 
+def _bare_module() -> ModuleType | None:
+    """scripts/bench_handoff.py of this checkout, imported as a module (None when not there)."""
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_handoff.py"
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("_dspark_scripts_bench_handoff", path)
+    if spec is None or spec.loader is None:
+        return None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def time_bare_handoff(pings: int, other_cpu: int | None) -> tuple[Any, str]:
+    """The bare hand-off of scripts/bench_handoff.py (raw ns, or None and why not)."""
+    try:
+        mod = _bare_module()
+        if mod is None:
+            return None, "scripts/bench_handoff.py not found (not a checkout)"
+        from dspark_proxy.shm_layout import LayoutParams
+
+        s = HANDOFF_SHAPE
+        params = LayoutParams(max_slots=s["max_reqs"], num_spec=s["num_spec"], window=4, row_bytes=64, max_rows=8,
+                              resync_per_round=1)
+        return mod.run_handoff(params, pings, other_cpu, None), ""
+    except Exception as e:  # noqa: BLE001 - another helper's script: its absence or change is a note
+        return None, f"scripts/bench_handoff.py failed: {e!r}"
+
+
 def run_handoff(quick: bool = False, say: Callable[[str], None] = lambda s: None,
                 prefix: str = "") -> tuple[dict, Samples]:
     rounds, warmup, pings = (1500, 200, 2000) if quick else (20000, 1000, 20000)
@@ -91,6 +128,7 @@ def run_handoff(quick: bool = False, say: Callable[[str], None] = lambda s: None
                     "futex_sleep": time_futex(pings, "0", other),
                     "pipe": time_pipe(pings, other),
                     "tcp": time_tcp(pings, other)}
+            bare, why = time_bare_handoff(pings, other)
         skip = pings // 10
         r: dict[str, Any] = {"handoff": summarize(h["round"]), "enqueue": summarize(h["enqueue"]),
                              "read_reply": summarize(h["read_reply"]), "proxy_round": h["proxy_round"],
@@ -98,6 +136,11 @@ def run_handoff(quick: bool = False, say: Callable[[str], None] = lambda s: None
         for k, v in base.items():
             r[k] = summarize(v, skip)
             samples.add(f"{place}/{k}", v, skip)
+        if bare is not None:
+            r["bare_handoff"] = summarize(bare, skip)
+            samples.add(f"{place}/bare_handoff", bare, skip)
+        else:
+            r["bare_handoff_note"] = why
         samples.add(f"{place}/handoff", h["round"])
         hp50 = r["handoff"]["p50_us"]
         floor = min(r["futex_adaptive"]["p50_us"], r["futex_sleep"]["p50_us"])
@@ -107,5 +150,8 @@ def run_handoff(quick: bool = False, say: Callable[[str], None] = lambda s: None
             "tcp_over_handoff_p50": ratio(r["tcp"]["p50_us"], hp50),
             "proxy_round_over_futex_floor_p50": ratio(r["proxy_round"]["p50_us"], floor),
         }
+        if bare is not None:
+            r["ratios"]["bare_handoff_over_futex_floor_p50"] = ratio(r["bare_handoff"]["p50_us"], floor)
+            r["ratios"]["handoff_over_bare_handoff_p50"] = ratio(hp50, r["bare_handoff"]["p50_us"])
         out["placements"][place] = r
     return out, samples

@@ -45,7 +45,7 @@ def plot(results: dict[str, Any], samples: Samples, path: str) -> str:
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 3.6 * len(panels)), squeeze=False)
     for ax, (kind, arg) in zip(axes[:, 0], panels, strict=True):
         if kind == "handoff":
-            for k in ("handoff", "futex_adaptive", "futex_sleep", "pipe", "tcp"):
+            for k in ("handoff", "bare_handoff", "futex_adaptive", "futex_sleep", "pipe", "tcp"):
                 a = by.get(f"handoff/{arg}/{k}")
                 if a is not None and a.size:
                     _cdf(ax, a, k)

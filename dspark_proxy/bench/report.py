@@ -42,12 +42,19 @@ def _handoff(r: dict[str, Any]) -> list[str]:
               ("proxy_round", "proxy's own round (gathered -> published)"),
               ("futex_adaptive", "futex ping-pong, adaptive spin (hostflag)"),
               ("futex_sleep", "futex ping-pong, sleep only (hostflag)"),
+              ("bare_handoff", "bare hand-off: words + page, no round logic"),
               ("pipe", "multiprocessing.Pipe round trip"), ("tcp", "TCP loopback round trip"))
     for place, p in r["placements"].items():
         out.append(f" [{place}]" + (f"  failed rounds: {p['failed_rounds']}" if p["failed_rounds"] else ""))
         for key, label in labels:
-            out.append(_row(label, p[key]))
+            if key in p:
+                out.append(_row(label, p[key]))
+        if p.get("bare_handoff_note"):
+            out.append(f"  (bare hand-off: {p['bare_handoff_note']})")
         rt = p["ratios"]
+        if "handoff_over_bare_handoff_p50" in rt:
+            out.append(f"  ratios p50: bare hand-off / futex floor {_r(rt['bare_handoff_over_futex_floor_p50'])}x, "
+                       f"hand-off / bare hand-off {_r(rt['handoff_over_bare_handoff_p50'])}x")
         out.append(f"  ratios p50: hand-off / futex floor {_r(rt['handoff_over_futex_floor_p50'])}x, "
                    f"proxy round / futex floor {_r(rt['proxy_round_over_futex_floor_p50'])}x, "
                    f"Pipe / hand-off {_r(rt['pipe_over_handoff_p50'])}x, "
