@@ -24,12 +24,15 @@ so the window the worker drafts from is the range when it ends right before the 
 Every method is vectorised over the round's requests: ``slots`` is an integer array in which each slot
 appears at most once per call (``validate_round`` checks that; the methods trust it, since a duplicate
 would make the scatters order-dependent). There is no per-request Python loop. At these sizes (n up
-to a few hundred) the cost is numpy's per-call overhead, not the data, so the code minimises the number
-of numpy calls: fields are separate 1-D arrays (a 1-D gather is several times cheaper than a 2-D one),
-temporaries are plain expressions (``np.take(..., out=)`` measured slower than a fresh gather), rare
-cases (clears, restarts, new owners) sit behind one ``np.count_nonzero`` test, and an empty range is
-always stored as ``(0, -1)`` so that ``hi - lo + 1`` needs no clamp. Measured at W = 128, n = 256:
-begin_requests + apply + window about 14 us a round, 22 us at n = 1024.
+to a few hundred) the cost is numpy's per-call overhead (0.3-1 us a call), not the data, so the code
+minimises the number of numpy calls: fields are separate 1-D arrays (a 1-D gather is several times
+cheaper than a 2-D one), temporaries are plain expressions (``np.take(..., out=)`` measured slower than
+a fresh gather), rare cases (clears, restarts, new owners, resyncs) sit behind one ``np.count_nonzero``
+test, and an empty range is always stored as ``(0, -1)`` so that ``hi - lo + 1`` needs no clamp and an
+empty range "continues" at position 0 like any other (so extending needs no emptiness test).
+``advance`` is the proxy's steps 2 and 4 in one pass: it reuses what ``apply`` just computed instead of
+gathering the ranges again for ``plan``. Measured at W = 128, n = 256 (begin_requests + apply + plan):
+about 14 us a round before ``advance``, 9 us with it.
 
 Thread ownership: a SlotTable belongs to the one thread that runs rounds (the proxy's round loop, or
 the engine thread for the engine side's copy); nothing here locks.
@@ -41,7 +44,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["NO_OWNER", "EntryPlan", "SlotTable"]
+__all__ = ["NO_OWNER", "EntryPlan", "Advance", "SlotTable"]
 
 NO_OWNER = -1
 """``owner`` of a slot that no request has used yet; request ids are therefore >= 0."""
@@ -60,6 +63,25 @@ class EntryPlan(NamedTuple):
     resync: np.ndarray
     first: np.ndarray
     n_rows: np.ndarray
+
+
+class Advance(NamedTuple):
+    """``SlotTable.advance``'s result: steps 2 and 4 for the round's own requests (arrays of length n).
+
+    ``anchor_pos``: ``first_pos + valid``. ``new_owner`` / ``n_new_owner``: the slots whose owner changed
+    (``begin_requests``). ``new_gen``, ``resync`` / ``n_resync``: as in ``EntryPlan``. ``held_first``,
+    ``held_rows``: the ring window each anchor drafts from (``window(slots, anchor_pos)``, which is also
+    what ``rows_for_anchor`` gives ``accept`` as long as the ranges do not change in between).
+    """
+
+    anchor_pos: np.ndarray
+    new_owner: np.ndarray
+    n_new_owner: int
+    new_gen: np.ndarray
+    resync: np.ndarray
+    n_resync: int
+    held_first: np.ndarray
+    held_rows: np.ndarray
 
 
 class SlotTable:
@@ -122,11 +144,16 @@ class SlotTable:
                 return f"req_ids must be integers, got {req_ids.dtype}"
             if n and np.count_nonzero(req_ids < 0):
                 return f"negative request id {int(req_ids.min())}"
+        return self.check_slots(slots.astype(np.int64, copy=False))
+
+    def check_slots(self, slots: np.ndarray) -> str | None:
+        """``validate_round``'s range and uniqueness checks alone, for a caller that already holds the
+        slots as a 1-D int64 array of at most ``max_slots`` (the proxy, every round): 5 numpy calls."""
+        n = slots.shape[0]
         if n == 0:
             return None
         # one comparison catches both ends: a negative int64 viewed as uint64 is huge
-        wide = slots.astype(np.int64, copy=False).view(np.uint64)
-        if np.count_nonzero(wide >= self.max_slots):
+        if np.count_nonzero(slots.view(np.uint64) >= self.max_slots):
             return f"slot out of range [0, {self.max_slots}): min {int(slots.min())} max {int(slots.max())}"
         mark, ar = self._mark, self._arange[:n]
         mark[slots] = ar
@@ -145,8 +172,12 @@ class SlotTable:
         is cleared, the slot is dirty and not announced, and the generation grows so that the worker can
         tell an entry for the new owner from a late one for the old.
         """
+        return self._begin(slots, req_ids)[0]
+
+    def _begin(self, slots: np.ndarray, req_ids: np.ndarray) -> tuple[np.ndarray, int]:
         new = self.owner[slots] != req_ids
-        if np.count_nonzero(new):
+        n_new = int(np.count_nonzero(new))
+        if n_new:
             s = slots[new]
             self.owner[s] = req_ids[new]
             self.generation[s] += 1  # each slot once per round, so += on a fancy index is exact
@@ -154,7 +185,7 @@ class SlotTable:
             self.hi[s] = -1
             self.dirty[s] = True
             self.announced[s] = False
-        return new
+        return new, n_new
 
     def apply(self, slots: np.ndarray, first_pos: np.ndarray, valid: np.ndarray,
               out: np.ndarray | None = None) -> np.ndarray:
@@ -165,29 +196,41 @@ class SlotTable:
         no connection, a request that did not fit the staging): the engine wrote those rows into its
         ring regardless, and the model must stay exact.
         """
+        return self._apply(slots, first_pos, valid, out)[0]
+
+    def _apply(self, slots: np.ndarray, first_pos: np.ndarray, valid: np.ndarray,
+               out: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``apply``, also returning the new ``lo`` of each request's slot and the cleared mask (None
+        when no request cleared its slot), for ``advance``."""
         anchor = first_pos + valid if out is None else np.add(first_pos, valid, out=out)
         lo = self.lo[slots]
         hi = self.hi[slots]
-        nonempty = hi >= lo
-        # extending a held range keeps its lo; a restart, or an empty range, starts at this round's rows
-        keep = (hi + 1 == first_pos) & nonempty
-        restarted = nonempty > keep  # held something, and this round does not continue it
         new_hi = anchor - 1
-        new_lo = first_pos.astype(np.int64)  # a copy
-        np.copyto(new_lo, lo, where=keep)
+        # a round extends the held range when it starts right after it; an empty range is (0, -1), so it
+        # "extends" at 0 too, and keeping its lo of 0 is then the same as starting at first_pos
+        keep = hi + 1 == first_pos
+        if np.count_nonzero(keep) == keep.shape[0]:  # the common case: every request continues
+            new_lo = lo
+            restarted = None
+        else:
+            # a restart (forward jump, rewind), or an empty range, starts at this round's rows
+            restarted = (hi >= lo) > keep  # held something, and this round does not continue it
+            new_lo = np.where(keep, lo, first_pos)
         # keep the last W positions (a round never sends more than W rows, but clamp anyway)
         np.maximum(new_lo, new_hi - (self.W - 1), out=new_lo)
         cleared = valid <= 0
         if np.count_nonzero(cleared):
             new_lo[cleared] = 0
             new_hi[cleared] = -1
-            restarted |= cleared
+            restarted = cleared if restarted is None else restarted | cleared
+        else:
+            cleared = None
         self.lo[slots] = new_lo
         self.hi[slots] = new_hi
         # the worker's window cannot continue across a restart (forward jump, rewind) or a clear
-        if np.count_nonzero(restarted):
+        if restarted is not None and np.count_nonzero(restarted):
             self.dirty[slots[restarted]] = True
-        return anchor
+        return anchor, new_lo, cleared
 
     def restart(self, slots: np.ndarray) -> None:
         """Clear the slots' ranges and mark them dirty: for a late proxy that cannot trust a round's
@@ -247,15 +290,48 @@ class SlotTable:
             n_rows = np.maximum(valid, 0)
         return EntryPlan(self.generation[slots], new_gen, resync, first, n_rows)
 
+    def advance(self, slots: np.ndarray, req_ids: np.ndarray, first_pos: np.ndarray,
+                valid: np.ndarray) -> Advance:
+        """``begin_requests``, then ``apply``, then ``window`` and ``plan``'s flags at the round's own
+        anchors, in one pass (see ``Advance``): the proxy's steps 2 and 4.
+
+        Requires ``0 <= valid <= W`` (the proxy has checked it while reading the descriptor). Then,
+        after ``apply``, each request's range ends right before its anchor (or is empty after a clear),
+        so the window is the range just written and needs no second gather; and the window holds at
+        least this round's rows, so it "starts elsewhere" (``plan``'s resync test) exactly when it
+        holds more.
+        """
+        new_owner, n_new_owner = self._begin(slots, req_ids)
+        anchor, held_first, cleared = self._apply(slots, first_pos, valid, None)
+        held_rows = anchor - held_first
+        if cleared is not None:
+            held_rows[cleared] = 0
+            held_first = np.where(cleared, anchor, held_first)
+        new_gen = self.dirty[slots] >= self.announced[slots]  # dirty or not announced, in one op on bools
+        resync = (held_rows > valid) & new_gen
+        return Advance(anchor, new_owner, n_new_owner, new_gen, resync, int(np.count_nonzero(resync)),
+                       held_first, held_rows)
+
     def accept(self, slots: np.ndarray, anchor_pos: np.ndarray, usable: np.ndarray,
-               partial: np.ndarray, worker_rows: np.ndarray) -> None:
+               partial: np.ndarray, worker_rows: np.ndarray, held_rows: np.ndarray | None = None) -> None:
         """Step 8 on the model, for the requests that had an entry: a usable status (``usable``) announces
         the slot and leaves it clean, except a ``PARTIAL_WINDOW`` (``partial``) for which the ring holds
         more rows than the worker reports (``worker_rows``): those rows exist, so the window is resent.
-        Any other status marks the slot dirty."""
-        short = partial & (worker_rows < self.rows_for_anchor(slots, anchor_pos))
+        Any other status marks the slot dirty. ``held_rows``: ``rows_for_anchor(slots, anchor_pos)``
+        if the caller has it already (``Advance.held_rows``, the ranges unchanged since)."""
+        bad = ~usable
+        if np.count_nonzero(partial):
+            if held_rows is None:
+                held_rows = self.rows_for_anchor(slots, anchor_pos)
+            bad |= partial & (worker_rows < held_rows)
         self.announced[slots[usable]] = True
-        self.dirty[slots] = short | ~usable
+        self.dirty[slots] = bad
+
+    def announce(self, slots: np.ndarray) -> None:
+        """``accept`` when every request got a usable, whole-window status (all ``RS_OK``, the common
+        case): announced and clean, without building the masks."""
+        self.announced[slots] = True
+        self.dirty[slots] = False
 
     # ------------------------------------------------------------------ introspection
 
