@@ -81,7 +81,7 @@ def process_start_ticks(pid: int) -> int:
 
 
 def owner_alive(pid: int, start_ticks: int) -> bool:
-    if pid <= 0:
+    if not 0 < pid <= 0x7FFF_FFFF:  # outside pid_t (a damaged header): nobody's; os.kill would overflow
         return False
     try:
         os.kill(pid, 0)

@@ -170,3 +170,33 @@ def test_mismatch_names_the_field(seg_name):
     finally:
         seg.unlink()
         seg.close()
+
+
+@pytest.mark.parametrize("pid", [1 << 31, (1 << 32) + 3032, (1 << 63) - 1, -5])
+def test_owner_pid_outside_pid_t(seg_name, pid):
+    """Found by test_mutated_header: an owner_pid beyond pid_t made os.kill raise OverflowError out of
+    owner_alive(), so attach() raised, the watchdog's ticks failed, `status` crashed and the proxy could
+    not reclaim the segment. Such a pid belongs to nobody."""
+    from dspark_proxy.commands.control import read_status
+    from dspark_proxy.segment import owner_alive
+
+    assert owner_alive(pid, 0) is False
+    seg = _make(seg_name)
+    try:
+        seg.header["owner_pid"] = pid
+        shim = engine_shim.attach(seg_name, **ENGINE)
+        try:
+            shim.watchdog._look_for_proxy()  # a dead owner: not offered
+            assert shim._pending is None
+            assert shim.watchdog._proxy_lost(seg) == "proxy_dead"
+        finally:
+            shim.close()
+        assert read_status(seg_name)["header"]["owner_alive"] is False
+        fresh = Segment.create(seg_name, PARAMS, deadline_ms=50.0)  # the stale segment is reclaimed
+        try:
+            assert fresh.incarnation != seg.incarnation
+        finally:
+            fresh.unlink()
+            fresh.close()
+    finally:
+        seg.close()

@@ -13,6 +13,7 @@ turns the marks and the per-round record into the table.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import random
@@ -198,6 +199,41 @@ def _engine_main(sim: Any, probe: EngineProbe, ctl: Controller) -> None:
         log.exception("[chaos] engine thread failed")
 
 
+class _GcWatch:
+    """Collections in this process that took 1 ms or more (they hold the GIL: the engine thread waits)."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, int, str]] = []
+        self._t0 = 0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter_ns()
+            return
+        t1 = time.perf_counter_ns()
+        if t1 - self._t0 >= 1_000_000:
+            self.pauses.append((self._t0, t1, f"gc gen{info.get('generation')}"))
+
+    def __enter__(self) -> _GcWatch:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+
+def _save_rounds(path: Path, probe: EngineProbe) -> None:
+    """The per-round record, for looking at one slow round afterwards (numpy .npz)."""
+    import numpy as np
+
+    n = probe.count
+    np.savez_compressed(path, t=np.asarray(probe.t[:n]), wait_ns=np.asarray(probe.wait_ns[:n]),
+                        enqueue_ns=np.asarray(probe.enqueue_ns[:n]), late_ns=np.asarray(probe.late_ns[:n]),
+                        reply_end_ns=np.asarray(probe.reply_end_ns[:n]), status=np.asarray(probe.status[:n]),
+                        needed=np.asarray(probe.needed[:n]), usable=np.asarray(probe.usable[:n]),
+                        wrong=np.asarray(probe.wrong[:n]))
+
+
 def run_campaign(cfg: ChaosConfig, progress: Any = None) -> dict[str, Any]:
     """Run the whole campaign; returns the report (report.build_report), `ok` False on any failure.
 
@@ -222,6 +258,8 @@ def run_campaign(cfg: ChaosConfig, progress: Any = None) -> dict[str, Any]:
     passes = 0
     leftovers: list[str] = []
     noise = NoiseProbe(log_dir / "noise.txt")
+    gcw = _GcWatch().__enter__()
+    tally = ProxyTally(name)
     try:
         noise.start()
         system.start()
@@ -229,7 +267,7 @@ def run_campaign(cfg: ChaosConfig, progress: Any = None) -> dict[str, Any]:
         probe = EngineProbe(system.shim, cfg.deadline_ms)
         sim = SimEngine(SimConfig(seed=cfg.seed, max_reqs=cfg.max_reqs, num_spec=cfg.num_spec, window=cfg.window,
                                   row_bytes=cfg.row_bytes, engine_work_us=cfg.engine_work_us))
-        ctl = Controller(cfg, system, probe, corruptor, ProxyTally(name), ShimEventLog(system.shim))
+        ctl = Controller(cfg, system, probe, corruptor, tally, ShimEventLog(system.shim))
         engine = threading.Thread(target=_engine_main, args=(sim, probe, ctl), name="dspark-chaos-engine",
                                   daemon=True)
         engine.start()
@@ -269,9 +307,13 @@ def run_campaign(cfg: ChaosConfig, progress: Any = None) -> dict[str, Any]:
                 failures.append("the engine thread did not stop")
         leftovers = system.close()
         noise.stop()
+        gcw.__exit__()
     report = build_report(cfg=asdict(cfg), probe=probe, injections=injections, passes=passes,
                           elapsed_s=time.monotonic() - clock0, leftovers=leftovers, failures=failures,
-                          corruptions=dict(corruptor.counts), noise=noise)
+                          corruptions=dict(corruptor.counts), noise=noise,
+                          timeline=system.actions + tally.actions + gcw.pauses)
+    if probe is not None and (cfg.log_dir or not report["ok"]):
+        _save_rounds(log_dir / "rounds.npz", probe)
     report["log_dir"] = str(log_dir)
     if report["ok"] and not cfg.log_dir:
         shutil.rmtree(log_dir, ignore_errors=True)

@@ -44,7 +44,7 @@ def _sum(a: list[int], lo: int, hi: int) -> int:
 
 def build_report(*, cfg: dict[str, Any], probe: Any, injections: list, passes: int, elapsed_s: float,
                  leftovers: list[str], failures: list[str], corruptions: dict[str, int],
-                 noise: Any = None) -> dict[str, Any]:
+                 noise: Any = None, timeline: list[tuple[int, int, str]] | None = None) -> dict[str, Any]:
     D, margin = float(cfg["deadline_ms"]), float(cfg["margin_ms"])
     failures = list(failures)
     n_rounds = probe.count if probe is not None else 0
@@ -115,13 +115,15 @@ def build_report(*, cfg: dict[str, Any], probe: Any, injections: list, passes: i
     wrong_total = int(sum(probe.wrong)) if probe else 0
     limit_ns = (D + margin) * 1e6
     over = np.flatnonzero(wait > limit_ns)
+    timeline = sorted(timeline or [])
     over_rows = []
     for i in over[np.argsort(-wait[over])].tolist():
         end = probe.reply_end_ns[i]
         stall = noise.stall_ns(end - int(wait[i]), end) if noise is not None else 0
         over_rows.append({"round": int(probe.t[i]), "wait_ms": round(float(wait[i]) / 1e6, 3),
                           "during": _during(i, injections), "box_stall_ms": round(stall / 1e6, 3),
-                          "explained": bool(stall >= wait[i] - limit_ns)})
+                          "explained": bool(stall >= wait[i] - limit_ns),
+                          "controller": _near(timeline, end - int(wait[i]), end)})
     unexplained = [o for o in over_rows if not o["explained"]]
     worst = over_rows[:10]
     _checks(cfg, kinds, wrong_total, unexplained if not cfg.get("strict") else over_rows, leftovers, failures,
@@ -133,14 +135,27 @@ def build_report(*, cfg: dict[str, Any], probe: Any, injections: list, passes: i
                "rounds_over_limit_unexplained": len(unexplained),
                "box_noise_ms": noise.summary_ms() if noise is not None else {},
                "enqueue_ms_max": _ms(enq), "enqueue_ms_p99": _ms(enq, 99),
-               "worst_enqueue": [_outlier(probe, int(i), injections, noise, "enqueue") for i in np.argsort(-enq)[:5]],
-               "worst_late": [_outlier(probe, int(i), injections, noise, "late") for i in np.argsort(-late)[:5]], "limit_ms": D + margin, "rounds_over_limit": int(over.size),
+               "worst_enqueue": [_outlier(probe, int(i), injections, noise, timeline, "enqueue")
+                                 for i in np.argsort(-enq)[:5]],
+               "worst_late": [_outlier(probe, int(i), injections, noise, timeline, "late")
+                              for i in np.argsort(-late)[:5]], "limit_ms": D + margin, "rounds_over_limit": int(over.size),
                "worst_over_limit": worst, "descriptor_corruptions": corruptions}
     return {"ok": not failures, "failures": failures, "config": cfg, "overall": overall, "baseline": baseline,
             "faults": kinds, "injections": per_inj, "leftovers": leftovers}
 
 
-def _outlier(probe: Any, i: int, injections: list, noise: Any, what: str) -> dict[str, Any]:
+def _near(timeline: list[tuple[int, int, str]], lo: int, hi: int, slack_ns: int = 5_000_000) -> list[str]:
+    """What the controller (or the collector) was doing while [lo, hi] went by."""
+    out = []
+    for a0, a1, what in timeline:
+        if a0 > hi + slack_ns:
+            break
+        if a1 >= lo - slack_ns:
+            out.append(f"{what} ({(a1 - a0) / 1e6:.1f} ms, from {(a0 - lo) / 1e6:+.1f} ms)")
+    return out[:6]
+
+
+def _outlier(probe: Any, i: int, injections: list, noise: Any, timeline: list, what: str) -> dict[str, Any]:
     """One slow round, with the machine's largest scheduling stall during that part of it."""
     end = probe.reply_end_ns[i]
     enq_end = end - probe.late_ns[i] - probe.deadline_ns  # late = reply end - enqueue end - deadline
@@ -148,7 +163,8 @@ def _outlier(probe: Any, i: int, injections: list, noise: Any, what: str) -> dic
     stall = noise.stall_ns(lo, hi) if noise is not None else 0
     return {"round": int(probe.t[i]), f"{what}_ms": round((hi - lo - (probe.deadline_ns if what == "late" else 0))
                                                            / 1e6, 3),
-            "during": _during(i, injections), "box_stall_ms": round(stall / 1e6, 3)}
+            "during": _during(i, injections), "box_stall_ms": round(stall / 1e6, 3),
+            "controller": _near(timeline, lo, hi)}
 
 
 def _during(i: int, injections: list) -> str:

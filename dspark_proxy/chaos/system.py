@@ -77,6 +77,14 @@ class ChaosSystem:
         self._logs: list[IO[str]] = []
         self._n_logs = 0
         self.proxy_logs: list[Path] = []
+        self.actions: list[tuple[int, int, str]] = []  # (start ns, end ns, what): to set beside slow rounds
+
+    def _act(self, what: str, fn, *args, **kw):
+        t0 = time.perf_counter_ns()
+        try:
+            return fn(*args, **kw)
+        finally:
+            self.actions.append((t0, time.perf_counter_ns(), what))
 
     # ------------------------------------------------------------------ start
 
@@ -105,7 +113,7 @@ class ChaosSystem:
         for _ in range(20):
             f, _path = self._log_file("worker")
             try:
-                w = spawn_worker(*layout_args(lay), *extra, listen=self.address, stderr=f)
+                w = self._act("spawn_worker", spawn_worker, *layout_args(lay), *extra, listen=self.address, stderr=f)
             except RuntimeError as e:  # bind failed (a socket in the way): try again shortly
                 last = e
                 time.sleep(0.1)
@@ -117,8 +125,8 @@ class ChaosSystem:
 
     def spawn_proxy(self) -> Child:
         f, path = self._log_file("proxy")
-        p = spawn_proxy(self.name, self.address, *layout_args(self.layout), "--deadline-ms", str(self.deadline_ms),
-                        "--log-every", "0", stderr=f)
+        p = self._act("spawn_proxy", spawn_proxy, self.name, self.address, *layout_args(self.layout),
+                      "--deadline-ms", str(self.deadline_ms), "--log-every", "0", stderr=f)
         self.proxy = p
         self.children.append(p)
         self.proxy_logs.append(path)
@@ -128,15 +136,15 @@ class ChaosSystem:
 
     def signal_worker(self, sig: int) -> None:
         assert self.worker is not None
-        self.worker.signal(sig)
+        self._act(f"worker {signal.Signals(sig).name}", self.worker.signal, sig)
 
     def signal_proxy(self, sig: int) -> None:
         assert self.proxy is not None
-        self.proxy.signal(sig)
+        self._act(f"proxy {signal.Signals(sig).name}", self.proxy.signal, sig)
 
     def kill_worker(self) -> None:
         if self.worker is not None:
-            self.worker.kill()
+            self._act("kill_worker", self.worker.kill)
             self.worker.stop()
 
     def restart_worker(self, *extra: str, layout: Layout4 | None = None) -> Child:
@@ -146,14 +154,17 @@ class ChaosSystem:
 
     def kill_proxy(self) -> None:
         if self.proxy is not None:
-            self.proxy.kill()
+            self._act("kill_proxy", self.proxy.kill)
             self.proxy.stop()
 
     def stop_proxy(self) -> int | None:
         """SIGTERM: the clean stop (fails every round ahead, STOPPING, unlinks)."""
-        return self.proxy.stop(10.0) if self.proxy is not None else None
+        return self._act("stop_proxy", self.proxy.stop, 10.0) if self.proxy is not None else None
 
     def proxy_log_text(self) -> str:
+        return self._act("read_proxy_logs", self._proxy_log_text)
+
+    def _proxy_log_text(self) -> str:
         out = []
         for p in self.proxy_logs:
             try:

@@ -7,6 +7,7 @@ Thread ownership: the controller thread only.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any
 
@@ -36,9 +37,17 @@ class ProxyTally:
         self.name = name
         self.latest: dict[int, dict[str, int]] = {}
         self.events: dict[tuple[int, int], dict[str, Any]] = {}  # (pid, event id) -> event
+        self.actions: list[tuple[int, int, str]] = []
 
     def sample(self) -> bool:
         """Read the current proxy's snapshot; False when there is no readable one right now."""
+        t0 = time.perf_counter_ns()
+        try:
+            return self._sample()
+        finally:
+            self.actions.append((t0, time.perf_counter_ns(), "read_status"))
+
+    def _sample(self) -> bool:
         try:
             st = read_status(self.name)
         except (SegmentError, ValueError, OSError):
