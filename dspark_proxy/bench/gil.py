@@ -8,7 +8,7 @@ worker round trip inside it (`rtt_us`), the difference of their p50s (the proxy'
 the worker's timing does not blur), and the engine's side: `enqueue` and the wait in
 `read_reply` after a 10 ms forward (a sleep: the GIL is free, as in a CUDA step; every case runs at
 this cadence, so idle and loaded cases compare like with like). Each mode and load gets a fresh proxy so its statistics are its own; one worker
-process (integrity drafter, loopback TCP) serves them all. The deadline is long (1 s) so that slow
+process (integrity drafter, loopback TCP) serves them all. The deadline is long (5 s) so that slow
 rounds are measured rather than cut off; rounds that failed anyway are counted.
 """
 
@@ -29,7 +29,7 @@ __all__ = ["run_gil", "GIL_SHAPE", "BUSY_LEVELS"]
 
 GIL_SHAPE = {"max_reqs": 64, "num_spec": 5, "window": 16, "row_bytes": 1024, "n": 32}
 BUSY_LEVELS = (0, 2, 4)
-DEADLINE_MS = 1000.0
+DEADLINE_MS = 5000.0  # slow rounds are measured, not cut off; a stall of the machine is not a failure
 ENGINE_STEP_MS = 10.0  # between enqueue and read_reply; every case runs at this cadence
 
 

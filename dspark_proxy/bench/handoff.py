@@ -53,7 +53,7 @@ def time_handoff(name: str, rounds: int, warmup: int, other_cpu: int | None,
     from dspark_proxy.launch import spawn_proxy
 
     with on_cpu(other_cpu):
-        proxy = spawn_proxy(name, "null", *_layout_args(shape), "--deadline-ms", "1000", "--log-every", "0")
+        proxy = spawn_proxy(name, "null", *_layout_args(shape), "--deadline-ms", "5000", "--log-every", "0")
     shim = None
     try:
         shim = engine_shim.attach(name, max_reqs=shape["max_reqs"], num_spec=shape["num_spec"],
