@@ -200,3 +200,29 @@ def test_owner_pid_outside_pid_t(seg_name, pid):
             fresh.close()
     finally:
         seg.close()
+
+
+@fuzz(200)
+@given(st.lists(st.tuples(st.sampled_from(list(range(Word.COUNT))), st.sampled_from(EXTREMES + [3, 1 << 40])),
+                min_size=1, max_size=6))
+def test_mutated_words(words):
+    """Any values in the segment's words (a proxy that died mid-write, or a stray writer): the watchdog's
+    look and its liveness check, and `status`, answer without raising."""
+    from dspark_proxy.commands.control import read_status
+
+    name = new_segment_name("fuzzwords")
+    seg = _make(name)
+    try:
+        for w, v in words:
+            seg.set_word(w, v & 0xFFFF_FFFF_FFFF_FFFF)
+        shim = engine_shim.attach(name, **ENGINE)
+        try:
+            shim.watchdog._look_for_proxy()
+            why = shim.watchdog._proxy_lost(seg)
+            assert why is None or isinstance(why, str)
+        finally:
+            shim.close()
+        st_ = read_status(name)
+        assert set(st_) >= {"header", "words"}
+    finally:
+        _drop(seg)
