@@ -22,10 +22,12 @@
  *
  * Memory order: every store another process reads is a release store paired with an acquire load
  * on the reader's side (named at each site). No x86-only fences: this must be right on aarch64.
- * The futex wait sits on the low 32 bits of a 64-bit word (little-endian only; checked at build).
- * A sleeper registers in the word's `sleepers` count (same cache line, +8) before its final check
- * and a writer wakes only when that count is non-zero: both sides use seq_cst for that pair (a
- * Dekker handshake), so no wake is lost and an uncontended store costs no syscall.
+ * The futex sleeps on a 32-bit wake sequence beside each word (+12), which every store bumps: a
+ * futex on the word's own low half would miss a store that changes only its high half (fail_all
+ * to t + 2**40). A sleeper registers in the word's `sleepers` count (+8) and reads the sequence
+ * before its final check; a writer stores, bumps the sequence, and wakes only when that count is
+ * non-zero. Both sides use seq_cst for that pair (a Dekker handshake), so no wake is lost and an
+ * uncontended store costs no syscall.
  *
  * No lock anywhere: a process that dies at any instruction leaves at worst a claimed-but-unpublished
  * round, which the other side detects by its deadline (see shm_layout.md, "Dying at any point").
@@ -35,6 +37,8 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
+#include <signal.h>
 #include <linux/futex.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -60,6 +64,7 @@ enum {
 };
 #define WORD_STRIDE 128   /* one word per false-sharing range (two 64-byte lines on x86 and Neoverse) */
 #define SLEEPERS_OFF 8    /* the sleepers count shares its word's line */
+#define WAKESEQ_OFF 12    /* ... and so does the wake sequence the futex sleeps on */
 
 #define ROUND_FAILED 2    /* reply page status written by fail_round / fail_all (round.py: STATUS_ROUND_FAILED) */
 
@@ -112,11 +117,14 @@ static void futex_wake_all(_Atomic uint32_t *addr) {
     syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-/* Wake sleepers on a word just stored. seq_cst load: pairs with the seq_cst increment in wait_ge_nogil. */
+/* After a store to w: bump its wake sequence, then wake sleepers if any. seq_cst: the bump pairs with
+ * the sleeper's sequence load, the sleepers load with its seq_cst increment (wait_ge_nogil). */
 static inline void wake_if_sleepers(_Atomic uint64_t *w) {
     _Atomic uint32_t *sleepers = (_Atomic uint32_t *)((char *)w + SLEEPERS_OFF);
+    _Atomic uint32_t *seq = (_Atomic uint32_t *)((char *)w + WAKESEQ_OFF);
+    atomic_fetch_add_explicit(seq, 1, memory_order_seq_cst);
     if (atomic_load_explicit(sleepers, memory_order_seq_cst) != 0)
-        futex_wake_all((_Atomic uint32_t *)w);
+        futex_wake_all(seq);
 }
 
 /* Store v with release semantics, then wake. The seq_cst fence orders the store before the sleepers
@@ -166,20 +174,23 @@ static int wait_ge_nogil(_Atomic uint64_t *w, uint64_t target, int64_t deadline,
                 break;
         }
     }
-    _Atomic uint32_t *low = (_Atomic uint32_t *)w;
+    _Atomic uint32_t *seq = (_Atomic uint32_t *)((char *)w + WAKESEQ_OFF);
     _Atomic uint32_t *sleepers = (_Atomic uint32_t *)((char *)w + SLEEPERS_OFF);
     for (;;) {
         int64_t left = deadline - now_ns();
         if (left <= 0)
             return atomic_load_explicit(w, memory_order_acquire) >= target ? WAIT_OK : WAIT_TIMEOUT;
-        /* seq_cst: pairs with the seq_cst load in wake_if_sleepers */
+        /* seq_cst: pairs with the seq_cst load of sleepers in wake_if_sleepers */
         atomic_fetch_add_explicit(sleepers, 1, memory_order_seq_cst);
+        /* the sequence first, then the value: a store we do not see here bumps the sequence after
+         * this load, so the futex below refuses to sleep (EAGAIN) or is woken */
+        uint32_t s0 = atomic_load_explicit(seq, memory_order_seq_cst);
         v = atomic_load_explicit(w, memory_order_seq_cst);
         if (v >= target) {
             atomic_fetch_sub_explicit(sleepers, 1, memory_order_seq_cst);
             return WAIT_OK;
         }
-        long r = futex_wait32(low, (uint32_t)v, left);
+        long r = futex_wait32(seq, s0, left);
         int err = errno;
         atomic_fetch_sub_explicit(sleepers, 1, memory_order_seq_cst);
         if (atomic_load_explicit(w, memory_order_acquire) >= target)
@@ -205,6 +216,7 @@ static int wait_ge_signals(_Atomic uint64_t *w, uint64_t target, int64_t deadlin
     }
 }
 
+/* timeout_s must not be NaN (callers check: see check_timeout) */
 static int64_t deadline_from_timeout(double timeout_s) {
     int64_t now = now_ns();
     if (timeout_s < 0)
@@ -212,6 +224,23 @@ static int64_t deadline_from_timeout(double timeout_s) {
     if (timeout_s > 9.0e9)
         return INT64_MAX;
     return now + (int64_t)(timeout_s * 1e9);
+}
+
+static int check_timeout(double timeout_s) {
+    if (timeout_s != timeout_s) {
+        PyErr_SetString(PyExc_ValueError, "timeout_s is NaN");
+        return -1;
+    }
+    return 0;
+}
+
+/* A failed page's zeroed bytes after [status, n]: never negative (memset would take it as huge). */
+static int check_zero_bytes(Py_ssize_t zero_bytes) {
+    if (zero_bytes < 0) {
+        PyErr_Format(PyExc_ValueError, "zero_bytes=%zd is negative", zero_bytes);
+        return -1;
+    }
+    return 0;
 }
 
 /* "O&" converter for a 64-bit word value: unlike "K", out of range (negative, >= 2**64) raises OverflowError */
@@ -310,7 +339,7 @@ static PyObject *hf_fail_round(PyObject *mod, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "rounds start at 1");
         goto done;
     }
-    if (check_words(&b, words_off) < 0 || check_range(&b, page_off, zero_bytes + 8, 64) < 0)
+    if (check_words(&b, words_off) < 0 || check_zero_bytes(zero_bytes) < 0 || check_range(&b, page_off, zero_bytes + 8, 64) < 0)
         goto done;
     int won;
     Py_BEGIN_ALLOW_THREADS
@@ -337,7 +366,7 @@ static PyObject *hf_fail_all(PyObject *mod, PyObject *args) {
     if (!PyArg_ParseTuple(args, "w*nnnO&", &b, &words_off, &page_off, &zero_bytes, conv_u64, &T))
         return NULL;
     PyObject *res = NULL;
-    if (check_words(&b, words_off) < 0 || check_range(&b, page_off, zero_bytes + 8, 64) < 0)
+    if (check_words(&b, words_off) < 0 || check_zero_bytes(zero_bytes) < 0 || check_range(&b, page_off, zero_bytes + 8, 64) < 0)
         goto done;
     char *base = (char *)b.buf;
     _Atomic uint64_t *claimed = word_at(base, words_off + W_CLAIMED * WORD_STRIDE);
@@ -345,11 +374,14 @@ static PyObject *hf_fail_all(PyObject *mod, PyObject *args) {
     uint64_t before;
     Py_BEGIN_ALLOW_THREADS
     before = raise_to(claimed, (uint64_t)T);
-    if (before < (uint64_t)T)
+    if (before < (uint64_t)T) {
         write_failed_page(base + page_off, zero_bytes, 0);
-    raise_to(published, (uint64_t)T); /* release: pairs with read_page's acquire */
-    atomic_thread_fence(memory_order_seq_cst);
-    wake_if_sleepers(published);
+        raise_to(published, (uint64_t)T); /* release: pairs with read_page's acquire */
+        atomic_thread_fence(memory_order_seq_cst);
+        wake_if_sleepers(published);
+    }
+    /* else someone already holds the claim of T (or beyond) and publishes it after its own copy:
+     * raising published here could expose the page before that copy */
     Py_END_ALLOW_THREADS
     res = PyBool_FromLong(before < (uint64_t)T);
 done:
@@ -420,29 +452,65 @@ static PyObject *hf_wait_or_fail(PyObject *mod, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "rounds start at 1");
         goto done;
     }
-    if (check_words(&b, words_off) < 0 || check_range(&b, page_off, zero_bytes + 8, 64) < 0)
+    if (check_words(&b, words_off) < 0 || check_zero_bytes(zero_bytes) < 0 || check_range(&b, page_off, zero_bytes + 8, 64) < 0)
         goto done;
     char *base = (char *)b.buf;
     _Atomic uint64_t *published = word_at(base, words_off + W_PUBLISHED * WORD_STRIDE);
-    int r = wait_ge_signals(published, (uint64_t)t, (int64_t)deadline, (int64_t)spin_ns);
-    if (r == -2)
-        goto done;
-    int out;
-    if (r == WAIT_OK) {
-        out = 1;
-    } else {
-        int won;
+    int out = 0;
+    for (;;) {
+        /* the wait AND the deadline claim in one GIL-free stretch: a thread holding the GIL cannot
+         * delay the claim (only this call's return) */
+        int r;
         Py_BEGIN_ALLOW_THREADS
-        won = do_fail_round(base, words_off, page_off, zero_bytes, (uint64_t)t, (int32_t)n);
+        r = wait_ge_nogil(published, (uint64_t)t, (int64_t)deadline, (int64_t)spin_ns);
+        if (r == WAIT_OK) {
+            out = 1;
+        } else if (r == WAIT_TIMEOUT) {
+            int won = do_fail_round(base, words_off, page_off, zero_bytes, (uint64_t)t, (int32_t)n);
+            if (won == 1)
+                out = 2;
+            else if (won == -1)
+                out = 4;
+            else /* lost the claim: published meanwhile, or a claimant is still copying (or hung) */
+                out = atomic_load_explicit(published, memory_order_acquire) >= (uint64_t)t ? 1 : 3;
+        }
         Py_END_ALLOW_THREADS
-        if (won == 1)
-            out = 2;
-        else if (won == -1)
-            out = 4;
-        else /* lost the claim: published meanwhile, or a claimant is still copying (or hung) */
-            out = atomic_load_explicit(published, memory_order_acquire) >= (uint64_t)t ? 1 : 3;
+        if (r != WAIT_EINTR)
+            break;
+        if (PyErr_CheckSignals() < 0)
+            goto done;
+        spin_ns = 0;
     }
     res = PyLong_FromLong(out);
+done:
+    PyBuffer_Release(&b);
+    return res;
+}
+
+/*
+ * raise_gathered(buf, words_off, gathered_ns_off, n_off, t, n): the engine's end of round t's gather,
+ * in one call so no GIL hand-off can separate the stamp from the release: the round's start time
+ * and request count, then gathered = t (release: pairs with the acquire in wait_gathered /
+ * the watcher thread; the stamp and count are ordered before it), then wake.
+ */
+static PyObject *hf_raise_gathered(PyObject *mod, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t words_off, gns_off, n_off;
+    unsigned long long t;
+    int n;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "w*nnnO&i", &b, &words_off, &gns_off, &n_off, conv_u64, &t, &n))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_words(&b, words_off) < 0 || check_range(&b, gns_off, 16, 64) < 0 ||
+        check_range(&b, n_off, 16, 64) < 0)
+        goto done;
+    char *base = (char *)b.buf;
+    int64_t ns = now_ns();
+    atomic_store_explicit(word_at(base, gns_off), (uint64_t)ns, memory_order_relaxed);
+    atomic_store_explicit(word_at(base, n_off), (uint64_t)(uint32_t)n, memory_order_relaxed);
+    store_release_wake(word_at(base, words_off + W_GATHERED * WORD_STRIDE), (uint64_t)t);
+    res = PyLong_FromLongLong(ns);
 done:
     PyBuffer_Release(&b);
     return res;
@@ -452,7 +520,7 @@ done:
 
 /* Parse (buf, off[, v1[, v2]]) with the word at off checked for range and 8-byte alignment. */
 static int parse_word(PyObject *args, Py_buffer *b, Py_ssize_t *off, int nvals, unsigned long long *v1,
-                      unsigned long long *v2) {
+                      unsigned long long *v2, Py_ssize_t span) {
     int ok;
     if (nvals == 0)
         ok = PyArg_ParseTuple(args, "w*n", b, off);
@@ -462,19 +530,24 @@ static int parse_word(PyObject *args, Py_buffer *b, Py_ssize_t *off, int nvals, 
         ok = PyArg_ParseTuple(args, "w*nO&O&", b, off, conv_u64, v1, conv_u64, v2);
     if (!ok)
         return -1;
-    if (check_range(b, *off, 8, 8) < 0) {
+    if (check_range(b, *off, span, 8) < 0) {
         PyBuffer_Release(b);
         return -1;
     }
     return 0;
 }
 
+/* Bytes a word operation touches: the word alone, or the word with its sleepers count and wake
+ * sequence (every store that may have sleepers: the hostflag words, each on its own line). */
+#define SPAN_WORD 8
+#define SPAN_WAKE 16
+
 /* load(buf, off) -> int: acquire load (pairs with the writer's release store) */
 static PyObject *hf_load(PyObject *mod, PyObject *args) {
     Py_buffer b;
     Py_ssize_t off;
     (void)mod;
-    if (parse_word(args, &b, &off, 0, NULL, NULL) < 0)
+    if (parse_word(args, &b, &off, 0, NULL, NULL, SPAN_WORD) < 0)
         return NULL;
     uint64_t v = atomic_load_explicit(word_at(b.buf, off), memory_order_acquire);
     PyBuffer_Release(&b);
@@ -487,7 +560,7 @@ static PyObject *hf_load_after(PyObject *mod, PyObject *args) {
     Py_buffer b;
     Py_ssize_t off;
     (void)mod;
-    if (parse_word(args, &b, &off, 0, NULL, NULL) < 0)
+    if (parse_word(args, &b, &off, 0, NULL, NULL, SPAN_WORD) < 0)
         return NULL;
     atomic_thread_fence(memory_order_acquire);
     uint64_t v = atomic_load_explicit(word_at(b.buf, off), memory_order_relaxed);
@@ -501,9 +574,24 @@ static PyObject *hf_store(PyObject *mod, PyObject *args) {
     Py_ssize_t off;
     unsigned long long v;
     (void)mod;
-    if (parse_word(args, &b, &off, 1, &v, NULL) < 0)
+    if (parse_word(args, &b, &off, 1, &v, NULL, SPAN_WAKE) < 0)
         return NULL;
     store_release_wake(word_at(b.buf, off), (uint64_t)v);
+    PyBuffer_Release(&b);
+    Py_RETURN_NONE;
+}
+
+/* store_release(buf, off, v): a release store and nothing else (the stamps of metadata and descriptor
+ * slots: nobody sleeps on them, and the bytes after them are data) */
+static PyObject *hf_store_release(PyObject *mod, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t off;
+    unsigned long long v;
+    (void)mod;
+    if (parse_word(args, &b, &off, 1, &v, NULL, SPAN_WORD) < 0)
+        return NULL;
+    /* release: pairs with the reader's acquire load of the stamp (round.py _copy_stamped) */
+    atomic_store_explicit(word_at(b.buf, off), (uint64_t)v, memory_order_release);
     PyBuffer_Release(&b);
     Py_RETURN_NONE;
 }
@@ -515,7 +603,7 @@ static PyObject *hf_begin_write(PyObject *mod, PyObject *args) {
     Py_ssize_t off;
     unsigned long long v;
     (void)mod;
-    if (parse_word(args, &b, &off, 1, &v, NULL) < 0)
+    if (parse_word(args, &b, &off, 1, &v, NULL, SPAN_WORD) < 0)
         return NULL;
     atomic_store_explicit(word_at(b.buf, off), (uint64_t)v, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
@@ -529,7 +617,7 @@ static PyObject *hf_cas(PyObject *mod, PyObject *args) {
     Py_ssize_t off;
     unsigned long long expected, desired;
     (void)mod;
-    if (parse_word(args, &b, &off, 2, &expected, &desired) < 0)
+    if (parse_word(args, &b, &off, 2, &expected, &desired, SPAN_WAKE) < 0)
         return NULL;
     uint64_t e = (uint64_t)expected;
     _Atomic uint64_t *w = word_at(b.buf, off);
@@ -549,7 +637,7 @@ static PyObject *hf_raise_to(PyObject *mod, PyObject *args) {
     Py_ssize_t off;
     unsigned long long v;
     (void)mod;
-    if (parse_word(args, &b, &off, 1, &v, NULL) < 0)
+    if (parse_word(args, &b, &off, 1, &v, NULL, SPAN_WAKE) < 0)
         return NULL;
     _Atomic uint64_t *w = word_at(b.buf, off);
     uint64_t before = raise_to(w, (uint64_t)v);
@@ -572,7 +660,7 @@ static PyObject *hf_wait_ge(PyObject *mod, PyObject *args) {
     if (!PyArg_ParseTuple(args, "w*nO&dL", &b, &off, conv_u64, &target, &timeout_s, &spin_ns))
         return NULL;
     PyObject *res = NULL;
-    if (check_range(&b, off, 16, 64) < 0)
+    if (check_timeout(timeout_s) < 0 || check_range(&b, off, 16, 64) < 0)
         goto done;
     int r = wait_ge_signals(word_at(b.buf, off), (uint64_t)target, deadline_from_timeout(timeout_s),
                             (int64_t)spin_ns);
@@ -589,9 +677,9 @@ static PyObject *hf_wake(PyObject *mod, PyObject *args) {
     Py_buffer b;
     Py_ssize_t off;
     (void)mod;
-    if (parse_word(args, &b, &off, 0, NULL, NULL) < 0)
+    if (parse_word(args, &b, &off, 0, NULL, NULL, SPAN_WAKE) < 0)
         return NULL;
-    futex_wake_all((_Atomic uint32_t *)word_at(b.buf, off));
+    wake_if_sleepers(word_at(b.buf, off));
     PyBuffer_Release(&b);
     Py_RETURN_NONE;
 }
@@ -670,12 +758,258 @@ static PyObject *hf_monotonic_ns(PyObject *mod, PyObject *noargs) {
     return PyLong_FromLongLong(now_ns());
 }
 
+/* ------------------------------------------------------------------ the watcher thread */
+
+/*
+ * Watcher: the watchdog's deadline claims on a thread of its own that never takes the GIL.
+ *
+ * A Python thread, however short its Python part, needs the GIL between two rounds; while engine
+ * threads keep the GIL busy that costs a switch interval (5 ms) or more each time, and a deadline
+ * that falls then is claimed late. This pthread loops entirely in C: wait for the next `gathered`,
+ * wait for `published` until GATHERED_NS + delta, else claim and publish a failed page. What it did
+ * goes into a small ring (under a mutex held for a few instructions, never across a wait) that the
+ * Python watchdog drains for its events. It holds a buffer export of the segment, so the mapping
+ * stays valid until stop() has joined it.
+ */
+#define WATCH_RING 64
+#define WATCH_SLICE_NS 50000000LL /* waits in slices, so stop() is seen within 50 ms */
+
+typedef struct {
+    uint64_t t;
+    int32_t outcome;
+    int32_t n;
+    int64_t claim_ns;
+    int64_t deadline_ns;
+} watch_rec;
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer buf;
+    int has_buf;
+    pthread_t thread;
+    int started;
+    int joined;
+    _Atomic int stop;
+    Py_ssize_t words_off, page_off, zero_bytes, gns_off, n_off;
+    int64_t delta_ns, spin_ns;
+    _Atomic uint64_t after; /* the last round seen through (published or claimed) */
+    pthread_mutex_t lock;   /* guards ring and head */
+    uint64_t head;          /* records written so far */
+    watch_rec ring[WATCH_RING];
+} Watcher;
+
+static void *watcher_main(void *arg) {
+    Watcher *w = (Watcher *)arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals belong to the interpreter's threads */
+    char *base = (char *)w->buf.buf;
+    _Atomic uint64_t *gathered = word_at(base, w->words_off + W_GATHERED * WORD_STRIDE);
+    _Atomic uint64_t *published = word_at(base, w->words_off + W_PUBLISHED * WORD_STRIDE);
+    while (!atomic_load_explicit(&w->stop, memory_order_acquire)) {
+        uint64_t after = atomic_load_explicit(&w->after, memory_order_relaxed);
+        if (wait_ge_nogil(gathered, after + 1, now_ns() + WATCH_SLICE_NS, 0) != WAIT_OK)
+            continue;
+        /* acquire: pairs with raise_gathered's release; GATHERED_NS and ROUND_N precede it */
+        uint64_t t = atomic_load_explicit(gathered, memory_order_acquire);
+        int64_t gns = (int64_t)atomic_load_explicit(word_at(base, w->gns_off), memory_order_relaxed);
+        int32_t n = (int32_t)atomic_load_explicit(word_at(base, w->n_off), memory_order_relaxed);
+        int64_t deadline = gns + w->delta_ns;
+        int r = WAIT_TIMEOUT;
+        for (;;) {
+            int64_t slice = now_ns() + WATCH_SLICE_NS;
+            r = wait_ge_nogil(published, t, slice < deadline ? slice : deadline, w->spin_ns);
+            if (r == WAIT_OK || now_ns() >= deadline || atomic_load_explicit(&w->stop, memory_order_acquire))
+                break;
+        }
+        if (r != WAIT_OK && atomic_load_explicit(&w->stop, memory_order_acquire) && now_ns() < deadline)
+            break; /* stopping: not this thread's round to fail any more */
+        watch_rec rec = {t, 1, n, 0, deadline};
+        if (r != WAIT_OK) {
+            int won = do_fail_round(base, w->words_off, w->page_off, w->zero_bytes, t, n);
+            if (won == 1) {
+                rec.outcome = 2;
+                rec.claim_ns = now_ns();
+            } else {
+                rec.outcome = won == -1 ? 4 : (atomic_load_explicit(published, memory_order_acquire) >= t ? 1 : 3);
+            }
+        }
+        atomic_store_explicit(&w->after, t, memory_order_relaxed);
+        if (rec.outcome != 1) {
+            pthread_mutex_lock(&w->lock);
+            w->ring[w->head % WATCH_RING] = rec;
+            w->head++;
+            pthread_mutex_unlock(&w->lock);
+        }
+    }
+    return NULL;
+}
+
+static void watcher_join(Watcher *w) {
+    if (!w->started || w->joined)
+        return;
+    atomic_store_explicit(&w->stop, 1, memory_order_release);
+    char *base = (char *)w->buf.buf;
+    /* wake it from either wait: the store of a word it may sleep on is not ours to make, a wake is */
+    wake_if_sleepers(word_at(base, w->words_off + W_GATHERED * WORD_STRIDE));
+    wake_if_sleepers(word_at(base, w->words_off + W_PUBLISHED * WORD_STRIDE));
+    Py_BEGIN_ALLOW_THREADS
+    pthread_join(w->thread, NULL);
+    Py_END_ALLOW_THREADS
+    w->joined = 1;
+}
+
+static int Watcher_init(Watcher *w, PyObject *args, PyObject *kwds) {
+    unsigned long long after_t;
+    long long delta_ns, spin_ns;
+    (void)kwds;
+    if (w->has_buf) {
+        PyErr_SetString(PyExc_RuntimeError, "Watcher already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "w*nnnnnO&LL", &w->buf, &w->words_off, &w->page_off, &w->zero_bytes,
+                          &w->gns_off, &w->n_off, conv_u64, &after_t, &delta_ns, &spin_ns))
+        return -1;
+    w->has_buf = 1;
+    if (check_words(&w->buf, w->words_off) < 0 || check_zero_bytes(w->zero_bytes) < 0 ||
+        check_range(&w->buf, w->page_off, w->zero_bytes + 8, 64) < 0 ||
+        check_range(&w->buf, w->gns_off, 8, 8) < 0 || check_range(&w->buf, w->n_off, 8, 8) < 0)
+        return -1;
+    if (delta_ns < 0) {
+        PyErr_SetString(PyExc_ValueError, "delta_ns must be >= 0");
+        return -1;
+    }
+    w->delta_ns = delta_ns;
+    w->spin_ns = spin_ns;
+    atomic_store(&w->after, (uint64_t)after_t);
+    return 0;
+}
+
+static PyObject *Watcher_start(Watcher *w, PyObject *noargs) {
+    (void)noargs;
+    if (!w->has_buf) {
+        PyErr_SetString(PyExc_RuntimeError, "Watcher not initialised");
+        return NULL;
+    }
+    if (w->started) {
+        PyErr_SetString(PyExc_RuntimeError, "Watcher already started");
+        return NULL;
+    }
+    int err = pthread_create(&w->thread, NULL, watcher_main, w);
+    if (err != 0) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    w->started = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Watcher_stop(Watcher *w, PyObject *noargs) {
+    (void)noargs;
+    watcher_join(w);
+    Py_RETURN_NONE;
+}
+
+/* drain() -> [(t, outcome, n, claim_ns, deadline_ns), ...]: records since the last drain, oldest
+ * first (at most the ring's 64; older ones are counted in `dropped`) */
+static PyObject *Watcher_drain(Watcher *w, PyObject *noargs) {
+    (void)noargs;
+    watch_rec got[WATCH_RING];
+    pthread_mutex_lock(&w->lock);
+    uint64_t head = w->head;
+    uint64_t from = head > WATCH_RING ? head - WATCH_RING : 0;
+    Py_ssize_t k = 0;
+    for (uint64_t i = from; i < head; i++)
+        got[k++] = w->ring[i % WATCH_RING];
+    w->head = 0; /* the ring restarts; nothing is kept twice */
+    pthread_mutex_unlock(&w->lock);
+    PyObject *list = PyList_New(k);
+    if (list == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *item = Py_BuildValue("KiiLL", (unsigned long long)got[i].t, got[i].outcome, got[i].n,
+                                       (long long)got[i].claim_ns, (long long)got[i].deadline_ns);
+        if (item == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, item);
+    }
+    return list;
+}
+
+static PyObject *Watcher_get_after(Watcher *w, void *closure) {
+    (void)closure;
+    return PyLong_FromUnsignedLongLong(atomic_load(&w->after));
+}
+
+static PyObject *Watcher_get_running(Watcher *w, void *closure) {
+    (void)closure;
+    return PyBool_FromLong(w->started && !w->joined);
+}
+
+static PyObject *Watcher_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    (void)args;
+    (void)kwds;
+    Watcher *w = (Watcher *)type->tp_alloc(type, 0);
+    if (w == NULL)
+        return NULL;
+    pthread_mutex_init(&w->lock, NULL);
+    atomic_store(&w->stop, 0);
+    return (PyObject *)w;
+}
+
+static void Watcher_dealloc(Watcher *w) {
+    PyTypeObject *tp = Py_TYPE(w);
+    watcher_join(w);
+    if (w->has_buf)
+        PyBuffer_Release(&w->buf);
+    pthread_mutex_destroy(&w->lock);
+    tp->tp_free((PyObject *)w);
+    Py_DECREF(tp);
+}
+
+static PyMethodDef Watcher_methods[] = {
+    {"start", (PyCFunction)Watcher_start, METH_NOARGS, "Start the watcher thread."},
+    {"stop", (PyCFunction)Watcher_stop, METH_NOARGS, "Stop and join it (idempotent; within ~50 ms)."},
+    {"drain", (PyCFunction)Watcher_drain, METH_NOARGS,
+     "drain() -> [(t, outcome, n, claim_ns, deadline_ns)]: what it did since the last drain."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Watcher_getset[] = {
+    {"after", (getter)Watcher_get_after, NULL, "The last round seen through.", NULL},
+    {"running", (getter)Watcher_get_running, NULL, "Started and not stopped.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot Watcher_slots[] = {
+    {Py_tp_new, Watcher_new},
+    {Py_tp_init, Watcher_init},
+    {Py_tp_dealloc, Watcher_dealloc},
+    {Py_tp_methods, Watcher_methods},
+    {Py_tp_getset, Watcher_getset},
+    {Py_tp_doc, "Watcher(buf, words_off, page_off, zero_bytes, gathered_ns_off, n_off, after_t, delta_ns, "
+                "spin_ns): claims each round not published by its deadline, from a thread that never takes "
+                "the GIL."},
+    {0, NULL},
+};
+
+static PyType_Spec Watcher_spec = {
+    .name = "dspark_proxy._hostflag.Watcher",
+    .basicsize = sizeof(Watcher),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = Watcher_slots,
+};
+
 /* ------------------------------------------------------------------ module */
 
 static PyMethodDef hf_methods[] = {
     {"load", hf_load, METH_VARARGS, "load(buf, off) -> int: acquire load of a 64-bit word."},
     {"load_after", hf_load_after, METH_VARARGS, "load_after(buf, off) -> int: acquire fence, then load."},
-    {"store", hf_store, METH_VARARGS, "store(buf, off, v): release store, then wake sleepers."},
+    {"store", hf_store, METH_VARARGS,
+     "store(buf, off, v): release store, then wake sleepers (a hostflag word: 16 bytes at off are its)."},
+    {"store_release", hf_store_release, METH_VARARGS, "store_release(buf, off, v): release store, no wake."},
     {"begin_write", hf_begin_write, METH_VARARGS, "begin_write(buf, off, v): store, then release fence."},
     {"cas", hf_cas, METH_VARARGS, "cas(buf, off, expected, desired) -> bool."},
     {"raise_to", hf_raise_to, METH_VARARGS, "raise_to(buf, off, v) -> previous: monotonic max."},
@@ -692,6 +1026,8 @@ static PyMethodDef hf_methods[] = {
      "read_page(buf, words_off, page_off, t, dst) -> 1 ok / 0 not this round's / -1 not published."},
     {"wait_or_fail", hf_wait_or_fail, METH_VARARGS,
      "wait_or_fail(buf, words_off, page_off, zero_bytes, t, n, deadline_ns, spin_ns) -> 1..4."},
+    {"raise_gathered", hf_raise_gathered, METH_VARARGS,
+     "raise_gathered(buf, words_off, gathered_ns_off, n_off, t, n) -> gathered_ns: stamp, count, release."},
     {"seq_write", hf_seq_write, METH_VARARGS, "seq_write(buf, seq_off, data_off, src) -> new seq."},
     {"seq_read", hf_seq_read, METH_VARARGS, "seq_read(buf, seq_off, data_off, dst, tries) -> seq or 0."},
     {"monotonic_ns", hf_monotonic_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (the clock deadlines use)."},
@@ -699,6 +1035,13 @@ static PyMethodDef hf_methods[] = {
 };
 
 static int hf_exec(PyObject *m) {
+    PyObject *watcher = PyType_FromModuleAndSpec(m, &Watcher_spec, NULL);
+    if (watcher == NULL)
+        return -1;
+    int rc = PyModule_AddObjectRef(m, "Watcher", watcher);
+    Py_DECREF(watcher);
+    if (rc < 0)
+        return -1;
     if (PyModule_AddIntConstant(m, "WORD_STRIDE", WORD_STRIDE) < 0 ||
         PyModule_AddIntConstant(m, "GATHERED", W_GATHERED) < 0 ||
         PyModule_AddIntConstant(m, "CLAIMED", W_CLAIMED) < 0 ||
@@ -706,7 +1049,8 @@ static int hf_exec(PyObject *m) {
         PyModule_AddIntConstant(m, "CONSUMED", W_CONSUMED) < 0 ||
         PyModule_AddIntConstant(m, "N_ROUND_WORDS", N_ROUND_WORDS) < 0 ||
         PyModule_AddIntConstant(m, "ROUND_FAILED", ROUND_FAILED) < 0 ||
-        PyModule_AddIntConstant(m, "SLEEPERS_OFF", SLEEPERS_OFF) < 0)
+        PyModule_AddIntConstant(m, "SLEEPERS_OFF", SLEEPERS_OFF) < 0 ||
+        PyModule_AddIntConstant(m, "WAKESEQ_OFF", WAKESEQ_OFF) < 0)
         return -1;
     return 0;
 }

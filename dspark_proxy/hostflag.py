@@ -129,10 +129,19 @@ class HostFlags:
 
     # ------------------------------------------------------------------ engine side
 
-    def raise_gathered(self, t: int) -> None:
-        """Round t's staging, metadata and descriptor are complete (release; wakes the proxy)."""
-        _hostflag.store(self.mm, self._off[Word.GATHERED_NS], _hostflag.monotonic_ns())
-        _hostflag.store(self.mm, self._off[Word.GATHERED], t)
+    def raise_gathered(self, t: int, n: int = 0) -> None:
+        """Round t's staging, metadata and descriptor are complete (release; wakes the proxy). Its
+        start time and request count go first: the watchdog reads them after `gathered` (acquire)."""
+        _hostflag.raise_gathered(self.mm, self.words_off, self._off[Word.GATHERED_NS], self._off[Word.ROUND_N],
+                                 t, n)
+
+    def watcher(self, after_t: int, delta_ns: int) -> _hostflag.Watcher:
+        """A started C thread that fails every round gathered after `after_t` not published by
+        GATHERED_NS + delta_ns, without ever taking the GIL (see _hostflag.c, "the watcher thread")."""
+        w = _hostflag.Watcher(self.mm, self.words_off, self.page_off, self.zero_bytes, self._off[Word.GATHERED_NS],
+                              self._off[Word.ROUND_N], after_t, delta_ns, 0)
+        w.start()
+        return w
 
     def fail(self, t: int, n: int) -> int:
         """The watchdog's claim of round t with a failed reply: 1 won, 0 lost, -1 out of order."""

@@ -61,11 +61,12 @@ class Word:
     PROXY_STATS_SEQ = 11  # proxy: seqlock sequence of the proxy stats block
     SHIM_STATS_SEQ = 12  # engine: seqlock sequence of the shim stats block
     PROXY_ROUND = 13  # proxy: the round it is working on (status display only)
-    COUNT = 14
+    ROUND_N = 14  # engine: requests in the round being gathered (before `gathered`; the watchdog's failed page)
+    COUNT = 15
 
     NAMES = ("gathered", "claimed", "published", "consumed", "gathered_ns", "heartbeat_ns", "state",
              "attached", "engine_pid", "abandoned", "resync_seq", "proxy_stats_seq", "shim_stats_seq",
-             "proxy_round")
+             "proxy_round", "round_n")
 
 
 assert len(Word.NAMES) == Word.COUNT

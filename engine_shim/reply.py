@@ -65,11 +65,19 @@ class ReplyReader:
         self._fail_ids = np.full((layout.M, layout.N), -1, dtype=np.int32)
         self._fail_conf = np.zeros((layout.M, layout.N), dtype=np.float32)
         self._fail_ok = np.zeros(layout.M, dtype=np.bool_)
+        K = SUPPORT_K
+        # a failed round has the same fields as a good one (all off), so engines need no special case
+        self._fail_sm = np.zeros(layout.M, dtype=np.bool_) if layout.sampled else None
+        self._fail_sup = np.full((layout.M, layout.N, K), -1, dtype=np.int32) if layout.sampled else None
+        self._fail_q = np.zeros((layout.M, layout.N, K), dtype=np.float32) if layout.sampled else None
 
     def failed(self, t: int, n: int, reason: str) -> Reply:
         n = min(max(n, 0), self.L.M)
+        if not self.L.sampled:
+            return Reply(t, STATUS_ROUND_FAILED, n, self._fail_ok[:n], self._fail_ids[:n], self._fail_conf[:n],
+                         reason=reason)
         return Reply(t, STATUS_ROUND_FAILED, n, self._fail_ok[:n], self._fail_ids[:n], self._fail_conf[:n],
-                     reason=reason)
+                     self._fail_sm[:n], self._fail_sup[:n], self._fail_q[:n], reason=reason)
 
     def parse(self, t: int, n_expected: int) -> Reply:
         """The reply in `buf`. A page whose own n disagrees with the round's is not trusted."""

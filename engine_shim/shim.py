@@ -253,7 +253,7 @@ class Shim:
         seg, flags = self._seg, self._flags
         assert seg is not None and flags is not None
         self._write_round(seg, t, n, a)
-        flags.raise_gathered(t)
+        flags.raise_gathered(t, n)
         self._deadline_ns = seg.word(Word.GATHERED_NS) + int(self.deadline_ms() * 1e6)
         self._round_attached = True
 
@@ -360,7 +360,7 @@ class Shim:
         if self.sampled:
             m["seed"][:n] = a["seed"]
             m["temperature"][:n] = a["temperature"]
-        _hostflag.store(mm, moff + lay.meta_dtype.fields["stamp_end"][1], t)
+        _hostflag.store_release(mm, moff + lay.meta_dtype.fields["stamp_end"][1], t)
         # resync windows the proxy asked for (a bounded number)
         staged = self._stage_windows(seg, t)
         doff = lay.desc_off(t)
@@ -378,7 +378,7 @@ class Shim:
         d["qsl"][:n + 1] = qsl
         d["need_draft"][:n] = a["need_draft"]
         d["k_window"][:n] = a["k_window"]
-        _hostflag.store(mm, doff + lay.desc_dtype.fields["stamp_end"][1], t)
+        _hostflag.store_release(mm, doff + lay.desc_dtype.fields["stamp_end"][1], t)
 
     def _stage_windows(self, seg: Segment, t: int) -> list[int]:
         lay = seg.layout
@@ -435,6 +435,8 @@ class Shim:
             return self._reader.failed(t, n, reason or "failed_ahead")
         reply = self._reader.parse(t, n)
         self.stats.inc(f"replies_{reply.status_name}")
+        if not reply.ok:
+            self.watchdog.report()  # the watcher thread may have failed it: its event, now
         return reply
 
     def _hung(self, t: int, n: int) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 
 from dspark_proxy.shm_layout import STATUS_NAMES, STATUS_ROUND_FAILED, SUPPORT_K, ReplyLayout
 
-from .reply import Reply
+from .reply import Reply, ReplyReader
 
 __all__ = ["broadcast_reply", "payload_words"]
 
@@ -56,8 +56,7 @@ class _Buffers:
         self.page = self.a[_HDR:]
         self.ok = np.zeros(M, np.bool_)
         self.smask = np.zeros(M, np.bool_)
-        self.fail_ids = np.full((M, N), -1, np.int32)  # a failed round reads as ReplyReader.failed's
-        self.fail_conf = np.zeros((M, N), np.float32)
+        self.failed = ReplyReader(self.L).failed  # a failed round reads exactly as the shim's
 
 
 def _np(x: Any, dtype: Any) -> np.ndarray:
@@ -120,8 +119,7 @@ def _unpack(b: _Buffers) -> Reply:
     ids = page[L.o_ids:L.o_ids + n * N].reshape(n, N)
     conf = page[L.o_conf:L.o_conf + n * N].view(np.float32).reshape(n, N)
     if status == STATUS_ROUND_FAILED:
-        ok[:] = False
-        return Reply(t, status, n, ok, b.fail_ids[:n], b.fail_conf[:n], reason=reason)
+        return b.failed(t, n, reason)
     if not hdr[5]:
         return Reply(t, status, n, ok, ids, conf, reason=reason)
     K = SUPPORT_K

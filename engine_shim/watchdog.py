@@ -49,6 +49,8 @@ class Watchdog:
         self._thread = threading.Thread(target=self._run, name="dspark-watchdog", daemon=True)
         self._flags: HostFlags | None = None
         self._flags_seg: Segment | None = None
+        self._watcher = None  # the C thread making the deadline claims for the attached segment
+        self._watcher_seg: Segment | None = None
         self._next_look = 0.0
         self._next_stats = 0.0
         self._mismatch_logged: set[int] = set()
@@ -70,17 +72,21 @@ class Watchdog:
     # ------------------------------------------------------------------ loop
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._tick()
-            except Exception:  # noqa: BLE001 - the watchdog must outlive any one bad tick
-                log.exception("[watchdog] tick failed")
-                self._stop.wait(0.05)
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._tick()
+                except Exception:  # noqa: BLE001 - the watchdog must outlive any one bad tick
+                    log.exception("[watchdog] tick failed")
+                    self._stop.wait(0.05)
+        finally:
+            self._stop_watcher()
 
     def _tick(self) -> None:
         shim = self.shim
         seg = shim.segment
         if seg is None or shim.state is not AttachState.ATTACHED:
+            self._stop_watcher()
             self._look_for_proxy()
             self._stop.wait(0.01 if shim.state is AttachState.PENDING else shim.look_every_s)
             return
@@ -96,29 +102,52 @@ class Watchdog:
             why = self._proxy_lost(seg)
             if why is not None:
                 self._lost_incarnation = seg.incarnation
+                self._stop_watcher()
                 self.on_dead(seg, why)
                 shim.lose(why)
                 self._stop.wait(0.01)
                 return
             self._publish_stats(seg)
-            w = flags.values()
-            g, p = w["gathered"], w["published"]
-            if g > p and w["claimed"] < g:
-                # a round in flight: wait for it, or fail it at its deadline (GIL-free)
-                deadline = seg.word(Word.GATHERED_NS) + int(shim.deadline_ms() * 1e6)
-                r = flags.wait_or_fail(g, shim._n, deadline)
-                if r == WAIT_FAILED_BY_ME:
-                    self.claims += 1
-                    late = monotonic_ns() - deadline
-                    self.lateness_ns.append(late)
-                    del self.lateness_ns[:-4096]
-                    shim._note_watchdog(g, shim._n, "watchdog")
-                return
-            # idle: sleep until the next gather (or 100 ms, for the liveness checks above)
-            flags.wait_gathered(g + 1, shim.look_every_s)
+            self._watch(seg, flags)
+            self._stop.wait(shim.look_every_s)
         except ValueError:
             # the engine thread detached and unmapped this segment under us: next tick sees it
             self._flags = self._flags_seg = None
+
+    def _watch(self, seg: Segment, flags: HostFlags) -> None:
+        """Keep a C watcher thread on the attached segment and turn what it did into events.
+
+        The deadline claims themselves happen on that thread, which never takes the GIL, so engine
+        threads keeping the GIL busy cannot make them late; this Python thread only reports them."""
+        shim = self.shim
+        if self._watcher_seg is not seg:
+            self._stop_watcher()
+            self._watcher = flags.watcher(flags.load(Word.CLAIMED), int(shim.deadline_ms() * 1e6))
+            self._watcher_seg = seg
+        self.report()
+
+    def report(self) -> None:
+        """Turn the watcher's claims into events. Called by this thread every tick and by read_reply
+        after a failed round (so its event is there when read_reply returns); the C side's drain is
+        locked, and each record comes out once."""
+        w = self._watcher
+        if w is None:
+            return
+        for t, outcome, n, claim_ns, deadline_ns in w.drain():
+            if outcome == WAIT_FAILED_BY_ME:
+                self.claims += 1
+                self.lateness_ns.append(claim_ns - deadline_ns)
+                del self.lateness_ns[:-4096]
+                self.shim._note_watchdog(t, n, "watchdog")
+
+    def _stop_watcher(self) -> None:
+        w, self._watcher, self._watcher_seg = self._watcher, None, None
+        if w is not None:
+            w.stop()
+            for t, outcome, n, _claim_ns, _deadline_ns in w.drain():
+                if outcome == WAIT_FAILED_BY_ME:
+                    self.claims += 1
+                    self.shim._note_watchdog(t, n, "watchdog")
 
     def _proxy_lost(self, seg: Segment) -> str | None:
         shim = self.shim

@@ -301,16 +301,14 @@ def test_fail_all_wakes_a_waiter(mm):
     assert out["result"] is True and out["elapsed_ns"] < 2e9
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (_hostflag.c hf_fail_all): fail_all(T) raises published to T "
-                   "even when it lost the claim of T to a claimant that has not written the page yet")
 def test_fail_all_never_publishes_a_round_someone_else_holds(mm):
     """claimed == T held by a claimant frozen between its claim and its copy (SIGSTOP, page fault, a
-    second fail_all racing the first): fail_all(T) must not make round T readable before that copy."""
+    second fail_all racing the first): fail_all(T) must not make round T readable before that copy.
+    (Regression: fail_all used to raise published to T whether or not it had claimed T.)"""
     dst = np.zeros(PAGE_INTS, np.int32)
     hf.publish(mm, WORDS, PAGE_OFF, 1, filled(11))
     assert hf.cas(mm, C, 1, 2)  # round 2's claimant, before its memcpy
     hf.fail_all(mm, WORDS, PAGE_OFF, ZERO_BYTES, 2)
-    # today: published == 2 and read_page(2) accepts round 1's page as round 2's reply
     assert hf.read_page(mm, WORDS, PAGE_OFF, 2, dst) != PAGE_OK
 
 
@@ -450,9 +448,8 @@ def test_out_of_range_values_raise_overflow(mm, call):
     assert hf.load(mm, C) == 7 and hf.load(mm, P) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (_hostflag.c deadline_from_timeout): a NaN timeout converts to "
-                   "INT64_MIN and the signed overflow in the deadline arithmetic makes it 'forever'")
 def test_nan_timeout_is_refused(mm):
+    """(Regression: NaN used to convert to INT64_MIN, and the deadline arithmetic overflowed to 'forever'.)"""
     th, out = in_thread(hf.wait_ge, mm, G, 1, float("nan"), 0)
     th.join(1.0)
     hf.store(mm, G, 1)  # frees a waiter that took NaN for "forever"
@@ -493,10 +490,10 @@ def test_last_word_of_a_buffer_is_safe(call):
     assert r.returncode == 0, r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (_hostflag.c parse_word callers): store/cas/raise_to check 8 bytes "
-                   "at off but wake_if_sleepers() then reads the sleepers count at off+8: past the buffer")
 @pytest.mark.parametrize("call", ["hf.store(buf, 4088, 1)", "hf.cas(buf, 4088, 0, 1)", "hf.raise_to(buf, 4088, 1)"])
 def test_word_store_at_buffer_end_never_reads_past_it(call):
+    """A storing call also touches the word's sleepers count and wake sequence (+8..+16): it must check
+    that they are in the buffer, not fault (regression: only the 8 bytes of the word were checked)."""
     r = run_child(_GUARD_PAGE_CHILD.format(call=call))
     assert r.returncode == 0, f"child died with {r.returncode} (SIGSEGV = -11): {r.stderr[-300:]}"
 
@@ -512,14 +509,13 @@ _NEG_ZERO_CHILD = """
 """
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (_hostflag.c): a negative zero_bytes passes check_range (it checks "
-                   "zero_bytes + 8 >= 0) and reaches memset as a huge size_t")
 @pytest.mark.parametrize("call", [
     "hf.fail_round(mm, 0, 4096, -1, 1, 0)",
     "hf.fail_all(mm, 0, 4096, -8, 5)",
     "hf.wait_or_fail(mm, 0, 4096, -4, 1, 0, 0, 0)",
 ])
 def test_negative_zero_bytes_is_refused(call):
+    """(Regression: check_range accepted zero_bytes + 8 >= 0, and memset got a huge size_t.)"""
     r = run_child(_NEG_ZERO_CHILD.format(call=call))
     assert r.returncode == 0 and "refused" in r.stdout, f"rc={r.returncode} {r.stderr[-300:]}"
 
@@ -592,11 +588,11 @@ def test_wake_in_the_sleepers_window_is_not_lost(slow_futex_lib):
     assert _woken_ms(slow_futex_lib, 1) < 500
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (_hostflag.c wait_ge_nogil): the futex compares only the low 32 "
-                   "bits, so a store that changes only the high bits (fail_all to t + FAR_AHEAD = t + 2**40) "
-                   "in the sleeper's window is missed and the waiter sleeps to its timeout (forever if < 0)")
 @pytest.mark.parametrize("step", [1 << 32, hostflag.FAR_AHEAD])
 def test_wake_by_a_high_bits_only_store_is_not_lost(slow_futex_lib, step):
+    """A store that changes only the high 32 bits (fail_all to t + FAR_AHEAD = t + 2**40) in the same
+    window. Regression: the futex used to sleep on the word's low half, which such a store leaves
+    unchanged, so the sleeper slept to its timeout (forever with a negative one)."""
     assert _woken_ms(slow_futex_lib, step) < 500
 
 
