@@ -47,7 +47,7 @@ from dspark_proxy.segment import Segment
 from dspark_proxy.shm_layout import LayoutParams
 
 CTX = mp.get_context("fork")
-WAIT_S = 5.0  # a wait this long means the other side is gone: the run fails rather than hangs
+WAIT_S = 60.0  # a wait this long means the other side is gone (a stalled shared VM is measured, not failed)
 
 
 def _pin(cpu: int | None) -> None:
