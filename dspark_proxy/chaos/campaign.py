@@ -27,7 +27,6 @@ from typing import Any
 
 from .corrupt import DescriptorCorruptor
 from .injectors import INJECTORS
-from .noise import NoiseProbe
 from .probe import EngineProbe
 from .report import build_report
 from .schedule import KIND_NAMES, pass_order
@@ -57,7 +56,7 @@ class ChaosConfig:
     self_recover_s: float = 1.5  # worker_layout: how long to watch for recovery without a proxy restart
     kinds: tuple[str, ...] = KIND_NAMES
     max_passes: int | None = None
-    strict: bool = False  # also fail rounds over the limit that the noise probe explains (see noise.py)
+    strict: bool = False  # also fail rounds over the limit while the kernel kept the engine off the CPU
     name: str | None = None
     log_dir: str | None = None  # keep the children's logs here (default: a temp dir, removed if all passed)
 
@@ -230,6 +229,8 @@ def _save_rounds(path: Path, probe: EngineProbe) -> None:
     np.savez_compressed(path, t=np.asarray(probe.t[:n]), wait_ns=np.asarray(probe.wait_ns[:n]),
                         enqueue_ns=np.asarray(probe.enqueue_ns[:n]), late_ns=np.asarray(probe.late_ns[:n]),
                         reply_end_ns=np.asarray(probe.reply_end_ns[:n]), status=np.asarray(probe.status[:n]),
+                        wait_run_delay_ns=np.asarray(probe.wait_run_delay_ns[:n]),
+                        enqueue_run_delay_ns=np.asarray(probe.enqueue_run_delay_ns[:n]),
                         needed=np.asarray(probe.needed[:n]), usable=np.asarray(probe.usable[:n]),
                         wrong=np.asarray(probe.wrong[:n]))
 
@@ -257,11 +258,9 @@ def run_campaign(cfg: ChaosConfig, progress: Any = None) -> dict[str, Any]:
     clock0 = time.monotonic()
     passes = 0
     leftovers: list[str] = []
-    noise = NoiseProbe(log_dir / "noise.txt")
     gcw = _GcWatch().__enter__()
     tally = ProxyTally(name)
     try:
-        noise.start()
         system.start()
         corruptor.install(system.shim)
         probe = EngineProbe(system.shim, cfg.deadline_ms)
@@ -306,11 +305,12 @@ def run_campaign(cfg: ChaosConfig, progress: Any = None) -> dict[str, Any]:
             if engine.is_alive():
                 failures.append("the engine thread did not stop")
         leftovers = system.close()
-        noise.stop()
         gcw.__exit__()
+        if probe is not None:
+            probe.close()
     report = build_report(cfg=asdict(cfg), probe=probe, injections=injections, passes=passes,
                           elapsed_s=time.monotonic() - clock0, leftovers=leftovers, failures=failures,
-                          corruptions=dict(corruptor.counts), noise=noise,
+                          corruptions=dict(corruptor.counts),
                           timeline=system.actions + tally.actions + gcw.pauses)
     if probe is not None and (cfg.log_dir or not report["ok"]):
         _save_rounds(log_dir / "rounds.npz", probe)

@@ -12,6 +12,7 @@ lengths and slices (list appends and reads are atomic under the GIL) and sets `_
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -33,7 +34,11 @@ class EngineProbe:
         self.wait_ns: list[int] = []  # inside read_reply: what the engine waited for its drafts
         self.enqueue_ns: list[int] = []
         self.reply_end_ns: list[int] = []  # perf_counter_ns when read_reply returned
-        self.late_ns: list[int] = []  # reply returned minus (gathered + deadline); gathered ~ enqueue's end
+        self.late_ns: list[int] = []
+        # the kernel's witness (/proc/thread-self/schedstat, run_delay: ns spent runnable but not running):
+        # how much of the wait, and of the enqueue, the engine thread was kept off the CPU
+        self.wait_run_delay_ns: list[int] = []
+        self.enqueue_run_delay_ns: list[int] = []  # reply returned minus (gathered + deadline); gathered ~ enqueue's end
         self.status: list[int] = []
         self.needed: list[int] = []
         self.usable: list[int] = []
@@ -45,21 +50,44 @@ class EngineProbe:
         self._wait_ns = 0
         self._late_ns = 0
         self._reply_end = 0
+        self._sched_fd = -1  # opened by the engine thread (thread-self resolves at open)
+        self._wait_rd = 0
+        self._enq_rd = 0
         self._watch_from = _NEVER
         self._resumed = threading.Event()  # set by the engine thread: a usable round past _watch_from
 
     # ------------------------------------------------------------------ the shim's surface
 
+    def _run_delay_ns(self) -> int:
+        fd = self._sched_fd
+        if fd == -1:
+            try:
+                fd = self._sched_fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            except OSError:
+                fd = self._sched_fd = -2
+        if fd < 0:
+            return 0
+        return int(os.pread(fd, 128, 0).split()[1])
+
+    def close(self) -> None:
+        fd, self._sched_fd = self._sched_fd, -2
+        if fd >= 0:
+            os.close(fd)
+
     def enqueue(self, t: int, **kwargs: Any) -> None:
+        rd0 = self._run_delay_ns()
         t0 = time.perf_counter_ns()
         self.shim.enqueue(t, **kwargs)
         self._enq_end = time.perf_counter_ns()
+        self._enq_rd = self._run_delay_ns() - rd0
         self._enq_ns = self._enq_end - t0
 
     def read_reply(self, t: int) -> Any:
+        rd0 = self._run_delay_ns()
         t0 = time.perf_counter_ns()
         reply = self.shim.read_reply(t)
         t1 = self._reply_end = time.perf_counter_ns()
+        self._wait_rd = self._run_delay_ns() - rd0
         self._wait_ns = t1 - t0
         self._late_ns = t1 - self._enq_end - self.deadline_ns
         return reply
@@ -76,6 +104,8 @@ class EngineProbe:
         self.enqueue_ns.append(self._enq_ns)
         self.late_ns.append(self._late_ns)
         self.reply_end_ns.append(self._reply_end)
+        self.wait_run_delay_ns.append(self._wait_rd)
+        self.enqueue_run_delay_ns.append(self._enq_rd)
         self.status.append(int(reply.status))
         self.needed.append(int(batch.need_draft.sum()))
         self.usable.append(usable)

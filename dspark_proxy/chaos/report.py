@@ -44,7 +44,7 @@ def _sum(a: list[int], lo: int, hi: int) -> int:
 
 def build_report(*, cfg: dict[str, Any], probe: Any, injections: list, passes: int, elapsed_s: float,
                  leftovers: list[str], failures: list[str], corruptions: dict[str, int],
-                 noise: Any = None, timeline: list[tuple[int, int, str]] | None = None) -> dict[str, Any]:
+                 timeline: list[tuple[int, int, str]] | None = None) -> dict[str, Any]:
     D, margin = float(cfg["deadline_ms"]), float(cfg["margin_ms"])
     failures = list(failures)
     n_rounds = probe.count if probe is not None else 0
@@ -119,10 +119,10 @@ def build_report(*, cfg: dict[str, Any], probe: Any, injections: list, passes: i
     over_rows = []
     for i in over[np.argsort(-wait[over])].tolist():
         end = probe.reply_end_ns[i]
-        stall = noise.stall_ns(end - int(wait[i]), end) if noise is not None else 0
+        rd = probe.wait_run_delay_ns[i]
         over_rows.append({"round": int(probe.t[i]), "wait_ms": round(float(wait[i]) / 1e6, 3),
-                          "during": _during(i, injections), "box_stall_ms": round(stall / 1e6, 3),
-                          "explained": bool(stall >= wait[i] - limit_ns),
+                          "during": _during(i, injections), "off_cpu_ms": round(rd / 1e6, 3),
+                          "explained": bool(rd >= wait[i] - limit_ns),
                           "controller": _near(timeline, end - int(wait[i]), end)})
     unexplained = [o for o in over_rows if not o["explained"]]
     worst = over_rows[:10]
@@ -133,11 +133,11 @@ def build_report(*, cfg: dict[str, Any], probe: Any, injections: list, passes: i
                "drafts_needed": int(sum(probe.needed)) if probe else 0,
                "usable_drafts": int(sum(probe.usable)) if probe else 0, **_wait_summary(wait, D, late),
                "rounds_over_limit_unexplained": len(unexplained),
-               "box_noise_ms": noise.summary_ms() if noise is not None else {},
+               "off_cpu_ms_max": _ms(np.asarray(probe.wait_run_delay_ns[:n_rounds] if probe else [], np.int64)),
                "enqueue_ms_max": _ms(enq), "enqueue_ms_p99": _ms(enq, 99),
-               "worst_enqueue": [_outlier(probe, int(i), injections, noise, timeline, "enqueue")
+               "worst_enqueue": [_outlier(probe, int(i), injections, timeline, "enqueue")
                                  for i in np.argsort(-enq)[:5]],
-               "worst_late": [_outlier(probe, int(i), injections, noise, timeline, "late")
+               "worst_late": [_outlier(probe, int(i), injections, timeline, "late")
                               for i in np.argsort(-late)[:5]], "limit_ms": D + margin, "rounds_over_limit": int(over.size),
                "worst_over_limit": worst, "descriptor_corruptions": corruptions}
     return {"ok": not failures, "failures": failures, "config": cfg, "overall": overall, "baseline": baseline,
@@ -155,15 +155,15 @@ def _near(timeline: list[tuple[int, int, str]], lo: int, hi: int, slack_ns: int 
     return out[:6]
 
 
-def _outlier(probe: Any, i: int, injections: list, noise: Any, timeline: list, what: str) -> dict[str, Any]:
-    """One slow round, with the machine's largest scheduling stall during that part of it."""
+def _outlier(probe: Any, i: int, injections: list, timeline: list, what: str) -> dict[str, Any]:
+    """One slow round, with how long the kernel kept the engine thread off the CPU meanwhile."""
     end = probe.reply_end_ns[i]
     enq_end = end - probe.late_ns[i] - probe.deadline_ns  # late = reply end - enqueue end - deadline
     lo, hi = (enq_end - probe.enqueue_ns[i], enq_end) if what == "enqueue" else (enq_end, end)
-    stall = noise.stall_ns(lo, hi) if noise is not None else 0
+    rd = probe.enqueue_run_delay_ns[i] if what == "enqueue" else probe.wait_run_delay_ns[i]
     return {"round": int(probe.t[i]), f"{what}_ms": round((hi - lo - (probe.deadline_ns if what == "late" else 0))
                                                            / 1e6, 3),
-            "during": _during(i, injections), "box_stall_ms": round(stall / 1e6, 3),
+            "during": _during(i, injections), "off_cpu_ms": round(rd / 1e6, 3),
             "controller": _near(timeline, lo, hi)}
 
 
@@ -184,7 +184,7 @@ def _checks(cfg: dict[str, Any], kinds: dict[str, dict[str, Any]], wrong_total: 
     if over:
         failures.append(f"{len(over)} rounds waited longer than deadline + margin "
                         f"({cfg['deadline_ms']} + {cfg['margin_ms']} ms)"
-                        + ("" if cfg.get("strict") else " while the noise probe saw no stall that long")
+                        + ("" if cfg.get("strict") else " beyond the time the kernel kept the engine thread off the CPU")
                         + f"; worst {over[0]}")
     for r in per_inj:
         pc = r["proxy_counters"]
@@ -247,14 +247,10 @@ def format_table(r: dict[str, Any]) -> str:
             lines.append(f"  {'':<19} note:  {note}")
     if ov["rounds_over_limit"]:
         lines.append(f"rounds over deadline + margin: {ov['rounds_over_limit']} "
-                     f"({ov['rounds_over_limit_unexplained']} not explained by a concurrent scheduler stall of the "
-                     f"machine); worst: " + "; ".join(
-                         f"round {o['round']} {o['wait_ms']:.1f} ms during {o['during']} (box stall "
-                         f"{o['box_stall_ms']:.1f} ms)" for o in ov["worst_over_limit"][:3]))
-    bn = ov.get("box_noise_ms") or {}
-    if bn.get("windows"):
-        lines.append(f"machine noise (a 1 ms sleeper's oversleep per 20 ms window): p50 {bn['p50']:.2f} "
-                     f"p99 {bn['p99']:.2f} max {bn['max']:.2f} ms")
+                     f"({ov['rounds_over_limit_unexplained']} not explained by the kernel keeping the engine thread "
+                     f"off the CPU); worst: " + "; ".join(
+                         f"round {o['round']} {o['wait_ms']:.1f} ms during {o['during']} (off CPU "
+                         f"{o['off_cpu_ms']:.1f} ms)" for o in ov["worst_over_limit"][:3]))
     lines += ["", f"all rounds: wrong drafts {ov['wrong_drafts']}, usable {ov['usable_drafts']} of "
               f"{ov['drafts_needed']} needed; engine wait p50 {ov['wait_ms_p50']:.2f} p99 {ov['wait_ms_p99']:.2f} "
               f"max {ov['wait_ms_max']:.2f} ms (limit {ov['limit_ms']:g}); enqueue p99 {ov['enqueue_ms_p99']:.2f} "
@@ -265,7 +261,7 @@ def format_table(r: dict[str, Any]) -> str:
     else:
         explained = ov["rounds_over_limit"] - ov["rounds_over_limit_unexplained"]
         lines.append("PASSED: every fault kind injected, no wrong draft, no wait beyond deadline + margin"
-                     + (f" (but {explained} explained by machine stalls, above)" if explained else "")
+                     + (f" (but {explained} over it while the kernel kept the engine off the CPU, above)" if explained else "")
                      + ", drafts resumed after every fault, nothing left behind")
     if r.get("log_dir"):
         lines.append(f"children's logs: {r['log_dir']}")

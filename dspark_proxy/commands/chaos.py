@@ -30,7 +30,7 @@ __all__ = ["chaos"]
 @click.option("--kinds", default=None, help="Comma-separated fault kinds (default: all).")
 @click.option("--passes", "max_passes", type=int, default=None, help="At most this many passes.")
 @click.option("--strict", is_flag=True,
-              help="Also fail rounds over deadline + margin that a concurrent stall of the machine explains.")
+              help="Also fail rounds over deadline + margin while the kernel kept the engine thread off the CPU.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--name", default=None, help="Segment name (default: chaos-<pid>).")
 @click.option("--log-dir", default=None, help="Keep the children's logs here (default: a temp dir, kept on failure).")
