@@ -60,7 +60,8 @@ def test_quick_json_has_every_section_with_numbers(quick_run: dict) -> None:
     places = r["handoff"]["placements"]
     assert "same_core" in places and "unpinned" in places
     for place, p in places.items():
-        for k in ("handoff", "enqueue", "read_reply", "proxy_round", "futex_adaptive", "futex_sleep", "pipe", "tcp"):
+        for k in ("handoff", "enqueue", "read_reply", "proxy_round", "futex_adaptive", "futex_sleep", "pipe",
+                  "tcp"):
             _figures(p[k], f"handoff/{place}/{k}")
         assert all(_num(v) and v > 0 for v in p["ratios"].values()), p["ratios"]
         assert p["failed_rounds"] == 0
@@ -110,7 +111,8 @@ def test_quick_json_has_every_section_with_numbers(quick_run: dict) -> None:
     assert r["targets"][0]["met"] is True  # every measured round succeeded
 
     text = format_report(r)
-    for head in ("1. HAND-OFF", "2. GIL ISOLATION", "3. SCALING", "4. ROWS THROUGHPUT", "5. MEMORY", "TARGETS"):
+    for head in ("1. HAND-OFF", "2. GIL ISOLATION", "3. SCALING", "4. ROWS THROUGHPUT", "5. MEMORY",
+                 "TARGETS"):
         assert head in text
 
 

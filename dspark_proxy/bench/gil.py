@@ -7,7 +7,8 @@ Reported per mode and load: the proxy's own round time (gathered seen -> publish
 worker round trip inside it (`rtt_us`), the difference of their p50s (the proxy's own work, which
 the worker's timing does not blur), and the engine's side: `enqueue` and the wait in
 `read_reply` after a 10 ms forward (a sleep: the GIL is free, as in a CUDA step; every case runs at
-this cadence, so idle and loaded cases compare like with like). Each mode and load gets a fresh proxy so its statistics are its own; one worker
+this cadence, so idle and loaded cases compare like with like). Each mode and load gets a fresh
+proxy so its statistics are its own; one worker
 process (integrity drafter, loopback TCP) serves them all. The deadline is long (5 s) so that slow
 rounds are measured rather than cut off; rounds that failed anyway are counted.
 """
@@ -65,7 +66,7 @@ def _one(mode: str, busy: int, worker_addr: str, name: str, seconds: float, max_
     from dspark_proxy.launch import spawn_proxy
 
     s = GIL_SHAPE
-    layout = dict(max_reqs=s["max_reqs"], num_spec=s["num_spec"], window=s["window"], row_bytes=s["row_bytes"])
+    layout = {k: s[k] for k in ("max_reqs", "num_spec", "window", "row_bytes")}
     gen = RoundGen(s["n"], num_spec=s["num_spec"], window=s["window"], row_bytes=s["row_bytes"])
     proxy = shim = None
     try:
@@ -73,7 +74,8 @@ def _one(mode: str, busy: int, worker_addr: str, name: str, seconds: float, max_
             with on_cpu(other_cpu):
                 proxy = spawn_proxy(name, worker_addr, "--max-reqs", str(s["max_reqs"]), "--num-spec",
                                     str(s["num_spec"]), "--window", str(s["window"]), "--row-bytes",
-                                    str(s["row_bytes"]), "--deadline-ms", str(DEADLINE_MS), "--log-every", "0")
+                                    str(s["row_bytes"]), "--deadline-ms", str(DEADLINE_MS),
+                                    "--log-every", "0")
             wait_connected(name)
             shim = engine_shim.attach(name, timeout_s=10.0, **layout)
         else:

@@ -64,8 +64,8 @@ def run_memory(quick: bool = False, say: Callable[[str], None] = lambda s: None,
     r = REALISTIC
     rounds, idle_s = (3, 2.0) if quick else (8, 10.0)
     name = f"{prefix or default_prefix()}-memory"
-    layout = ["--max-reqs", str(r["max_reqs"]), "--num-spec", str(r["num_spec"]), "--window", str(r["window"]),
-              "--row-bytes", str(r["row_bytes"])]
+    layout = ["--max-reqs", str(r["max_reqs"]), "--num-spec", str(r["num_spec"]), "--window",
+              str(r["window"]), "--row-bytes", str(r["row_bytes"])]
     gen = RoundGen(r["n"], num_spec=r["num_spec"], window=r["window"], row_bytes=r["row_bytes"])
     out: dict[str, Any] = {"shape": r, "rounds": rounds}
     engine_before = rss_kb()

@@ -53,7 +53,8 @@ def _handoff(r: dict[str, Any]) -> list[str]:
             out.append(f"  (bare hand-off: {p['bare_handoff_note']})")
         rt = p["ratios"]
         if "handoff_over_bare_handoff_p50" in rt:
-            out.append(f"  ratios p50: bare hand-off / futex floor {_r(rt['bare_handoff_over_futex_floor_p50'])}x, "
+            out.append("  ratios p50: bare hand-off / futex floor "
+                       f"{_r(rt['bare_handoff_over_futex_floor_p50'])}x, "
                        f"hand-off / bare hand-off {_r(rt['handoff_over_bare_handoff_p50'])}x")
         out.append(f"  ratios p50: hand-off / futex floor {_r(rt['handoff_over_futex_floor_p50'])}x, "
                    f"proxy round / futex floor {_r(rt['proxy_round_over_futex_floor_p50'])}x, "
@@ -75,13 +76,15 @@ def _gil(r: dict[str, Any]) -> list[str]:
             fail = f"  ({c['rounds']} rounds, {c['failed_rounds']} failed)"
             out.append(_row(f"{tag}: proxy round", c["proxy_round"], extra=fail))
             out.append(_row("  of which worker round trip", c["worker_rtt"]))
-            out.append(f"  {'  proxy round - worker round trip (p50s)':<44} {_v(c.get('proxy_cost_p50_us')):>9}")
+            label = "  proxy round - worker round trip (p50s)"
+            out.append(f"  {label:<44} {_v(c.get('proxy_cost_p50_us')):>9}")
             out.append(_row("  engine wait (read_reply)", c["engine_wait"]))
             out.append(_row("  engine enqueue", c["enqueue"]))
             rt = c.get("ratios_vs_idle")
             if rt:
                 out.append(f"  vs idle: proxy round p50 {_r(rt['proxy_round_p50'])}x, p99 "
-                           f"{_r(rt['proxy_round_p99'])}x; proxy round - worker p50 {_r(rt['proxy_cost_p50'])}x; "
+                           f"{_r(rt['proxy_round_p99'])}x; proxy round - worker p50 "
+                           f"{_r(rt['proxy_cost_p50'])}x; "
                            f"engine wait p50 {_r(rt['engine_wait_p50'])}x")
     return out
 

@@ -34,13 +34,15 @@ FULL_CASES = ((43008, 256, 1), (71680, 256, 1), (71680, 64, 6))
 QUICK_CASES = ((43008, 256, 1), (71680, 256, 1))
 
 
-def _case(row_bytes: int, n: int, k: int, rounds: int, warmup: int, sink: RawSink, name: str) -> dict[str, Any]:
+def _case(row_bytes: int, n: int, k: int, rounds: int, warmup: int, sink: RawSink,
+          name: str) -> dict[str, Any]:
     import engine_shim
     from dspark_proxy import wire
     from dspark_proxy.commands.control import read_status
     from dspark_proxy.launch import spawn_proxy, spawn_worker
 
-    layout = ["--max-reqs", str(n), "--num-spec", str(NUM_SPEC), "--window", str(k), "--row-bytes", str(row_bytes)]
+    layout = ["--max-reqs", str(n), "--num-spec", str(NUM_SPEC), "--window", str(k),
+              "--row-bytes", str(row_bytes)]
     worker = spawn_worker(*layout)
     proxy = shim = None
     try:
@@ -80,7 +82,8 @@ def _case(row_bytes: int, n: int, k: int, rounds: int, warmup: int, sink: RawSin
     e, r = np.asarray(enq, np.int64), np.asarray(read, np.int64)
     nbytes = int(row_data.nbytes)
     res: dict[str, Any] = {
-        "row_bytes": row_bytes, "n": n, "rows_per_request": k, "rows": n * k, "row_mb_per_round": nbytes / 1e6,
+        "row_bytes": row_bytes, "n": n, "rows_per_request": k, "rows": n * k,
+        "row_mb_per_round": nbytes / 1e6,
         "rounds": rounds, "failed_rounds": int(failed),
         "proxy_round": from_stats(lat.get("rank0_round_us")), "rtt": from_stats(lat.get("rtt_us")),
         "worker": from_stats(lat.get("worker_us")), "enqueue": summarize(e), "read_reply": summarize(r),
@@ -94,7 +97,8 @@ def _case(row_bytes: int, n: int, k: int, rounds: int, warmup: int, sink: RawSin
                        "engine_round": mb_per_s(nbytes, res["engine_round"]["p50_us"]),
                        "raw": mb_per_s(nbytes, res["raw"]["p50_us"])}
     mb = res["mb_per_s"]
-    res["ratios_vs_raw"] = {k2: ratio(mb[k2], mb["raw"]) for k2 in ("proxy_round", "transport", "engine_round")}
+    res["ratios_vs_raw"] = {k2: ratio(mb[k2], mb["raw"])
+                            for k2 in ("proxy_round", "transport", "engine_round")}
     return res
 
 

@@ -76,7 +76,8 @@ def _memory(res: dict[str, Any]) -> list[dict[str, Any]]:
         return []
     idle = m["idle"]["proxy_plus_shim_pct_core"]
     own = m["proxy"]["after_rounds"]["own_mb"]
-    return [_line(f"idle engine ({m['idle']['seconds']} s): proxy + shim < 1% of a core", f"{idle}%", idle < 1.0),
+    return [_line(f"idle engine ({m['idle']['seconds']} s): proxy + shim < 1% of a core", f"{idle}%",
+                  idle < 1.0),
             _line("proxy resident memory outside the segment < 200 MB", f"{own} MB", own < 200.0)]
 
 

@@ -25,12 +25,14 @@ def _sections(value: str | None) -> list[str] | None:
 
 @click.command("bench")
 @click.option("--quick", is_flag=True, help="Fewer rounds and shapes (CI: well under two minutes).")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as one JSON object instead of the table.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the results as one JSON object instead of the table.")
 @click.option("--sections", default=None, metavar="LIST",
               help="Comma list of sections to run: handoff,gil,scaling,rows,memory (default: all).")
 @click.option("--plot", "plot_path", default=None, metavar="PNG",
               help="Also draw the latency distributions to this file (needs matplotlib).")
-@click.option("--output", "out_path", default=None, metavar="FILE", help="Also write the JSON results to FILE.")
+@click.option("--output", "out_path", default=None, metavar="FILE",
+              help="Also write the JSON results to FILE.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 @click.option("--name-prefix", default="", metavar="NAME",
               help="Prefix of the shared-memory segment names the benchmark creates (default bench-<pid>).")
