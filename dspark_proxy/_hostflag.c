@@ -261,10 +261,17 @@ static int conv_u64(PyObject *o, void *out) {
  */
 static int claim(_Atomic uint64_t *claimed, uint64_t t) {
     uint64_t expected = t - 1;
-    /* acq_rel: acquire orders our page writes after the claim; release publishes the claim itself */
+    /* acq_rel: the claim is ordered after everything we did before it */
     if (atomic_compare_exchange_strong_explicit(claimed, &expected, t, memory_order_acq_rel,
-                                                memory_order_acquire))
+                                                memory_order_acquire)) {
+        /* release fence: the page writes that follow must not become visible before the claim (a
+         * reader that sees them also sees claimed move, and rejects its copy). An acq_rel CAS alone
+         * does not order later stores after its own store on aarch64; this is the seqlock writer's
+         * fence after `seq = odd` (Linux write_seqcount_begin's smp_wmb). Pairs with read_page's
+         * acquire fence before its second look at claimed. */
+        atomic_thread_fence(memory_order_release);
         return 1;
+    }
     return expected >= t ? 0 : -1;
 }
 
@@ -375,6 +382,7 @@ static PyObject *hf_fail_all(PyObject *mod, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     before = raise_to(claimed, (uint64_t)T);
     if (before < (uint64_t)T) {
+        atomic_thread_fence(memory_order_release); /* the claim before the page writes (see claim()) */
         write_failed_page(base + page_off, zero_bytes, 0);
         raise_to(published, (uint64_t)T); /* release: pairs with read_page's acquire */
         atomic_thread_fence(memory_order_seq_cst);

@@ -18,7 +18,7 @@ from . import _hostflag
 from .segment import Segment
 from .shm_layout import Word
 
-__all__ = ["FAR_AHEAD", "HostFlags", "AdaptiveSpin", "OutOfOrder", "WAIT_PUBLISHED", "WAIT_FAILED_BY_ME",
+__all__ = ["FAR_AHEAD", "HostFlags", "AdaptiveSpin", "spin_useful", "OutOfOrder", "WAIT_PUBLISHED", "WAIT_FAILED_BY_ME",
            "WAIT_CLAIMED_UNPUBLISHED", "WAIT_OUT_OF_ORDER", "PAGE_OK", "PAGE_NOT_THIS_ROUND",
            "PAGE_NOT_PUBLISHED", "monotonic_ns"]
 
@@ -41,11 +41,24 @@ class OutOfOrder(RuntimeError):
     """A claim for round t while round t-1 is still unclaimed: the hand-off's ordering is broken."""
 
 
-def _cores_available() -> int:
+def _cpus(pid: int) -> frozenset[int] | None:
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return os.cpu_count() or 1
+        return frozenset(os.sched_getaffinity(pid))
+    except (AttributeError, OSError):  # non-Linux, or the peer is gone
+        return None
+
+
+def spin_useful(peer_pid: int | None = None) -> bool:
+    """Whether spinning can pay: not when this process and its peer can only share one core (the
+    spin would hold the very core the answer must come from). Each pinned to its own core is the
+    best case for spinning, so the decision looks at both processes' CPU sets, not ours alone."""
+    mine = _cpus(0)
+    if mine is None:
+        return (os.cpu_count() or 1) > 1
+    theirs = _cpus(peer_pid) if peer_pid else None
+    if theirs is None:
+        return (os.cpu_count() or 1) > 1
+    return len(mine | theirs) > 1
 
 
 class AdaptiveSpin:
@@ -55,11 +68,11 @@ class AdaptiveSpin:
     costs tens of µs to wake. But a spin that never succeeds only burns a core (and on one shared
     core it delays the very process we wait for). So: grow the spin towards twice the waits that
     were satisfied quickly, halve it after each wait that had to sleep, never above `max_ns`, and
-    not at all when this process may run on one core only.
+    not at all when this process and its peer can only share one core (`spin_useful`).
     """
 
-    def __init__(self, max_ns: int = 50_000, min_ns: int = 0) -> None:
-        self.max_ns = max_ns if _cores_available() > 1 else 0
+    def __init__(self, max_ns: int = 50_000, min_ns: int = 0, peer_pid: int | None = None) -> None:
+        self.max_ns = max_ns if spin_useful(peer_pid) else 0
         self.min_ns = min(min_ns, self.max_ns)
         self.spin_ns = self.max_ns
 
@@ -73,7 +86,7 @@ class AdaptiveSpin:
 class HostFlags:
     """The four round words of a segment plus the reply page. One instance per side per thread."""
 
-    def __init__(self, seg: Segment, spin: AdaptiveSpin | None = None) -> None:
+    def __init__(self, seg: Segment, spin: AdaptiveSpin | None = None, peer_pid: int | None = None) -> None:
         self.seg = seg
         self.mm = seg.mm
         lay = seg.layout
@@ -82,7 +95,7 @@ class HostFlags:
         self.zero_bytes = lay.reply.fail_zero_bytes
         self.page_bytes = lay.reply.nbytes
         self._off = [lay.word_off(i) for i in range(Word.COUNT)]
-        self.spin = spin or AdaptiveSpin()
+        self.spin = spin or AdaptiveSpin(peer_pid=peer_pid)
 
     # ------------------------------------------------------------------ common
 

@@ -106,6 +106,7 @@ class Proxy:
         self.core: RoundCore | None = None
         self._stop = threading.Event()
         self._heartbeat = _Heartbeat(self)
+        self._stats_lock = threading.Lock()  # the stats block's one writer at a time
         self.incarnations = 0
         self.ready = threading.Event()  # set once the first incarnation is READY (tests, demo)
         self._last_log = 0
@@ -226,12 +227,16 @@ class Proxy:
         return snap
 
     def publish_stats(self, seg: Segment) -> None:
-        st = self.stats
-        st.set("breaker", self.breaker.snapshot())
-        st.set("watchdog_events", self.events.dump())
-        st.set("client", dict(getattr(self.client, "counters", {})))
-        st.set("incarnations", self.incarnations)
-        seg.write_block("proxy", st.snapshot_bytes(seg.layout.regions["proxy_stats"][1] - 8))
+        """Publish the snapshot into the segment. The block is a single-writer seqlock and both the
+        heartbeat thread and the round thread (at the end of an incarnation) publish: the lock makes
+        them one writer."""
+        with self._stats_lock:
+            st = self.stats
+            st.set("breaker", self.breaker.snapshot())
+            st.set("watchdog_events", self.events.dump())
+            st.set("client", dict(getattr(self.client, "counters", {})))
+            st.set("incarnations", self.incarnations)
+            seg.write_block("proxy", st.snapshot_bytes(seg.layout.regions["proxy_stats"][1] - 8))
 
     def write_stats_file(self) -> None:
         if not self.cfg.stats_file:

@@ -39,6 +39,18 @@ DEFAULT_NAME = "dspark"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 
+CREATING_GRACE_S = 2.0  # a headerless segment younger than this is being created, not left over
+
+
+def _age_size(sname: str) -> tuple[float | None, int]:
+    """Seconds since the segment's file was created, and its size (POSIX shm is /dev/shm on Linux)."""
+    try:
+        st = os.stat("/dev/shm" + sname)
+    except OSError:
+        return None, 0
+    return max(0.0, time.time() - st.st_ctime), st.st_size
+
+
 class SegmentError(RuntimeError):
     """The segment cannot be used (missing, corrupt, wrong version)."""
 
@@ -149,15 +161,19 @@ class Segment:
         shm.close_fd()
         seg = cls(name, mm, lay, owner=True)
         h = seg.header
-        for k, v in lay.header_values().items():
-            h[k] = v
-        h["deadline_ms"] = float(deadline_ms)
+        # the owner first and the magic last: a reader that sees the magic sees a whole header, and a
+        # competing start that finds no magic yet can tell "being created" from "left over" by age
         h["owner_pid"] = os.getpid()
         h["owner_start_ticks"] = process_start_ticks(os.getpid())
+        for k, v in lay.header_values().items():
+            if k != "magic":
+                h[k] = v
+        h["deadline_ms"] = float(deadline_ms)
         h["start_time_ns"] = time.time_ns()
         h["incarnation"] = seg.incarnation = time.time_ns()
         seg.set_word(Word.HEARTBEAT_NS, _hostflag.monotonic_ns())
         seg.set_word(Word.STATE, State.STARTING)
+        _hostflag.store_release(mm, 0, MAGIC)  # release: pairs with the acquire in open()'s magic check
         return seg
 
     @classmethod
@@ -166,6 +182,12 @@ class Segment:
         try:
             old = cls.open(name)
         except SegmentError as e:
+            age_s, size = _age_size(sname)
+            # create() sizes the object at once and writes the header magic-last: a young object of
+            # size 0 (not yet sized) or of a whole header without magic is another start's, mid-create
+            if age_s is not None and age_s < CREATING_GRACE_S and (size == 0 or size >= HEADER_BYTES):
+                raise SegmentBusy(f"segment {sname} is being created by another proxy ({age_s:.2f} s old, "
+                                  f"no header yet): one proxy per --name") from e
             log.warning("[segment] %s: unreadable leftover (%s): unlinking it", sname, e)
         else:
             h = old.header
@@ -202,9 +224,10 @@ class Segment:
         finally:
             shm.close_fd()
         try:
+            magic = _hostflag.load(mm, 0)  # acquire: pairs with create()'s release store of the magic
             hdr = np.ndarray((), HEADER_DTYPE, buffer=mm, offset=0).copy()
-            if int(hdr["magic"]) != MAGIC:
-                raise SegmentError(f"segment {sname}: bad magic {int(hdr['magic']):#x} (not a dspark-proxy "
+            if magic != MAGIC:
+                raise SegmentError(f"segment {sname}: bad magic {magic:#x} (not a dspark-proxy "
                                    f"segment, or still being created)")
             if int(hdr["layout_version"]) != LAYOUT_VERSION:
                 raise SegmentError(f"segment {sname}: layout version {int(hdr['layout_version'])}, this "
@@ -276,17 +299,18 @@ class Segment:
     # ------------------------------------------------------------------ close
 
     def close(self) -> None:
-        """Unmap (views first). Idempotent. The owner's unlink is separate: see unlink()."""
+        """Drop this object's views and mapping reference. Idempotent. The owner's unlink is separate:
+        see unlink().
+
+        The mapping itself is never closed here: numpy views made with `buffer=` keep the mmap object
+        alive but hold no buffer export, so an explicit mm.close() would unmap memory that a view
+        still handed out (a Reply's source, a round's rows) would then touch. The mapping goes when
+        the last reference to it does."""
         if self._closed:
             return
         self._closed = True
         for attr in ("header", "staging", "meta", "desc", "windows", "resync_req", "page"):
             self.__dict__.pop(attr, None)
-        try:
-            self.mm.close()
-        except BufferError:
-            # a caller still holds a view: the mapping goes when the last view does
-            log.debug("[segment] %s: views still exported, unmapping later", self.shm_name)
 
     def unlink(self) -> None:
         """Remove the name (only if it is still this incarnation: never someone else's segment)."""

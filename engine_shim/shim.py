@@ -189,7 +189,7 @@ class Shim:
         off = seg.layout.word_off(Word.ATTACHED)
         if _hostflag.cas(seg.mm, off, 0, t):
             seg.set_word(Word.ENGINE_PID, os.getpid())
-            flags = HostFlags(seg)
+            flags = HostFlags(seg, peer_pid=int(seg.header["owner_pid"]))
             flags.rebase(t)  # the handshake: the proxy's first round is t
             self._seg, self._flags = seg, flags
             self._resync_req = np.zeros(1, seg.layout.resync_req_dtype)

@@ -718,8 +718,38 @@ def test_adaptive_spin(monkeypatch):
     for _ in range(20):
         m.update(10**9, False)
     assert m.spin_ns == 8_000
-    monkeypatch.setattr(hostflag, "_cores_available", lambda: 1)
+    monkeypatch.setattr(hostflag, "spin_useful", lambda peer_pid=None: False)
     one = AdaptiveSpin(max_ns=50_000, min_ns=8_000)
     assert (one.max_ns, one.min_ns, one.spin_ns) == (0, 0, 0)
     one.update(100, True)
     assert one.spin_ns == 0
+
+
+def test_spin_useful_looks_at_both_processes():
+    """Pinned to different cores each: spin (the best case); both on the same single core: never."""
+    import os
+
+    saved = os.sched_getaffinity(0)
+    if len(saved) < 2:
+        pytest.skip("needs two cores")
+    a, b = sorted(saved)[:2]
+    child = os.fork()
+    if child == 0:
+        try:
+            os.sched_setaffinity(0, {b})
+            time.sleep(5)
+        finally:
+            os._exit(0)
+    try:
+        deadline = time.monotonic() + 2
+        while os.sched_getaffinity(child) != {b} and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.sched_setaffinity(0, {a})
+        assert hostflag.spin_useful(child) is True  # each on its own core
+        os.sched_setaffinity(0, {b})
+        assert hostflag.spin_useful(child) is False  # sharing the one core
+        assert hostflag.spin_useful(None) is (os.cpu_count() > 1)
+    finally:
+        os.sched_setaffinity(0, saved)
+        os.kill(child, 9)
+        os.waitpid(child, 0)
