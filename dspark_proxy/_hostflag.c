@@ -4,7 +4,8 @@
  *  - acquire loads, release stores and compare-and-swap on 64-bit words in shared memory,
  *  - futex waits (bounded spin first) and wakes, with the GIL released,
  *  - claim + copy + release of the reply page as one call the other party cannot interleave with,
- *  - seqlock reads and writes of small blocks (statistics, resync requests).
+ *  - seqlock reads and writes of small blocks (statistics, resync requests),
+ *  - the Watcher: the watchdog's deadline claims on a pthread that never takes the GIL.
  *
  * Everything else (names, sizes, deadlines, who calls what) is policy and lives in Python
  * (hostflag.py, shm_layout.py). Every function takes a writable buffer (the mapped segment) and
@@ -29,8 +30,9 @@
  * non-zero. Both sides use seq_cst for that pair (a Dekker handshake), so no wake is lost and an
  * uncontended store costs no syscall.
  *
- * No lock anywhere: a process that dies at any instruction leaves at worst a claimed-but-unpublished
- * round, which the other side detects by its deadline (see shm_layout.md, "Dying at any point").
+ * No lock in shared memory: a process that dies at any instruction leaves at worst a claimed-but-
+ * unpublished round, which the other side detects by its deadline (shm_layout.md §9). The one mutex
+ * (the Watcher's record ring) is private to the engine process and never held across a wait.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -48,7 +50,7 @@
 #include <unistd.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "_hostflag: the futex sits on the low half of a 64-bit word; little-endian only"
+#error "_hostflag: the segment layout is little-endian (numpy dtypes with <); big-endian is not supported"
 #endif
 
 _Static_assert(sizeof(_Atomic uint64_t) == 8, "64-bit atomics must be 8 bytes");
