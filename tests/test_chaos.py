@@ -8,10 +8,12 @@ every draft checked by the integrity oracle), and the guarantees hold:
 - every fault had its effect (the counters that prove it moved);
 - no segment and no process left behind.
 
-MARGIN_MS: on this 2-core box, with other test suites running beside it, the engine's longest wait
-measured over long campaigns was the deadline plus about 1-3 ms (scheduling noise while a child
-process starts; see the issue-6 report). 20 ms leaves room for a loaded CI machine and still fails
-loudly if a round ever waits for a stalled peer (each such wait would be >= 60 ms here).
+MARGIN_MS: measured on this 2-core box over ~300,000 rounds of campaigns with other test suites
+running beside them: the longest wait inside read_reply was the deadline + 18 ms in a run where the
+kernel never kept the engine thread off the CPU for long, and every larger overrun (up to hundreds of
+ms on a box at load 6) coincided with at least that much off-CPU time of the engine thread (its
+run_delay in /proc/thread-self/schedstat). So a round over deadline + 20 ms fails the test only when
+the kernel does not account for the overrun: then something of ours made the engine wait.
 """
 
 from __future__ import annotations
@@ -80,7 +82,11 @@ def test_short_campaign_holds_every_guarantee(campaign):
         assert f["wrong"] == 0, kind
     ov = r["overall"]
     assert ov["wrong_drafts"] == 0
-    assert ov["wait_ms_max"] <= DEADLINE_MS + MARGIN_MS and ov["rounds_over_limit"] == 0, ov["worst_over_limit"]
+    # a round over the limit passes only while the kernel kept the engine thread off the CPU at least as
+    # long as the overrun (its run_delay, from /proc/thread-self/schedstat): no wait of ours is in it
+    assert ov["rounds_over_limit_unexplained"] == 0, ov["worst_over_limit"]
+    for o in ov["worst_over_limit"]:
+        assert o["explained"] and o["off_cpu_ms"] >= o["wait_ms"] - (DEADLINE_MS + MARGIN_MS), o
     assert ov["rounds"] > 2000 and r["baseline"]["usable_rate"] > 0.9, (ov, r["baseline"])
     assert r["leftovers"] == []
     assert not campaign["left_segment"] and campaign["left_procs"] == []
