@@ -218,6 +218,10 @@ class FakeWorker:
 
     def stop(self) -> None:
         self._stop.set()
+        try:
+            self.lst.shutdown(socket.SHUT_RDWR)  # wakes the accept(); close() alone does not
+        except OSError:
+            pass
         self.lst.close()
         for s in self._socks:
             try:
