@@ -35,7 +35,7 @@ import logging
 import struct
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -83,6 +83,33 @@ class BadDescriptor(ValueError):
     """Round t's descriptor or metadata does not hold together: that round fails, never the process."""
 
 
+class _Views(NamedTuple):
+    """Views of one round size n: the private descriptor and metadata copies, the round's int64 and bool
+    scratch, and the reply page's per-request blocks. Made once per n seen (at most max_slots + 1 of
+    them, a few KB each), so a round does one dict lookup instead of ~25 slicings of 0.1 µs each."""
+
+    d_slot: np.ndarray  # int32, as the engine wrote them
+    slots: np.ndarray  # int64 scratch: the round's slots (numpy casts an int32 index before using it)
+    req: np.ndarray
+    qsl_next: np.ndarray  # qsl[1:n + 1]
+    qsl_prev: np.ndarray  # qsl[:n]
+    need_raw: np.ndarray  # u1, as the engine wrote them
+    need: np.ndarray  # bool scratch
+    need_u8: np.ndarray  # the same bytes as u1
+    k_window: np.ndarray
+    valid_raw: np.ndarray  # int32, as the engine wrote them
+    valid_u32: np.ndarray  # the same bytes as uint32 (a negative value is huge)
+    valid: np.ndarray  # int64 scratch (mixed int32/int64 arithmetic costs a cast per call)
+    staged: np.ndarray
+    first: np.ndarray
+    anchor: np.ndarray
+    seed: np.ndarray
+    temperature: np.ndarray
+    ok: np.ndarray  # reply page: ok_mask[n]
+    ids: np.ndarray  # drafts [n, N]
+    conf: np.ndarray  # confidence bits as float32 [n, N]
+
+
 @dataclass(frozen=True)
 class RoundSettings:
     want_margin: bool = False
@@ -117,6 +144,8 @@ class RoundCore:
         self._desc_u8, self._meta_u8 = self._desc.view(np.uint8), self._meta.view(np.uint8)
         self._seg_desc_u8 = seg.desc.view(np.uint8).reshape(META_SLOTS, -1)
         self._seg_meta_u8 = seg.meta.view(np.uint8).reshape(META_SLOTS, -1)
+        self._desc_offs = [self.lay.desc_off(i) for i in range(META_SLOTS)]
+        self._meta_offs = [self.lay.meta_off(i) for i in range(META_SLOTS)]
         self._desc_end = self.lay.desc_dtype.fields["stamp_end"][1]
         self._meta_end = self.lay.meta_dtype.fields["stamp_end"][1]
         self._desc_hdr, self._desc_hdr_off = _u32_header(self.lay.desc_dtype,
@@ -128,15 +157,19 @@ class RoundCore:
         self._d_need, self._d_k = d["need_draft"], d["k_window"]
         self._m_valid, self._m_staged, self._m_first = m["valid"], m["staged_rows"], m["first_pos"]
         self._m_anchor, self._m_seed, self._m_temp = m["anchor"], m["seed"], m["temperature"]
-        # the round's slots and valid as int64 (numpy casts an int32 index before using it, and mixed
-        # int32/int64 arithmetic costs a cast per call), and need_draft as bools
+        # the round's slots and valid as int64, need_draft as bools; _Views holds their [:n] views
         self._slots = np.zeros(self.M, dtype=np.int64)
         self._valid = np.zeros(self.M, dtype=np.int64)
         self._need = np.zeros(self.M, dtype=np.bool_)
+        self._views: dict[int, _Views] = {}
         self._no_entry = np.ones(self.M, dtype=np.bool_)
         self._prefix = bytearray(wire.step_prefix_bytes(self.M, self.sampled))
         self._entries = wire.entries_view(self._prefix, self.M)  # a round's k entries are its first k
         self._slot_of_window = np.full(self.M, -1, dtype=np.int64)  # staged window index per slot
+        win = seg.windows  # the staged windows' header fields and rows, as views made once
+        self._win_stamp, self._win_slot, self._win_lo, self._win_hi = win["stamp"], win["slot"], win["lo"], win["hi"]
+        self._win_rows = [win[i]["rows"] for i in range(self.R)]
+        self._d_staged = d["staged_slots"]
         # the reply page's per-request blocks, and how many of their rows may hold an earlier round's
         # values (the rest are zero): packing zeroes only those rows, not the whole page
         L, M, N = self.lay.reply, self.M, self.N
@@ -144,6 +177,7 @@ class RoundCore:
         self._ids = self.page[L.o_ids:L.o_ids + M * N].reshape(M, N)
         self._conf = self.page[L.o_conf:L.o_conf + M * N].view(np.float32).reshape(M, N)
         self._ok_rows = self._ids_rows = 0
+        self._v = self._views_of(0)  # round t's views, set by _read_round
         self.rounds = 0  # the last round handled
         self.deadline_ns = int(seg.deadline_ms * 1e6)
         self._gathered_ns_off = self.lay.word_off(Word.GATHERED_NS)
@@ -190,46 +224,57 @@ class RoundCore:
 
     # ------------------------------------------------------------------ reading the round
 
+    def _views_of(self, n: int) -> _Views:
+        v = self._views.get(n)
+        if v is None:
+            v = self._views[n] = _Views(
+                self._d_slot[:n], self._slots[:n], self._d_req[:n], self._d_qsl[1:n + 1], self._d_qsl[:n],
+                self._d_need[:n], self._need[:n], self._need[:n].view(np.uint8), self._d_k[:n],
+                self._m_valid[:n], self._m_valid[:n].view(np.uint32), self._valid[:n], self._m_staged[:n],
+                self._m_first[:n], self._m_anchor[:n], self._m_seed[:n], self._m_temp[:n],
+                self._ok[:n], self._ids[:n], self._conf[:n])
+        return v
+
     def _read_round(self, t: int) -> int:
         """Copy round t's descriptor and metadata out of their slots under the stamp rule, validate.
 
-        Besides n, leaves the round's header fields and its slots and valid as int64 in `self`. Checks
+        Besides n, leaves the round's header fields and its views (`_v`, slots and valid as int64) in
+        `self`. Checks
         are counted, not branched on per field: each numpy call costs ~0.5 µs whatever n is; the
         exact count for the error message is only computed when something is wrong."""
         slot = t % META_SLOTS
-        lay = self.lay
-        if not self._copy_stamped(t, lay.desc_off(t), self._desc_end, self._seg_desc_u8[slot], self._desc_u8):
+        if not self._copy_stamped(t, self._desc_offs[slot], self._desc_end, self._seg_desc_u8[slot], self._desc_u8):
             raise BadDescriptor(f"descriptor slot {slot} is not round {t}'s (stamps)")
-        if not self._copy_stamped(t, lay.meta_off(t), self._meta_end, self._seg_meta_u8[slot], self._meta_u8):
+        if not self._copy_stamped(t, self._meta_offs[slot], self._meta_end, self._seg_meta_u8[slot], self._meta_u8):
             raise BadDescriptor(f"metadata slot {slot} is not round {t}'s (stamps)")
         n, self._max_q, rows_gathered, n_staged = self._desc_hdr.unpack_from(self._desc_u8, self._desc_hdr_off)
         meta_n, rows = self._meta_hdr.unpack_from(self._meta_u8, self._meta_hdr_off)
         if not 0 <= n <= self.M or meta_n != n:
             raise BadDescriptor(f"n={n} (meta n={meta_n}) outside [0, {self.M}]")
-        slots = self._slots[:n]
-        slots[:] = self._d_slot[:n]
+        v = self._v = self._views.get(n) or self._views_of(n)
+        slots = v.slots
+        slots[:] = v.d_slot
         why = self.slots.check_slots(slots)
         if why:
             raise BadDescriptor(why)
-        valid, staged, first = self._m_valid[:n], self._m_staged[:n], self._m_first[:n]
-        qsl = self._d_qsl[:n + 1]
+        valid, staged, first = v.valid_raw, v.staged, v.first
         # valid in [0, W] in one comparison: a negative int32 viewed as uint32 is huge
-        bad = np.count_nonzero(valid.view(np.uint32) > self.W) + np.count_nonzero(first < 0)
+        bad = np.count_nonzero(v.valid_u32 > self.W) + np.count_nonzero(first < 0)
         # staged_rows is valid (the rows fit) or 0 (they did not)
         misfit = staged != valid
         n_misfit = int(np.count_nonzero(misfit))
         if n_misfit:
             bad += np.count_nonzero(misfit & (staged != 0))
-        if bad or np.count_nonzero(qsl[1:] < qsl[:-1]):
+        if bad or np.count_nonzero(v.qsl_next < v.qsl_prev):
             bad = int(np.count_nonzero((valid < 0) | (valid > self.W) | ((staged != 0) & (staged != valid))
                                        | (first < 0)))
-            bad += int(np.count_nonzero(qsl[1:] < qsl[:-1]))
+            bad += int(np.count_nonzero(v.qsl_next < v.qsl_prev))
             raise BadDescriptor(f"{bad} request fields out of range (valid, staged_rows, first_pos or qsl)")
         if int(np.add.reduce(staged)) != rows or rows > self.seg.params.max_rows or rows_gathered != rows:
             raise BadDescriptor(f"rows_staged={rows} disagrees with the per-request counts or max_rows")
         if not 0 <= n_staged <= self.R:
             raise BadDescriptor(f"n_staged={n_staged} outside [0, {self.R}]")
-        self._valid[:n] = valid
+        v.valid[:] = valid
         self._rows_staged, self._n_staged, self._n_misfit = rows, n_staged, n_misfit
         return n
 
@@ -246,8 +291,8 @@ class RoundCore:
     # ------------------------------------------------------------------ the round proper
 
     def _run(self, t: int, n: int, phase: str) -> None:
-        st = self.stats
-        slots, valid, first_pos = self._slots[:n], self._valid[:n], self._m_first[:n]
+        st, v = self.stats, self._v
+        slots, valid, first_pos = v.slots, v.valid, v.first
         # 1. connection epoch, read once: every entry below is built for this connection
         epoch = self.client.connection_epoch()
         if epoch is not None and epoch != self._last_epoch:
@@ -256,7 +301,7 @@ class RoundCore:
             self.want_resync[:] = False
         st.inc(_ROUNDS_KEY[phase])
         # 2. ring model: always, so it stays exact (and step 4's flags, from the same pass)
-        plan = self.slots.advance(slots, self._d_req[:n], first_pos, valid)
+        plan = self.slots.advance(slots, v.req, first_pos, valid)
         if plan.n_new_owner:
             self.want_resync[slots[plan.new_owner]] = False
         # 3. breaker
@@ -265,7 +310,7 @@ class RoundCore:
         if epoch is None:
             return self._fail(slots, n, "disabled" if self.client.disabled else "not_ready")
         # 4-5. entries and rows
-        staged = self._m_staged[:n]
+        staged = v.staged
         if plan.n_resync or self._n_staged:
             have_win, pending, n_pending, idx, w_of = self._resync_entries(t, n, slots, plan)
         else:
@@ -295,13 +340,13 @@ class RoundCore:
         ent["generation"] = self.slots.generation[e_slots]
         ent["first_pos"] = e_first
         ent["anchor_pos"] = plan.anchor_pos[sel]
-        ent["anchor_token"] = self._m_anchor[:n][sel]
-        need = np.not_equal(self._d_need[:n], 0, out=self._need[:n])
-        flags = need.view(np.uint8) | (plan.new_gen.view(np.uint8) << 1)  # RF_NEED_DRAFT | RF_NEW_GEN
+        ent["anchor_token"] = v.anchor[sel]
+        need = np.not_equal(v.need_raw, 0, out=v.need)
+        flags = v.need_u8 | (plan.new_gen.view(np.uint8) << 1)  # RF_NEED_DRAFT | RF_NEW_GEN
         if have_win is not None:
             flags |= have_win.view(np.uint8) << 2  # RF_RESYNC
         ent["flags"] = flags[sel]
-        ent["k_window"] = np.minimum(self._d_k[:n][sel], 255)
+        ent["k_window"] = np.minimum(v.k_window[sel], 255)
         n_out = self._n_out(n)
         ent["n_out"] = n_out
         if have_win is None:
@@ -316,8 +361,8 @@ class RoundCore:
         if self.sampled:
             step_flags |= wire.SF_SAMPLED
             sample_meta = wire.sample_view(self._prefix, k)
-            sample_meta["seed"] = self._m_seed[:n][sel]
-            sample_meta["temperature"] = self._m_temp[:n][sel]
+            sample_meta["seed"] = v.seed[sel]
+            sample_meta["temperature"] = v.temperature[sel]
         # 6. preempted: the watchdog completed t while we built it; the staging may be refilling
         if self.flags.taken(t):
             return self._fail(slots, n, "preempted")
@@ -351,8 +396,9 @@ class RoundCore:
         if np.count_nonzero(have_win):
             have_win &= self._window_covers(w_of, plan.held_first, plan.held_rows)
         pending = wants & ~have_win  # needs its window; goes out with this round's rows only
-        fits = self._m_staged[:n] == self._m_valid[:n]
-        has_entry = have_win | ((self._m_valid[:n] > 0) & fits)
+        v = self._v
+        fits = v.staged == v.valid_raw
+        has_entry = have_win | ((v.valid_raw > 0) & fits)
         n_pending, n_win = int(np.count_nonzero(pending)), int(np.count_nonzero(have_win))
         if n_pending:
             self.want_resync[slots[pending]] = True
@@ -404,10 +450,9 @@ class RoundCore:
         w[:] = -1
         k = self._n_staged
         if k:
-            staged = self._d["staged_slots"][:k].astype(np.int64)
+            staged = self._d_staged[:k].astype(np.int64)
             ok = (staged >= 0) & (staged < self.M)
-            win = self.seg.windows
-            hdr_ok = (win["stamp"][:k] == t) & (win["slot"][:k] == staged)
+            hdr_ok = (self._win_stamp[:k] == t) & (self._win_slot[:k] == staged)
             good = np.flatnonzero(ok & hdr_ok)
             w[staged[good]] = good
             # a staged slot we no longer need (clean again, or a new owner) stops being asked for
@@ -416,16 +461,15 @@ class RoundCore:
 
     def _window_covers(self, w_of: np.ndarray, first: np.ndarray, n_rows: np.ndarray) -> np.ndarray:
         """The staged window holds every position the entry needs (the engine's ring agrees with ours)."""
-        win = self.seg.windows
         wi = np.maximum(w_of, 0)
-        lo, hi = win["lo"][wi], win["hi"][wi]
+        lo, hi = self._win_lo[wi], self._win_hi[wi]
         return (w_of >= 0) & (lo <= first) & (hi >= first + n_rows - 1)
 
     def _write_resync_request(self) -> None:
         want = np.flatnonzero(self.want_resync)
         k = int(want.shape[0])
         sent = self._resync_sent
-        if sent[0] == k and np.array_equal(sent[1:k + 1], want):
+        if sent[0] == k and not np.count_nonzero(sent[1:k + 1] != want):
             return
         r = self._resync_req
         r["count"][0] = k
@@ -445,24 +489,23 @@ class RoundCore:
         resync_pos = np.flatnonzero(have_win if idx is None else have_win[idx])
         if resync_pos.shape[0] == 0:
             return [staging[:rows_staged]]
-        soff = np.cumsum(staged_rows) - staged_rows  # each request's first staging row
+        ends = np.cumsum(staged_rows)  # each request's staging rows end here
         views: list[np.ndarray] = []
         cur = 0
         W = self.W
-        windows = self.seg.windows
         for j in resync_pos.tolist():
             i = j if idx is None else int(idx[j])
-            start = int(soff[i])
+            start = int(ends[i]) - int(staged_rows[i])
             if start > cur:
                 views.append(staging[cur:start])
-            rows = windows[int(w_of[i])]["rows"]
+            rows = self._win_rows[int(w_of[i])]
             f, c = int(e_first[j]) % W, int(e_rows[j])
             if f + c <= W:
                 views.append(rows[f:f + c])
             else:
                 views.append(rows[f:])
                 views.append(rows[:f + c - W])
-            cur = start + int(staged_rows[i])
+            cur = int(ends[i])
         if rows_staged > cur:
             views.append(staging[cur:rows_staged])
         return views
@@ -504,7 +547,7 @@ class RoundCore:
                 key = _STATUS_KEYS[code] if code < len(_STATUS_KEYS) else f"req_status_{code}"
                 st.inc(key, int(counts[code]))
         # the page: rows [0, n) are rewritten; rows an earlier round left beyond n are zeroed
-        b, ok, ids, conf = self.page, self._ok, self._ids, self._conf
+        b, ok, ids, conf, v = self.page, self._ok, self._ids, self._conf, self._v
         b[1] = n
         n_need = int(np.count_nonzero(need))
         e_need = need[sel]
@@ -517,9 +560,9 @@ class RoundCore:
             if ids_rows > n:
                 ids[n:ids_rows] = 0
                 conf[n:ids_rows] = 0
-            ok[:n] = 1
-            ids[:n] = reply.draft_ids
-            conf[:n] = reply.confidence
+            v.ok[:] = 1
+            v.ids[:] = reply.draft_ids
+            v.conf[:] = reply.confidence
             give = None
             n_give = n
         else:
@@ -587,17 +630,18 @@ class RoundCore:
         st.inc("watchdog_skipped_rounds")
         phase = "unknown"
         try:
-            n = self._read_round(t)
+            self._read_round(t)
         except BadDescriptor:
             self.slots.restart(np.arange(self.M))
             self.want_resync[:] = False
             st.inc("watchdog_skipped_unknown_ring")
         else:
             phase = self._phase()
-            slots = self._slots[:n]
-            new_owner = self.slots.begin_requests(slots, self._d_req[:n])
+            v = self._v
+            slots = v.slots
+            new_owner = self.slots.begin_requests(slots, v.req)
             self.want_resync[slots[new_owner]] = False
-            self.slots.apply(slots, self._m_first[:n], self._valid[:n])
+            self.slots.apply(slots, v.first, v.valid)
             self.slots.mark_dirty(slots)
         self._event(t, "skipped", phase, waited_us)
 
