@@ -18,7 +18,7 @@ Prints one line per (W, n, mix): median and p90 of handle() and of the proxy's o
 --rounds rounds after --warmup. Asserts nothing about speed.
 
     python scripts/bench_round.py [--n 1,16,64,256,1024] [--W 16,128] [--mix decode,prefill]
-                                  [--rounds 2000] [--repeat 1] [--json] [--lineprof]
+                                  [--rounds 2000] [--repeat 1] [--max-slots M] [--json] [--lineprof]
 """
 
 from __future__ import annotations
@@ -60,19 +60,20 @@ class _TimedClient(InProcessClient):
 class Bench:
     """One segment, one shim, one RoundCore; rounds of a given mix."""
 
-    def __init__(self, n: int, W: int, row_bytes: int, mix: str, seed: int = 1) -> None:
+    def __init__(self, n: int, W: int, row_bytes: int, mix: str, seed: int = 1, max_slots: int = 0) -> None:
+        M = max(n, max_slots)  # the segment's max_reqs; the round uses n of its slots
         self.n, self.W, self.B, self.mix = n, W, row_bytes, mix
         name = f"bench_round_{os.getpid()}_{n}_{W}_{mix}"
-        p = LayoutParams(max_slots=n, num_spec=N_SPEC, window=W, row_bytes=row_bytes, max_rows=n * W,
+        p = LayoutParams(max_slots=M, num_spec=N_SPEC, window=W, row_bytes=row_bytes, max_rows=n * W,
                          resync_per_round=min(n, R_PER_ROUND))
         self.seg = Segment.create(name, p, deadline_ms=10_000.0)
         self.seg.set_word(Word.STATE, State.READY)
         self.seg.set_word(Word.HEARTBEAT_NS, 1 << 62)
-        self.client = _TimedClient(max_reqs=n, num_spec=N_SPEC, window=W, row_bytes=row_bytes, null=True)
+        self.client = _TimedClient(max_reqs=M, num_spec=N_SPEC, window=W, row_bytes=row_bytes, null=True)
         self.stats = Stats()
         self.core = RoundCore(self.seg, self.client, self.stats, EventRing(64), CircuitBreaker(3, 5),
                               RoundSettings())
-        self.shim = Shim(name, max_reqs=n, num_spec=N_SPEC, window=W, row_bytes=row_bytes,
+        self.shim = Shim(name, max_reqs=M, num_spec=N_SPEC, window=W, row_bytes=row_bytes,
                          start_watchdog=False)
         if not self.shim.offer(Segment.open(name)):
             raise RuntimeError("the shim did not attach")
@@ -82,7 +83,7 @@ class Bench:
         self.next_req = n
         self.pos = np.zeros(n, dtype=np.int64)  # next position per batch position
         # the engine's request-state indices are not the batch order (vLLM's idx_mapping): a permutation
-        self.slots = self.rng.permutation(n).astype(np.int64)
+        self.slots = self.rng.permutation(M)[:n].astype(np.int64)
         self.rows = np.zeros((n * W, row_bytes), dtype=np.uint8)
 
     def close(self) -> None:
@@ -106,7 +107,7 @@ class Bench:
             k[fresh] = 0
             q[fresh] = np.where(longer, 4 * W, W)
         if self.mix == "resync" and self.t > 0:
-            self.core.slots.mark_dirty(rng.choice(n, min(n, R_PER_ROUND), replace=False))
+            self.core.slots.mark_dirty(self.slots[rng.choice(n, min(n, R_PER_ROUND), replace=False)])
         first = self.pos.copy()
         self.pos += valid
         qsl = np.zeros(n + 1, dtype=np.int64)
@@ -133,10 +134,11 @@ class Bench:
                 raise RuntimeError(f"round {self.t}: not every request got drafts (status {reply.status})")
 
 
-def measure(n: int, W: int, mix: str, rounds: int, warmup: int, row_bytes: int, repeat: int = 1) -> dict:
+def measure(n: int, W: int, mix: str, rounds: int, warmup: int, row_bytes: int, repeat: int = 1,
+            max_slots: int = 0) -> dict:
     """Medians over `rounds` rounds; with `repeat` > 1, the repeat with the lowest median handle() time
     (other processes on a shared machine only ever add time, so the least disturbed run is the truest)."""
-    b = Bench(n, W, row_bytes, mix)
+    b = Bench(n, W, row_bytes, mix, max_slots=max_slots)
     try:
         b.run(warmup, None, None)
         best: tuple[np.ndarray, np.ndarray] | None = None
@@ -151,7 +153,7 @@ def measure(n: int, W: int, mix: str, rounds: int, warmup: int, row_bytes: int, 
         ha, sa = best
         own = ha - sa
         c = b.stats.snapshot()["counters"]
-        return {"n": n, "W": W, "mix": mix, "rounds": rounds, "repeat": repeat,
+        return {"n": n, "W": W, "M": max(n, max_slots), "mix": mix, "rounds": rounds, "repeat": repeat,
                 "handle_p50_us": round(float(np.median(ha)), 1), "handle_p90_us": round(float(np.percentile(ha, 90)), 1),
                 "own_p50_us": round(float(np.median(own)), 1), "own_p90_us": round(float(np.percentile(own, 90)), 1),
                 "step_p50_us": round(float(np.median(sa)), 1),
@@ -174,12 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=300)
     ap.add_argument("--repeat", type=int, default=1, help="report the least disturbed of this many runs")
     ap.add_argument("--row-bytes", type=int, default=64)
+    ap.add_argument("--max-slots", type=int, default=0,
+                    help="the segment's max_reqs (default: n); rounds use n slots of it at random")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--lineprof", action="store_true", help="line-profile the round (one n, W, mix)")
     a = ap.parse_args(argv)
     mixes = [m for m in a.mix.split(",") if m]
     if a.lineprof:
-        return _lineprof(a.n[0], a.W[0], mixes[0], a.rounds, a.warmup, a.row_bytes)
+        return _lineprof(a.n[0], a.W[0], mixes[0], a.rounds, a.warmup, a.row_bytes, a.max_slots)
     out = []
     if not a.json:
         print(f"{'W':>4} {'n':>5} {'mix':>8} {'handle p50':>11} {'p90':>7} {'own p50':>8} {'p90':>7} "
@@ -187,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     for W in a.W:
         for mix in mixes:
             for n in a.n:
-                r = measure(n, W, mix, a.rounds, a.warmup, a.row_bytes, a.repeat)
+                r = measure(n, W, mix, a.rounds, a.warmup, a.row_bytes, a.repeat, a.max_slots)
                 out.append(r)
                 if not a.json:
                     print(f"{W:>4} {n:>5} {mix:>8} {r['handle_p50_us']:>11.1f} {r['handle_p90_us']:>7.1f} "
@@ -199,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _lineprof(n: int, W: int, mix: str, rounds: int, warmup: int, row_bytes: int) -> int:
+def _lineprof(n: int, W: int, mix: str, rounds: int, warmup: int, row_bytes: int, max_slots: int) -> int:
     from line_profiler import LineProfiler
 
     import dspark_proxy.ring as ring
@@ -210,7 +214,7 @@ def _lineprof(n: int, W: int, mix: str, rounds: int, warmup: int, row_bytes: int
         for name, fn in vars(cls).items():
             if callable(fn) and not name.startswith("__"):
                 lp.add_function(fn)
-    b = Bench(n, W, row_bytes, mix)
+    b = Bench(n, W, row_bytes, mix, max_slots=max_slots)
     try:
         b.run(warmup, None, None)
         lp.enable()
