@@ -33,7 +33,7 @@ from dspark_proxy.hostflag import (
     HostFlags,
 )
 from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import ReplyLayout, Word
+from dspark_proxy.shm_layout import META_SLOTS, ReplyLayout, Word
 from dspark_proxy.stats import Stats
 
 from .attach import AttachEvent, AttachState, next_state
@@ -126,6 +126,12 @@ class Shim:
         self._awaiting_reply = False  # round _t was enqueued and its read_reply has not come yet
         self._rows_total = 0
         self._resync_req: np.ndarray | None = None  # private copy of the proxy's resync request
+        self._resync_seen = 0  # its seqlock sequence when last read (unchanged: reuse _resync_want)
+        self._resync_want: list[int] = []
+        self._views: list = [None] * META_SLOTS  # per meta/desc slot: field views (see _slot_views)
+        self._meta_end_off = self._desc_end_off = 0
+        self._arange = np.arange(max_reqs, dtype=np.int64)
+        self._mark = np.zeros(max_reqs, dtype=np.int64)  # scratch for the duplicate-slot check
         self._deadline_ns = 0
         self.on_close: list = []  # callables run by close() after detaching (thread mode stops its proxy)
         self.proxy = None  # thread mode: the in-process Proxy
@@ -193,6 +199,10 @@ class Shim:
             flags.rebase(t)  # the handshake: the proxy's first round is t
             self._seg, self._flags = seg, flags
             self._resync_req = np.zeros(1, seg.layout.resync_req_dtype)
+            self._resync_seen, self._resync_want = 0, []
+            self._views = [None] * META_SLOTS
+            self._meta_end_off = seg.layout.meta_dtype.fields["stamp_end"][1]
+            self._desc_end_off = seg.layout.desc_dtype.fields["stamp_end"][1]
             self._move(AttachEvent.ATTACH_OK)
             self.stats.inc("attaches")
             self.events.record(round=t, how="attached", phase="", n=0, rows=0, longest_query=0,
@@ -276,22 +286,20 @@ class Shim:
         qsl_a = _as_numpy(qsl, np.int64, "qsl")
         if qsl_a.shape != (n + 1,):
             raise ShimError(f"qsl: expected shape ({n + 1},), got {qsl_a.shape}")
-        if n and np.any(np.diff(qsl_a) < 0):
-            raise ShimError("qsl: must be non-decreasing")
         a["qsl"] = qsl_a
         if n:
-            if slots_a.min() < 0 or slots_a.max() >= M:
-                raise ShimError(f"slots: every slot must be in [0, {M}), got {slots_a.min()}..{slots_a.max()}")
-            if np.unique(slots_a).shape[0] != n:
+            # one pass of cheap checks on the hot path; the slow path below only names the culprit
+            v, k = a["valid"], a["k_window"]
+            bad = np.count_nonzero((slots_a < 0) | (slots_a >= M) | (v < 0) | (v > W) | (a["first_pos"] < 0)
+                                   | (k < 0))
+            bad += np.count_nonzero(qsl_a[1:] < qsl_a[:-1])
+            if bad:
+                self._explain(slots_a, qsl_a, a)
+            # duplicates: mark each slot with its request index; a slot seen twice keeps only one
+            idx = self._arange[:n]
+            self._mark[slots_a] = idx
+            if np.count_nonzero(self._mark[slots_a] != idx):
                 raise ShimError("slots: a slot appears more than once in the round")
-            v = a["valid"]
-            if v.max() > W or v.min() < 0:
-                raise ShimError(f"valid: every value must be in [0, window={W}] (only the last W rows of a "
-                                f"chunk are sent), got {v.min()}..{v.max()}")
-            if a["first_pos"].min() < 0:
-                raise ShimError("first_pos: positions must be >= 0")
-            if a["k_window"].min() < 0:
-                raise ShimError("k_window: must be >= 0")
         a["req_ids"] = self._req_ids(req_ids, n)
         if a["req_ids"].shape != (n,):
             raise ShimError(f"req_ids: expected {n} ids, got {a['req_ids'].shape}")
@@ -312,6 +320,21 @@ class Shim:
                 if a[key].shape != (n,):
                     raise ShimError(f"{key}: expected shape ({n},), got {a[key].shape}")
         return n, a
+
+    def _explain(self, slots_a: np.ndarray, qsl_a: np.ndarray, a: dict[str, np.ndarray]) -> None:
+        """The hot-path check failed: raise the error that names the field."""
+        M, W = self.max_reqs, self.window
+        if slots_a.min() < 0 or slots_a.max() >= M:
+            raise ShimError(f"slots: every slot must be in [0, {M}), got {slots_a.min()}..{slots_a.max()}")
+        v = a["valid"]
+        if v.max() > W or v.min() < 0:
+            raise ShimError(f"valid: every value must be in [0, window={W}] (only the last W rows of a "
+                            f"chunk are sent), got {v.min()}..{v.max()}")
+        if a["first_pos"].min() < 0:
+            raise ShimError("first_pos: positions must be >= 0")
+        if a["k_window"].min() < 0:
+            raise ShimError("k_window: must be >= 0")
+        raise ShimError("qsl: must be non-decreasing")
 
     def _rows(self, rows: Any, total: int) -> np.ndarray:
         B = self.row_bytes
@@ -334,70 +357,91 @@ class Shim:
             arr = np.ascontiguousarray(arr).view(np.uint8)
         return arr.reshape(total, B)
 
+    def _slot_views(self, seg: Segment, t: int) -> tuple[dict, dict]:
+        """Field views of meta and desc slot t % 64, made once per segment (a structured-field lookup
+        costs about a microsecond; a round writes a dozen fields)."""
+        i = t % META_SLOTS
+        views = self._views[i]
+        if views is None:
+            m, d = seg.meta[i:i + 1], seg.desc[i:i + 1]
+            views = self._views[i] = tuple({k: arr[k].reshape(arr[k].shape[1:]) for k in arr.dtype.names}
+                                           for arr in (m, d))
+        return views
+
     def _write_round(self, seg: Segment, t: int, n: int, a: dict[str, np.ndarray]) -> None:
         lay, p = seg.layout, seg.params
         mm = seg.mm
         valid = a["valid"]
-        # requests whose rows do not fit stage none this round (the proxy resyncs them later)
+        # requests whose rows do not fit stage none this round (the proxy resyncs them later); the
+        # ends only grow, so those that fit are a prefix
         ends = np.cumsum(valid)
-        fits = ends <= p.max_rows
-        staged_rows = np.where(fits, valid, 0)
-        rows_staged = int(ends[fits][-1]) if n and fits.any() else 0
+        k = int(np.searchsorted(ends, p.max_rows, side="right"))
+        rows_staged = int(ends[k - 1]) if k else 0
         if rows_staged:
             seg.staging[:rows_staged] = a["rows"][:rows_staged]
-        # metadata slot t % 64: stamp_start, fields, stamp_end (shm_layout.md, "stamps")
+        m, d = self._slot_views(seg, t)
+        # metadata slot t % 64: stamp_start, fields, stamp_end (shm_layout.md §5)
         moff = lay.meta_off(t)
-        m = seg.meta[t % len(seg.meta)]
         _hostflag.begin_write(mm, moff, t)
-        m["t"] = t
-        m["n"] = n
-        m["rows_staged"] = rows_staged
+        m["t"][...] = t
+        m["n"][...] = n
+        m["rows_staged"][...] = rows_staged
         m["valid"][:n] = valid
         m["first_pos"][:n] = a["first_pos"]
         m["anchor"][:n] = a["anchor"]
-        m["staged_rows"][:n] = staged_rows
+        staged_rows = m["staged_rows"]
+        staged_rows[:k] = valid[:k]
+        staged_rows[k:n] = 0
         m["sampled"][:n] = a["sampled"]
         if self.sampled:
             m["seed"][:n] = a["seed"]
             m["temperature"][:n] = a["temperature"]
-        _hostflag.store_release(mm, moff + lay.meta_dtype.fields["stamp_end"][1], t)
+        _hostflag.store_release(mm, moff + self._meta_end_off, t)
         # resync windows the proxy asked for (a bounded number)
         staged = self._stage_windows(seg, t)
         doff = lay.desc_off(t)
-        d = seg.desc[t % len(seg.desc)]
         _hostflag.begin_write(mm, doff, t)
-        d["t"] = t
-        d["n"] = n
+        d["t"][...] = t
+        d["n"][...] = n
         qsl = a["qsl"]
-        d["max_q"] = int(np.diff(qsl).max()) if n else 0
-        d["rows_gathered"] = rows_staged
-        d["n_staged"] = len(staged)
-        d["staged_slots"][:len(staged)] = staged
+        d["max_q"][...] = int((qsl[1:] - qsl[:-1]).max()) if n else 0
+        d["rows_gathered"][...] = rows_staged
+        d["n_staged"][...] = len(staged)
+        if staged:
+            d["staged_slots"][:len(staged)] = staged
         d["req_id"][:n] = a["req_ids"]
         d["slot"][:n] = a["slots"]
         d["qsl"][:n + 1] = qsl
         d["need_draft"][:n] = a["need_draft"]
         d["k_window"][:n] = a["k_window"]
-        _hostflag.store_release(mm, doff + lay.desc_dtype.fields["stamp_end"][1], t)
+        _hostflag.store_release(mm, doff + self._desc_end_off, t)
 
     def _stage_windows(self, seg: Segment, t: int) -> list[int]:
-        lay = seg.layout
-        req = self._resync_req
-        assert req is not None
-        if not _hostflag.seq_read(seg.mm, lay.word_off(Word.RESYNC_SEQ), lay.resync_req, req.view(np.uint8), 8):
+        """Stage the ring windows the proxy asked for (at most R). The request is re-read only when
+        its seqlock sequence moved (one word load per round otherwise)."""
+        lay, p = seg.layout, seg.params
+        seq_off = lay.word_off(Word.RESYNC_SEQ)
+        seq = _hostflag.load(seg.mm, seq_off)
+        if seq != self._resync_seen:
+            req = self._resync_req
+            assert req is not None
+            got = _hostflag.seq_read(seg.mm, seq_off, lay.resync_req, req.view(np.uint8), 8)
+            if not got:
+                return []  # being rewritten right now: next round
+            self._resync_seen = got
+            count = min(int(req["count"][0]), p.max_slots)
+            want = req["slots"][0, :count]
+            self._resync_want = want[(want >= 0) & (want < p.max_slots)][: p.resync_per_round].tolist()
+        if not self._resync_want:
             return []
-        count = min(int(req["count"][0]), seg.params.max_slots)
-        want = req["slots"][0, :count]
-        want = want[(want >= 0) & (want < seg.params.max_slots)]
         staged: list[int] = []
-        for s in want[: seg.params.resync_per_round]:
+        for s in self._resync_want:
             w = seg.windows[len(staged)]
-            gen, lo, hi = self.ring.stage_window(int(s), w["rows"])
-            w["slot"], w["generation"], w["lo"], w["hi"] = int(s), gen, lo, hi
+            gen, lo, hi = self.ring.stage_window(s, w["rows"])
+            w["slot"], w["generation"], w["lo"], w["hi"] = s, gen, lo, hi
             w["stamp"] = t
-            staged.append(int(s))
-        if staged:
-            self.stats.inc("resync_windows_staged", len(staged))
+            staged.append(s)
+        self.stats.inc("resync_windows_staged", len(staged))
         return staged
 
     # ------------------------------------------------------------------ read_reply
