@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_EVERY_S = 0.05
 STATS_EVERY_S = 0.25
+STATS_IDLE_EVERY_S = 5.0
 
 
 def layout_params(cfg: ProxyConfig) -> LayoutParams:
@@ -59,14 +60,17 @@ class _Heartbeat:
 
     def _run(self) -> None:
         next_stats = 0.0
+        last: tuple[object, int] = (None, -1)  # (segment, round) of the last snapshot published
         while not self._stop.is_set():
             seg = self.proxy.segment
             if seg is not None:
                 try:
                     seg.set_word(Word.HEARTBEAT_NS, _hostflag.monotonic_ns())
                     now = time.monotonic()
-                    if now >= next_stats:
-                        next_stats = now + STATS_EVERY_S
+                    seen = (seg, seg.word(Word.PROXY_ROUND))
+                    # a snapshot costs ~1 ms of encoding: only when rounds ran (or now and then, idle)
+                    if now >= next_stats and (seen != last or now >= next_stats + STATS_IDLE_EVERY_S):
+                        next_stats, last = now + STATS_EVERY_S, seen
                         self.proxy.publish_stats(seg)
                 except (ValueError, RuntimeError, TypeError):
                     pass  # segment swapped under us, or a stats dict changed while iterated: next beat

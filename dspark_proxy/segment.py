@@ -139,6 +139,7 @@ class Segment:
         self.resync_req = np.ndarray((), lay.resync_req_dtype, buffer=mm, offset=lay.resync_req)
         self.page = np.ndarray((lay.reply.size,), np.int32, buffer=mm, offset=lay.page)
         self.incarnation = int(self.header["incarnation"])
+        self.inode = 0  # of the shm object: the name now naming another inode means a new incarnation
 
     # ------------------------------------------------------------------ create / open
 
@@ -154,12 +155,14 @@ class Segment:
             shm = posix_ipc.SharedMemory(sname, posix_ipc.O_CREX, mode=0o600, size=lay.total_bytes)
         try:
             mm = mmap.mmap(shm.fd, lay.total_bytes)
+            inode = os.fstat(shm.fd).st_ino
         except BaseException:
             shm.close_fd()
             posix_ipc.unlink_shared_memory(sname)
             raise
         shm.close_fd()
         seg = cls(name, mm, lay, owner=True)
+        seg.inode = inode
         h = seg.header
         # the owner first and the magic last: a reader that sees the magic sees a whole header, and a
         # competing start that finds no magic yet can tell "being created" from "left over" by age
@@ -221,6 +224,7 @@ class Segment:
             if size < HEADER_BYTES:
                 raise SegmentError(f"segment {sname} is {size} bytes: smaller than its header (being created?)")
             mm = mmap.mmap(shm.fd, size)
+            inode = os.fstat(shm.fd).st_ino
         finally:
             shm.close_fd()
         try:
@@ -242,7 +246,16 @@ class Segment:
             if isinstance(e, SegmentError):
                 raise
             raise SegmentError(f"segment {sname}: corrupt header: {e}") from e
-        return cls(name, mm, lay, owner=False)
+        seg = cls(name, mm, lay, owner=False)
+        seg.inode = inode
+        return seg
+
+    def name_moved(self) -> bool:
+        """The name now names another object (a new incarnation, or none): one stat, no mapping."""
+        try:
+            return os.stat("/dev/shm" + self.shm_name).st_ino != self.inode
+        except OSError:
+            return True
 
     def check_params(self, **expected: object) -> None:
         """Raise LayoutMismatch naming the first parameter that differs (None = not checked)."""

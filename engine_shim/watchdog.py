@@ -172,6 +172,8 @@ class Watchdog:
         if now < self._next_name_check:
             return False
         self._next_name_check = now + self.shim.look_every_s
+        if not seg.name_moved():
+            return False  # one stat: the common case costs no open, map or header read
         try:
             cur = Segment.open(self.shim.name)
         except SegmentError:
