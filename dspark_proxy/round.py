@@ -23,7 +23,11 @@ its header read with one struct call; the ring model is advanced and planned in 
 (`SlotTable.advance`); when every request has an entry (the usual case) the entries and the reply page
 are filled from slices rather than fancy indexing; resync windows, requests that did not fit, failed
 statuses and partial windows take the general path only when a count says they exist; the reply page
-zeroes only the rows an earlier round wrote; stats keys are built once. scripts/bench_round.py measures it.
+zeroes only the rows an earlier round wrote; stats keys are built once. scripts/bench_round.py measures it:
+handle() with an in-process null worker, W = 128, N = 5, on a shared 2-core machine, p50 53 µs at n = 1,
+65 µs at n = 256, 95 µs at n = 1024 for decode rounds (129, 169 and 285 µs before these shortcuts). Of a
+decode round at n = 256, about: reading and validating the descriptor 13 µs, advancing the ring model
+11 µs, entries 6 µs, accepting and packing the reply 9 µs, stats and breaker 4 µs, the rest Python glue.
 
 Thread ownership: one round thread owns everything here; `stats` is shared read-only with the
 heartbeat thread's snapshot.
