@@ -409,9 +409,11 @@ class RoundCore:
             st.inc("resync_pending", int(np.count_nonzero(pending & has_entry)))
         if n_win:
             self.want_resync[slots[have_win]] = False
-        nofit = self._n_misfit - n_win
-        if nofit > 0:
-            st.inc("requests_not_staged", int(np.count_nonzero(~fits & ~have_win)))
+        if self._n_misfit:
+            # rows that did not fit, and no staged window to send instead: no entry this round
+            nofit = int(np.count_nonzero(~fits & ~have_win))
+            if nofit:
+                st.inc("requests_not_staged", nofit)
         if n_pending or n_win or self._resync_sent[0]:
             self._write_resync_request()
         idx = np.flatnonzero(has_entry)
