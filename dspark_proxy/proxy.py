@@ -162,10 +162,13 @@ class Proxy:
         t = t0
         try:
             while not self._stop.is_set():
+                w0 = time.perf_counter()
                 if not self._wait_gathered(seg, core.flags, t):
                     break
+                waited_us = (time.perf_counter() - w0) * 1e6  # the engine's step, as the proxy saw it
+                self.stats.observe("gather_us", waited_us)
                 seg.set_word(Word.PROXY_ROUND, t)
-                core.handle(t, 0.0)
+                core.handle(t, waited_us)
                 self._maybe_log(t)
                 t += 1
         except Exception as e:  # noqa: BLE001 - the hand-off is broken: die for this incarnation
