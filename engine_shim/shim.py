@@ -134,6 +134,7 @@ class Shim:
         self._mark = np.zeros(max_reqs, dtype=np.int64)  # scratch for the duplicate-slot check
         self._deadline_ns = 0
         self.on_close: list = []  # callables run by close() after detaching (thread mode stops its proxy)
+        self._pinned = None  # CUDA rows: a pinned host bounce buffer (see _rows_from_device)
         self.proxy = None  # thread mode: the in-process Proxy
         from .watchdog import Watchdog  # a cycle only at import time
 
@@ -342,13 +343,12 @@ class Shim:
             import torch
 
             x = rows.detach()
-            if x.device.type != "cpu":
-                x = x.to("cpu")  # synchronous D2H: gathered is raised only after it completed
-            x = x.contiguous()
             if x.dim() != 2 or x.shape[0] != total or x.shape[1] * x.element_size() != B:
                 raise ShimError(f"rows: expected [{total}, H] with H * itemsize == row_bytes={B}, got "
                                 f"{tuple(x.shape)} of {x.dtype}")
-            arr = x.view(torch.uint8).numpy()
+            if x.device.type != "cpu":
+                return self._rows_from_device(x.contiguous(), total)
+            arr = x.contiguous().view(torch.uint8).numpy()
         else:
             arr = np.asarray(rows)
             if arr.ndim != 2 or arr.shape[0] != total or arr.shape[1] * arr.itemsize != B:
@@ -356,6 +356,23 @@ class Shim:
                                 f"{arr.shape} of {arr.dtype}")
             arr = np.ascontiguousarray(arr).view(np.uint8)
         return arr.reshape(total, B)
+
+    def _rows_from_device(self, x: Any, total: int) -> np.ndarray:
+        """Rows on a GPU: one copy into a pinned host buffer, ordered on the engine's current stream,
+        which is synchronised before we return, so `gathered` is raised only after the copy has
+        completed. The buffer is the shim's (grown to the largest round seen), reused every round.
+        (Built so; proven only where a GPU is available: CI runs CPU only.)"""
+        import torch
+
+        nbytes = total * self.row_bytes
+        buf = self._pinned
+        if buf is None or buf.numel() < nbytes:
+            buf = self._pinned = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
+        dst = buf[:nbytes].view(total, self.row_bytes)
+        stream = torch.cuda.current_stream(x.device)
+        dst.copy_(x.view(torch.uint8).view(total, self.row_bytes), non_blocking=True)
+        stream.synchronize()
+        return dst.numpy()
 
     def _slot_views(self, seg: Segment, t: int) -> tuple[dict, dict]:
         """Field views of meta and desc slot t % 64, made once per segment (a structured-field lookup
