@@ -206,6 +206,20 @@ def _short_counters(c: dict[str, int], limit: int = 7) -> str:
     return " ".join(f"{k}={v}" for k, v in shown[:limit])
 
 
+def _merge_notes(notes: list[dict[str, Any]]) -> str:
+    """Numbers summed over the injections (bools counted), anything else as the first one said it."""
+    merged: dict[str, Any] = {}
+    for n in notes:
+        for k, v in n.items():
+            if isinstance(v, bool):
+                merged[k] = merged.get(k, 0) + int(v)
+            elif isinstance(v, (int, float)) and not k.endswith("_ms"):
+                merged[k] = merged.get(k, 0) + v
+            else:
+                merged.setdefault(k, v)
+    return " ".join(f"{k}={v}" for k, v in merged.items())
+
+
 def _events(c: dict[str, int]) -> str:
     return ",".join(f"{k}:{v}" for k, v in c.items()) or "-"
 
@@ -243,8 +257,8 @@ def format_table(r: dict[str, Any]) -> str:
         sc = _short_counters(d["shim_counters"])
         if sc:
             lines.append(f"  {'':<19} shim:  {sc}")
-        for note in d["notes"][:1]:
-            lines.append(f"  {'':<19} note:  {note}")
+        if d["notes"]:
+            lines.append(f"  {'':<19} note:  {_merge_notes(d['notes'])}")
     if ov["rounds_over_limit"]:
         lines.append(f"rounds over deadline + margin: {ov['rounds_over_limit']} "
                      f"({ov['rounds_over_limit_unexplained']} not explained by the kernel keeping the engine thread "
