@@ -55,7 +55,7 @@ def campaign(tmp_path_factory):
     name = new_segment_name("chaos")
     t0 = time.monotonic()
     try:
-        out = subprocess.run([sys.executable, "-m", "dspark_proxy.cli", "chaos", "--duration", "40", "--passes", "1",
+        out = subprocess.run([sys.executable, "-m", "dspark_proxy.cli", "chaos", "--duration", "60", "--passes", "2",
                               "--deadline-ms", str(DEADLINE_MS), "--margin-ms", str(MARGIN_MS), "--seed", "0",
                               "--name", name, "--json", "--quiet"],
                              capture_output=True, text=True, timeout=150)
@@ -102,7 +102,7 @@ def test_every_fault_had_its_effect(campaign):
         assert got >= least, (kind, counter, r["faults"][kind])
     bd = r["faults"]["bad_descriptor"]
     corrupted = sum(n["corrupted"] for n in bd["notes"])
-    assert 1 <= bd["proxy_counters"]["fallback_bad_descriptor"] <= corrupted
+    assert 1 <= bd["proxy_counters"]["fallback_bad_descriptor"] <= corrupted  # < only for rounds failed ahead
     assert bd["proxy_counters"].get("deaths", 0) == 0 and bd["proxy_counters"].get("fallback_internal_error", 0) == 0
     note = r["faults"]["worker_layout"]["notes"][0]
     assert "mismatch" in note["refusal"] and "window" in note["refusal"], note
