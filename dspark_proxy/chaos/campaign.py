@@ -53,7 +53,7 @@ class ChaosConfig:
     gap_s: float = 0.25  # healthy stepping after drafts resume, before the next fault
     heartbeat_timeout_s: float = 0.5  # the shim's: a proxy silent this long is hung
     resume_timeout_s: float = 15.0  # an injection whose drafts do not come back by then fails the run
-    self_recover_s: float = 1.5  # worker_layout: how long to watch for recovery without a proxy restart
+    self_recover_s: float = 3.0  # worker_layout: how long to watch for recovery without a proxy restart
     kinds: tuple[str, ...] = KIND_NAMES
     max_passes: int | None = None
     strict: bool = False  # also fail rounds over the limit while the kernel kept the engine off the CPU
