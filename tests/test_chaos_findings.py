@@ -6,6 +6,10 @@ a fix makes them pass, and then pytest asks for the marker to go).
    never resume until the proxy is restarted (SPEC §9: after a fault clears, usable drafts resume
    within a bounded number of rounds). `dspark-proxy chaos` (worker_layout) restarts the proxy to
    recover and reports `self_recovered: False`.
+2. A reply is matched to its STEP by the step id in its header alone: a late reply that carries the
+   next step's id (a worker mislabeling, --fault-wrong-step-every, answering after the client timed
+   out) is taken as the next step's reply, and its drafts (for the previous round's windows) reach
+   the engine as WRONG drafts. Seen once in a short chaos run under load (32 wrong drafts in a round).
 """
 
 from __future__ import annotations
