@@ -97,7 +97,7 @@ class _Disable(Exception):
 class _Live:
     """A published connection. `session` and `pending` belong to the stepping thread."""
 
-    __slots__ = ("conn", "epoch", "session", "pending", "timeouts", "welcome")
+    __slots__ = ("conn", "epoch", "session", "pending", "timeouts", "welcome", "owed")
 
     def __init__(self, conn: FramedConnection, epoch: int, session: int, welcome: Welcome) -> None:
         self.conn = conn
@@ -106,6 +106,7 @@ class _Live:
         self.pending: bytes | None = None  # a NEW_SESSION frame to send before the next STEP
         self.timeouts = 0
         self.welcome = welcome
+        self.owed = 0  # STEPs sent on this connection whose REPLY (or ERROR) has not been read yet
 
 
 def _new_session_id() -> int:
@@ -128,6 +129,7 @@ class DraftClient:
         self.max_frame_bytes = max_frame_bytes
         self.backoff_s = backoff_s
         self.max_consecutive_timeouts = max_consecutive_timeouts
+        self.disabled_retry_s = 2.0  # a refused handshake (mismatch, auth) is tried again this often
         self.client_id = client_id or f"dspark-proxy pid={os.getpid()}"
         self.counters: Counter[str] = Counter()
         self.disabled = False
@@ -260,6 +262,7 @@ class DraftClient:
             self._drop(live, f"send failed: {e}")
             return self._fail("connection_lost", t0)
         live.pending = None
+        live.owed += 1
         self.counters["steps_sent"] += 1
         try:
             while True:
@@ -271,12 +274,18 @@ class DraftClient:
                         self._drop(live, f"{live.timeouts} consecutive timeouts")
                     return self._fail("timeout", t0)
                 h = f.header
-                if h.type == MSG_PONG:
+                if h.type == MSG_PONG or (h.type == MSG_ERROR and h.step_id == 0):
+                    continue  # not the answer to a STEP
+                # the worker answers a connection's STEPs in order, one frame each: while older steps
+                # are owed a reply, this frame is theirs, whatever step id it carries
+                live.owed -= 1
+                if live.owed > 0:
+                    self.counters["late_replies_dropped"] += 1
+                    if h.step_id >= step_id:
+                        self.counters["bad_reply_step_id"] += 1
                     continue
+                live.owed = 0
                 if h.step_id != step_id:
-                    if h.step_id < step_id:
-                        self.counters["late_replies_dropped"] += 1
-                        continue
                     self.counters["bad_replies"] += 1
                     self.counters["bad_reply_step_id"] += 1
                     return self._fail("bad_reply", t0)
@@ -353,11 +362,13 @@ class DraftClient:
             try:
                 live = self._connect_once()
             except _Disable as e:
+                if not self.disabled or str(e) != self.disabled_reason:
+                    log.error("[client] disabled: %s (trying again every %.1f s)", e, self.disabled_retry_s)
                 self.disabled_reason = str(e)
                 self.disabled = True
                 self.counters["disabled"] += 1
-                log.error("[client] disabled: %s", e)
-                return
+                self._stop.wait(self.disabled_retry_s)  # the worker may be fixed and restarted
+                continue
             except (OSError, RemoteProtocolError, TimeoutError) as e:
                 self.counters["connect_failures"] += 1
                 log.debug("[client] connect to %s:%d failed: %s (retry in %.3fs)", self.host, self.port, e, delay)
@@ -368,6 +379,9 @@ class DraftClient:
             if self._stop.is_set():
                 live.conn.close()
                 return
+            if self.disabled:
+                log.warning("[client] enabled again: the worker at %s:%d now agrees", self.host, self.port)
+                self.disabled, self.disabled_reason = False, None
             self._live = live
             self.counters["reconnects" if live.epoch > 1 else "connects"] += 1
             log.info("[client] connected to %s:%d epoch=%d worker=%s drafter=%s", self.host, self.port,

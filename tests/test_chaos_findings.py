@@ -1,5 +1,4 @@
-"""What the fault campaign found in other modules, as tests that fail until it is fixed (strict xfail:
-a fix makes them pass, and then pytest asks for the marker to go).
+"""What the fault campaign found in other modules, kept as regression tests (both fixed in client.py).
 
 1. A DraftClient whose handshake was refused (a worker restarted with another layout) stays disabled
    for good: its connect thread returns. When the right worker comes back on the same address, drafts
@@ -26,8 +25,6 @@ pytestmark = pytest.mark.timeout(30)
 N, W, RB, M = 3, 4, 8, 6
 
 
-@pytest.mark.xfail(strict=True, reason="client.py: _connect_loop returns after _Disable and never retries "
-                                       "(see the issue-6 report for the proposed fix)")
 def test_client_reconnects_when_the_right_worker_comes_back():
     wrong = WorkerServer("127.0.0.1", 0, num_spec=N, window=W * 2, row_bytes=RB, max_reqs=M)
     wrong.start()
@@ -55,9 +52,6 @@ def test_client_reconnects_when_the_right_worker_comes_back():
             right.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="client.py: a reply is matched to a step by the step id in its header "
-                                       "alone; a late reply mislabeled with the next step's id is taken as that "
-                                       "step's (see the issue-6 report)")
 def test_late_mislabeled_reply_is_not_taken_for_the_next_step():
     """Found by `dspark-proxy chaos` (wrong_step_id under load): 32 WRONG drafts reached the engine in one
     round. The worker answers STEP t late (after the client's timeout) and labels it t+1 (the

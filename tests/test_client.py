@@ -258,7 +258,7 @@ def test_handshake_mismatch_disables(pair, client_kw, field):
     assert out.reason == "disabled"
     n = srv.counters["connections"]
     time.sleep(0.2)
-    assert srv.counters["connections"] == n == 1  # a disabled client stops reconnecting
+    assert srv.counters["connections"] == n == 1  # a disabled client retries only every disabled_retry_s
 
 
 @pytest.mark.parametrize("worker_token,client_token,reason", [
