@@ -51,13 +51,14 @@ def _cpus(pid: int) -> frozenset[int] | None:
 def spin_useful(peer_pid: int | None = None) -> bool:
     """Whether spinning can pay: not when this process and its peer can only share one core (the
     spin would hold the very core the answer must come from). Each pinned to its own core is the
-    best case for spinning, so the decision looks at both processes' CPU sets, not ours alone."""
+    best case for spinning, so with the peer known the decision looks at both CPU sets; without it,
+    at ours alone (pinned to one core: assume the peer may be there too)."""
     mine = _cpus(0)
     if mine is None:
         return (os.cpu_count() or 1) > 1
     theirs = _cpus(peer_pid) if peer_pid else None
     if theirs is None:
-        return (os.cpu_count() or 1) > 1
+        return len(mine) > 1
     return len(mine | theirs) > 1
 
 

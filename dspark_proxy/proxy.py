@@ -179,6 +179,8 @@ class Proxy:
         off = seg.layout.word_off(Word.ATTACHED)
         while not self._stop.is_set():
             if _hostflag.wait_ge(seg.mm, off, 1, 0.1, 0):
+                # the engine stores its pid just after its CAS: wait for it (the spin policy uses it)
+                _hostflag.wait_ge(seg.mm, seg.layout.word_off(Word.ENGINE_PID), 1, 0.1, 0)
                 return seg.word(Word.ATTACHED)
         return None
 

@@ -133,7 +133,7 @@ class RoundCore:
         self.M, self.N, self.W, self.R = p.max_slots, p.num_spec, p.window, p.resync_per_round
         self.sampled = p.sampled
         self.lay = seg.layout
-        self.flags = HostFlags(seg)
+        self.flags = HostFlags(seg, peer_pid=seg.word(Word.ENGINE_PID))  # the spin looks at both CPU sets
         self.slots = SlotTable(self.M, self.W)
         self.want_resync = np.zeros(self.M, dtype=np.bool_)  # slots whose ring window we asked for
         self._resync_req = np.zeros(1, self.lay.resync_req_dtype)
