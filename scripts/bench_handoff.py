@@ -55,10 +55,14 @@ def _pin(cpu: int | None) -> None:
         os.sched_setaffinity(0, {cpu})
 
 
-def _spin(force_ns: int | None) -> AdaptiveSpin:
-    """The product's policy (no spin when this process has one core), or a forced bound for comparison:
-    a process pinned to one core cannot tell whether its peer shares that core, so it never spins."""
-    s = AdaptiveSpin()
+def _spin(force_ns: int | None, peer_pid: int | None = None, peer_cpu: int | None = None) -> AdaptiveSpin:
+    """The product's policy (spin unless this process and its peer can only share one core: it knows
+    the peer's pid, as the product does from the segment), or a forced bound for comparison."""
+    if peer_pid and peer_cpu is not None:
+        end = time.monotonic() + 2.0  # a child pins itself as it starts: decide on its final placement
+        while os.sched_getaffinity(peer_pid) != {peer_cpu} and time.monotonic() < end:
+            time.sleep(0.001)
+    s = AdaptiveSpin(peer_pid=peer_pid)
     if force_ns is not None:
         s.max_ns = s.spin_ns = force_ns
     return s
@@ -84,7 +88,7 @@ def _placements(names: list[str]) -> list[tuple[str, int | None, int | None]]:
 def _proxy_handoff(name: str, cpu: int | None, total: int, force_ns: int | None) -> None:
     _pin(cpu)
     seg = Segment.open(name)
-    prx = HostFlags(seg, _spin(force_ns))
+    prx = HostFlags(seg, _spin(force_ns, os.getppid()))
     page = np.zeros(seg.layout.reply.size, np.int32)
     for t in range(1, total + 1):
         if not prx.wait_gathered(t, WAIT_S):
@@ -97,7 +101,7 @@ def _proxy_handoff(name: str, cpu: int | None, total: int, force_ns: int | None)
 
 def _proxy_words(mm: mmap.mmap, cpu: int | None, total: int, force_ns: int | None) -> None:
     _pin(cpu)
-    spin = _spin(force_ns)
+    spin = _spin(force_ns, os.getppid())
     for t in range(1, total + 1):
         t0 = time.perf_counter_ns()
         ok = _hostflag.wait_ge(mm, 0, t, WAIT_S, spin.spin_ns)
@@ -146,7 +150,7 @@ def run_handoff(params: LayoutParams, total: int, prx_cpu: int | None, force_ns:
     seg = Segment.create(name, params, deadline_ms=1000.0)
     try:
         with _child(_proxy_handoff, (name, prx_cpu, total, force_ns)) as p:
-            eng = HostFlags(seg, _spin(force_ns))  # made after pinning: its spin sees this placement
+            eng = HostFlags(seg, _spin(force_ns, p.pid, prx_cpu))  # after both pinned: sees the placement
             dst = np.zeros(seg.layout.reply.size, np.int32)
             staged = seg.staging.view(np.int64)
 
@@ -168,7 +172,7 @@ def run_handoff(params: LayoutParams, total: int, prx_cpu: int | None, force_ns:
 def run_words(total: int, prx_cpu: int | None, force_ns: int | None) -> np.ndarray:
     mm = mmap.mmap(-1, 4096)  # MAP_SHARED: the forked child sees the same words (ping at 0, pong at 128)
     with _child(_proxy_words, (mm, prx_cpu, total, force_ns)) as p:
-        spin = _spin(force_ns)
+        spin = _spin(force_ns, p.pid, prx_cpu)
 
         def one_round(t: int) -> None:
             _hostflag.store(mm, 0, t)
