@@ -41,7 +41,8 @@ def _futex_child(path: str, spin: str) -> None:
     fd = os.open(path, os.O_RDWR)
     mm = mmap.mmap(fd, 4096)
     os.close(fd)
-    policy = AdaptiveSpin() if spin == "adaptive" else None
+    # the peer (our parent) is pinned before it starts us: the product's policy knows its peer's pid
+    policy = AdaptiveSpin(peer_pid=os.getppid()) if spin == "adaptive" else None
     print("ready", flush=True)
     i = 1
     while True:
@@ -197,7 +198,7 @@ def time_futex(n: int, spin: str, other_cpu: int | None = None) -> np.ndarray:
         os.close(fd)
     peer = spawn_peer("futex", path, spin, cpu=other_cpu)
     try:
-        policy = AdaptiveSpin() if spin == "adaptive" else None
+        policy = AdaptiveSpin(peer_pid=peer.pid) if spin == "adaptive" else None  # as the product does
         mono = _hostflag.monotonic_ns
 
         def one(i: int) -> None:
