@@ -213,3 +213,54 @@ def test_sampled_mode_end_to_end(seg_name):
         shim.close()
         proxy.stop()
         w.stop()
+
+
+def test_n_out_table_and_token_auth_through_the_cli(seg_name, tmp_path):
+    """A shared token on both sides, and an n-out table that cuts drafts by batch size: the cut drafts
+    are -1 with confidence 0 and every usable one still matches the oracle."""
+    secret = tmp_path / "token"
+    secret.write_text("s3cret-token\n")
+    w = spawn_worker(*LAYOUT, "--token-file", str(secret))
+    proxy = spawn_proxy(seg_name, w.address, *LAYOUT, "--token-file", str(secret), "--deadline-ms", "50",
+                        "--n-out-table", "2")
+    shim = engine_shim.attach(seg_name, max_reqs=M, num_spec=N, window=W, row_bytes=B, timeout_s=5.0)
+    cut = {"rounds": 0}
+
+    def check(batch, reply):
+        if reply.ok_mask.any():
+            ids = reply.draft_ids[reply.ok_mask]
+            assert (ids[:, 2:] == -1).all() and (ids[:, :2] >= 0).all()
+            assert (reply.confidence[reply.ok_mask][:, 2:] == 0).all()
+            cut["rounds"] += 1
+
+    try:
+        sim = SimEngine(SimConfig(seed=6, max_reqs=M, num_spec=N, window=W, row_bytes=B))
+        res = sim.run(shim, rounds=300, on_round=check)
+        assert res.wrong_drafts == 0 and res.usable_rate > 0.9, res.to_dict()
+        assert cut["rounds"] > 200
+    finally:
+        shim.close()
+        proxy.stop()
+        w.stop()
+
+
+def test_wrong_token_keeps_the_engine_target_only(seg_name, tmp_path):
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.write_text("right")
+    bad.write_text("wrong")
+    w = spawn_worker(*LAYOUT, "--token-file", str(good))
+    proxy = spawn_proxy(seg_name, w.address, *LAYOUT, "--token-file", str(bad), "--deadline-ms", "50")
+    shim = engine_shim.attach(seg_name, max_reqs=M, num_spec=N, window=W, row_bytes=B, timeout_s=5.0)
+    try:
+        sim = SimEngine(SimConfig(seed=8, max_reqs=M, num_spec=N, window=W, row_bytes=B))
+        time.sleep(0.5)  # the refused handshake
+        res = sim.run(shim, rounds=100)
+        assert res.usable_drafts == 0 and res.wrong_drafts == 0
+        assert max(sim.wait_ns) < 50e6
+        time.sleep(0.4)
+        st = json.loads(_cli("status", "--name", seg_name, "--json").stdout)
+        assert st["proxy"]["counters"].get("fallback_disabled", 0) >= 50
+    finally:
+        shim.close()
+        proxy.stop()
+        w.stop()
