@@ -108,7 +108,7 @@ class Shim:
         self.grace_ns = int(grace_ms * 1e6)
         self.heartbeat_timeout_ns = int(heartbeat_timeout_s * 1e9)
         self.look_every_s = look_every_s
-        self.stats = Stats()
+        self.counters = Stats()  # the shim's own counters and events; stats() is the snapshot
         self.events = EventRing(events_kept)
         self.ring = EngineRing(max_reqs, window, row_bytes)
         self._req_ids = _ReqIds(limit=16 * max_reqs + 1024)
@@ -205,7 +205,7 @@ class Shim:
             self._meta_end_off = seg.layout.meta_dtype.fields["stamp_end"][1]
             self._desc_end_off = seg.layout.desc_dtype.fields["stamp_end"][1]
             self._move(AttachEvent.ATTACH_OK)
-            self.stats.inc("attaches")
+            self.counters.inc("attaches")
             self.events.record(round=t, how="attached", phase="", n=0, rows=0, longest_query=0,
                                proxy_wait_ms=0.0, incarnation=seg.incarnation)
             log.info("[shim] attached name=%s incarnation=%d at round %d deadline_ms=%.3f", seg.name,
@@ -216,7 +216,7 @@ class Shim:
             self._abandoned_incarnations.add(seg.incarnation)
             seg.close()
             self._move(AttachEvent.ATTACH_REFUSED)
-            self.stats.inc("attach_refused")
+            self.counters.inc("attach_refused")
 
     def _detach(self, why: str) -> None:
         seg = self._seg if self._seg is not None else self._pending
@@ -231,7 +231,7 @@ class Shim:
             seg.close()
         self._seg = self._flags = None
         self._move(AttachEvent.LOST)
-        self.stats.inc(f"detach_{why}")
+        self.counters.inc(f"detach_{why}")
         log.warning("[shim] detached why=%s: target-only until a new proxy incarnation appears", why)
 
     # ------------------------------------------------------------------ enqueue
@@ -259,7 +259,7 @@ class Shim:
         self._round_attached = False
         self._awaiting_reply = True
         if self._state is not AttachState.ATTACHED:
-            self.stats.inc("rounds_detached")
+            self.counters.inc("rounds_detached")
             return
         seg, flags = self._seg, self._flags
         assert seg is not None and flags is not None
@@ -458,7 +458,7 @@ class Shim:
             w["slot"], w["generation"], w["lo"], w["hi"] = s, gen, lo, hi
             w["stamp"] = t
             staged.append(s)
-        self.stats.inc("resync_windows_staged", len(staged))
+        self.counters.inc("resync_windows_staged", len(staged))
         return staged
 
     # ------------------------------------------------------------------ read_reply
@@ -492,10 +492,10 @@ class Shim:
         got = flags.read_page(t, self._reader.buf)
         flags.consume(t)
         if got != PAGE_OK:
-            self.stats.inc("pages_not_this_round")
+            self.counters.inc("pages_not_this_round")
             return self._reader.failed(t, n, reason or "failed_ahead")
         reply = self._reader.parse(t, n)
-        self.stats.inc(f"replies_{reply.status_name}")
+        self.counters.inc(f"replies_{reply.status_name}")
         if not reply.ok:
             self.watchdog.report()  # the watcher thread may have failed it: its event, now
         return reply
@@ -507,14 +507,15 @@ class Shim:
         self.lose("proxy_hung")
 
     def _note_watchdog(self, t: int, n: int, how: str) -> None:
-        self.stats.inc(f"watchdog_{how}")
+        self.counters.inc(f"watchdog_{how}")
         self.events.record(round=t, how=how, phase="", n=n, rows=self._rows_total, longest_query=0,
                            proxy_wait_ms=round(self.deadline_ms(), 3))
 
     # ------------------------------------------------------------------ lifecycle
 
-    def stats_snapshot(self) -> dict:
-        snap = self.stats.snapshot()
+    def stats(self) -> dict:
+        """The shim's statistics: counters, latencies, attach state, the round, the last 64 events."""
+        snap = self.counters.snapshot()
         snap["state"] = self._state.value
         snap["round"] = self._t
         snap["watchdog_events"] = self.events.dump()

@@ -216,7 +216,7 @@ class Watchdog:
                 if inc not in self._mismatch_logged:
                     self._mismatch_logged.add(inc)
                     log.error("[watchdog] %s: staying target-only", e)
-                    shim.stats.inc("attach_mismatch")
+                    shim.counters.inc("attach_mismatch")
                 return
             if seg.word(Word.STATE) != State.READY or seg.word(Word.ABANDONED):
                 return
@@ -241,7 +241,7 @@ class Watchdog:
             return
         self._next_stats = now + _STATS_EVERY_S
         shim = self.shim
-        st = shim.stats
+        st = shim.counters
         try:
             st.set("state", shim.state.value)
             st.set("round", shim._t)

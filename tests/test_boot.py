@@ -131,10 +131,10 @@ def test_a_mismatched_proxy_that_comes_later_is_refused_by_the_watchdog(monkeypa
     seg = _segment(seg_name, num_spec=N + 1)
     try:
         end = time.monotonic() + 3
-        while time.monotonic() < end and shim.stats.counter("attach_mismatch") == 0:
+        while time.monotonic() < end and shim.counters.counter("attach_mismatch") == 0:
             time.sleep(0.01)
         time.sleep(0.3)  # several more looks: logged once per incarnation
-        assert shim.stats.counter("attach_mismatch") == 1
+        assert shim.counters.counter("attach_mismatch") == 1
         assert shim.state is AttachState.DETACHED and seg.word(Word.ATTACHED) == 0
         errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
         assert len(errors) == 1 and "num_spec" in errors[0]

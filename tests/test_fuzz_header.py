@@ -164,7 +164,7 @@ def test_mismatch_names_the_field(seg_name):
         shim = Shim(seg_name, max_reqs=M, num_spec=N, window=W * 2, row_bytes=B, start_watchdog=False)
         try:
             shim.watchdog._look_for_proxy()
-            assert shim._pending is None and shim.stats.counter("attach_mismatch") == 1
+            assert shim._pending is None and shim.counters.counter("attach_mismatch") == 1
         finally:
             shim.close()
     finally:

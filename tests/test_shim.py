@@ -37,7 +37,7 @@ def _state(rig: Rig) -> tuple:
     shim, tab = rig.shim, rig.shim.ring.table
     return (bytes(rig.seg.mm), shim.ring.rows.tobytes(),
             tuple(getattr(tab, k).tobytes() for k in ("owner", "generation", "lo", "hi")),
-            shim._t, shim._n, shim._round_attached, dict(shim.stats.snapshot().get("counters", {})))
+            shim._t, shim._n, shim._round_attached, dict(shim.counters.snapshot().get("counters", {})))
 
 
 def _good(rig: Rig, reqs=((1, 0, 2), (2, 3, 1), (3, 5, 4))) -> dict:
@@ -279,7 +279,7 @@ def test_detached_read_reply_is_target_only_at_once(seg_name):
         # the engine ring is kept even while detached (a later attach resyncs from it)
         assert np.array_equal(shim.ring.window_rows(0, 2, 4),  # positions 0..5 sent, the last W kept
                               np.stack([row_of(1, p, B) for p in range(2, 6)]))
-        assert shim.stats.counter("rounds_detached") == 3
+        assert shim.counters.counter("rounds_detached") == 3
 
 
 # ---------------------------------------------------------------------------------------- max_rows
@@ -306,7 +306,7 @@ def test_rows_beyond_max_rows_stage_nothing_and_are_resynced(seg_name):
                 if round(float(reply.confidence[i][0]) * W) == W:
                     full.setdefault(i, rig.t)
         assert set(full) == {0, 1, 2, 3}, full  # every request drafts from a full window again
-        assert rig.shim.stats.counter("resync_windows_staged") >= 2
+        assert rig.shim.counters.counter("resync_windows_staged") >= 2
         assert rig.stats.counter("resync_rounds") >= 1
         assert reply.status == 0 and reply.ok_mask.all()
     finally:
@@ -345,7 +345,7 @@ def test_close_is_idempotent_and_abandons_the_segment(rig):
 def test_context_manager_stops_the_watchdog(seg_name):
     with Shim(seg_name, max_reqs=M, num_spec=N, window=W, row_bytes=B, look_every_s=0.01) as shim:
         assert shim.watchdog._thread.is_alive()
-        snap = shim.stats_snapshot()
+        snap = shim.stats()
         assert snap["state"] == "detached"
         json.dumps(snap)  # what status and the stats file print
     assert shim.state is AttachState.CLOSED

@@ -180,7 +180,7 @@ def test_claimed_but_never_published_is_a_hung_proxy(seg_name):
         t0 = time.perf_counter()
         reply = shim.read_reply(2)
         assert reply.reason == "detached" and time.perf_counter() - t0 < 0.005
-        assert shim.stats.counter("detach_proxy_hung") == 1
+        assert shim.counters.counter("detach_proxy_hung") == 1
         time.sleep(0.1)  # the watchdog keeps looking, but never offers the abandoned incarnation again
         assert shim.state is AttachState.DETACHED
     finally:
@@ -263,7 +263,7 @@ def test_dead_proxy_fails_far_ahead_and_detaches(seg_name, child_proxy):
         shim.enqueue(2, **batches())
         assert shim.read_reply(2).reason == "detached" and time.perf_counter() - t0 < 0.005
         assert shim.state is AttachState.DETACHED and view.word(Word.ABANDONED) == 1
-        assert shim.stats.counter("detach_proxy_dead") == 1
+        assert shim.counters.counter("detach_proxy_dead") == 1
         assert time.monotonic() - killed < 7.0
     finally:
         shim.close()
@@ -291,7 +291,7 @@ def test_dead_idle_proxy_is_seen_within_the_look_interval(seg_name, child_proxy)
         # an idle engine does not reach its next round boundary for a while: the loss is acted on
         # once, not once per watchdog tick (no flood of events and warnings)
         time.sleep(0.3)
-        assert len(_hows(shim, "proxy_dead")) == 1 and shim.stats.counter("watchdog_proxy_dead") == 1
+        assert len(_hows(shim, "proxy_dead")) == 1 and shim.counters.counter("watchdog_proxy_dead") == 1
         shim.enqueue(2, **batches())
         assert shim.read_reply(2).reason == "detached"
     finally:

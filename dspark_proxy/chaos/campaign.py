@@ -157,7 +157,7 @@ class Controller:
         p = self.probe
         self.tally.sample()
         proxy_before = self.tally.counters()
-        shim_before = dict(self.system.shim.stats.snapshot()["counters"])
+        shim_before = dict(self.system.shim.counters.snapshot()["counters"])
         ev_lo = self.events.poll()
         idx = p.count
         inj = self.current = Injection(kind=kind, n=n, idx_start=idx, t_start=p.t[idx - 1] + 1 if idx else 1,
@@ -179,7 +179,7 @@ class Controller:
         inj.t_end = p.t[-1] if p.t else 0
         self.tally.sample()
         inj.proxy_counters = counter_delta(proxy_before, self.tally.counters())
-        shim_after = self.system.shim.stats.snapshot()["counters"]
+        shim_after = self.system.shim.counters.snapshot()["counters"]
         inj.shim_counters = {k: v - shim_before.get(k, 0) for k, v in sorted(shim_after.items())
                              if isinstance(v, int) and v != shim_before.get(k, 0)}
         ev_hi = self.events.poll()
