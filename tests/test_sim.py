@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dspark_proxy.crc import CrcOp, CrcOpSet, multmodp, x2nmodp
 from dspark_proxy.integrity import integrity_drafts, integrity_hash
 from dspark_proxy.sim import CORRUPTIONS, Oracle, OracleShim, RowGen, SimConfig, SimEngine
-from dspark_proxy.sim.crc import CrcOp, CrcOpSet, multmodp, x2nmodp
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dspark_proxy.crc import CrcOp, CrcOpSet, byte_tables, le_bytes, xor_lookup
 from dspark_proxy.integrity import GOLDEN, integrity_drafts, integrity_hash
 
-from .crc import CrcOp, CrcOpSet, byte_tables, le_bytes, xor_lookup
 from .rows import RowGen
 
 __all__ = ["Oracle", "CheckResult"]

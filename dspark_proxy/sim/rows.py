@@ -23,7 +23,7 @@ import zlib
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .crc import CrcOp, byte_tables, le_bytes, xor_lookup
+from dspark_proxy.crc import CrcOp, byte_tables, le_bytes, xor_lookup
 
 __all__ = ["RowGen", "mix64"]
 

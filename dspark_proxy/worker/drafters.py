@@ -34,6 +34,7 @@ class DraftItem:
     segments: list[np.ndarray]  # uint8 [*, row_bytes] views, positions anchor_pos-w .. anchor_pos-1
     seed: int = 0
     temperature: float = 0.0
+    crc: int | None = None  # the integrity hash, when the worker assembled it from its CRC chains
 
 
 class Drafter(Protocol):
@@ -63,9 +64,11 @@ class IntegrityDrafter:
     def draft(self, items: list[DraftItem], out: ReplyWriter) -> None:
         for it in items:
             i = it.index
-            h = integrity_hash(it.anchor_token, it.anchor_pos, it.segments[0])
-            for seg in it.segments[1:]:
-                h = zlib.crc32(seg, h)
+            h = it.crc
+            if h is None:  # from the bytes (a caller without CRC chains)
+                h = integrity_hash(it.anchor_token, it.anchor_pos, it.segments[0])
+                for seg in it.segments[1:]:
+                    h = zlib.crc32(seg, h)
             integrity_drafts(h, it.w, self.window, self.num_spec, it.n_out, out.draft_ids[i], out.confidence[i])
             if out.margin is not None:
                 out.margin[i] = out.confidence[i]

@@ -15,14 +15,17 @@ import logging
 import os
 import secrets
 import socket
+import struct
 import threading
 import time
+import zlib
 from collections import Counter
 
 import numpy as np
 
 from .. import __version__
 from ..conn import FramedConnection, listen_tcp
+from ..crc import CrcOp, CrcOpSet
 from ..wire import (
     APP_HEADER_SIZE,
     MAX_CONTROL_PAYLOAD,
@@ -64,6 +67,8 @@ from ..wire import (
 from .drafters import DraftItem, make_drafter
 from .faults import FaultAction, FaultCounter, FaultPlan
 from .session import Session, SessionTable
+
+_ANCHOR_HDR = struct.Struct("<iq")  # anchor_token int32 LE, anchor_pos int64 LE (dspark_proxy.integrity)
 
 __all__ = ["WorkerServer", "is_loopback", "CRASH_EXIT_CODE"]
 
@@ -107,6 +112,9 @@ class WorkerServer:
         self.host = host
         self._port = port
         self.drafter_name = drafter
+        # integrity: shift(w * row_bytes) for w = 0..W, to assemble window CRCs from the slots' chains
+        self._shift_w = (CrcOpSet([CrcOp.shift(k * row_bytes) for k in range(window + 1)])
+                         if drafter == "integrity" else None)
         self.token = token
         self.faults = faults or FaultPlan()
         self.max_connections = max_connections
@@ -384,6 +392,19 @@ class WorkerServer:
         conn.send_parts([buf])
         return True
 
+    def _integrity_crcs(self, items: list[DraftItem], ends_crc: list[tuple[int, int]]) -> None:
+        """The integrity hash of every item from its slot's CRC chain, for the whole batch at once:
+        crc(hdr ‖ window) = shift(w L)(crc(hdr) ^ A(a - 1)) ^ A(hi - 1) (dspark_proxy.crc). No row is
+        read again: each was hashed once, when it arrived."""
+        k = len(items)
+        hdr = np.fromiter((zlib.crc32(_ANCHOR_HDR.pack(it.anchor_token, it.anchor_pos)) for it in items),
+                          dtype=np.uint32, count=k)
+        ce = np.array(ends_crc, dtype=np.uint32).reshape(k, 2)
+        w = np.fromiter((it.w for it in items), dtype=np.intp, count=k)
+        h = self._shift_w.apply(hdr ^ ce[:, 0], w) ^ ce[:, 1]
+        for it, hv in zip(items, h.tolist(), strict=True):
+            it.crc = hv
+
     def _serve(self, session: Session, sv: StepView, out: ReplyWriter, layout: WireLayout) -> None:
         """Apply the entries in order and draft for the usable ones (the test oracle: per request)."""
         e = sv.entries
@@ -395,6 +416,7 @@ class WorkerServer:
         tokens, anchors = e["anchor_token"].tolist(), e["anchor_pos"].tolist()
         meta = sv.sample_meta
         items: list[DraftItem] = []
+        ends_crc: list[tuple[int, int]] = []  # per item: (A(a - 1), A(hi - 1)) of its slot's CRC chain
         for i in range(n):
             if bad[i]:
                 out.status[i] = RS_BAD_ENTRY
@@ -409,8 +431,11 @@ class WorkerServer:
                 items.append(DraftItem(i, tokens[i], anchors[i], w, n_outs[i], sw.segments(w),
                                        int(meta["seed"][i]) if meta is not None else 0,
                                        float(meta["temperature"][i]) if meta is not None else 0.0))
+                ends_crc.append(sw.chain_ends(w))
         if not items:
             return
+        if self._shift_w is not None:
+            self._integrity_crcs(items, ends_crc)
         try:
             with self._draft_lock:
                 self.drafter.draft(items, out)

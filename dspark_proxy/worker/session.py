@@ -1,7 +1,11 @@
 """Per-session, per-slot windows of rows: the worker's half of the ring bookkeeping (SPEC §6).
 
 Each slot holds its generation, the positions [lo, hi) it has rows for (at most the last W), and a
-[W, row_bytes] array indexed by position % W, allocated when the slot is first seen. Entries are
+[W, row_bytes] array indexed by position % W, allocated when the slot is first seen. It also keeps a
+chain of prefix CRCs over the rows received since the window last restarted, A(p) = crc32(rows
+chain_start .. p), the last W + 1 of them: each row is hashed once, when it arrives, and the
+`integrity` drafter assembles any window's CRC from two chain entries (dspark_proxy.crc) instead of
+re-hashing W rows every round. Entries are
 applied one by one in batch order: this is the reference the proxy's vectorised model is checked
 against, so it is written for clarity, not speed.
 """
@@ -9,6 +13,7 @@ against, so it is written for clarity, not speed.
 from __future__ import annotations
 
 import threading
+import zlib
 from collections import OrderedDict
 
 import numpy as np
@@ -29,19 +34,29 @@ __all__ = ["SlotWindow", "Session", "SessionTable"]
 class SlotWindow:
     """One slot's window: rows of positions [lo, hi) (hi - lo <= W) at index position % W."""
 
-    __slots__ = ("generation", "lo", "hi", "rows")
+    __slots__ = ("generation", "lo", "hi", "rows", "chain", "chain_start")
 
     def __init__(self, window: int, row_bytes: int) -> None:
         self.generation = 0
         self.lo = 0
         self.hi = 0
         self.rows = np.empty((window, row_bytes), dtype=np.uint8)
+        self.chain = [0] * (window + 1)  # A(p) at p % (W + 1)
+        self.chain_start = 0
 
-    def write(self, first_pos: int, rows: np.ndarray) -> None:
+    def write(self, first_pos: int, rows: np.ndarray, restart: bool) -> None:
         w = self.rows.shape[0]
         k = rows.shape[0]
         if k == 0:
             return
+        R = w + 1
+        chain = self.chain
+        if restart:
+            self.chain_start = first_pos
+        prev = 0 if restart else chain[(first_pos - 1) % R]
+        for j in range(k):  # each row hashed once, as it arrives
+            prev = zlib.crc32(rows[j], prev)
+            chain[(first_pos + j) % R] = prev
         start = first_pos % w
         if start + k <= w:
             self.rows[start:start + k] = rows
@@ -49,6 +64,14 @@ class SlotWindow:
             cut = w - start
             self.rows[start:] = rows[:cut]
             self.rows[:k - cut] = rows[cut:]
+
+    def chain_ends(self, w: int) -> tuple[int, int]:
+        """(A(a - 1), A(hi - 1)) for the window of the last w rows, a = hi - w; A(a - 1) is 0 when the
+        window starts where the chain does. crc(window) = A(hi-1) ^ shift(w L)(A(a-1))."""
+        R = self.rows.shape[0] + 1
+        a = self.hi - w
+        before = self.chain[(a - 1) % R] if a > self.chain_start else 0
+        return before, self.chain[(self.hi - 1) % R]
 
     def segments(self, w: int) -> list[np.ndarray]:
         """The last w rows (positions hi-w .. hi-1) in order, as at most two contiguous views."""
@@ -94,7 +117,7 @@ class Session:
                 return RS_GAP, 0
             sw.hi = first_pos + n_rows
             sw.lo = max(sw.lo, sw.hi - W)
-        sw.write(first_pos, rows)
+        sw.write(first_pos, rows, restart=bool(flags & RF_NEW_GEN))
         w = min(W, sw.hi - sw.lo)
         return (RS_OK if w == W else RS_PARTIAL_WINDOW), w
 

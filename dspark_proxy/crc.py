@@ -1,9 +1,9 @@
-"""CRC-32 algebra, so the simulated engine can check a draft without re-reading megabytes of rows.
+"""CRC-32 algebra, so the `integrity` oracle never re-reads megabytes of rows.
 
 The `integrity` drafter hashes the anchor and the window's rows with zlib's CRC-32. At the realistic
 shapes (W = 128 rows of 71,680 bytes) recomputing that CRC from the bytes costs about 9 MB of hashing
-per request and per round, far too slow for a simulator that must stay out of the round's way. CRC is
-linear over GF(2), so it can be assembled from small pieces instead:
+per request and per round: too slow for the simulated engine that checks every draft, and for the
+worker that makes them. CRC is linear over GF(2), so it can be assembled from small pieces instead:
 
 - ``crc(A ‖ B) = shift(len(B))(crc(A)) ^ crc(B)`` where ``shift(n)`` multiplies by x^(8n) modulo the
   CRC polynomial (what zlib's ``crc32_combine`` does);
