@@ -136,6 +136,9 @@ class RoundCore:
         self.flags = HostFlags(seg, peer_pid=seg.word(Word.ENGINE_PID))  # the spin looks at both CPU sets
         self.slots = SlotTable(self.M, self.W)
         self.want_resync = np.zeros(self.M, dtype=np.bool_)  # slots whose ring window we asked for
+        self._rows_per_us = 0.0  # learned STEP throughput (0: not yet)
+        self._resync_cap = self.R  # windows asked for per round: R until the throughput is known
+        self._rate_min_rows = self.W  # rounds with at least a window's rows say something about the rate
         self._resync_req = np.zeros(1, self.lay.resync_req_dtype)
         self._resync_sent = np.full(self.M + 1, -2, dtype=np.int32)  # last request written (to skip rewrites)
         self._last_epoch: int | None = None
@@ -371,10 +374,13 @@ class RoundCore:
         if self.flags.taken(t):
             return self._fail(slots, n, "preempted")
         # 7. STEP
+        timeout_s = self._step_timeout()
         out = self.client.step(self._prefix, ent, n_rows, step_id=t, step_flags=step_flags, epoch=epoch,
-                               rows=rows, sample_meta=sample_meta, timeout_s=self._step_timeout())
+                               rows=rows, sample_meta=sample_meta, timeout_s=timeout_s)
         if not out.ok:
             reason = out.reason or "unknown"
+            if reason == "timeout" and n_rows >= self._rate_min_rows:
+                self._learn_rate(n_rows, timeout_s * 1e6, upper_bound=True)
             if reason not in ("not_ready", "disabled", "reconnected"):
                 self._breaker_record(t, False, reason)
             return self._fail(slots, n, reason)
@@ -382,6 +388,8 @@ class RoundCore:
         st.observe(_RTT_KEY[phase], out.rtt_us)
         st.observe("worker_us", out.reply.worker_us)
         st.inc("rows_sent", n_rows)
+        if n_rows >= self._rate_min_rows:
+            self._learn_rate(n_rows, out.rtt_us)
         if n_out:
             st.inc("rounds_n_out_cut")
         # 8. accept
@@ -471,8 +479,24 @@ class RoundCore:
         lo, hi = self._win_lo[wi], self._win_hi[wi]
         return (w_of >= 0) & (lo <= first) & (hi >= first + n_rows - 1)
 
+    def _learn_rate(self, n_rows: int, rtt_us: float, upper_bound: bool = False) -> None:
+        """Rows per µs that a STEP round trip has been moving (a slow EWMA over rounds with enough rows
+        to say), and from it how many windows a round can resend within half its deadline. A STEP that
+        timed out only says the rate is below n_rows / timeout: the estimate drops to at most that."""
+        rate = n_rows / max(rtt_us, 1.0)
+        if upper_bound:
+            self._rows_per_us = rate if self._rows_per_us == 0.0 else min(self._rows_per_us, rate)
+        else:
+            self._rows_per_us = rate if self._rows_per_us == 0.0 else 0.9 * self._rows_per_us + 0.1 * rate
+        fit = int(self._rows_per_us * self.deadline_ns / 2e3) // self.W
+        self._resync_cap = max(1, min(self.R, fit))
+
     def _write_resync_request(self) -> None:
-        want = np.flatnonzero(self.want_resync)
+        """Ask the engine for the windows of the slots that need a resync, at most as many as fit the
+        round's time (`_learn_rate`): at realistic shapes a window is 9 MB, and a round that resends
+        R of them (29 with the default budget) would outlast its deadline, time out and trip the
+        breaker just when the worker's copies need rebuilding."""
+        want = np.flatnonzero(self.want_resync)[: self._resync_cap]
         k = int(want.shape[0])
         sent = self._resync_sent
         if sent[0] == k and not np.count_nonzero(sent[1:k + 1] != want):

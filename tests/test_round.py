@@ -220,3 +220,26 @@ def test_new_owner_starts_a_new_generation(rig):
     assert int(rig.core.slots.generation[0]) == g + 1
     assert rig.client.sent_entries[-1]["flags"][0] & wire.RF_NEW_GEN
     assert rig.check_drafts(reply, b) == 1
+
+
+def test_resync_requests_are_capped_by_the_learned_round_rate(rig):
+    """Windows are asked for no faster than the link resends them within half the deadline: a slow
+    link (learned from a STEP that timed out) gets one window per round, the others wait their turn."""
+    for _ in range(4):
+        rig.round([(1, 0, 1), (2, 1, 1)])
+    rig.client.epoch += 1  # the worker lost everything: both slots need their whole window back
+    rig.client.new_session("reconnect")
+    assert rig.core._resync_cap == rig.core.R == 2
+    rig.core._learn_rate(1, 1e6, upper_bound=True)  # 1 row per second: half the 10 s deadline fits 5 rows
+    assert rig.core._resync_cap == 1
+    rig.round([(1, 0, 1), (2, 1, 1)])
+    assert rig.core.want_resync[[0, 1]].all()
+    req = rig.core._resync_req
+    assert int(req["count"][0]) == 1 and int(req["slots"][0, 0]) == 0
+    reply, b = rig.round([(1, 0, 1), (2, 1, 1)])  # slot 0's window comes back; slot 1 is asked for next
+    assert rig.check_drafts(reply, b) == 2
+    assert not rig.core.want_resync[0] and rig.core.want_resync[1]
+    assert int(req["count"][0]) == 1 and int(req["slots"][0, 0]) == 1
+    rig.round([(1, 0, 1), (2, 1, 1)])
+    rig.round([(1, 0, 1), (2, 1, 1)])
+    assert not rig.core.slots.dirty[[0, 1]].any()
