@@ -22,20 +22,16 @@ def cli() -> None:
 
 
 def _register() -> None:
+    """One module per command (commands/); each imports its heavy parts only when it runs."""
+    from .commands.bench import bench
+    from .commands.chaos import chaos
     from .commands.control import status, stop
+    from .commands.demo import demo
     from .commands.start import start
     from .commands.worker import worker
 
-    for cmd in (start, stop, status, worker):
+    for cmd in (start, stop, status, worker, demo, chaos, bench):
         cli.add_command(cmd)
-    try:
-        from .commands.demo import demo
-
-        cli.add_command(demo)
-        cli.add_command(__import__("dspark_proxy.commands.chaos", fromlist=["chaos"]).chaos)
-    except ImportError:  # pragma: no cover - demo needs the simulated engine
-        pass
-    cli.add_command(__import__("dspark_proxy.commands.bench", fromlist=["bench"]).bench)
 
 
 _register()

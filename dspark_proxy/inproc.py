@@ -58,10 +58,10 @@ class InProcessClient:
         self._conf = np.zeros((max_reqs, num_spec), np.float32)
 
     def start(self) -> None:
-        pass
+        """Nothing to connect: the worker is right here (DraftClient's interface)."""
 
     def stop(self) -> None:
-        pass
+        """Nothing to close."""
 
     def connection_epoch(self) -> int | None:
         return None if self.disabled else self.epoch
