@@ -16,7 +16,7 @@ __all__ = ["demo", "run_demo"]
 
 def run_demo(*, rounds: int | None, duration_s: float | None, max_reqs: int, num_spec: int, window: int,
              row_bytes: int, deadline_ms: float, seed: int, engine_work_us: float, name: str | None = None,
-             quiet: bool = False) -> dict[str, Any]:
+             quiet: bool = False, staging_budget_mb: int | None = None) -> dict[str, Any]:
     """Run the whole system once; returns the summary (also what --json prints)."""
     import engine_shim
     from dspark_proxy.commands.control import read_status
@@ -31,7 +31,9 @@ def run_demo(*, rounds: int | None, duration_s: float | None, max_reqs: int, num
     try:
         worker = spawn_worker(*layout)
         say(f"[demo] worker pid {worker.pid} on {worker.address}")
-        proxy = spawn_proxy(name, worker.address, *layout, "--deadline-ms", str(deadline_ms), "--log-every", "0")
+        extra = [] if staging_budget_mb is None else ["--staging-budget-mb", str(staging_budget_mb)]
+        proxy = spawn_proxy(name, worker.address, *layout, "--deadline-ms", str(deadline_ms), "--log-every", "0",
+                            *extra)
         say(f"[demo] proxy pid {proxy.pid}, segment {name}")
         shim = engine_shim.attach(name, max_reqs=max_reqs, num_spec=num_spec, window=window, row_bytes=row_bytes,
                                   timeout_s=5.0)
@@ -82,15 +84,19 @@ def _summary(r: dict[str, Any]) -> str:
 @click.option("--engine-work-us", type=float, default=2000.0, show_default=True,
               help="Simulated target forward per step (sleep), between enqueue and read_reply.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--staging-budget-mb", type=int, default=None,
+              help="The proxy's staging budget (default: its own, 256): size it to the link at large rows.")
 @click.option("--name", default=None, help="Segment name (default: demo-<pid>).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 def demo(duration_s: float, rounds: int | None, max_reqs: int, num_spec: int, window: int, row_bytes: int,
-         deadline_ms: float, engine_work_us: float, seed: int, name: str | None, as_json: bool) -> None:
+         deadline_ms: float, engine_work_us: float, seed: int, staging_budget_mb: int | None, name: str | None,
+         as_json: bool) -> None:
     """Worker + proxy + simulated engine, end to end, with every draft checked against the oracle."""
     from ..cli import EXIT_WRONG_DRAFTS
 
     r = run_demo(rounds=rounds, duration_s=duration_s, max_reqs=max_reqs, num_spec=num_spec, window=window,
-                 row_bytes=row_bytes, deadline_ms=deadline_ms, seed=seed, engine_work_us=engine_work_us, name=name)
+                 row_bytes=row_bytes, deadline_ms=deadline_ms, seed=seed, engine_work_us=engine_work_us, name=name,
+                 staging_budget_mb=staging_budget_mb)
     click.echo(json.dumps(r, default=str) if as_json else _summary(r))
     if r["wrong_drafts"]:
         click.echo(f"dspark-proxy demo: {r['wrong_drafts']} WRONG drafts: {r.get('first_wrong')}", err=True)
