@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from dspark_proxy import wire
+from dspark_proxy.bench.peers import recv_exact
 from dspark_proxy.client import DraftClient
 from dspark_proxy.conn import byte_view
 
@@ -52,13 +53,7 @@ def _sink_main(port_file: str) -> None:
     hdr = bytearray(16)
 
     def read_exact(view: memoryview) -> bool:
-        got = 0
-        while got < len(view):
-            k = s.recv_into(view[got:])
-            if k == 0:
-                return False
-            got += k
-        return True
+        return recv_exact(s, view)
 
     while read_exact(memoryview(hdr)):
         total, rlen = int.from_bytes(hdr[:8], "little"), int.from_bytes(hdr[8:], "little")

@@ -29,7 +29,7 @@ from .. import _hostflag
 from ..hostflag import AdaptiveSpin
 from .procs import on_cpu
 
-__all__ = ["Peer", "spawn_peer", "time_futex", "time_pipe", "time_tcp", "RawSink"]
+__all__ = ["Peer", "spawn_peer", "time_futex", "time_pipe", "time_tcp", "RawSink", "recv_exact"]
 
 PING_OFF, PONG_OFF = 0, 128  # one word per 128-byte line, like the segment's words
 STOP = 1 << 62
@@ -79,7 +79,7 @@ def _tcp_listen() -> socket.socket:
     return lst
 
 
-def _recv_exact(s: socket.socket, view: memoryview) -> bool:
+def recv_exact(s: socket.socket, view: memoryview) -> bool:
     got = 0
     while got < len(view):
         k = s.recv_into(view[got:])
@@ -93,7 +93,7 @@ def _tcp_child() -> None:
     s, _ = _tcp_listen().accept()
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     buf = memoryview(bytearray(8))
-    while _recv_exact(s, buf):
+    while recv_exact(s, buf):
         s.sendall(buf)
 
 
@@ -105,11 +105,11 @@ def _sink_child() -> None:
     buf = memoryview(bytearray(64 << 20))
     reply = bytes(4 << 20)
     hdr = memoryview(bytearray(16))
-    while _recv_exact(s, hdr):
+    while recv_exact(s, hdr):
         total, rlen = int.from_bytes(hdr[:8], "little"), int.from_bytes(hdr[8:], "little")
         while total:
             k = min(total, len(buf))
-            if not _recv_exact(s, buf[:k]):
+            if not recv_exact(s, buf[:k]):
                 return
             total -= k
         s.sendall(reply[:rlen])
@@ -250,7 +250,7 @@ def time_tcp(n: int, other_cpu: int | None = None) -> np.ndarray:
 
         def one(i: int) -> None:
             s.sendall(msg)
-            if not _recv_exact(s, buf):
+            if not recv_exact(s, buf):
                 raise RuntimeError("tcp peer closed")
 
         return _rounds(one, n)
@@ -286,7 +286,7 @@ class RawSink:
                 else:
                     todo[0] = todo[0][sent:]
                     sent = 0
-        if not _recv_exact(self.sock, self._rbuf[:reply_bytes]):
+        if not recv_exact(self.sock, self._rbuf[:reply_bytes]):
             raise RuntimeError("raw sink closed")
         return time.perf_counter_ns() - t0
 
