@@ -31,13 +31,18 @@ def attach(name: str | None = None, *, max_reqs: int, num_spec: int, window: int
     mismatch raises LayoutMismatch naming the field. With `timeout_s > 0` it waits that long for the
     proxy to be ready and attached-to; otherwise the shim starts detached and attaches (at a round
     boundary) when a proxy appears. Thread mode takes the proxy's settings as keyword arguments
-    (`worker="HOST:PORT"`, breaker_threshold=..., ...) and runs the same round loop on a thread.
+    (`worker="HOST:PORT"`, breaker_threshold=..., ...) and runs the same round loop on a thread; it
+    returns once the shim has found that proxy (at least 5 s allowed), so the first round is not run
+    detached.
     """
     if mode == "thread":
         from .thread_mode import attach_thread
 
         shim = attach_thread(name, max_reqs=max_reqs, num_spec=num_spec, window=window, row_bytes=row_bytes,
                              sampled=sampled, deadline_ms=deadline_ms, timeout_s=timeout_s, **kwargs)
+        # the proxy is ours and already ready: the engine's first round should not run detached just
+        # because the watchdog thread has not been scheduled yet (a loaded machine)
+        _wait_found(shim, max(timeout_s, 5.0))
         _set_current(shim)
         return shim
     if mode != "process":
@@ -49,11 +54,16 @@ def attach(name: str | None = None, *, max_reqs: int, num_spec: int, window: int
     shim = Shim(name, max_reqs=max_reqs, num_spec=num_spec, window=window, row_bytes=row_bytes, sampled=sampled,
                 deadline_ms=deadline_ms, **shim_kw)
     if timeout_s > 0:
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end and shim.state.value == "detached":
-            time.sleep(0.01)
+        _wait_found(shim, timeout_s)
     _set_current(shim)
     return shim
+
+
+def _wait_found(shim: Shim, timeout_s: float) -> None:
+    """Until the watchdog has found a ready proxy (pending: the engine attaches at its next round)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end and shim.state.value == "detached":
+        time.sleep(0.005)
 
 
 def _check_existing(name: str | None, max_reqs: int, num_spec: int, window: int, row_bytes: int,
