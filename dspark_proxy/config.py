@@ -346,6 +346,8 @@ class WorkerConfig(LayoutConfig):
                                     _Range(0, math.inf))
     fault_wrong_step_every: int = _opt(0, "Fault injection: answer every k-th step with a wrong step id "
                                        "(0: off).", _Range(0, math.inf))
+    fault_wrong_session_every: int = _opt(0, "Fault injection: answer every k-th step, drafts and all, "
+                                          "under another session id (0: off).", _Range(0, math.inf))
     fault_crash_after: int = _opt(0, "Fault injection: exit the process after this many steps (0: off).",
                                   _Range(0, math.inf))
     device: str = _opt("cpu", "Torch device for the torch drafter (cpu, cuda, cuda:1, ...).")

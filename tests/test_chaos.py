@@ -39,6 +39,7 @@ EFFECTS = {
     "conn_drop": ("proxy", "fallback_connection_lost", 2),
     "garbage_replies": ("proxy", "client.bad_reply", 1),
     "wrong_step_id": ("proxy", "client.bad_reply_step_id", 1),
+    "wrong_session": ("proxy", "client.bad_reply_session", 1),
     "slow_replies": ("proxy", "fallback_timeout", 1),
     "proxy_stop_short": ("shim", "watchdog_watchdog", 1),
     "proxy_stop_long": ("shim", "detach_proxy_hung", 1),

@@ -199,7 +199,7 @@ def test_stalled_worker_is_dropped_after_consecutive_timeouts(pair):
     assert c.connection_epoch() == 2
 
 
-@pytest.mark.parametrize("fault", ["garbage_every", "wrong_step_every"])
+@pytest.mark.parametrize("fault", ["garbage_every", "wrong_step_every", "wrong_session_every"])
 def test_bad_reply_is_discarded_and_counted(pair, fault):
     srv, c = pair(server_kw=dict(faults=FaultPlan(**{fault: 2})))
     assert c.wait_ready(5) == 1
@@ -208,6 +208,9 @@ def test_bad_reply_is_discarded_and_counted(pair, fault):
     out, _ = s.step()
     assert not out.ok and out.reason == "bad_reply" and out.reply is None
     assert c.counters["bad_replies"] == 1
+    want = {"wrong_step_every": "bad_reply_step_id", "wrong_session_every": "bad_reply_session"}.get(fault)
+    if want:
+        assert c.counters[want] == 1
     # the stream stayed in sync: the next step works on the same connection
     s.check(*s.step())
     assert c.connection_epoch() == 1

@@ -138,6 +138,7 @@ INJECTORS: dict[str, Callable[[Controller], None]] = {
     "conn_drop": _faulty_worker("--fault-drop-every", "4"),
     "garbage_replies": _faulty_worker("--fault-garbage-every", "3"),
     "wrong_step_id": _faulty_worker("--fault-wrong-step-every", "3"),
+    "wrong_session": _faulty_worker("--fault-wrong-session-every", "3"),
     "slow_replies": slow_replies,
     "proxy_stop_short": proxy_stop_short,
     "proxy_stop_long": proxy_stop_long,

@@ -25,6 +25,8 @@ FAULT_KINDS: tuple[FaultKind, ...] = (
     FaultKind("conn_drop", "worker closes the connection instead of answering (--fault-drop-every)"),
     FaultKind("garbage_replies", "worker answers with random bytes under a valid header (--fault-garbage-every)"),
     FaultKind("wrong_step_id", "worker answers with a wrong step id (--fault-wrong-step-every)"),
+    FaultKind("wrong_session", "worker answers, real drafts and all, under another session id "
+                               "(--fault-wrong-session-every)"),
     FaultKind("slow_replies", "every reply later than the deadline (--fault-delay-ms 2 x deadline)"),
     FaultKind("proxy_stop_short", "proxy SIGSTOPped for less than the shim's heartbeat timeout, then SIGCONT"),
     FaultKind("proxy_stop_long", "proxy SIGSTOPped past the heartbeat timeout (detach, new incarnation)"),

@@ -16,7 +16,9 @@ class FaultPlan:
     delay_ms: sleep this long before every reply. stall_after: after this many steps, stop answering
     (connections stay open, nothing is sent). drop_every: close the connection instead of answering
     every k-th step. garbage_every: every k-th reply is random bytes under a valid header.
-    wrong_step_every: every k-th reply carries a wrong step id. crash_after: os._exit after k steps.
+    wrong_step_every: every k-th reply carries a wrong step id. wrong_session_every: every k-th reply is
+    well formed, with real drafts, under another session id (a reply meant for someone else).
+    crash_after: os._exit after k steps.
     """
 
     delay_ms: float = 0.0
@@ -24,12 +26,14 @@ class FaultPlan:
     drop_every: int | None = None
     garbage_every: int | None = None
     wrong_step_every: int | None = None
+    wrong_session_every: int | None = None
     crash_after: int | None = None
 
     def __post_init__(self) -> None:
         if self.delay_ms < 0:
             raise ValueError("delay_ms must be >= 0")
-        for name in ("stall_after", "drop_every", "garbage_every", "wrong_step_every", "crash_after"):
+        for name in ("stall_after", "drop_every", "garbage_every", "wrong_step_every", "wrong_session_every",
+                     "crash_after"):
             v = getattr(self, name)
             if v is not None and v < (0 if name in ("stall_after", "crash_after") else 1):
                 raise ValueError(f"{name}={v} out of range")
@@ -46,6 +50,7 @@ class FaultAction(Enum):
     DROP = "drop"
     GARBAGE = "garbage"
     WRONG_STEP = "wrong_step"
+    WRONG_SESSION = "wrong_session"
 
 
 class FaultCounter:
@@ -73,4 +78,6 @@ class FaultCounter:
             return FaultAction.GARBAGE
         if p.wrong_step_every and k % p.wrong_step_every == 0:
             return FaultAction.WRONG_STEP
+        if p.wrong_session_every and k % p.wrong_session_every == 0:
+            return FaultAction.WRONG_SESSION
         return FaultAction.NONE

@@ -381,7 +381,11 @@ class WorkerServer:
         if action is FaultAction.WRONG_STEP:
             self.counters["fault_wrong_step"] += 1
             step_id = (step_id + 1) & (2**64 - 1)
-        buf = out.finish(session=h.session, epoch=h.epoch, step_id=step_id,
+        session_id = h.session
+        if action is FaultAction.WRONG_SESSION:
+            self.counters["fault_wrong_session"] += 1
+            session_id ^= 1
+        buf = out.finish(session=session_id, epoch=h.epoch, step_id=step_id,
                          worker_us=(time.perf_counter() - t0) * 1e6)
         if action is FaultAction.GARBAGE:
             self.counters["fault_garbage"] += 1
