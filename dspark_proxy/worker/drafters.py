@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..integrity import integrity_drafts, integrity_hash
+from ..integrity import GOLDEN, integrity_hash
 from ..wire import TOP_K, ReplyWriter
 
 __all__ = ["DraftItem", "Drafter", "IntegrityDrafter", "make_drafter", "DRAFTER_NAMES"]
@@ -60,26 +60,47 @@ class IntegrityDrafter:
         self.num_spec = num_spec
         self.window = window
         self._k = np.arange(TOP_K, dtype=np.int64)
+        self._j = np.arange(num_spec, dtype=np.int64)
+        self._golden = (self._j * GOLDEN) & 0xFFFFFFFF
 
     def draft(self, items: list[DraftItem], out: ReplyWriter) -> None:
-        for it in items:
-            i = it.index
-            h = it.crc
-            if h is None:  # from the bytes (a caller without CRC chains)
-                h = integrity_hash(it.anchor_token, it.anchor_pos, it.segments[0])
-                for seg in it.segments[1:]:
-                    h = zlib.crc32(seg, h)
-            integrity_drafts(h, it.w, self.window, self.num_spec, it.n_out, out.draft_ids[i], out.confidence[i])
-            if out.margin is not None:
-                out.margin[i] = out.confidence[i]
-            if out.sampled_mask is not None and it.temperature > 0:
-                out.sampled_mask[i] = 1
-                ids = out.draft_ids[i].astype(np.int64)
-                sup = (ids[:, None] + self._k[None, :]) & 0x7FFFFFFF
-                sup[ids < 0] = -1
-                out.support_ids[i] = sup
-                out.proposal_q[i] = 0.0
-                out.proposal_q[i][ids >= 0, 0] = 1.0
+        """The whole batch at once (a per-item numpy call cost ~4 us a request at n = 256)."""
+        k = len(items)
+        idx = np.fromiter((it.index for it in items), dtype=np.intp, count=k)
+        h = np.fromiter((self._hash(it) for it in items), dtype=np.int64, count=k)
+        w = np.fromiter((it.w for it in items), dtype=np.float64, count=k)
+        n_out = np.fromiter((it.n_out for it in items), dtype=np.int64, count=k)
+        N = self.num_spec
+        cut = np.where(n_out <= 0, N, np.minimum(n_out, N))  # positions j < cut are drafted
+        live = self._j[None, :] < cut[:, None]
+        ids = (h[:, None] ^ self._golden[None, :]) & 0x7FFFFFFF
+        ids[~live] = -1
+        conf = np.where(live, (w / self.window).astype(np.float32)[:, None], np.float32(0.0))
+        out.draft_ids[idx] = ids
+        out.confidence[idx] = conf
+        if out.margin is not None:
+            out.margin[idx] = conf
+        if out.sampled_mask is not None:
+            temp = np.fromiter((it.temperature for it in items), dtype=np.float64, count=k)
+            hot = idx[temp > 0]
+            if hot.size:
+                out.sampled_mask[hot] = 1
+                hid = out.draft_ids[hot].astype(np.int64)  # [h, N]
+                sup = (hid[:, :, None] + self._k[None, None, :]) & 0x7FFFFFFF
+                sup[hid < 0] = -1
+                out.support_ids[hot] = sup
+                q = np.zeros(sup.shape, dtype=np.float32)
+                q[:, :, 0] = np.where(hid >= 0, 1.0, 0.0)
+                out.proposal_q[hot] = q
+
+    @staticmethod
+    def _hash(it: DraftItem) -> int:
+        if it.crc is not None:
+            return it.crc
+        h = integrity_hash(it.anchor_token, it.anchor_pos, it.segments[0])  # from the bytes
+        for seg in it.segments[1:]:
+            h = zlib.crc32(seg, h)
+        return h
 
 
 def make_drafter(name: str, *, num_spec: int, window: int, row_bytes: int, device: str = "cpu",
