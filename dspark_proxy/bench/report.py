@@ -113,10 +113,11 @@ def _rows(r: dict[str, Any]) -> list[str]:
                            ("enqueue", "  of which enqueue (us)"), ("raw", "raw socket round trip (us)")):
             out.append(_row(label, c[key]))
         mb, rt = c["mb_per_s"], c["ratios_vs_raw"]
-        out.append(f"  MB/s at p50: proxy round {_v(mb['proxy_round'])}, transport {_v(mb['transport'])}, "
-                   f"engine round {_v(mb['engine_round'])}, raw {_v(mb['raw'])}")
-        out.append(f"  vs raw: proxy round {_r(rt['proxy_round'])}x, transport {_r(rt['transport'])}x, "
-                   f"engine round {_r(rt['engine_round'])}x")
+        out.append(f"  MB/s at p50: proxy round {_v(mb['proxy_round'])}, proxy path (round - worker) "
+                   f"{_v(mb['proxy_path'])}, transport {_v(mb['transport'])}, engine round "
+                   f"{_v(mb['engine_round'])}, raw {_v(mb['raw'])}")
+        out.append(f"  vs raw: proxy round {_r(rt['proxy_round'])}x, proxy path {_r(rt['proxy_path'])}x, "
+                   f"transport {_r(rt['transport'])}x, engine round {_r(rt['engine_round'])}x")
     return out
 
 
