@@ -15,6 +15,9 @@ Invariants kept from the seed (and why):
 - Every failure packs a failed reply (status ROUND_FAILED) and marks the round's slots dirty.
 - A reply is published only if round t-1's was consumed; otherwise the hand-off's order is broken
   and the proxy dies (fail_all) rather than tear the engine's copy.
+- A STEP carries no more rows than the link has shown it moves in half the deadline, once a STEP of
+  that size has timed out (`_learn_cap`): the requests past the cap get no entry, exactly like those
+  whose rows did not fit the staging (no drafts, slots dirty, windows resent later).
 
 Cost. At the batch sizes that matter (n up to a few hundred) a round's cost is the number of numpy calls
 (0.3-1 µs each, whatever n is) and Python statements, not the data. So the hot path is built around the
@@ -139,6 +142,8 @@ class RoundCore:
         self._rows_per_us = 0.0  # learned STEP throughput (0: not yet)
         self._resync_cap = self.R  # windows asked for per round: R until the throughput is known
         self._rate_min_rows = self.W  # rounds with at least a window's rows say something about the rate
+        self._row_cap = 0  # rows a STEP may carry (0: no cap until a STEP of that size timed out)
+        self._arange = np.arange(self.M, dtype=np.intp)
         self._resync_req = np.zeros(1, self.lay.resync_req_dtype)
         self._resync_sent = np.full(self.M + 1, -2, dtype=np.int32)  # last request written (to skip rewrites)
         self._last_epoch: int | None = None
@@ -331,17 +336,24 @@ class RoundCore:
             idx = None if k == n else np.flatnonzero(staged)
         # sel picks the requests with an entry: all of them (a slice: views, no gathers) or idx
         sel = slice(None) if idx is None else idx
+        if have_win is None:
+            e_rows, n_rows = valid[sel], self._rows_staged
+        else:
+            e_rows = np.where(have_win, plan.held_rows, valid)[sel]
+            n_rows = int(e_rows.sum())
+        if self._row_cap and n_rows > self._row_cap and e_rows.shape[0] > 1:
+            idx, n_rows = self._within_cap(idx, n, e_rows)
+            sel = idx
+            e_rows = e_rows[:idx.shape[0]]
         e_slots = slots[sel]
         k = int(e_slots.shape[0])
         if k == 0:
             return self._fail(slots, n, "no_rows")
         ent = self._entries[:k]
         if have_win is None:
-            e_first, e_rows, n_rows = first_pos[sel], valid[sel], self._rows_staged
+            e_first = first_pos[sel]
         else:
             e_first = np.where(have_win, plan.held_first, first_pos)[sel]
-            e_rows = np.where(have_win, plan.held_rows, valid)[sel]
-            n_rows = int(e_rows.sum())
         ent["slot"] = e_slots
         ent["n_rows"] = e_rows
         ent["generation"] = self.slots.generation[e_slots]
@@ -357,7 +369,7 @@ class RoundCore:
         n_out = self._n_out(n)
         ent["n_out"] = n_out
         if have_win is None:
-            rows = [self.seg.staging[:self._rows_staged]]
+            rows = [self.seg.staging[:n_rows]]  # the entries' rows: a prefix of the staging
         else:
             rows = self._row_views(idx, have_win, w_of, e_first, e_rows, staged)
             if np.count_nonzero(have_win):
@@ -381,6 +393,7 @@ class RoundCore:
             reason = out.reason or "unknown"
             if reason == "timeout" and n_rows >= self._rate_min_rows:
                 self._learn_rate(n_rows, timeout_s * 1e6, upper_bound=True)
+                self._learn_cap(n_rows, 0.0)
             if reason not in ("not_ready", "disabled", "reconnected"):
                 self._breaker_record(t, False, reason)
             return self._fail(slots, n, reason)
@@ -390,6 +403,8 @@ class RoundCore:
         st.inc("rows_sent", n_rows)
         if n_rows >= self._rate_min_rows:
             self._learn_rate(n_rows, out.rtt_us)
+            if self._row_cap:
+                self._learn_cap(n_rows, out.rtt_us)
         if n_out:
             st.inc("rounds_n_out_cut")
         # 8. accept
@@ -491,6 +506,33 @@ class RoundCore:
         fit = int(self._rows_per_us * self.deadline_ns / 2e3) // self.W
         self._resync_cap = max(1, min(self.R, fit))
 
+    def _within_cap(self, idx: np.ndarray | None, n: int, e_rows: np.ndarray) -> tuple[np.ndarray, int]:
+        """The entries that fit `_row_cap`: a prefix in entry order (at least one), so that in the
+        usual round their rows are a prefix of the staging. The rest get no entry this round: no
+        drafts, slots dirty, windows resent later at the paced rate (`_write_resync_request`)."""
+        ends = np.cumsum(e_rows)
+        keep = max(1, int(np.searchsorted(ends, self._row_cap, side="right")))
+        full = self._arange[:n] if idx is None else idx
+        self.stats.inc("requests_over_link_cap", int(full.shape[0]) - keep)
+        return full[:keep], int(ends[keep - 1])
+
+    def _learn_cap(self, n_rows: int, rtt_us: float) -> None:
+        """How many rows a STEP may carry. No cap until a STEP of at least a window's rows times out
+        (a link that carries the rounds never pays for this); then half of that STEP's rows, and from
+        every STEP near the cap, what its speed moves in half the deadline (at most twice the cap; the
+        cap goes away once it reaches max_rows). A fixed rows-per-µs rate would misjudge a link whose
+        round trip is mostly fixed cost: it stays the resync pacing's rough guide (`_learn_rate`).
+        `rtt_us` 0: the STEP timed out."""
+        cap, floor = self._row_cap, self.W
+        if rtt_us <= 0.0:
+            half = max(floor, n_rows // 2)
+            self._row_cap = half if cap == 0 else max(floor, min(cap, half))
+            return
+        if 2 * n_rows < cap:
+            return  # far below the cap: says nothing about what the link carries at the cap
+        fit = max(floor, min(int(n_rows * self.deadline_ns / 2e3 / rtt_us), 2 * cap))
+        self._row_cap = 0 if fit >= self.seg.params.max_rows else fit
+
     def _write_resync_request(self) -> None:
         """Ask the engine for the windows of the slots that need a resync, at most as many as fit the
         round's time (`_learn_rate`): at realistic shapes a window is 9 MB, and a round that resends
@@ -515,11 +557,12 @@ class RoundCore:
         takes its rows from a staged window instead. Python loops only over RESYNC entries (<= R).
         `idx`: the requests with an entry (None: all of them)."""
         staging = self.seg.staging
-        rows_staged = self._rows_staged
+        ends = np.cumsum(staged_rows)  # each request's staging rows end here
+        # the entries' staging rows end with the last entry's (a round cut to the row cap sends a prefix)
+        rows_staged = self._rows_staged if idx is None else int(ends[idx[-1]])
         resync_pos = np.flatnonzero(have_win if idx is None else have_win[idx])
         if resync_pos.shape[0] == 0:
             return [staging[:rows_staged]]
-        ends = np.cumsum(staged_rows)  # each request's staging rows end here
         views: list[np.ndarray] = []
         cur = 0
         W = self.W

@@ -243,3 +243,55 @@ def test_resync_requests_are_capped_by_the_learned_round_rate(rig):
     rig.round([(1, 0, 1), (2, 1, 1)])
     rig.round([(1, 0, 1), (2, 1, 1)])
     assert not rig.core.slots.dirty[[0, 1]].any()
+
+
+def test_a_step_that_timed_out_caps_the_rows_of_the_next_rounds(rig):
+    """The link cannot carry a round's rows within the deadline (a STEP of at least a window's rows
+    timed out): later STEPs carry at most half of that, a prefix of the entries, until STEPs near the
+    cap show the link carries more; the requests left out get no drafts and are resent later."""
+    rig.round([(1, 0, 1)])
+    assert rig.core._row_cap == 0  # a link that carries its rounds is never capped
+    rig.client.fail_reason = "timeout"
+    rig.round([(2, 1, 2)])  # 2 rows < W = 4: says nothing about the link
+    assert rig.core._row_cap == 0
+    reply, _ = rig.round([(3, 2, 4), (4, 3, 4), (5, 4, 4), (6, 5, 4)])  # 16 rows
+    failed_with(rig, reply, "timeout", [2, 3, 4, 5])
+    assert rig.core._row_cap == 8
+    rig.client.fail_reason = None
+    reply, b = rig.round([(7, 4, 4), (8, 5, 4), (9, 6, 4), (10, 7, 4)])  # 16 rows, 8 fit
+    e, sent = rig.client.sent_entries[-1], rig.client.sent_rows[-1]
+    assert e["slot"].tolist() == [4, 5] and e["n_rows"].tolist() == [4, 4]
+    assert np.array_equal(sent, np.concatenate([b["rows"][:8]]))  # the staging's prefix, nothing more
+    assert reply.status == STATUS_SOME_FAILED and reply.ok_mask.tolist() == [True, True, False, False]
+    assert rig.check_drafts(reply, b) == 2
+    assert rig.core.slots.dirty[[6, 7]].all() and not rig.core.slots.dirty[[4, 5]].any()
+    assert rig.stats.counter("requests_over_link_cap") == 2
+    assert rig.core._row_cap == 16  # that STEP was quick: at most twice the cap
+    reply, b = rig.round([(11, 0, 4), (12, 1, 4), (13, 2, 4), (14, 3, 4)])  # 16 rows: all fit
+    assert reply.status == STATUS_OK and rig.check_drafts(reply, b) == 4
+    assert rig.core._row_cap == 0  # twice 16 reaches max_rows (M x W = 32): no cap any more
+
+
+def test_the_row_cap_cuts_a_round_with_resync_windows(rig):
+    """A capped round whose first entry resends a staged ring window: the STEP carries that window
+    and the next request's staging rows, and not the rows of the request left out."""
+    from tests.rig import row_of
+
+    for _ in range(4):
+        rig.round([(1, 0, 1)])
+    rig.client.epoch += 1  # the worker lost everything
+    rig.client.new_session("reconnect")
+    rig.round([(1, 0, 1), (2, 1, 2), (3, 2, 2)])  # slot 0 asks for its window
+    assert rig.core.want_resync[0]
+    rig.core._row_cap = 6
+    reply, b = rig.round([(1, 0, 1), (2, 1, 2), (3, 2, 2)])  # window 4 + 2 + 2 rows: 6 fit
+    e, sent = rig.client.sent_entries[-1], rig.client.sent_rows[-1]
+    assert e["slot"].tolist() == [0, 1] and e["flags"][0] & wire.RF_RESYNC and e["n_rows"].tolist() == [4, 2]
+    want = np.stack([row_of(1, p, rig.B) for p in range(2, 6)] + [row_of(2, p, rig.B) for p in (2, 3)])
+    assert np.array_equal(sent, want)
+    assert reply.ok_mask.tolist() == [True, True, False] and rig.check_drafts(reply, b) == 2
+    assert rig.core.slots.dirty[2] and rig.stats.counter("requests_over_link_cap") == 1
+    for _ in range(4):  # the request left out catches up; every draft on the way is right
+        reply, b = rig.round([(1, 0, 1), (2, 1, 2), (3, 2, 2)])
+        rig.check_drafts(reply, b)
+    assert reply.status == STATUS_OK and rig.core._row_cap == 24  # rounds far below it leave it be
