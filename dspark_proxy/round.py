@@ -143,6 +143,7 @@ class RoundCore:
         self._resync_cap = self.R  # windows asked for per round: R until the throughput is known
         self._rate_min_rows = self.W  # rounds with at least a window's rows say something about the rate
         self._row_cap = 0  # rows a STEP may carry (0: no cap until a STEP of that size timed out)
+        self._rtt_us = -1.0
         self._arange = np.arange(self.M, dtype=np.intp)
         self._resync_req = np.zeros(1, self.lay.resync_req_dtype)
         self._resync_sent = np.full(self.M + 1, -2, dtype=np.int32)  # last request written (to skip rewrites)
@@ -201,6 +202,7 @@ class RoundCore:
         """Round t, gathered. Publishes (or loses the claim); raises only when the hand-off is broken."""
         t0 = time.perf_counter()
         self.rounds = t
+        self._rtt_us = -1.0  # set by a round that got its STEP's reply
         if self.flags.taken(t):
             self._skip_taken(t, waited_us)
             self.stats.observe("rank0_round_us", (time.perf_counter() - t0) * 1e6)
@@ -233,6 +235,9 @@ class RoundCore:
         done_us = (time.perf_counter() - t0) * 1e6
         self.stats.observe("rank0_round_us", done_us)
         self.stats.observe(_PARKED_KEY[phase], done_us)
+        if self._rtt_us >= 0.0:
+            # per round, not p50(round) - p50(rtt): failed rounds are fast and have no rtt
+            self.stats.observe("proxy_cost_us", done_us - self._rtt_us)
 
     # ------------------------------------------------------------------ reading the round
 
@@ -398,6 +403,7 @@ class RoundCore:
                 self._breaker_record(t, False, reason)
             return self._fail(slots, n, reason)
         st.observe("rtt_us", out.rtt_us)
+        self._rtt_us = out.rtt_us
         st.observe(_RTT_KEY[phase], out.rtt_us)
         st.observe("worker_us", out.reply.worker_us)
         st.inc("rows_sent", n_rows)

@@ -181,6 +181,8 @@ def test_demo_command_end_to_end(seg_name):
     r = json.loads(out.stdout)
     assert r["rounds"] == 2000 and r["wrong_drafts"] == 0
     assert r["usable_rate"] > 0.9
+    # the proxy's own cost per round (round - its STEP's rtt, per round): positive, well under the rtt
+    assert 0 < r["proxy_cost_us_p50"] < r["proxy_round_us_p50"]
     assert _segment_gone(seg_name)
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert seg_name not in ps  # the demo's proxy is gone

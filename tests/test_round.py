@@ -35,6 +35,11 @@ def test_healthy_rounds_give_oracle_drafts(rig):
         checked += rig.check_drafts(reply, b)
     assert reply.status == STATUS_OK and checked >= 18
     assert rig.stats.counter("rounds_ok") == 10
+    lat = rig.stats.snapshot()["latency"]
+    assert lat["proxy_cost_us"]["count"] == 10 and 0 < lat["proxy_cost_us"]["p50_us"] < lat["rank0_round_us"]["p50_us"]
+    rig.client.fail_reason = "timeout"
+    rig.round([(1, 0, 1)])  # a round without a reply has no rtt, so no proxy cost
+    assert rig.stats.snapshot()["latency"]["proxy_cost_us"]["count"] == 10
 
 
 def test_fallback_cooldown_after_breaker_trips(rig):
