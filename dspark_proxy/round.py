@@ -532,12 +532,15 @@ class RoundCore:
         cap, floor = self._row_cap, self.W
         if rtt_us <= 0.0:
             half = max(floor, n_rows // 2)
-            self._row_cap = half if cap == 0 else max(floor, min(cap, half))
-            return
-        if 2 * n_rows < cap:
+            new = half if cap == 0 else max(floor, min(cap, half))
+        elif 2 * n_rows < cap:
             return  # far below the cap: says nothing about what the link carries at the cap
-        fit = max(floor, min(int(n_rows * self.deadline_ns / 2e3 / rtt_us), 2 * cap))
-        self._row_cap = 0 if fit >= self.seg.params.max_rows else fit
+        else:
+            fit = max(floor, min(int(n_rows * self.deadline_ns / 2e3 / rtt_us), 2 * cap))
+            new = 0 if fit >= self.seg.params.max_rows else fit
+        if new != cap:
+            self._row_cap = new
+            self.stats.set("row_cap", new)  # `status` shows it (0: none)
 
     def _write_resync_request(self) -> None:
         """Ask the engine for the windows of the slots that need a resync, at most as many as fit the

@@ -261,7 +261,7 @@ def test_a_step_that_timed_out_caps_the_rows_of_the_next_rounds(rig):
     assert rig.core._row_cap == 0
     reply, _ = rig.round([(3, 2, 4), (4, 3, 4), (5, 4, 4), (6, 5, 4)])  # 16 rows
     failed_with(rig, reply, "timeout", [2, 3, 4, 5])
-    assert rig.core._row_cap == 8
+    assert rig.core._row_cap == 8 and rig.stats.gauge("row_cap") == 8
     rig.client.fail_reason = None
     reply, b = rig.round([(7, 4, 4), (8, 5, 4), (9, 6, 4), (10, 7, 4)])  # 16 rows, 8 fit
     e, sent = rig.client.sent_entries[-1], rig.client.sent_rows[-1]
@@ -274,7 +274,7 @@ def test_a_step_that_timed_out_caps_the_rows_of_the_next_rounds(rig):
     assert rig.core._row_cap == 16  # that STEP was quick: at most twice the cap
     reply, b = rig.round([(11, 0, 4), (12, 1, 4), (13, 2, 4), (14, 3, 4)])  # 16 rows: all fit
     assert reply.status == STATUS_OK and rig.check_drafts(reply, b) == 4
-    assert rig.core._row_cap == 0  # twice 16 reaches max_rows (M x W = 32): no cap any more
+    assert rig.core._row_cap == 0 == rig.stats.gauge("row_cap")  # twice 16 reaches max_rows (M x W): gone
 
 
 def test_the_row_cap_cuts_a_round_with_resync_windows(rig):

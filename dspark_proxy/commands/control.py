@@ -72,6 +72,8 @@ def _table(st: dict[str, Any]) -> str:
         if isinstance(g.get("breaker"), dict):
             b = g["breaker"]
             lines.append(f"  breaker  {b.get('state')} trips={b.get('trips')}")
+        if g.get("row_cap"):
+            lines.append(f"  row cap  {g['row_cap']} rows a STEP (a STEP that size timed out)")
         for key, lat in sorted(snap.get("latency", {}).items()):
             lines.append(f"    {key:<28} n={lat.get('count')} p50={lat.get('p50_us')} p99={lat.get('p99_us')} "
                          f"p99.9={lat.get('p999_us')} max={lat.get('max_us')} us")
