@@ -32,7 +32,7 @@ from dspark_proxy.hostflag import (
     WAIT_PUBLISHED,
     HostFlags,
 )
-from dspark_proxy.segment import Segment
+from dspark_proxy.segment import Segment, owner_alive
 from dspark_proxy.shm_layout import META_SLOTS, ReplyLayout, Word
 from dspark_proxy.stats import Stats
 
@@ -211,8 +211,18 @@ class Shim:
             log.info("[shim] attached name=%s incarnation=%d at round %d deadline_ms=%.3f", seg.name,
                      seg.incarnation, t, self.deadline_ms())
         else:
-            # someone attached first (a previous engine, or a race): finished for us and for the proxy
-            seg.set_word(Word.ABANDONED, 1)
+            # someone attached first. A live engine (two engines given one name): its proxy is left
+            # alone, or the two would abandon each other's incarnations for ever. A gone one (or
+            # this process, earlier): the incarnation cannot be re-based backwards, so it is abandoned
+            # and the proxy starts afresh. A pid still 0 is the winner between its CAS and its store.
+            engine = seg.word(Word.ENGINE_PID)
+            live_other = engine == 0 or (engine != os.getpid() and owner_alive(engine, 0))
+            if live_other:
+                log.error("[shim] %s is attached to engine pid %d: two engines share this name; this one "
+                          "stays target-only until a new proxy incarnation appears", seg.name, engine)
+                self.counters.inc("attach_refused_live_engine")
+            else:
+                seg.set_word(Word.ABANDONED, 1)
             self._abandoned_incarnations.add(seg.incarnation)
             seg.close()
             self._move(AttachEvent.ATTACH_REFUSED)

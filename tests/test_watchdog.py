@@ -493,3 +493,37 @@ def test_shim_stats_reach_the_segment_and_status(seg_name):
         if shim is not None:
             shim.close()
         proxy.stop()
+
+
+@pytest.mark.parametrize("other_engine", ["alive", "gone"])
+def test_losing_the_attach_race_to_a_live_engine_leaves_its_proxy_alone(seg_name, other_engine):
+    """Two engines given one name both find the same ready incarnation; one wins the attach CAS. The
+    loser must not abandon the winner's proxy (they would abandon each other's incarnations for
+    ever); an incarnation whose engine is gone is abandoned, so that the proxy starts afresh."""
+    seg = _segment(seg_name, deadline_ms=1000.0)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    shim = None
+    try:
+        if other_engine == "gone":
+            other.kill()
+            other.wait()
+        shim = Shim(seg_name, max_reqs=M, num_spec=N, window=W, row_bytes=B, start_watchdog=False)
+        assert shim.offer(Segment.open(seg_name))  # found while nobody was attached ...
+        seg.set_word(Word.ATTACHED, 7)  # ... then the other engine's CAS won
+        seg.set_word(Word.ENGINE_PID, other.pid)
+        shim.enqueue(1, **_Batches()())  # our CAS at the round boundary fails
+        reply = shim.read_reply(1)
+        assert reply.status == 2 and shim.state is AttachState.DETACHED
+        assert shim.counters.counter("attach_refused") == 1
+        if other_engine == "alive":
+            assert seg.word(Word.ABANDONED) == 0
+            assert shim.counters.counter("attach_refused_live_engine") == 1
+        else:
+            assert seg.word(Word.ABANDONED) == 1
+    finally:
+        if shim is not None:
+            shim.close()
+        other.kill()
+        other.wait()
+        seg.unlink()
+        seg.close()
