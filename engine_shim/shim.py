@@ -199,6 +199,8 @@ class Shim:
             flags = HostFlags(seg, peer_pid=int(seg.header["owner_pid"]))
             flags.rebase(t)  # the handshake: the proxy's first round is t
             self._seg, self._flags = seg, flags
+            if self.watchdog.started:
+                self.watchdog.watch(seg, flags)  # round t's deadline is watched from now, GIL or not
             self._resync_req = np.zeros(1, seg.layout.resync_req_dtype)
             self._resync_seen, self._resync_want = 0, []
             self._views = [None] * META_SLOTS

@@ -51,6 +51,8 @@ class Watchdog:
         self._flags_seg: Segment | None = None
         self._watcher = None  # the C thread making the deadline claims for the attached segment
         self._watcher_seg: Segment | None = None
+        self._wlock = threading.Lock()  # the two fields above: set by this thread and the engine's
+        self.started = False
         self._next_look = 0.0
         self._next_stats = 0.0
         self._mismatch_logged: set[int] = set()
@@ -60,6 +62,7 @@ class Watchdog:
         self.lateness_ns: list[int] = []  # claim time minus deadline, for the GIL-isolation report
 
     def start(self) -> None:
+        self.started = True
         self._thread.start()
 
     def stop(self) -> None:
@@ -119,12 +122,22 @@ class Watchdog:
 
         The deadline claims themselves happen on that thread, which never takes the GIL, so engine
         threads keeping the GIL busy cannot make them late; this Python thread only reports them."""
-        shim = self.shim
-        if self._watcher_seg is not seg:
-            self._stop_watcher()
-            self._watcher = flags.watcher(flags.load(Word.CLAIMED), int(shim.deadline_ms() * 1e6))
-            self._watcher_seg = seg
+        self.watch(seg, flags)
         self.report()
+
+    def watch(self, seg: Segment, flags: HostFlags) -> None:
+        """Start the C watcher on `seg` unless it already watches it. The engine thread calls this as
+        it attaches, so the first rounds of an incarnation are watched at once: waiting for this
+        thread's next tick meant waiting for the GIL, and busy engine threads let round t0 go
+        unclaimed for tens of ms (tests/test_watchdog.py, lateness)."""
+        with self._wlock:
+            if self._watcher_seg is seg:
+                return
+            old = self._watcher
+            self._watcher = flags.watcher(flags.load(Word.CLAIMED), int(self.shim.deadline_ms() * 1e6))
+            self._watcher_seg = seg
+        if old is not None:
+            self._retire(old)
 
     def report(self) -> None:
         """Turn the watcher's claims into events. Called by this thread every tick and by read_reply
@@ -141,13 +154,17 @@ class Watchdog:
                 self.shim._note_watchdog(t, n, "watchdog")
 
     def _stop_watcher(self) -> None:
-        w, self._watcher, self._watcher_seg = self._watcher, None, None
+        with self._wlock:
+            w, self._watcher, self._watcher_seg = self._watcher, None, None
         if w is not None:
-            w.stop()
-            for t, outcome, n, _claim_ns, _deadline_ns in w.drain():
-                if outcome == WAIT_FAILED_BY_ME:
-                    self.claims += 1
-                    self.shim._note_watchdog(t, n, "watchdog")
+            self._retire(w)
+
+    def _retire(self, w) -> None:
+        w.stop()
+        for t, outcome, n, _claim_ns, _deadline_ns in w.drain():
+            if outcome == WAIT_FAILED_BY_ME:
+                self.claims += 1
+                self.shim._note_watchdog(t, n, "watchdog")
 
     def _proxy_lost(self, seg: Segment) -> str | None:
         shim = self.shim

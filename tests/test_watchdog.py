@@ -451,7 +451,9 @@ def test_watchdog_lateness_under_a_gil_heavy_engine(seg_name, busy_threads):
     r = _lateness(seg_name, busy_threads, rounds=40, deadline_ms=10.0, engine_ms=80.0)
     print(f"\nwatchdog lateness: {json.dumps(r)}")
     assert r["claim_late_ms"]["p50"] >= 0
-    assert r["watchdog_claims"] >= 0.75 * r["rounds"]  # the watchdog, not the engine's read_reply, claimed
+    # every round was claimed by the watcher, not by the engine's read_reply 70 ms later: the first
+    # round after attaching too (its watcher is started by the engine thread as it attaches)
+    assert r["watchdog_claims"] == r["rounds"], r
     if busy_threads == 0:
         assert r["claim_late_ms"]["p50"] < 5.0
     else:
