@@ -118,6 +118,60 @@ def test_every_usable_draft_is_the_oracles(data):
         _unlink(name)
 
 
+@pytest.fixture(scope="module")
+def worker():
+    from dspark_proxy.worker import WorkerServer
+
+    srv = WorkerServer("127.0.0.1", 0, num_spec=N, window=W, row_bytes=B, max_reqs=M)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@settings(max_examples=max(10, EXAMPLES // 3), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_every_usable_draft_is_the_oracles_through_the_real_worker(worker, data):
+    """The same over TCP to the real worker (its CRC chains, its statuses, the wire), with the worker
+    dropping every window now and then (a new session: it answers UNKNOWN_SLOT and the round resyncs)."""
+    from dspark_proxy.breaker import CircuitBreaker
+    from dspark_proxy.client import DraftClient
+    from dspark_proxy.events import EventRing
+    from dspark_proxy.round import RoundCore, RoundSettings
+
+    name = new_segment_name("round-property-tcp")
+    rig = Rig(name, M=M, N=N, W=W, B=B, R=2)
+    client = DraftClient("127.0.0.1", worker.port, max_reqs=M, num_spec=N, window=W, row_bytes=B)
+    eng = _Engine(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    try:
+        client.start()
+        assert client.wait_ready(5.0) is not None
+        client.new_session("test: a fresh session per example")
+        rig.core = RoundCore(rig.seg, client, rig.stats, EventRing(64), CircuitBreaker(3, 2), RoundSettings())
+        checked = 0
+        for _ in range(data.draw(st.integers(5, 30), label="rounds")):
+            ev = data.draw(st.sampled_from(["ok"] * 8 + ["lose", "cap", "uncap"]), label="event")
+            if ev == "lose":
+                client.new_session("test: the worker forgets every window")
+            elif ev == "cap":
+                rig.core._row_cap = data.draw(st.integers(1, 2 * W), label="cap")
+            elif ev == "uncap":
+                rig.core._row_cap = 0
+            slots = data.draw(st.lists(st.integers(0, M - 1), min_size=1, max_size=M, unique=True), label="slots")
+            plan = [(s, data.draw(st.integers(0, 5), label="new owner") == 0, data.draw(st.integers(0, W), label="rows"),
+                     data.draw(st.one_of(st.none(), st.integers(0, 8)), label="rewind")) for s in slots]
+            b = eng.batch(plan)
+            rig.t += 1
+            rig.shim.enqueue(rig.t, **b)
+            rig.core.handle(rig.t, 0.0)
+            checked += eng.check(rig.shim.read_reply(rig.t), b)
+        event(f"drafts checked: {'0' if not checked else '1-9' if checked < 10 else '10+'}")
+    finally:
+        client.stop()
+        rig.close()
+        _unlink(name)
+
+
 def test_the_property_sees_a_wrong_draft():
     """The check above can fail: a worker that keeps a stale row is caught (a mutant of the real path)."""
     name = new_segment_name("round-property-mutant")
