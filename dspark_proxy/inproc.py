@@ -50,7 +50,7 @@ class InProcessClient:
         self.epoch = 1
         self.disabled = False
         self.counters: dict[str, int] = {"steps": 0, "sessions": 1}
-        self._session = Session(1, window, row_bytes, max_reqs)
+        self._session = Session(1, window, row_bytes, max_reqs, chains=False)  # drafts from the bytes
         self._drafter = IntegrityDrafter(num_spec, window)
         self._status = np.zeros(max_reqs, np.uint8)
         self._wrows = np.zeros(max_reqs, np.uint32)
@@ -68,7 +68,7 @@ class InProcessClient:
 
     def new_session(self, reason: str) -> None:
         self.counters["sessions"] += 1
-        self._session = Session(self.counters["sessions"], self.W, self.row_bytes, self.M)
+        self._session = Session(self.counters["sessions"], self.W, self.row_bytes, self.M, chains=False)
 
     def step(self, prefix: Any, entries: np.ndarray, n_rows: int, *, step_id: int, step_flags: int, epoch: int,
              rows: list, sample_meta: np.ndarray | None = None, timeout_s: float = 1.0) -> InProcessOutcome:

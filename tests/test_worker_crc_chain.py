@@ -50,3 +50,22 @@ def test_chain_hash_equals_the_bytes_hash(steps, seed):
         if restart and jump == 0 and pos > W + 2:
             pos -= W + 2  # and now and then a rewind (a preempted request recomputed): a NEW_GEN next
             rewound = True
+
+
+def test_only_the_integrity_worker_hashes_rows(monkeypatch):
+    """The chains serve the integrity drafter alone: a worker with another drafter (torch) stores the
+    rows without a CRC of any (at ~4 GB/s, a CRC is most of a large-row step's work)."""
+    from dspark_proxy.worker import WorkerServer
+
+    calls = []
+    real = zlib.crc32
+    monkeypatch.setattr("dspark_proxy.worker.session.zlib.crc32", lambda *a: calls.append(1) or real(*a))
+    s = Session(1, W, B, max_slots=2, chains=False)
+    rows = np.stack([_row(p, 0) for p in range(3)])
+    assert s.apply(0, 1, 0, 3, RF_NEW_GEN, rows) == (1, 3)
+    assert calls == [] and np.array_equal(np.concatenate(s.slots[0].segments(3)), rows)
+    Session(1, W, B, max_slots=2).apply(0, 1, 0, 3, RF_NEW_GEN, rows)
+    assert len(calls) == 3  # the integrity worker's session hashes each row once
+    torch_srv = WorkerServer("127.0.0.1", 0, num_spec=2, window=W, row_bytes=B, max_reqs=2, drafter="torch")
+    integrity_srv = WorkerServer("127.0.0.1", 0, num_spec=2, window=W, row_bytes=B, max_reqs=2)
+    assert not torch_srv.sessions.get(1, 0).chains and integrity_srv.sessions.get(1, 0).chains

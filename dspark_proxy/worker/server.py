@@ -121,7 +121,8 @@ class WorkerServer:
         self.max_frame_bytes = max_frame_bytes or (APP_HEADER_SIZE + self.layout.max_step_payload())
         self.handshake_timeout_s = handshake_timeout_s
         self.worker_id = f"dspark-worker/{__version__} pid={os.getpid()}"
-        self.sessions = SessionTable(window, row_bytes, max_slots, max_sessions)
+        self.sessions = SessionTable(window, row_bytes, max_slots, max_sessions,
+                                     chains=drafter == "integrity")
         self.counters: Counter[str] = Counter()
         self._drafter_args = dict(num_spec=num_spec, window=window, row_bytes=row_bytes, device=torch_device,
                                   weights=weights, seed=seed)
@@ -435,7 +436,8 @@ class WorkerServer:
                 items.append(DraftItem(i, tokens[i], anchors[i], w, n_outs[i], sw.segments(w),
                                        int(meta["seed"][i]) if meta is not None else 0,
                                        float(meta["temperature"][i]) if meta is not None else 0.0))
-                ends_crc.append(sw.chain_ends(w))
+                if self._shift_w is not None:
+                    ends_crc.append(sw.chain_ends(w))
         if not items:
             return
         if self._shift_w is not None:

@@ -5,7 +5,7 @@ Each slot holds its generation, the positions [lo, hi) it has rows for (at most 
 chain of prefix CRCs over the rows received since the window last restarted, A(p) = crc32(rows
 chain_start .. p), the last W + 1 of them: each row is hashed once, when it arrives, and the
 `integrity` drafter assembles any window's CRC from two chain entries (dspark_proxy.crc) instead of
-re-hashing W rows every round. Entries are
+re-hashing W rows every round; with any other drafter (`chains=False`) no row is hashed. Entries are
 applied one by one in batch order: this is the reference the proxy's vectorised model is checked
 against, so it is written for clarity, not speed.
 """
@@ -34,29 +34,31 @@ __all__ = ["SlotWindow", "Session", "SessionTable"]
 class SlotWindow:
     """One slot's window: rows of positions [lo, hi) (hi - lo <= W) at index position % W."""
 
-    __slots__ = ("generation", "lo", "hi", "rows", "chain", "chain_start")
+    __slots__ = ("generation", "lo", "hi", "rows", "chain", "chain_start", "chains")
 
-    def __init__(self, window: int, row_bytes: int) -> None:
+    def __init__(self, window: int, row_bytes: int, chains: bool = True) -> None:
         self.generation = 0
         self.lo = 0
         self.hi = 0
         self.rows = np.empty((window, row_bytes), dtype=np.uint8)
         self.chain = [0] * (window + 1)  # A(p) at p % (W + 1)
         self.chain_start = 0
+        self.chains = chains  # only the integrity drafter reads them: a torch drafter pays no CRC
 
     def write(self, first_pos: int, rows: np.ndarray, restart: bool) -> None:
         w = self.rows.shape[0]
         k = rows.shape[0]
         if k == 0:
             return
-        R = w + 1
-        chain = self.chain
-        if restart:
-            self.chain_start = first_pos
-        prev = 0 if restart else chain[(first_pos - 1) % R]
-        for j in range(k):  # each row hashed once, as it arrives
-            prev = zlib.crc32(rows[j], prev)
-            chain[(first_pos + j) % R] = prev
+        if self.chains:
+            R = w + 1
+            chain = self.chain
+            if restart:
+                self.chain_start = first_pos
+            prev = 0 if restart else chain[(first_pos - 1) % R]
+            for j in range(k):  # each row hashed once, as it arrives
+                prev = zlib.crc32(rows[j], prev)
+                chain[(first_pos + j) % R] = prev
         start = first_pos % w
         if start + k <= w:
             self.rows[start:start + k] = rows
@@ -85,11 +87,12 @@ class SlotWindow:
 class Session:
     """A client session's slots. The lock serialises steps of one session across connections."""
 
-    def __init__(self, session_id: int, window: int, row_bytes: int, max_slots: int) -> None:
+    def __init__(self, session_id: int, window: int, row_bytes: int, max_slots: int, chains: bool = True) -> None:
         self.session_id = session_id
         self.window = window
         self.row_bytes = row_bytes
         self.max_slots = max_slots
+        self.chains = chains
         self.slots: dict[int, SlotWindow] = {}
         self.lock = threading.Lock()
         self.owner: int | None = None
@@ -105,7 +108,7 @@ class Session:
             if sw is not None and generation < sw.generation:
                 return RS_STALE_GENERATION, 0
             if sw is None:
-                sw = self.slots[slot] = SlotWindow(W, self.row_bytes)
+                sw = self.slots[slot] = SlotWindow(W, self.row_bytes, self.chains)
             sw.generation = generation
             sw.lo, sw.hi = first_pos, first_pos + n_rows
         else:
@@ -127,8 +130,10 @@ class SessionTable:
     max_sessions. A session belongs to the connection that last stepped it, and is dropped when that
     connection closes (the client's next connection raises the epoch and resends every window)."""
 
-    def __init__(self, window: int, row_bytes: int, max_slots: int, max_sessions: int) -> None:
+    def __init__(self, window: int, row_bytes: int, max_slots: int, max_sessions: int,
+                 chains: bool = True) -> None:
         self._window = window
+        self._chains = chains
         self._row_bytes = row_bytes
         self._max_slots = max_slots
         self._max_sessions = max_sessions
@@ -141,7 +146,7 @@ class SessionTable:
             s = self._sessions.get(session_id)
             if s is None:
                 s = self._sessions[session_id] = Session(session_id, self._window, self._row_bytes,
-                                                         self._max_slots)
+                                                         self._max_slots, self._chains)
                 while len(self._sessions) > self._max_sessions:
                     self._sessions.popitem(last=False)
                     self.evicted += 1
