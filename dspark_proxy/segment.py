@@ -8,10 +8,12 @@ the one it attached to.
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
 import re
+import shutil
 import time
 
 import numpy as np
@@ -114,6 +116,27 @@ def owner_alive(pid: int, start_ticks: int) -> bool:
         return False
 
 
+def _reserve(fd: int, size: int, sname: str) -> None:
+    """Give the segment all its pages now. tmpfs allocates a page when it is first touched, and a
+    /dev/shm smaller than the segment (Docker's default is 64 MB) would then kill whichever process
+    touches a missing page first with SIGBUS: the engine, writing its staging, as likely as the
+    proxy. posix_fallocate fails here instead, at start, with a message that says what to do."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            return  # a shared memory filesystem without fallocate: pages come on first touch
+        if e.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+            try:
+                free = f"{shutil.disk_usage('/dev/shm').free / 2**20:.0f} MiB free"
+            except OSError:
+                free = "less free"
+            raise SegmentError(
+                f"segment {sname} needs {size / 2**20:.1f} MiB of shared memory and /dev/shm has {free}: "
+                f"give it more (docker run --shm-size=...) or lower --staging-budget-mb") from e
+        raise
+
+
 class Segment:
     """A mapped segment and numpy views onto its regions.
 
@@ -154,6 +177,7 @@ class Segment:
             cls._reclaim_stale(name)
             shm = posix_ipc.SharedMemory(sname, posix_ipc.O_CREX, mode=0o600, size=lay.total_bytes)
         try:
+            _reserve(shm.fd, lay.total_bytes, sname)
             mm = mmap.mmap(shm.fd, lay.total_bytes)
             inode = os.fstat(shm.fd).st_ino
         except BaseException:

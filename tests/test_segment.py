@@ -578,3 +578,23 @@ def test_a_segment_being_created_is_not_reclaimed(seg_name, monkeypatch):
     finally:
         seg.unlink()
         seg.close()
+
+
+def test_the_segment_has_all_its_pages_from_the_start(seg_name):
+    """tmpfs gives a page on first touch; a /dev/shm too small for the segment would SIGBUS whoever
+    touches a missing page first (the engine as likely as the proxy). create() reserves them all."""
+    with created(seg_name) as seg:
+        st_ = dev_shm(seg_name).stat()
+        assert st_.st_blocks * 512 >= seg.layout.total_bytes  # allocated, not only sized
+
+
+def test_too_little_shared_memory_is_a_clear_error_at_create(seg_name, monkeypatch):
+    import errno
+
+    def no_space(fd, offset, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    with pytest.raises(SegmentError, match=r"needs .* MiB of shared memory and /dev/shm has .*--shm-size"):
+        Segment.create(seg_name, SMALL, deadline_ms=5.0)
+    assert not dev_shm(seg_name).exists()  # nothing left behind
