@@ -266,3 +266,27 @@ def test_wrong_token_keeps_the_engine_target_only(seg_name, tmp_path):
         shim.close()
         proxy.stop()
         w.stop()
+
+
+def test_start_with_too_little_shared_memory_fails_clearly(seg_name):
+    """/dev/shm smaller than the segment (Docker's 64 MB default): `start` must refuse with a message
+    that says what to do, not leave the engine to die of SIGBUS on its first write to a missing page.
+    Runs in a private mount namespace with a 2 MiB /dev/shm (skipped where that is not permitted)."""
+    import shutil
+
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("no unshare(1)")
+    probe = subprocess.run([unshare, "-m", "sh", "-c", "mount -t tmpfs -o size=2m tmpfs /dev/shm"],
+                           capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a private /dev/shm here: {probe.stderr.strip()[:200]}")
+    cmd = (f"mount -t tmpfs -o size=2m tmpfs /dev/shm && exec {sys.executable} -m dspark_proxy.cli start "
+           f"--name {seg_name} --worker inproc --max-reqs 64 --num-spec 5 --window 16 --row-bytes 4096 "
+           f"--log-level WARNING")
+    out = subprocess.run([unshare, "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=60)
+    from dspark_proxy.cli import EXIT_STARTUP_FAILURE
+
+    assert out.returncode == EXIT_STARTUP_FAILURE, (out.returncode, out.stderr[-2000:])
+    assert "needs 8.4 MiB of shared memory and /dev/shm has 2 MiB free" in out.stderr, out.stderr[-2000:]
+    assert "--shm-size" in out.stderr and "--staging-budget-mb" in out.stderr
