@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 from typing import Any
 
 from dspark_proxy.config import ProxyConfig
@@ -29,12 +30,25 @@ def attach_thread(name: str | None, *, max_reqs: int, num_spec: int, window: int
                       row_bytes=row_bytes, sampled=sampled, deadline_ms=deadline_ms or 5.0,
                       **{"log_every": 0, **proxy_kw})
     proxy = Proxy(cfg, client=client, token=token)
-    thread = threading.Thread(target=proxy.serve, name="dspark-proxy-thread", daemon=True)
+    failed: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            proxy.serve()
+        except BaseException as e:  # noqa: BLE001 - handed to attach() below, which raises it
+            failed.append(e)
+
+    thread = threading.Thread(target=serve, name="dspark-proxy-thread", daemon=True)
     thread.start()
-    if not proxy.ready.wait(max(timeout_s, 5.0)):
-        proxy.stop()
-        thread.join(2.0)
-        raise RuntimeError("thread-mode proxy did not become ready")
+    end = time.monotonic() + max(timeout_s, 5.0)
+    while not proxy.ready.wait(0.02):
+        if failed:  # e.g. a /dev/shm too small for the segment: say so, at once
+            thread.join(2.0)
+            raise RuntimeError(f"thread-mode proxy failed to start: {failed[0]}") from failed[0]
+        if time.monotonic() > end:
+            proxy.stop()
+            thread.join(2.0)
+            raise RuntimeError("thread-mode proxy did not become ready")
     shim = Shim(seg_name, max_reqs=max_reqs, num_spec=num_spec, window=window, row_bytes=row_bytes,
                 sampled=sampled, deadline_ms=deadline_ms, **shim_kw)
 

@@ -98,3 +98,20 @@ def test_process_and_thread_modes_give_identical_drafts(seg_name, make_seg_name,
         assert np.array_equal(p[4].view(np.uint32), t[4].view(np.uint32)), f"round {p[0]}: confidence differs"
         usable += int(p[2].sum())
     assert usable > ROUNDS  # the comparison is of real drafts, not of empty rounds
+
+
+def test_thread_mode_says_at_once_why_its_proxy_could_not_start(seg_name, monkeypatch):
+    """A proxy thread that fails to create its segment (here: /dev/shm full) fails attach() with the
+    reason, at once, instead of a generic "did not become ready" after the timeout."""
+    import errno
+    import os
+
+    def no_space(fd, offset, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="failed to start: segment .* needs .* MiB of shared memory"):
+        engine_shim.attach(seg_name, mode="thread", worker="inproc", max_reqs=M, num_spec=N, window=W,
+                           row_bytes=B, timeout_s=5.0)
+    assert time.monotonic() - t0 < 2.0
