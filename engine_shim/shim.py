@@ -302,9 +302,10 @@ class Shim:
         a["qsl"] = qsl_a
         if n:
             # one pass of cheap checks on the hot path; the slow path below only names the culprit
+            # as uint64 a negative int64 is huge: one comparison checks both ends of a range
             v, k = a["valid"], a["k_window"]
-            bad = np.count_nonzero((slots_a < 0) | (slots_a >= M) | (v < 0) | (v > W) | (a["first_pos"] < 0)
-                                   | (k < 0))
+            bad = np.count_nonzero((slots_a.view(np.uint64) >= M) | (v.view(np.uint64) > W)
+                                   | ((a["first_pos"] | k) < 0))
             bad += np.count_nonzero(qsl_a[1:] < qsl_a[:-1])
             if bad:
                 self._explain(slots_a, qsl_a, a)
@@ -316,7 +317,7 @@ class Shim:
         a["req_ids"] = self._req_ids(req_ids, n)
         if a["req_ids"].shape != (n,):
             raise ShimError(f"req_ids: expected {n} ids, got {a['req_ids'].shape}")
-        if n and a["req_ids"].min() < 0:
+        if n and np.minimum.reduce(a["req_ids"]) < 0:
             raise ShimError("req_ids: integer request ids must be >= 0")
         total = int(a["valid"].sum()) if n else 0
         a["rows"] = self._rows(rows, total)
@@ -401,11 +402,15 @@ class Shim:
         lay, p = seg.layout, seg.params
         mm = seg.mm
         valid = a["valid"]
-        # requests whose rows do not fit stage none this round (the proxy resyncs them later); the
-        # ends only grow, so those that fit are a prefix
-        ends = np.cumsum(valid)
-        k = int(np.searchsorted(ends, p.max_rows, side="right"))
-        rows_staged = int(ends[k - 1]) if k else 0
+        total = int(a["rows"].shape[0])
+        if total <= p.max_rows:  # the usual round: every request's rows fit
+            k, rows_staged = n, total
+        else:
+            # requests whose rows do not fit stage none this round (the proxy resyncs them later); the
+            # ends only grow, so those that fit are a prefix
+            ends = np.cumsum(valid)
+            k = int(np.searchsorted(ends, p.max_rows, side="right"))
+            rows_staged = int(ends[k - 1]) if k else 0
         if rows_staged:
             seg.staging[:rows_staged] = a["rows"][:rows_staged]
         m, d = self._slot_views(seg, t)
