@@ -80,6 +80,13 @@ class _Engine:
         return checked
 
 
+def _draw_plan(data) -> list[tuple[int, bool, int, int | None]]:
+    """One round's requests: (slot, new owner?, rows 0..W, rewind to) for a random set of slots."""
+    slots = data.draw(st.lists(st.integers(0, M - 1), min_size=1, max_size=M, unique=True), label="slots")
+    return [(s, data.draw(st.integers(0, 5), label="new owner") == 0, data.draw(st.integers(0, W), label="rows"),
+             data.draw(st.one_of(st.none(), st.integers(0, 8)), label="rewind")) for s in slots]
+
+
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_every_usable_draft_is_the_oracles(data):
@@ -98,14 +105,7 @@ def test_every_usable_draft_is_the_oracles(data):
                 rig.core._row_cap = data.draw(st.integers(1, 2 * W), label="cap")
             elif ev == "uncap":
                 rig.core._row_cap = 0
-            slots = data.draw(st.lists(st.integers(0, M - 1), min_size=1, max_size=M, unique=True), label="slots")
-            plan = []
-            for s in slots:
-                new = data.draw(st.integers(0, 5), label="new owner") == 0
-                v = data.draw(st.integers(0, W), label="rows")
-                rewind = data.draw(st.one_of(st.none(), st.integers(0, 8)), label="rewind")
-                plan.append((s, new, v, rewind))
-            b = eng.batch(plan)
+            b = eng.batch(_draw_plan(data))
             rig.t += 1
             rig.shim.enqueue(rig.t, **b)
             rig.core.handle(rig.t, 0.0)
@@ -157,10 +157,7 @@ def test_every_usable_draft_is_the_oracles_through_the_real_worker(worker, data)
                 rig.core._row_cap = data.draw(st.integers(1, 2 * W), label="cap")
             elif ev == "uncap":
                 rig.core._row_cap = 0
-            slots = data.draw(st.lists(st.integers(0, M - 1), min_size=1, max_size=M, unique=True), label="slots")
-            plan = [(s, data.draw(st.integers(0, 5), label="new owner") == 0, data.draw(st.integers(0, W), label="rows"),
-                     data.draw(st.one_of(st.none(), st.integers(0, 8)), label="rewind")) for s in slots]
-            b = eng.batch(plan)
+            b = eng.batch(_draw_plan(data))
             rig.t += 1
             rig.shim.enqueue(rig.t, **b)
             rig.core.handle(rig.t, 0.0)
