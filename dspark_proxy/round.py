@@ -59,6 +59,7 @@ from .shm_layout import (
     STATUS_SOME_FAILED,
     SUPPORT_K,
     Word,
+    resync_windows_per_enqueue,
 )
 from .stats import Stats
 
@@ -140,13 +141,17 @@ class RoundCore:
         self.slots = SlotTable(self.M, self.W)
         self.want_resync = np.zeros(self.M, dtype=np.bool_)  # slots whose ring window we asked for
         self._rows_per_us = 0.0  # learned STEP throughput (0: not yet)
-        self._resync_cap = self.R  # windows asked for per round: R until the throughput is known
+        # windows asked for per round: what one enqueue stages at most (shm_layout.md §5) until the
+        # throughput is known, then what the link resends in half the deadline (`_learn_rate`)
+        self._resync_max = resync_windows_per_enqueue(p)
+        self._resync_cap = self._resync_max
+        stats.set("resync_windows_per_round", self._resync_cap)
         self._rate_min_rows = self.W  # rounds with at least a window's rows say something about the rate
         self._row_cap = 0  # rows a STEP may carry (0: no cap until a STEP of that size timed out)
         self._rtt_us = -1.0
         self._arange = np.arange(self.M, dtype=np.intp)
         self._resync_req = np.zeros(1, self.lay.resync_req_dtype)
-        self._resync_sent = np.full(self.M + 1, -2, dtype=np.int32)  # last request written (to skip rewrites)
+        self._resync_asked = 0  # windows in the last request written (0: nothing asked for)
         self._last_epoch: int | None = None
         self.page = np.zeros(self.lay.reply.size, dtype=np.int32)
         self._desc = np.zeros(1, self.lay.desc_dtype)  # private copies of round t's slots ...
@@ -335,8 +340,8 @@ class RoundCore:
             have_win, pending, n_pending = None, None, 0
             if self._n_misfit:
                 st.inc("requests_not_staged", self._n_misfit)
-            if self._resync_sent[0]:
-                self._write_resync_request()
+            if self._resync_asked:
+                self._write_resync_request(t, None)
             k = int(np.count_nonzero(staged))  # staged is valid or 0 (checked): fits and has rows
             idx = None if k == n else np.flatnonzero(staged)
         # sel picks the requests with an entry: all of them (a slice: views, no gathers) or idx
@@ -443,8 +448,8 @@ class RoundCore:
             nofit = int(np.count_nonzero(~fits & ~have_win))
             if nofit:
                 st.inc("requests_not_staged", nofit)
-        if n_pending or n_win or self._resync_sent[0]:
-            self._write_resync_request()
+        if n_pending or self._resync_asked:
+            self._write_resync_request(t, slots[pending] if n_pending else None)
         idx = np.flatnonzero(has_entry)
         return have_win, pending, n_pending, (None if idx.shape[0] == n else idx), w_of
 
@@ -510,7 +515,10 @@ class RoundCore:
         else:
             self._rows_per_us = rate if self._rows_per_us == 0.0 else 0.9 * self._rows_per_us + 0.1 * rate
         fit = int(self._rows_per_us * self.deadline_ns / 2e3) // self.W
-        self._resync_cap = max(1, min(self.R, fit))
+        cap = max(1, min(self._resync_max, fit))
+        if cap != self._resync_cap:
+            self._resync_cap = cap
+            self.stats.set("resync_windows_per_round", cap)  # link pacing shows in `status`
 
     def _within_cap(self, idx: np.ndarray | None, n: int, e_rows: np.ndarray) -> tuple[np.ndarray, int]:
         """The entries that fit `_row_cap`: a prefix in entry order (at least one), so that in the
@@ -542,21 +550,26 @@ class RoundCore:
             self._row_cap = new
             self.stats.set("row_cap", new)  # `status` shows it (0: none)
 
-    def _write_resync_request(self) -> None:
-        """Ask the engine for the windows of the slots that need a resync, at most as many as fit the
-        round's time (`_learn_rate`): at realistic shapes a window is 9 MB, and a round that resends
-        R of them (29 with the default budget) would outlast its deadline, time out and trip the
-        breaker just when the worker's copies need rebuilding."""
-        want = np.flatnonzero(self.want_resync)[: self._resync_cap]
-        k = int(want.shape[0])
-        sent = self._resync_sent
-        if sent[0] == k and not np.count_nonzero(sent[1:k + 1] != want):
-            return
+    def _write_resync_request(self, t: int, want: np.ndarray | None) -> None:
+        """Ask the engine to stage, with round t + 1 and once, the windows of `want` (slots of round t's
+        requests that still need their window; None: nothing), at most as many as fit the round's time
+        (`_learn_rate`) and one enqueue's byte budget: at realistic shapes a window is 9 MB, and a round
+        that resends R of them (29 with the default budget) would outlast its deadline, time out and
+        trip the breaker just when the worker's copies need rebuilding. Only this round's requests are
+        asked for, so a request that left the batch is never staged again; a window asked for and not
+        used (a failed round) is asked for again by the next round that still needs it."""
+        if want is None:
+            k = 0
+        else:
+            k = min(int(want.shape[0]), self._resync_cap)
+            if want.shape[0] > k:
+                self.stats.inc("resync_windows_deferred", int(want.shape[0]) - k)  # paced: a later round
         r = self._resync_req
         r["count"][0] = k
-        r["slots"][0, :k] = want
-        sent[0] = k
-        sent[1:k + 1] = want
+        r["round"][0] = t + 1
+        if k:
+            r["slots"][0, :k] = want[:k]
+        self._resync_asked = k
         lay = self.lay
         _hostflag.seq_write(self.seg.mm, lay.word_off(Word.RESYNC_SEQ), lay.resync_req, r.view(np.uint8))
 

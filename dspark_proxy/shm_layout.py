@@ -23,11 +23,11 @@ __all__ = [
     "MAGIC", "LAYOUT_VERSION", "META_SLOTS", "PAGE", "CACHE_LINE", "WORD_STRIDE", "Word", "State",
     "HEADER_DTYPE", "HEADER_BYTES", "STATUS_OK", "STATUS_SOME_FAILED", "STATUS_ROUND_FAILED",
     "STATUS_NAMES", "SUPPORT_K", "LayoutParams", "Layout", "ReplyLayout", "meta_dtype", "desc_dtype",
-    "window_dtype", "derive_sizes",
+    "window_dtype", "derive_sizes", "RESYNC_ENQUEUE_BYTES", "resync_windows_per_enqueue",
 ]
 
 MAGIC = int.from_bytes(b"DSPKPRXY", "little")
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: the resync request names the round it is for
 META_SLOTS = 64  # round t's metadata and descriptor live in slot t % 64
 PAGE = 4096
 CACHE_LINE = 64
@@ -233,8 +233,20 @@ def window_dtype(W: int, row_bytes: int) -> np.dtype:
 
 
 def resync_req_dtype(M: int) -> np.dtype:
-    """The proxy's request: which slots' windows the engine should stage next (oldest first)."""
-    return _aligned([("count", "<u4"), ("slots", "<i4", (M,))])
+    """The proxy's request: which slots' windows the engine should stage, once, with round `round`
+    (shm_layout.md §5, "Resync requests")."""
+    return _aligned([("count", "<u4"), ("round", "<u8"), ("slots", "<i4", (M,))])
+
+
+RESYNC_ENQUEUE_BYTES = 16 << 20
+"""The most ring-window bytes one `enqueue` copies for resync requests, whatever the proxy asks (at
+least one window): about 2 ms of memcpy on the engine's thread. At the realistic shapes (9.2 MB windows)
+that is one window a round; at small shapes every one of the R windows fits."""
+
+
+def resync_windows_per_enqueue(p: LayoutParams) -> int:
+    """Windows one `enqueue` stages at most: R, cut to RESYNC_ENQUEUE_BYTES (never below one)."""
+    return max(1, min(p.resync_per_round, RESYNC_ENQUEUE_BYTES // (p.window * p.row_bytes)))
 
 
 def _aligned(spec: list) -> np.dtype:

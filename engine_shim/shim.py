@@ -33,7 +33,7 @@ from dspark_proxy.hostflag import (
     HostFlags,
 )
 from dspark_proxy.segment import Segment, owner_alive
-from dspark_proxy.shm_layout import META_SLOTS, ReplyLayout, Word
+from dspark_proxy.shm_layout import META_SLOTS, ReplyLayout, Word, resync_windows_per_enqueue
 from dspark_proxy.stats import Stats
 
 from .attach import AttachEvent, AttachState, next_state
@@ -127,7 +127,9 @@ class Shim:
         self._rows_total = 0
         self._resync_req: np.ndarray | None = None  # private copy of the proxy's resync request
         self._resync_seen = 0  # its seqlock sequence when last read (unchanged: reuse _resync_want)
-        self._resync_want: list[int] = []
+        self._resync_want: list[int] = []  # the request read, not yet honoured (it is honoured once)
+        self._resync_due = 0  # the round it is for
+        self._in_round = np.zeros(max_reqs, dtype=np.bool_)  # scratch: the slots of the round enqueued
         self._views: list = [None] * META_SLOTS  # per meta/desc slot: field views (see _slot_views)
         self._meta_end_off = self._desc_end_off = 0
         self._arange = np.arange(max_reqs, dtype=np.int64)
@@ -432,7 +434,7 @@ class Shim:
             m["temperature"][:n] = a["temperature"]
         _hostflag.store_release(mm, moff + self._meta_end_off, t)
         # resync windows the proxy asked for (a bounded number)
-        staged = self._stage_windows(seg, t)
+        staged = self._stage_windows(seg, t, a["slots"])
         doff = lay.desc_off(t)
         _hostflag.begin_write(mm, doff, t)
         d["t"][...] = t
@@ -450,9 +452,12 @@ class Shim:
         d["k_window"][:n] = a["k_window"]
         _hostflag.store_release(mm, doff + self._desc_end_off, t)
 
-    def _stage_windows(self, seg: Segment, t: int) -> list[int]:
-        """Stage the ring windows the proxy asked for (at most R). The request is re-read only when
-        its seqlock sequence moved (one word load per round otherwise)."""
+    def _stage_windows(self, seg: Segment, t: int, slots: np.ndarray) -> list[int]:
+        """Stage the ring windows the proxy asked for, once (shm_layout.md §5, "Resync requests"): a
+        request is honoured by the first enqueue of the round it names or later, for the slots of
+        requests in that round, up to one enqueue's byte budget (`resync_windows_per_enqueue`); then it
+        is spent, so a late or hung proxy costs no more copying. The request is re-read only when its
+        seqlock sequence moved (one word load per round otherwise)."""
         lay, p = seg.layout, seg.params
         seq_off = lay.word_off(Word.RESYNC_SEQ)
         seq = _hostflag.load(seg.mm, seq_off)
@@ -465,17 +470,36 @@ class Shim:
             self._resync_seen = got
             count = min(int(req["count"][0]), p.max_slots)
             want = req["slots"][0, :count]
-            self._resync_want = want[(want >= 0) & (want < p.max_slots)][: p.resync_per_round].tolist()
-        if not self._resync_want:
+            self._resync_want = want[(want >= 0) & (want < p.max_slots)].tolist()
+            self._resync_due = int(req["round"][0])
+        if not self._resync_want or t < self._resync_due:
             return []
+        want, self._resync_want = self._resync_want, []  # spent, whatever is staged of it
+        in_round = self._in_round
+        in_round[slots] = True  # slots were validated: in range
         staged: list[int] = []
-        for s in self._resync_want:
+        limit = resync_windows_per_enqueue(p)
+        for s in want:
+            if len(staged) == limit:
+                break
+            if not in_round[s] or s in staged:
+                continue  # a request that left the batch: its window is of no use to anyone
             w = seg.windows[len(staged)]
             gen, lo, hi = self.ring.stage_window(s, w["rows"])
             w["slot"], w["generation"], w["lo"], w["hi"] = s, gen, lo, hi
             w["stamp"] = t
             staged.append(s)
-        self.counters.inc("resync_windows_staged", len(staged))
+        in_round[slots] = False
+        c = self.counters
+        c.inc("resync_requests_honoured")
+        if len(staged) < len(want):
+            c.inc("resync_windows_not_staged", len(want) - len(staged))
+        if staged:
+            nbytes = len(staged) * p.window * p.row_bytes
+            c.inc("resync_windows_staged", len(staged))
+            c.inc("resync_bytes_staged", nbytes)
+            if nbytes > c.gauge("resync_bytes_max_enqueue", 0):
+                c.set("resync_bytes_max_enqueue", nbytes)  # the worst enqueue (chaos reports it)
         return staged
 
     # ------------------------------------------------------------------ read_reply
