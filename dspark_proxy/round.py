@@ -468,11 +468,13 @@ class RoundCore:
         self._ok_rows = 0
 
     def _n_out(self, n: int) -> int:
+        """The entries' n_out for a round of n requests: the table's entry min(n, len - 1); 0 (an
+        empty table, an entry of 0 or of N or more) asks for all N, as `--n-out-table` says."""
         tab = self._n_out_table
         if tab.shape[0] == 0:
             return 0
         c = int(tab[min(n, tab.shape[0] - 1)])
-        return 0 if c >= self.N else max(1, c)
+        return 0 if c >= self.N else max(0, c)
 
     def _step_timeout(self) -> float:
         s = self.settings
