@@ -141,6 +141,18 @@ class CircuitBreaker:
             return "recovered"
         return None
 
+    def rebase(self, last_round: int, first_round: int) -> None:
+        """A new engine attached and numbers its rounds from ``first_round``; the previous one's last
+        round was ``last_round``. Every round remembered here moves by the same shift, so an open
+        breaker keeps exactly the cooldown it had left (a new engine does not mend the worker) and a
+        probe granted to the old engine counts as never sent. Without this a restarted engine, counting
+        from 1, would wait for the old engine's round count plus the cooldown."""
+        shift = first_round - 1 - last_round
+        if self.opened_round is not None:
+            self.opened_round += shift
+        if self._probe_round is not None:
+            self._probe_round += shift
+
     def snapshot(self) -> dict[str, Any]:
         """JSON-able state for the stats (``breaker`` gauge) and ``status``."""
         return {

@@ -114,6 +114,7 @@ class Proxy:
         self.incarnations = 0
         self.ready = threading.Event()  # set once the first incarnation is READY (tests, demo)
         self._last_log = 0
+        self._last_round: int | None = None  # the previous engine's last round (rebasing the next one's)
 
     # ------------------------------------------------------------------ control
 
@@ -155,6 +156,7 @@ class Proxy:
         if t0 is None:
             return
         core = self.core = RoundCore(seg, self.client, self.stats, self.events, self.breaker, self.settings)
+        self._rebase(t0)
         self.client.new_session(f"engine attached at round {t0}")
         self.stats.inc("attaches")
         log.info("[proxy] engine attached incarnation=%d pid=%d round=%d", seg.incarnation,
@@ -173,7 +175,20 @@ class Proxy:
                 t += 1
         except Exception as e:  # noqa: BLE001 - the hand-off is broken: die for this incarnation
             self._die(seg, core.flags, t, repr(e))
+        self._last_round = t - 1
         self._finish_segment(State.DEAD)
+
+    def _rebase(self, t0: int) -> None:
+        """A new engine attached at its round t0 (numbering afresh, from 1 after a restart). What is
+        counted in rounds restarts with it: the row cap, the link pacing and the resync bookkeeping are
+        the new RoundCore's; the breaker, which outlives engines, keeps the cooldown it had left."""
+        if self._last_round is not None:
+            self.breaker.rebase(self._last_round, t0)
+            if self.breaker.state != "closed":
+                log.info("[proxy] the circuit breaker is %s: its cooldown continues in the new engine's rounds "
+                         "(opened at round %s of them)", self.breaker.state, self.breaker.opened_round)
+            self.stats.set("breaker", self.breaker.snapshot())
+        self._last_log = t0
 
     def _wait_attached(self, seg: Segment) -> int | None:
         off = seg.layout.word_off(Word.ATTACHED)
