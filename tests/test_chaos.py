@@ -46,6 +46,7 @@ EFFECTS = {
     "proxy_kill": ("shim", "detach_proxy_dead", 1),
     "bad_descriptor": ("proxy", "fallback_bad_descriptor", 1),
     "worker_layout": ("proxy", "client.disabled", 1),
+    "engine_restart": ("proxy", "attaches", 1),
 }
 
 
@@ -112,6 +113,12 @@ def test_every_fault_had_its_effect(campaign):
     # the engine's watchdog claimed rounds while the proxy was stopped, and the proxy skipped them
     assert r["faults"]["proxy_stop_short"]["shim_events"].get("watchdog", 0) >= 1
     assert r["faults"]["proxy_stop_short"]["proxy_events"].get("skipped", 0) >= 1
+    # a new engine (rounds from 1) attached while the breaker was open: the proxy counts the cooldown
+    # in the new engine's rounds (the breaker's trip round re-based to before its round 1)
+    for note in r["faults"]["engine_restart"]["notes"]:
+        assert note["restarted"] and note["breaker_trips_old"] is not None, note
+        if note["breaker_trips_new"] == note["breaker_trips_old"]:  # no new trip since the restart
+            assert note["breaker_opened_round_new"] <= 0, note
 
 
 @pytest.mark.timeout(200)

@@ -107,6 +107,9 @@ class Controller:
         self.self_recover_s = cfg.self_recover_s
         self.current: Injection | None = None
         self.engine_error: BaseException | None = None
+        self.make_sim: Any = None  # k -> the k-th engine's SimEngine (set by run_campaign)
+        self.engines = 1
+        self._restarted = threading.Event()
 
     # ------------------------------------------------------------------ for injectors
 
@@ -136,6 +139,30 @@ class Controller:
             return None
         return self.probe.first_usable(from_idx, timeout_s, idle=self.events.poll)
 
+    def restart_engine(self, timeout_s: float) -> bool:
+        """engine_restart: ask the engine thread to end its engine after the round in flight and start
+        a new one (a new shim, a new SimEngine numbering its rounds from 1, a fresh oracle); True once
+        the new engine runs."""
+        self._restarted.clear()
+        self.probe.restart_requested = True
+        end = time.monotonic() + timeout_s
+        while not self._restarted.is_set() and time.monotonic() < end and self.engine_error is None:
+            self.events.poll()
+            self._restarted.wait(0.02)
+        return self._restarted.is_set()
+
+    def next_engine(self) -> Any:
+        """Engine thread, between two engines' runs: swap the shim everywhere it is held."""
+        shim = self.system.replace_engine()
+        self.events.follow(shim)
+        self.corruptor.install(shim)
+        self.probe.shim = shim
+        sim = self.make_sim(self.engines)
+        self.engines += 1
+        self.probe.restart_requested = False
+        self._restarted.set()
+        return sim
+
     # ------------------------------------------------------------------ one injection
 
     def repair(self) -> None:
@@ -157,7 +184,7 @@ class Controller:
         p = self.probe
         self.tally.sample()
         proxy_before = self.tally.counters()
-        shim_before = dict(self.system.shim.counters.snapshot()["counters"])
+        shim_before = self.system.shim_counters()
         ev_lo = self.events.poll()
         idx = p.count
         inj = self.current = Injection(kind=kind, n=n, idx_start=idx, t_start=p.t[idx - 1] + 1 if idx else 1,
@@ -179,7 +206,7 @@ class Controller:
         inj.t_end = p.t[-1] if p.t else 0
         self.tally.sample()
         inj.proxy_counters = counter_delta(proxy_before, self.tally.counters())
-        shim_after = self.system.shim.counters.snapshot()["counters"]
+        shim_after = self.system.shim_counters()
         inj.shim_counters = {k: v - shim_before.get(k, 0) for k, v in sorted(shim_after.items())
                              if isinstance(v, int) and v != shim_before.get(k, 0)}
         ev_hi = self.events.poll()
@@ -192,7 +219,11 @@ class Controller:
 
 def _engine_main(sim: Any, probe: EngineProbe, ctl: Controller) -> None:
     try:
-        sim.run(probe, duration_s=1e9, on_round=probe.on_round)
+        while True:
+            sim.run(probe, duration_s=1e9, on_round=probe.on_round)
+            if probe.stop_requested or not probe.restart_requested:
+                return
+            sim = ctl.next_engine()
     except BaseException as e:  # noqa: BLE001 - reported by the controller
         ctl.engine_error = e
         log.exception("[chaos] engine thread failed")
@@ -264,9 +295,13 @@ def run_campaign(cfg: ChaosConfig, progress: Any = None) -> dict[str, Any]:
         system.start()
         corruptor.install(system.shim)
         probe = EngineProbe(system.shim, cfg.deadline_ms)
-        sim = SimEngine(SimConfig(seed=cfg.seed, max_reqs=cfg.max_reqs, num_spec=cfg.num_spec, window=cfg.window,
-                                  row_bytes=cfg.row_bytes, engine_work_us=cfg.engine_work_us))
+        def make_sim(k: int) -> SimEngine:  # the k-th engine of the run (engine_restart starts more)
+            return SimEngine(SimConfig(seed=cfg.seed + k, max_reqs=cfg.max_reqs, num_spec=cfg.num_spec,
+                                       window=cfg.window, row_bytes=cfg.row_bytes, engine_work_us=cfg.engine_work_us))
+
+        sim = make_sim(0)
         ctl = Controller(cfg, system, probe, corruptor, tally, ShimEventLog(system.shim))
+        ctl.make_sim = make_sim
         engine = threading.Thread(target=_engine_main, args=(sim, probe, ctl), name="dspark-chaos-engine",
                                   daemon=True)
         engine.start()

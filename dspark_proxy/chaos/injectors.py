@@ -13,6 +13,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..commands.control import read_status
+from ..segment import SegmentError
+
 if TYPE_CHECKING:
     from .campaign import Controller
 
@@ -131,6 +134,50 @@ def worker_layout(c: Controller) -> None:
         c.note(recovery="proxy restarted: the client stays disabled after a refused handshake")
 
 
+def _breaker(c: Controller) -> tuple[dict, int]:
+    """The proxy's published breaker snapshot and its segment incarnation ({} and -1 when unreadable)."""
+    try:
+        st = read_status(c.system.name)
+    except (SegmentError, ValueError, OSError):
+        return {}, -1
+    return dict(((st.get("proxy") or {}).get("gauges") or {}).get("breaker") or {}), int(st["header"]["incarnation"])
+
+
+def _wait_breaker(c: Controller, timeout_s: float, ok: Callable[[dict, int], bool]) -> tuple[dict, int]:
+    end = time.monotonic() + timeout_s
+    br, inc = _breaker(c)
+    while not ok(br, inc) and time.monotonic() < end:
+        c.sleep(0.05)
+        br, inc = _breaker(c)
+    return br, inc
+
+
+def engine_restart(c: Controller) -> None:
+    """The worker stops answering until the proxy's breaker opens; then the engine closes its shim and
+    a new engine, numbering its rounds from 1, attaches to the same proxy; then the worker resumes.
+    The proxy must count the cooldown in the new engine's rounds (before, it waited for the old
+    engine's round number plus the cooldown): `breaker_opened_round` is in the new numbering."""
+    trips0 = int(_breaker(c)[0].get("trips", 0))
+    c.system.signal_worker(signal.SIGSTOP)
+    try:
+        # the breaker opened (it may be half-open already: the probe waits for a connection)
+        br, inc = _wait_breaker(c, max(5.0, 100 * c.deadline_s), lambda b, i: int(b.get("trips", 0)) > trips0)
+        c.note(breaker_trips_old=br.get("trips"), breaker_opened_round_old=br.get("opened_round"),
+               old_engine_round=c.probe.t[-1] if c.probe.t else 0)
+        restarted = c.restart_engine(10.0)
+        c.note(restarted=restarted)
+        if restarted:
+            # the new incarnation's first snapshot (the heartbeat publishes it within a quarter second);
+            # with no trip since, its breaker_opened_round is at or before the new engine's round 0
+            br2, _ = _wait_breaker(c, 3.0, lambda b, i: i > inc and b.get("opened_round") is not None)
+            c.note(breaker_state_new=br2.get("state"), breaker_trips_new=br2.get("trips"),
+                   breaker_opened_round_new=br2.get("opened_round"),
+                   new_engine_round=c.probe.t[-1] if c.probe.t else 0)
+    finally:
+        c.system.signal_worker(signal.SIGCONT)
+    c.cleared()
+
+
 INJECTORS: dict[str, Callable[[Controller], None]] = {
     "worker_stall_short": worker_stall_short,
     "worker_stall_long": worker_stall_long,
@@ -145,4 +192,5 @@ INJECTORS: dict[str, Callable[[Controller], None]] = {
     "proxy_kill": proxy_kill,
     "bad_descriptor": bad_descriptor,
     "worker_layout": worker_layout,
+    "engine_restart": engine_restart,
 }

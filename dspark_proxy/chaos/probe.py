@@ -45,6 +45,7 @@ class EngineProbe:
         self.wrong: list[int] = []
         self.done_ns: list[int] = []  # perf_counter_ns when the round ended
         self.stop_requested = False
+        self.restart_requested = False  # engine_restart: end this engine's run after the round
         self._enq_ns = 0
         self._enq_end = 0
         self._wait_ns = 0
@@ -113,7 +114,7 @@ class EngineProbe:
         self.done_ns.append(time.perf_counter_ns())
         if usable and idx >= self._watch_from:
             self._resumed.set()
-        return self.stop_requested
+        return self.stop_requested or self.restart_requested
 
     # ------------------------------------------------------------------ controller side
 

@@ -33,6 +33,8 @@ FAULT_KINDS: tuple[FaultKind, ...] = (
     FaultKind("proxy_kill", "proxy SIGKILLed and restarted while the engine runs"),
     FaultKind("bad_descriptor", "engine-side garbage in round descriptors/metadata before `gathered`"),
     FaultKind("worker_layout", "worker restarted with another window (handshake refused), then the right one"),
+    FaultKind("engine_restart", "worker stopped until the breaker opens; the engine closes its shim and a new "
+                                "engine (rounds from 1) attaches to the running proxy; worker resumed"),
 )
 KIND_NAMES: tuple[str, ...] = tuple(k.name for k in FAULT_KINDS)
 

@@ -73,6 +73,7 @@ class ChaosSystem:
         self.worker: Child | None = None
         self.proxy: Child | None = None
         self.shim: Any = None
+        self.retired_shim_counters: dict[str, int] = {}  # summed over engines closed by engine_restart
         self.children: list[Child] = []  # everything ever started, for the leftover check
         self._logs: list[IO[str]] = []
         self._n_logs = 0
@@ -89,15 +90,41 @@ class ChaosSystem:
     # ------------------------------------------------------------------ start
 
     def start(self) -> None:
-        import engine_shim
-
         self.spawn_worker()
         self.spawn_proxy()
+        self.shim = self._attach_engine()
+
+    def _attach_engine(self) -> Any:
+        import engine_shim
+
         m, n, w, b = self.layout
-        self.shim = engine_shim.attach(self.name, max_reqs=m, num_spec=n, window=w, row_bytes=b, timeout_s=5.0,
-                                       heartbeat_timeout_s=self.heartbeat_timeout_s)
-        if self.shim.state.value == "detached":  # pending: attaches at the engine's first round
+        shim = engine_shim.attach(self.name, max_reqs=m, num_spec=n, window=w, row_bytes=b, timeout_s=5.0,
+                                  heartbeat_timeout_s=self.heartbeat_timeout_s)
+        if shim.state.value == "detached":  # pending: attaches at the engine's first round
+            shim.close()
             raise RuntimeError(f"the shim found no ready proxy segment {self.name} within 5 s")
+        return shim
+
+    def replace_engine(self) -> Any:
+        """Engine thread: close this engine's shim (the proxy sees its incarnation abandoned and makes a
+        new one) and attach a new engine's shim to the same proxy; returns it."""
+        old, self.shim = self.shim, None
+        if old is not None:
+            for k, v in old.counters.snapshot()["counters"].items():
+                if isinstance(v, int):
+                    self.retired_shim_counters[k] = self.retired_shim_counters.get(k, 0) + v
+            self._act("close_shim", old.close)
+        self.shim = self._act("attach_shim", self._attach_engine)
+        return self.shim
+
+    def shim_counters(self) -> dict[str, int]:
+        """The shims' counters, summed over every engine of the run (engine_restart replaces it)."""
+        out = dict(self.retired_shim_counters)
+        if self.shim is not None:
+            for k, v in self.shim.counters.snapshot()["counters"].items():
+                if isinstance(v, int):
+                    out[k] = out.get(k, 0) + v
+        return out
 
     def _log_file(self, kind: str) -> tuple[IO[str], Path]:
         self._n_logs += 1

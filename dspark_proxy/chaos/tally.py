@@ -80,13 +80,21 @@ class ShimEventLog:
 
     def __init__(self, shim: Any) -> None:
         self.shim = shim
+        self.base = 0  # ids of the current shim's events are offset by the earlier shims' totals
         self.events: dict[int, dict[str, Any]] = {}
+
+    def follow(self, shim: Any) -> None:
+        """A new engine's shim (engine_restart): its events number from 0 again, so they go after
+        every event of the earlier ones."""
+        self.base = self.poll()
+        self.shim = shim
 
     def poll(self) -> int:
         """Merge the ring into the log; returns the next event id (events below it are recorded)."""
-        for ev in self.shim.events.dump():
-            self.events.setdefault(int(ev["id"]), ev)
-        return int(self.shim.events.total)
+        shim, base = self.shim, self.base
+        for ev in shim.events.dump():
+            self.events.setdefault(base + int(ev["id"]), ev)
+        return base + int(shim.events.total)
 
     def between(self, id_lo: int, id_hi: int) -> list[dict[str, Any]]:
         return [self.events[i] for i in range(id_lo, id_hi) if i in self.events]
