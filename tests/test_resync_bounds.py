@@ -68,6 +68,7 @@ def test_finished_requests_are_never_asked_for_and_live_windows_come_back(seg_na
         assert 0 not in staged and 1 not in staged, f"idle slots staged {staged.count(0) + staged.count(1)} times"
         eff = min(paced)  # the fewest windows a round it took asked for (link pacing says so)
         assert rig.stats.gauge("resync_windows_per_round") is not None
+        assert rig.stats.counter("resync_windows_deferred") >= 4 - eff  # the pacing says what it held back
         bound = math.ceil(4 / eff) + 1
         assert full_at is not None, "the live requests never got their whole windows back"
         assert full_at - first_healthy <= bound, (full_at, first_healthy, eff)
