@@ -130,6 +130,7 @@ class Shim:
         self._resync_want: list[int] = []  # the request read, not yet honoured (it is honoured once)
         self._resync_due = 0  # the round it is for
         self._in_round = np.zeros(max_reqs, dtype=np.bool_)  # scratch: the slots of the round enqueued
+        self.resync_bytes_last = 0  # ring-window bytes the last attached enqueue copied (chaos: worst enqueue)
         self._views: list = [None] * META_SLOTS  # per meta/desc slot: field views (see _slot_views)
         self._meta_end_off = self._desc_end_off = 0
         self._arange = np.arange(max_reqs, dtype=np.int64)
@@ -459,6 +460,7 @@ class Shim:
         is spent, so a late or hung proxy costs no more copying. The request is re-read only when its
         seqlock sequence moved (one word load per round otherwise)."""
         lay, p = seg.layout, seg.params
+        self.resync_bytes_last = 0
         seq_off = lay.word_off(Word.RESYNC_SEQ)
         seq = _hostflag.load(seg.mm, seq_off)
         if seq != self._resync_seen:
@@ -495,7 +497,7 @@ class Shim:
         if len(staged) < len(want):
             c.inc("resync_windows_not_staged", len(want) - len(staged))
         if staged:
-            nbytes = len(staged) * p.window * p.row_bytes
+            nbytes = self.resync_bytes_last = len(staged) * p.window * p.row_bytes
             c.inc("resync_windows_staged", len(staged))
             c.inc("resync_bytes_staged", nbytes)
             if nbytes > c.gauge("resync_bytes_max_enqueue", 0):

@@ -135,6 +135,7 @@ def test_enqueue_copies_at_most_its_byte_budget_whatever_the_proxy_asks(seg_name
             reply, b = rig.round(reqs)
             assert rig.check_drafts(reply, b) == int(reply.ok_mask.sum())
             worst = max(worst, len(staged_slots(rig, rig.t)))
+            assert rig.shim.resync_bytes_last == len(staged_slots(rig, rig.t)) * 4 * 16
         assert worst == 2
         got = rig.shim.counters
         assert got.gauge("resync_bytes_max_enqueue") == 2 * 4 * 16
