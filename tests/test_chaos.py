@@ -46,6 +46,7 @@ EFFECTS = {
     "proxy_kill": ("shim", "detach_proxy_dead", 1),
     "bad_descriptor": ("proxy", "fallback_bad_descriptor", 1),
     "worker_layout": ("proxy", "client.disabled", 1),
+    "duplicate_reply": ("proxy", "client.extra_replies_dropped", 1),
 }
 
 

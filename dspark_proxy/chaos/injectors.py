@@ -145,4 +145,5 @@ INJECTORS: dict[str, Callable[[Controller], None]] = {
     "proxy_kill": proxy_kill,
     "bad_descriptor": bad_descriptor,
     "worker_layout": worker_layout,
+    "duplicate_reply": _faulty_worker("--fault-duplicate-reply-every", "3"),
 }

@@ -33,6 +33,7 @@ FAULT_KINDS: tuple[FaultKind, ...] = (
     FaultKind("proxy_kill", "proxy SIGKILLed and restarted while the engine runs"),
     FaultKind("bad_descriptor", "engine-side garbage in round descriptors/metadata before `gathered`"),
     FaultKind("worker_layout", "worker restarted with another window (handshake refused), then the right one"),
+    FaultKind("duplicate_reply", "worker sends every 3rd reply twice (--fault-duplicate-reply-every)"),
 )
 KIND_NAMES: tuple[str, ...] = tuple(k.name for k in FAULT_KINDS)
 

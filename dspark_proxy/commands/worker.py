@@ -29,7 +29,8 @@ def fault_plan(cfg: WorkerConfig):
     return FaultPlan(delay_ms=cfg.fault_delay_ms, stall_after=k(cfg.fault_stall_after),
                      drop_every=k(cfg.fault_drop_every), garbage_every=k(cfg.fault_garbage_every),
                      wrong_step_every=k(cfg.fault_wrong_step_every),
-                     wrong_session_every=k(cfg.fault_wrong_session_every), crash_after=k(cfg.fault_crash_after))
+                     wrong_session_every=k(cfg.fault_wrong_session_every), crash_after=k(cfg.fault_crash_after),
+                     duplicate_reply_every=k(cfg.fault_duplicate_reply_every))
 
 
 def run_worker(cfg: WorkerConfig, *, token: bytes | None = None, install_signals: bool = True) -> None:

@@ -394,6 +394,10 @@ class WorkerServer:
             pack_app_header(junk, 0, MSG_REPLY, session=h.session, epoch=h.epoch, step_id=step_id,
                             payload_len=len(junk) - APP_HEADER_SIZE)
             buf = memoryview(junk)
+        if action is FaultAction.DUPLICATE:
+            self.counters["fault_duplicate_reply"] += 1
+            conn.send_parts([buf, buf])
+            return True
         conn.send_parts([buf])
         return True
 
