@@ -306,7 +306,8 @@ class DraftClient:
                 if h.type == MSG_ERROR:
                     return self._worker_error(f, t0)
                 try:
-                    reply = decode_reply(f, lay, n_req=n, step_flags=step_flags)
+                    reply = decode_reply(f, lay, n_req=n, step_flags=step_flags,
+                                         vocab_size=live.welcome.vocab_size)
                 except RemoteProtocolError as e:
                     self.counters["bad_replies"] += 1
                     self.counters[e.counter] += 1

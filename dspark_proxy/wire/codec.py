@@ -397,8 +397,33 @@ class ReplyWriter:
         return memoryview(self.buf)
 
 
-def decode_reply(frame: Frame, layout: WireLayout, *, n_req: int, step_flags: int) -> StepReply:
-    """Validate a REPLY against the STEP it answers (shape, flags, enums, window bounds) and return
+SUPPORT_Q_EPS = 1e-3  # a position's proposal_q may sum to at most 1 + this (float32 rounding of a renormalisation)
+_MAX_I32 = 2**31 - 1
+
+
+def _check_sampled(status: np.ndarray, draft_ids: np.ndarray, sampled_mask: np.ndarray, support_ids: np.ndarray,
+                   proposal_q: np.ndarray, vocab_size: int) -> None:
+    """The sampled sections, before anything reaches an engine's rejection sampler: q finite and in
+    [0, 1] with each position's support summing to at most 1 + SUPPORT_Q_EPS; support ids in the
+    vocabulary (any non-negative int32 when vocab_size is 0) or the padding -1; every drafted id of a
+    usable sampled request inside its own support. Vectorised over the whole batch."""
+    q = proposal_q
+    if not ((q >= 0.0) & (q <= 1.0)).all():  # NaN fails both comparisons
+        raise RemoteProtocolError("proposal_q not finite or outside [0, 1] in REPLY", counter="bad_reply_proposal_q")
+    if (q.sum(axis=-1, dtype=np.float64) > 1.0 + SUPPORT_Q_EPS).any():
+        raise RemoteProtocolError("a position's proposal_q sums to more than 1 in REPLY", counter="bad_reply_q_sum")
+    hi = vocab_size if vocab_size > 0 else _MAX_I32 + 1
+    if not (((support_ids >= 0) & (support_ids < hi)) | (support_ids == -1)).all():
+        raise RemoteProtocolError(f"support id outside the vocabulary ({vocab_size or 'unknown'}) in REPLY",
+                                  counter="bad_reply_support_id")
+    drafted = (USABLE_STATUS_TABLE[status] & (sampled_mask == 1))[:, None] & (draft_ids >= 0)
+    if drafted.any() and not (support_ids == draft_ids[:, :, None]).any(axis=-1)[drafted].all():
+        raise RemoteProtocolError("a drafted id outside its own support in REPLY", counter="bad_reply_draft_support")
+
+
+def decode_reply(frame: Frame, layout: WireLayout, *, n_req: int, step_flags: int, vocab_size: int = 0) -> StepReply:
+    """Validate a REPLY against the STEP it answers (shape, flags, enums, window bounds; in sampled
+    mode the support and q, against `vocab_size` from the worker's WELCOME, 0 = unknown) and return
     views into its payload. The caller checks session and step id from the header."""
     h = frame.header
     p = frame.payload
@@ -442,6 +467,8 @@ def decode_reply(frame: Frame, layout: WireLayout, *, n_req: int, step_flags: in
         k = n * N * TOP_K
         support_ids = np.frombuffer(p, dtype="<i4", count=k, offset=lay.o_support_ids).reshape(n, N, TOP_K)
         proposal_q = np.frombuffer(p, dtype="<f4", count=k, offset=lay.o_proposal_q).reshape(n, N, TOP_K)
+        if n:
+            _check_sampled(status, draft_ids, sampled_mask, support_ids, proposal_q, vocab_size)
     return StepReply(h, step_flags, status, window_rows, draft_ids, confidence, margin, sampled_mask,
                      support_ids, proposal_q, float(worker_us))
 

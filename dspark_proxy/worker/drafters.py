@@ -55,6 +55,7 @@ class IntegrityDrafter:
     """
 
     name = "integrity"
+    vocab_size = 0  # ids span every non-negative int32: no vocabulary to check them against
 
     def __init__(self, num_spec: int, window: int) -> None:
         self.num_spec = num_spec

@@ -319,7 +319,8 @@ class WorkerServer:
         conn.send_parts([encode_control(Welcome(protocol_version=PROTOCOL_VERSION, num_spec=mine.num_spec,
                                                 window=mine.window, row_bytes=mine.row_bytes,
                                                 max_reqs=mine.max_reqs, sampled=mine.sampled,
-                                                worker_id=self.worker_id, drafter=self.drafter_identity))],
+                                                worker_id=self.worker_id, drafter=self.drafter_identity,
+                                                vocab_size=int(getattr(self.drafter, "vocab_size", 0))))],
                         deadline)
         self.counters["handshakes"] += 1
         log.info("[worker] peer=%s client=%s ready max_reqs=%d sampled=%s", peer, hello.client_id,
