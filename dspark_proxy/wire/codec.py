@@ -336,7 +336,8 @@ def decode_step(frame: Frame, layout: WireLayout) -> StepView:
 def bad_entry_mask(entries: np.ndarray, layout: WireLayout) -> np.ndarray:
     """Entries that are malformed on their own (vectorised): unknown flags, RESYNC without NEW_GEN,
     more than W rows, an empty NEW_GEN, negative positions, an anchor that is not right after the
-    rows, n_out over N, or a slot that appears twice in the batch (every later occurrence)."""
+    rows, n_out over N, a slot at or past the agreed max_reqs, or a slot that appears twice in the
+    batch (every later occurrence)."""
     flags = entries["flags"]
     n_rows = entries["n_rows"].astype(np.int64)
     first = entries["first_pos"]
@@ -349,6 +350,7 @@ def bad_entry_mask(entries: np.ndarray, layout: WireLayout) -> np.ndarray:
     # anchor_pos == first_pos + n_rows, compared without overflowing int64
     bad |= (anchor < first) | ((anchor - np.maximum(first, 0)) != n_rows)
     bad |= entries["n_out"] > layout.num_spec
+    bad |= entries["slot"] >= layout.max_reqs  # slots are request indices < the agreed max_reqs
     if entries.shape[0] > 1:
         slots = entries["slot"]
         order = np.argsort(slots, kind="stable")

@@ -66,7 +66,7 @@ from ..wire import (
 )
 from .drafters import DraftItem, make_drafter
 from .faults import FaultAction, FaultCounter, FaultPlan
-from .session import Session, SessionTable
+from .session import Session, SessionRefused, SessionTable
 
 _ANCHOR_HDR = struct.Struct("<iq")  # anchor_token int32 LE, anchor_pos int64 LE (dspark_proxy.integrity)
 
@@ -75,6 +75,7 @@ __all__ = ["WorkerServer", "is_loopback", "CRASH_EXIT_CODE"]
 log = logging.getLogger(__name__)
 
 CRASH_EXIT_CODE = 70  # os._exit code of the crash_after fault
+DEFAULT_BUDGET_SESSIONS = 8  # without --memory-budget-mb: windows for 8 sessions of the worker's max_reqs
 
 
 def is_loopback(host: str) -> bool:
@@ -101,7 +102,8 @@ class WorkerServer:
                  insecure: bool = False, faults: FaultPlan | None = None, torch_device: str = "cpu",
                  weights: str | None = None, seed: int = 0, max_slots: int = 1 << 20,
                  max_sessions: int = 64, max_connections: int = 64, max_frame_bytes: int | None = None,
-                 handshake_timeout_s: float = 5.0) -> None:
+                 handshake_timeout_s: float = 5.0, memory_budget_bytes: int | None = None,
+                 max_sessions_per_conn: int = 4) -> None:
         self.layout = WireLayout(num_spec=num_spec, window=window, row_bytes=row_bytes, max_reqs=max_reqs,
                                  sampled=sampled)
         if token is not None and len(token) == 0:
@@ -121,8 +123,15 @@ class WorkerServer:
         self.max_frame_bytes = max_frame_bytes or (APP_HEADER_SIZE + self.layout.max_step_payload())
         self.handshake_timeout_s = handshake_timeout_s
         self.worker_id = f"dspark-worker/{__version__} pid={os.getpid()}"
-        self.sessions = SessionTable(window, row_bytes, max_slots, max_sessions,
-                                     chains=drafter == "integrity")
+        one = min(max_slots, max_reqs) * window * row_bytes  # a session of this worker's max_reqs
+        budget = memory_budget_bytes if memory_budget_bytes else DEFAULT_BUDGET_SESSIONS * one
+        if budget < one:
+            raise ValueError(f"memory budget of {budget} bytes is below one session's windows ({one} bytes: "
+                             f"max_reqs {max_reqs} x window {window} x row_bytes {row_bytes}); raise "
+                             "--memory-budget-mb")
+        self.sessions = SessionTable(window, row_bytes, min(max_slots, max_reqs), max_sessions,
+                                     chains=drafter == "integrity",
+                                     per_conn=max_sessions_per_conn, budget_bytes=budget)
         self.counters: Counter[str] = Counter()
         self._drafter_args = dict(num_spec=num_spec, window=window, row_bytes=row_bytes, device=torch_device,
                                   weights=weights, seed=seed)
@@ -233,6 +242,7 @@ class WorkerServer:
             t.start()
 
     def _conn_main(self, cid: int, conn: FramedConnection, peer) -> None:
+        self.sessions.open_conn(cid)
         try:
             layout = self._handshake(conn, peer)
             if layout is None:
@@ -253,7 +263,7 @@ class WorkerServer:
             log.debug("[worker] conn=%d peer=%s closed: %s", cid, peer, e)
         finally:
             conn.close()
-            dropped = self.sessions.drop_owned_by(cid)
+            dropped = self.sessions.close_conn(cid)
             with self._lock:
                 self._conns.pop(cid, None)
                 self._threads.pop(cid, None)
@@ -341,7 +351,7 @@ class WorkerServer:
             self._send_error(conn, e.counter, str(e), session=h.session, epoch=h.epoch, step_id=h.step_id)
             return True
         if isinstance(msg, NewSession):
-            self.sessions.drop(msg.previous)
+            self.sessions.drop(msg.previous, cid)
             self.counters["new_sessions"] += 1
             log.info("[worker] conn=%d new session=%d previous=%d reason=%s", cid, h.session, msg.previous,
                      msg.reason)
@@ -371,8 +381,15 @@ class WorkerServer:
             self.counters[e.counter] += 1
             self._send_error(conn, e.counter, str(e), session=h.session, epoch=h.epoch, step_id=h.step_id)
             return True
+        try:
+            session = self.sessions.get(h.session, cid, layout.max_reqs)
+        except SessionRefused as e:
+            self.counters[f"session_refused_{e.code}"] += 1
+            (log.warning if self.counters[f"session_refused_{e.code}"] == 1 else log.debug)(
+                "[worker] conn=%d session=%d refused (%s): %s", cid, h.session, e.code, e)
+            self._send_error(conn, e.code, str(e), session=h.session, epoch=h.epoch, step_id=h.step_id)
+            return True
         out = ReplyWriter(sv.n_req, layout.num_spec, sv.step_flags)
-        session = self.sessions.get(h.session, cid)
         with session.lock:
             self._serve(session, sv, out, layout)
         self.counters["steps"] += 1
@@ -431,6 +448,8 @@ class WorkerServer:
             if bad[i]:
                 out.status[i] = RS_BAD_ENTRY
                 self.counters["bad_entries"] += 1
+                if slots[i] >= layout.max_reqs:
+                    self.counters["bad_entry_slot"] += 1  # beyond the agreed max_reqs: no window for it
                 continue
             end = int(ends[i])
             st, w = session.apply(slots[i], gens[i], firsts[i], ks[i], flags[i], sv.rows[end - ks[i]:end])
