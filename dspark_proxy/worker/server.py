@@ -6,6 +6,11 @@ path decodes the frame into views (no copy of the rows until they are written in
 windows), applies entries in batch order, drafts for the usable requests, and sends one REPLY
 buffer. Thread ownership: `_conns` is guarded by `_lock`; `counters` is incremented from
 connection threads (single dict ops under the GIL) and read by anyone.
+
+Connections still in the handshake (`_pending`) have their own small budget (`max_handshakes`) and a
+short timeout; when it is full, a new socket displaces the oldest one that has not sent a byte, so
+idle unauthenticated sockets cannot keep a proxy out. `max_connections` counts only connections that
+passed the handshake.
 """
 
 from __future__ import annotations
@@ -102,8 +107,8 @@ class WorkerServer:
                  insecure: bool = False, faults: FaultPlan | None = None, torch_device: str = "cpu",
                  weights: str | None = None, seed: int = 0, max_slots: int = 1 << 20,
                  max_sessions: int = 64, max_connections: int = 64, max_frame_bytes: int | None = None,
-                 handshake_timeout_s: float = 5.0, memory_budget_bytes: int | None = None,
-                 max_sessions_per_conn: int = 4) -> None:
+                 handshake_timeout_s: float = 1.0, memory_budget_bytes: int | None = None,
+                 max_sessions_per_conn: int = 4, max_handshakes: int = 16) -> None:
         self.layout = WireLayout(num_spec=num_spec, window=window, row_bytes=row_bytes, max_reqs=max_reqs,
                                  sampled=sampled)
         if token is not None and len(token) == 0:
@@ -122,6 +127,9 @@ class WorkerServer:
         self.max_connections = max_connections
         self.max_frame_bytes = max_frame_bytes or (APP_HEADER_SIZE + self.layout.max_step_payload())
         self.handshake_timeout_s = handshake_timeout_s
+        if max_handshakes < 1:
+            raise ValueError(f"max_handshakes={max_handshakes}: at least 1")
+        self.max_handshakes = max_handshakes
         self.worker_id = f"dspark-worker/{__version__} pid={os.getpid()}"
         one = min(max_slots, max_reqs) * window * row_bytes  # a session of this worker's max_reqs
         budget = memory_budget_bytes if memory_budget_bytes else DEFAULT_BUDGET_SESSIONS * one
@@ -141,6 +149,7 @@ class WorkerServer:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._conns: dict[int, FramedConnection] = {}
+        self._pending: dict[int, FramedConnection] = {}  # still in the handshake, oldest first
         self._threads: dict[int, threading.Thread] = {}
         self._next_conn = 0
         self._listener: socket.socket | None = None
@@ -226,25 +235,42 @@ class WorkerServer:
                 self._stop.wait(0.05)
                 continue
             with self._lock:
-                if len(self._conns) >= self.max_connections:
-                    self.counters["connections_refused"] += 1
-                    sock.close()
-                    continue
+                if len(self._pending) >= self.max_handshakes:
+                    self._evict_handshake()
                 cid = self._next_conn = self._next_conn + 1
                 conn = FramedConnection(sock, Decoder({MSG_HELLO: MAX_CONTROL_PAYLOAD},
                                                       max_frame_bytes=APP_HEADER_SIZE + MAX_CONTROL_PAYLOAD,
                                                       reuse_payload=True))
                 self._conns[cid] = conn
+                self._pending[cid] = conn
                 t = threading.Thread(target=self._conn_main, args=(cid, conn, peer),
                                      name=f"dspark-worker-conn-{cid}", daemon=True)
                 self._threads[cid] = t
             self.counters["connections"] += 1
             t.start()
 
+    def _evict_handshake(self) -> None:
+        """The handshake budget is full (under _lock): make room by closing the oldest connection
+        that has not sent a byte (a proxy sends its HELLO at once), else the oldest of all. Idle
+        sockets can so delay, never lock out, a peer that speaks."""
+        victim = next((k for k, c in self._pending.items() if c.idle()), None)
+        if victim is None:
+            victim = next(iter(self._pending))
+        self._pending.pop(victim).shutdown()
+        self.counters["handshakes_evicted"] += 1
+
+    def _admit(self, cid: int) -> bool:
+        """The handshake passed: leave the handshake budget for the connection limit, which counts
+        only connections that passed theirs."""
+        with self._lock:
+            if self._pending.pop(cid, None) is None:
+                return False  # evicted meanwhile: its socket is shut down
+            return len(self._conns) - len(self._pending) <= self.max_connections
+
     def _conn_main(self, cid: int, conn: FramedConnection, peer) -> None:
         self.sessions.open_conn(cid)
         try:
-            layout = self._handshake(conn, peer)
+            layout = self._handshake(cid, conn, peer)
             if layout is None:
                 return
             conn.decoder.set_limits({MSG_STEP: layout.max_step_payload(),
@@ -262,10 +288,11 @@ class WorkerServer:
         except (ConnectionError, OSError) as e:
             log.debug("[worker] conn=%d peer=%s closed: %s", cid, peer, e)
         finally:
+            dropped = self.sessions.close_conn(cid)  # first: a peer that saw the close finds them gone
             conn.close()
-            dropped = self.sessions.close_conn(cid)
             with self._lock:
                 self._conns.pop(cid, None)
+                self._pending.pop(cid, None)
                 self._threads.pop(cid, None)
             log.info("[worker] conn=%d peer=%s closed sessions_dropped=%d", cid, peer, dropped)
 
@@ -278,7 +305,7 @@ class WorkerServer:
         except OSError:
             pass
 
-    def _handshake(self, conn: FramedConnection, peer) -> WireLayout | None:
+    def _handshake(self, cid: int, conn: FramedConnection, peer) -> WireLayout | None:
         deadline = time.monotonic() + self.handshake_timeout_s
         f = conn.recv_frame(deadline)
         if f is None:
@@ -325,6 +352,10 @@ class WorkerServer:
             self.counters["handshake_mismatch"] += 1
             self._send_error(conn, "mismatch", "sampled: client wants sampled mode, worker started without "
                              "--sampled", field="sampled")
+            return None
+        if not self._admit(cid):
+            self.counters["connections_refused"] += 1
+            self._send_error(conn, "busy", f"the worker serves {self.max_connections} connections already")
             return None
         conn.send_parts([encode_control(Welcome(protocol_version=PROTOCOL_VERSION, num_spec=mine.num_spec,
                                                 window=mine.window, row_bytes=mine.row_bytes,
