@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .rogue import connection_flood, worker_memory
+
 if TYPE_CHECKING:
     from .campaign import Controller
 
@@ -146,4 +148,6 @@ INJECTORS: dict[str, Callable[[Controller], None]] = {
     "bad_descriptor": bad_descriptor,
     "worker_layout": worker_layout,
     "duplicate_reply": _faulty_worker("--fault-duplicate-reply-every", "3"),
+    "connection_flood": connection_flood,
+    "worker_memory": worker_memory,
 }
