@@ -400,7 +400,6 @@ class ReplyWriter:
 
 
 SUPPORT_Q_EPS = 1e-3  # a position's proposal_q may sum to at most 1 + this (float32 rounding of a renormalisation)
-_MAX_I32 = 2**31 - 1
 
 
 def _check_sampled(status: np.ndarray, draft_ids: np.ndarray, sampled_mask: np.ndarray, support_ids: np.ndarray,
@@ -410,12 +409,14 @@ def _check_sampled(status: np.ndarray, draft_ids: np.ndarray, sampled_mask: np.n
     vocabulary (any non-negative int32 when vocab_size is 0) or the padding -1; every drafted id of a
     usable sampled request inside its own support. Vectorised over the whole batch."""
     q = proposal_q
-    if not ((q >= 0.0) & (q <= 1.0)).all():  # NaN fails both comparisons
+    # reductions, not elementwise temporaries (n x N x 32 values every sampled round); a NaN makes
+    # min and max NaN, and every comparison with NaN is false
+    if not (float(q.min()) >= 0.0 and float(q.max()) <= 1.0):
         raise RemoteProtocolError("proposal_q not finite or outside [0, 1] in REPLY", counter="bad_reply_proposal_q")
-    if (q.sum(axis=-1, dtype=np.float64) > 1.0 + SUPPORT_Q_EPS).any():
+    if float(q.sum(axis=-1).max()) > 1.0 + SUPPORT_Q_EPS:
         raise RemoteProtocolError("a position's proposal_q sums to more than 1 in REPLY", counter="bad_reply_q_sum")
-    hi = vocab_size if vocab_size > 0 else _MAX_I32 + 1
-    if not (((support_ids >= 0) & (support_ids < hi)) | (support_ids == -1)).all():
+    # ids are int32: -1 (padding) or in [0, vocab_size); with no vocabulary, any id >= -1
+    if int(support_ids.min()) < -1 or (vocab_size > 0 and int(support_ids.max()) >= vocab_size):
         raise RemoteProtocolError(f"support id outside the vocabulary ({vocab_size or 'unknown'}) in REPLY",
                                   counter="bad_reply_support_id")
     drafted = (USABLE_STATUS_TABLE[status] & (sampled_mask == 1))[:, None] & (draft_ids >= 0)
