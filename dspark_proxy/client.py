@@ -14,7 +14,9 @@ connection; its reply, if it comes later, is drained and dropped by a later step
 timeouts in a row (a stalled worker) the connection is dropped and re-established (a new epoch). A
 send that times out after some bytes went out tears the stream, so that connection is dropped at
 once. Step ids must increase from step to step: a reply whose step id is below the current one is
-late, above it is bad.
+late, above it is bad. Replies are matched to steps in order, one frame each; a frame that answers an
+older step when none is owed any more (the worker sent one frame twice) is discarded and counted in
+`extra_replies_dropped`, and the current step's reply is still awaited.
 """
 
 from __future__ import annotations
@@ -284,6 +286,13 @@ class DraftClient:
                     if h.step_id >= step_id:
                         self.counters["bad_reply_step_id"] += 1
                     continue
+                if h.step_id < step_id:
+                    # by the count this frame is ours, but it answers an older step: a frame nobody
+                    # waits for (a duplicate). Discarded, this step's reply is still owed; keeping
+                    # it would leave every later step reading its predecessor's reply
+                    live.owed = 1
+                    self.counters["extra_replies_dropped"] += 1
+                    continue
                 live.owed = 0
                 if h.step_id != step_id:
                     self.counters["bad_replies"] += 1
@@ -297,7 +306,8 @@ class DraftClient:
                 if h.type == MSG_ERROR:
                     return self._worker_error(f, t0)
                 try:
-                    reply = decode_reply(f, lay, n_req=n, step_flags=step_flags)
+                    reply = decode_reply(f, lay, n_req=n, step_flags=step_flags,
+                                         vocab_size=live.welcome.vocab_size)
                 except RemoteProtocolError as e:
                     self.counters["bad_replies"] += 1
                     self.counters[e.counter] += 1

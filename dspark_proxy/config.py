@@ -350,6 +350,11 @@ class WorkerConfig(LayoutConfig):
                                           "under another session id (0: off).", _Range(0, math.inf))
     fault_crash_after: int = _opt(0, "Fault injection: exit the process after this many steps (0: off).",
                                   _Range(0, math.inf))
+    fault_duplicate_reply_every: int = _opt(0, "Fault injection: send every k-th reply twice (0: off).",
+                                            _Range(0, math.inf))
+    memory_budget_mb: int = _opt(0, "MiB of slot windows for all sessions together; past it a new session is "
+                                 "refused with a clear error (0: room for 8 sessions of --max-reqs).",
+                                 _Range(0, 1 << 30))
     device: str = _opt("cpu", "Torch device for the torch drafter (cpu, cuda, cuda:1, ...).")
     weights: str | None = _opt(None, "Torch drafter weights file (default: seeded random weights).")
     seed: int = _opt(0, "Seed of the torch drafter's random weights.", _Range(0, 2**63 - 1))

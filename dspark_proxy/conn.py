@@ -147,6 +147,18 @@ class FramedConnection:
             self.bytes_received += n
             dec.advance(n)
 
+    def idle(self) -> bool:
+        """Nothing ever received and nothing waiting to be: a peer that has not spoken yet. Any
+        thread may ask (its own poll object: the owner's may be in use)."""
+        if self.bytes_received or self.decoder.buffered_bytes:
+            return False
+        p = select.poll()
+        try:
+            p.register(self.sock.fileno(), select.POLLIN)
+        except (OSError, ValueError):
+            return False  # closed meanwhile
+        return not p.poll(0)
+
     def shutdown(self) -> None:
         """Wake any thread blocked on this socket (it then sees the connection closed)."""
         try:

@@ -3,7 +3,9 @@
 Used where the network must not count: the hand-off benchmark ("a full round with an in-process null
 worker") and tests of the round and the proxy process that do not need TCP. It keeps real per-slot
 windows (the worker's own `Session`) and drafts with the `integrity` drafter, so every draft it
-produces is checkable by the engine's oracle.
+produces is checkable by the engine's oracle. In sampled mode both answer as the remote integrity
+worker does (support draft + k, q one-hot, for requests with temperature > 0), with the drafter's own
+code; their sampled sections are allocated on the first sampled round.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .wire import SF_SAMPLED, TOP_K
 from .worker.drafters import DraftItem, IntegrityDrafter
 from .worker.session import Session
 
@@ -56,6 +59,11 @@ class InProcessClient:
         self._wrows = np.zeros(max_reqs, np.uint32)
         self._ids = np.zeros((max_reqs, num_spec), np.int32)
         self._conf = np.zeros((max_reqs, num_spec), np.float32)
+        self._idx = np.arange(max_reqs)
+        self._smask: np.ndarray | None = None  # sampled sections, made on the first sampled round
+        self._sup: np.ndarray | None = None
+        self._q: np.ndarray | None = None
+        self._sampled_now = False  # the drafter writes the sampled sections only in a sampled round
 
     def start(self) -> None:
         """Nothing to connect: the worker is right here (DraftClient's interface)."""
@@ -79,11 +87,16 @@ class InProcessClient:
         k = int(entries.shape[0])
         status, wrows = self._status[:k], self._wrows[:k]
         ids, conf = self._ids[:k], self._conf[:k]
+        self._sampled_now = bool(step_flags & SF_SAMPLED) and sample_meta is not None
+        if self._sampled_now:
+            self._clear_sampled(k)
         if self.null:
             status[:] = 0
             wrows[:] = self.W
             ids[:] = 1
             conf[:] = 1.0
+            if self._sampled_now:
+                self._drafter.fill_sampled(self, self._idx[:k], sample_meta["temperature"])
         else:
             flat = rows[0] if len(rows) == 1 else np.concatenate(rows)
             if flat.shape[0] != n_rows:
@@ -99,14 +112,28 @@ class InProcessClient:
                 status[i], wrows[i] = st, w
                 if st <= 1 and w > 0:
                     sw = self._session.slots[int(e["slot"])]
+                    seed, temp = (int(sample_meta["seed"][i]), float(sample_meta["temperature"][i])) \
+                        if self._sampled_now else (0, 0.0)
                     items.append(DraftItem(i, int(e["anchor_token"]), int(e["anchor_pos"]), w, int(e["n_out"]),
-                                           sw.segments(w)))
+                                           sw.segments(w), seed, temp))
                 else:
                     ids[i] = -1
                     conf[i] = 0.0
             self._drafter.draft(items, self)
         us = (time.perf_counter() - t0) * 1e6
-        return InProcessOutcome(True, None, InProcessReply(status, wrows, ids, conf, worker_us=us), us)
+        reply = InProcessReply(status, wrows, ids, conf, worker_us=us)
+        if self._sampled_now:
+            reply.sampled_mask, reply.support_ids, reply.proposal_q = self._smask[:k], self._sup[:k], self._q[:k]
+        return InProcessOutcome(True, None, reply, us)
+
+    def _clear_sampled(self, k: int) -> None:
+        if self._smask is None:
+            self._smask = np.zeros(self.M, np.uint8)
+            self._sup = np.full((self.M, self.N, TOP_K), -1, np.int32)
+            self._q = np.zeros((self.M, self.N, TOP_K), np.float32)
+        self._smask[:k] = 0
+        self._sup[:k] = -1
+        self._q[:k] = 0.0
 
     # the drafter writes into these (ReplyWriter's attribute names)
     @property
@@ -118,6 +145,15 @@ class InProcessClient:
         return self._conf
 
     margin = None
-    sampled_mask = None
-    support_ids = None
-    proposal_q = None
+
+    @property
+    def sampled_mask(self) -> np.ndarray | None:
+        return self._smask if self._sampled_now else None
+
+    @property
+    def support_ids(self) -> np.ndarray | None:
+        return self._sup if self._sampled_now else None
+
+    @property
+    def proposal_q(self) -> np.ndarray | None:
+        return self._q if self._sampled_now else None

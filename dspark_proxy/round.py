@@ -50,6 +50,7 @@ from . import _hostflag, wire
 from .breaker import CircuitBreaker
 from .events import EventRing
 from .hostflag import HostFlags
+from .logthrottle import LogThrottle
 from .ring import Advance, SlotTable
 from .segment import Segment
 from .shm_layout import (
@@ -66,6 +67,7 @@ from .stats import Stats
 __all__ = ["RoundCore", "RoundSettings", "BadDescriptor"]
 
 log = logging.getLogger(__name__)
+_ROUND_ERRORS = LogThrottle(10.0)  # an internal error of every round: one traceback per 10 s, with a count
 
 assert wire.RS_OK == 0  # "every request OK" is then one count_nonzero of the statuses
 # stats keys, built once rather than formatted every round
@@ -228,7 +230,7 @@ class RoundCore:
             self.stats.inc("rounds_failed")
             self.slots.mark_all_dirty()
             self._pack_failed(int(self._desc["n"][0]) if self._desc["t"][0] == t else 0)
-            log.exception("[round] t=%d failed", t)
+            _ROUND_ERRORS.exception(log, "[round] t=%d failed", t)
         if not self.flags.reply_consumed(t - 1):
             raise RuntimeError(f"round {t}: the engine has not consumed round {t - 1}'s reply "
                                f"(words {self.flags.values()})")

@@ -32,7 +32,8 @@ from dspark_proxy.chaos.tally import counter_delta
 DEADLINE_MS = 30.0
 MARGIN_MS = 20.0
 
-# per fault kind: (where, counter, at least) that proves the injection did what it says
+# per fault kind: (where, counter, at least) that proves the injection did what it says; where "notes":
+# the sum of that key over the injector's notes
 EFFECTS = {
     "worker_stall_long": ("proxy", "fallback_timeout", 1),
     "worker_kill": ("proxy", "client.connections_dropped", 1),
@@ -47,6 +48,9 @@ EFFECTS = {
     "bad_descriptor": ("proxy", "fallback_bad_descriptor", 1),
     "worker_layout": ("proxy", "client.disabled", 1),
     "engine_restart": ("proxy", "attaches", 1),
+    "duplicate_reply": ("proxy", "client.extra_replies_dropped", 1),
+    "connection_flood": ("notes", "resumed_during_flood", 1),
+    "worker_memory": ("notes", "rogue_refused", 1),
 }
 
 
@@ -100,8 +104,18 @@ def test_every_fault_had_its_effect(campaign):
     r = campaign["report"]
     assert r is not None, campaign["stderr"][-3000:]
     for kind, (where, counter, least) in EFFECTS.items():
-        got = r["faults"][kind][f"{where}_counters"].get(counter, 0)
-        assert got >= least, (kind, counter, r["faults"][kind])
+        f = r["faults"][kind]
+        got = (sum(n.get(counter) or 0 for n in f["notes"]) if where == "notes"
+               else f[f"{where}_counters"].get(counter, 0))
+        assert got >= least, (kind, counter, f)
+    # the flood was on while the proxy reconnected (the worker closed idle sockets to let it in)
+    assert all(n["closed_by_worker"] >= 1 for n in r["faults"]["connection_flood"]["notes"])
+    # the rogue was refused slots and sessions, the proxy's session was never evicted, the worker's RSS
+    # grew by at most a few sessions' windows
+    wm = r["faults"]["worker_memory"]
+    assert wm["proxy_counters"].get("req_status_unknown_slot", 0) == 0, wm
+    for n in wm["notes"]:
+        assert n["slots_past_max_reqs_refused"] >= 1 and n["rss_growth_mb"] is not None and n["rss_growth_mb"] < 32, n
     bd = r["faults"]["bad_descriptor"]
     corrupted = sum(n["corrupted"] for n in bd["notes"])
     assert 1 <= bd["proxy_counters"]["fallback_bad_descriptor"] <= corrupted  # < only for rounds failed ahead

@@ -11,6 +11,7 @@ frames to the live programs:
 
 from __future__ import annotations
 
+import itertools
 import socket
 import threading
 import time
@@ -99,11 +100,17 @@ def _drain_until_eof(conn: FramedConnection, timeout_s: float) -> list:
         frames.append(f)
 
 
+_GOOD_SESSIONS = itertools.count(1000)
+
+
 def _worker_serves_a_good_step(port: int) -> None:
-    peer = RawPeer(port, LAYOUT, session=99)
+    # a fresh session id each time: the previous check's connection may not be closed on the worker's
+    # side yet, and a session of a connection still open is not another connection's to step
+    sid = next(_GOOD_SESSIONS)
+    peer = RawPeer(port, LAYOUT, session=sid)
     try:
         assert isinstance(peer.handshake(), wire.Welcome)
-        frame, e, rows = _step_frame(99, 1)
+        frame, e, rows = _step_frame(sid, 1)
         peer.send(frame)
         r = peer.recv(5.0, n_req=2, step_flags=0)
         assert isinstance(r, wire.StepReply) and r.step_id == 1

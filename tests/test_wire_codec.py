@@ -87,8 +87,10 @@ def test_reply_round_trip(n, flags, step_id, data):
         w.margin[:] = rng.random(w.margin.shape)
     if w.sampled_mask is not None:
         w.sampled_mask[:] = rng.integers(0, 2, n)
-        w.support_ids[:] = rng.integers(0, 1000, w.support_ids.shape)
-        w.proposal_q[:] = rng.random(w.proposal_q.shape)
+        w.support_ids[:] = rng.integers(-1, 1000, w.support_ids.shape)
+        w.support_ids[:, :, 0] = w.draft_ids  # a drafted id lies in its support (decode_reply checks)
+        q = rng.random(w.proposal_q.shape)
+        w.proposal_q[:] = q / q.sum(axis=-1, keepdims=True) * rng.random(q.shape[:-1] + (1,))
     buf = bytes(w.finish(session=9, epoch=3, step_id=step_id, worker_us=12.5))
     [(hdr, payload)] = _frames(buf, data.draw(st.sampled_from([None, 1, 13])))
     r = wire.decode_reply(wire.Frame(hdr, memoryview(payload)), LAYOUT, n_req=n, step_flags=flags)
@@ -253,6 +255,12 @@ def test_bad_entry_mask():
     e["first_pos"][8] = -2                    # negative position
     e["anchor_pos"][8] = 0
     assert wire.bad_entry_mask(e, LAYOUT).tolist() == [False] + [True] * 8
+    # a slot at or past the agreed max_reqs has no window to go in (issue 10 item 4)
+    e = np.zeros(3, dtype=wire.ENTRY_DTYPE)
+    e["slot"] = [LAYOUT.max_reqs - 1, LAYOUT.max_reqs, 2**32 - 1]
+    e["n_rows"] = e["anchor_pos"] = 1
+    e["flags"] = wire.RF_NEW_GEN
+    assert wire.bad_entry_mask(e, LAYOUT).tolist() == [False, True, True]
 
 
 def test_decode_reply_refusals():
@@ -290,3 +298,78 @@ def test_local_errors_for_illegal_encodes():
                               epoch=0, step_id=0)
     with pytest.raises(wire.LocalProtocolError):
         wire.encode_control(object())
+
+
+SAMPLED = wire.SF_SAMPLED
+
+
+def _sampled_reply(mut) -> wire.Frame:
+    """Two usable sampled requests with valid sections (support = draft + k, q one-hot), then mut."""
+    w = wire.ReplyWriter(2, 5, SAMPLED)
+    w.window_rows[:] = 3
+    w.draft_ids[:] = np.arange(10, dtype=np.int32).reshape(2, 5) + 100
+    w.sampled_mask[:] = 1
+    w.support_ids[:] = w.draft_ids[:, :, None] + np.arange(wire.TOP_K, dtype=np.int32)
+    w.proposal_q[:, :, 0] = 1.0
+    mut(w)
+    [(hdr, payload)] = _frames(bytes(w.finish(session=1, epoch=1, step_id=1, worker_us=1.0)))
+    return wire.Frame(hdr, memoryview(payload))
+
+
+@pytest.mark.parametrize("mut,vocab,counter", [
+    (lambda w: w.proposal_q.__setitem__((0, 1, 0), np.nan), 0, "bad_reply_proposal_q"),
+    (lambda w: w.proposal_q.__setitem__((1, 4, 3), np.inf), 0, "bad_reply_proposal_q"),
+    (lambda w: w.proposal_q.__setitem__((0, 0, 0), 1.5), 0, "bad_reply_proposal_q"),
+    (lambda w: w.proposal_q.__setitem__((0, 0, 5), -0.1), 0, "bad_reply_proposal_q"),
+    (lambda w: w.proposal_q.__setitem__((1, 2, 1), 0.01), 0, "bad_reply_q_sum"),  # 1.01 > 1 + eps
+    (lambda w: w.support_ids.__setitem__((0, 3, 7), -2), 0, "bad_reply_support_id"),  # not the padding
+    (lambda w: w.support_ids.__setitem__((1, 0, 31), 5000), 1000, "bad_reply_support_id"),  # past vocab
+    (lambda w: w.draft_ids.__setitem__((1, 1), 7), 0, "bad_reply_draft_support"),  # not in its support
+    (lambda w: w.sampled_mask.__setitem__(1, 0) or w.support_ids.__setitem__((1, 2, 9), 2**31 - 1), 1000,
+     "bad_reply_support_id"),  # a request that did not sample is checked too: its fields reach the page
+])
+def test_decode_reply_refuses_bad_sampled_sections(mut, vocab, counter):
+    with pytest.raises(RemoteProtocolError) as ei:
+        wire.decode_reply(_sampled_reply(mut), LAYOUT, n_req=2, step_flags=SAMPLED, vocab_size=vocab)
+    assert ei.value.counter == counter
+
+
+def test_decode_reply_accepts_good_sampled_sections():
+    ok = _sampled_reply(lambda w: None)
+    assert wire.decode_reply(ok, LAYOUT, n_req=2, step_flags=SAMPLED, vocab_size=1000).n == 2
+    # q summing to 1 within float32 rounding, padding -1 past n_out, a draft -1 needs no support,
+    # ids up to the int32 maximum when the vocabulary is unknown, and an unusable request is not
+    # held to its drafts
+    def fine(w):
+        w.proposal_q[0, 0, :] = np.float32(1 / 32)
+        w.support_ids[0, 4] = -1
+        w.proposal_q[0, 4] = 0
+        w.draft_ids[0, 4] = -1
+        w.support_ids[1, 0, 31] = 2**31 - 1
+        w.status[1] = wire.RS_GAP
+        w.draft_ids[1, 1] = 7
+    assert wire.decode_reply(_sampled_reply(fine), LAYOUT, n_req=2, step_flags=SAMPLED).n == 2
+    with pytest.raises(RemoteProtocolError):  # the same with a vocabulary: 2**31 - 1 is past it
+        wire.decode_reply(_sampled_reply(fine), LAYOUT, n_req=2, step_flags=SAMPLED, vocab_size=1000)
+
+
+def test_welcome_without_vocab_size_still_decodes():
+    """WELCOME gained vocab_size with a default: a peer that does not send it agrees (0 = unknown)."""
+    import msgspec
+
+    class OldWelcome(msgspec.Struct, frozen=True, tag="welcome"):
+        protocol_version: int
+        num_spec: int
+        window: int
+        row_bytes: int
+        max_reqs: int
+        sampled: bool
+        worker_id: str
+        drafter: str
+
+    body = msgspec.msgpack.encode(OldWelcome(1, 5, 128, 71680, 256, False, "w", "integrity"))
+    hdr = bytearray(wire.APP_HEADER_SIZE)
+    wire.pack_app_header(hdr, 0, wire.MSG_WELCOME, session=0, epoch=0, step_id=0, payload_len=len(body))
+    [(h, payload)] = _frames(bytes(hdr) + body)
+    msg = wire.decode_control(wire.Frame(h, memoryview(payload)))
+    assert isinstance(msg, wire.Welcome) and msg.vocab_size == 0

@@ -28,13 +28,14 @@ def expected_drafts(anchor_token: int, anchor_pos: int, window_rows: np.ndarray,
     return ids, conf
 
 N, W, RB = 5, 4, 16
-LAYOUT = wire.WireLayout(num_spec=N, window=W, row_bytes=RB, max_reqs=8, sampled=True)
+MR = 256  # max_reqs: room for the spread-out slot numbers below (a slot must be < max_reqs)
+LAYOUT = wire.WireLayout(num_spec=N, window=W, row_bytes=RB, max_reqs=MR, sampled=True)
 ND, NG, RS = wire.RF_NEED_DRAFT, wire.RF_NEW_GEN, wire.RF_RESYNC
 
 
 @pytest.fixture
 def server():
-    srv = WorkerServer("127.0.0.1", 0, num_spec=N, window=W, row_bytes=RB, max_reqs=8, sampled=True)
+    srv = WorkerServer("127.0.0.1", 0, num_spec=N, window=W, row_bytes=RB, max_reqs=MR, sampled=True)
     srv.start()
     try:
         yield srv
@@ -253,7 +254,7 @@ def test_bad_frame_header_drops_the_connection(server):
 
 
 def test_handshake_mismatch_names_the_field(server):
-    for field, value in (("num_spec", N + 1), ("window", W * 2), ("row_bytes", RB + 8), ("max_reqs", 9),
+    for field, value in (("num_spec", N + 1), ("window", W * 2), ("row_bytes", RB + 8), ("max_reqs", MR + 1),
                          ("protocol_version", 9)):
         peer = RawPeer(server.port, LAYOUT)
         try:
@@ -264,7 +265,7 @@ def test_handshake_mismatch_names_the_field(server):
 
 
 def test_sampled_needs_worker_support():
-    srv = WorkerServer("127.0.0.1", 0, num_spec=N, window=W, row_bytes=RB, max_reqs=8, sampled=False)
+    srv = WorkerServer("127.0.0.1", 0, num_spec=N, window=W, row_bytes=RB, max_reqs=MR, sampled=False)
     srv.start()
     peer = RawPeer(srv.port, LAYOUT)
     try:
@@ -277,7 +278,7 @@ def test_sampled_needs_worker_support():
 
 def test_auth_token():
     token = b"s3cret-token"
-    srv = WorkerServer("127.0.0.1", 0, num_spec=N, window=W, row_bytes=RB, max_reqs=8, sampled=True, token=token)
+    srv = WorkerServer("127.0.0.1", 0, num_spec=N, window=W, row_bytes=RB, max_reqs=MR, sampled=True, token=token)
     srv.start()
     try:
         good = RawPeer(srv.port, LAYOUT, token=token)
@@ -290,7 +291,7 @@ def test_auth_token():
         # a peer that answers the challenge with a wrong proof is refused
         raw = RawPeer(srv.port, LAYOUT)
         raw.send(wire.encode_control(wire.Hello(protocol_version=1, num_spec=N, window=W, row_bytes=RB,
-                                                max_reqs=8, sampled=True, client_id="x", nonce=b"\x01" * 32)))
+                                                max_reqs=MR, sampled=True, client_id="x", nonce=b"\x01" * 32)))
         assert isinstance(raw.recv(), wire.Challenge)
         raw.send(wire.encode_control(wire.Auth(proof=b"\x00" * 32)))
         msg = raw.recv()
@@ -310,9 +311,9 @@ def test_auth_token():
 
 def test_non_loopback_needs_token_or_insecure():
     with pytest.raises(ValueError, match="token"):
-        WorkerServer("0.0.0.0", 0, num_spec=N, window=W, row_bytes=RB, max_reqs=8)
-    WorkerServer("0.0.0.0", 0, num_spec=N, window=W, row_bytes=RB, max_reqs=8, insecure=True)  # not started
-    WorkerServer("0.0.0.0", 0, num_spec=N, window=W, row_bytes=RB, max_reqs=8, token=b"t")
+        WorkerServer("0.0.0.0", 0, num_spec=N, window=W, row_bytes=RB, max_reqs=MR)
+    WorkerServer("0.0.0.0", 0, num_spec=N, window=W, row_bytes=RB, max_reqs=MR, insecure=True)  # not started
+    WorkerServer("0.0.0.0", 0, num_spec=N, window=W, row_bytes=RB, max_reqs=MR, token=b"t")
 
 
 def test_stop_is_idempotent_and_closes_connections(server):

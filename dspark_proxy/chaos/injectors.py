@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..commands.control import read_status
 from ..segment import SegmentError
+from .rogue import connection_flood, worker_memory
 
 if TYPE_CHECKING:
     from .campaign import Controller
@@ -193,4 +194,7 @@ INJECTORS: dict[str, Callable[[Controller], None]] = {
     "bad_descriptor": bad_descriptor,
     "worker_layout": worker_layout,
     "engine_restart": engine_restart,
+    "duplicate_reply": _faulty_worker("--fault-duplicate-reply-every", "3"),
+    "connection_flood": connection_flood,
+    "worker_memory": worker_memory,
 }

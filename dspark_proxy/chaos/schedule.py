@@ -35,6 +35,11 @@ FAULT_KINDS: tuple[FaultKind, ...] = (
     FaultKind("worker_layout", "worker restarted with another window (handshake refused), then the right one"),
     FaultKind("engine_restart", "worker stopped until the breaker opens; the engine closes its shim and a new "
                                 "engine (rounds from 1) attaches to the running proxy; worker resumed"),
+    FaultKind("duplicate_reply", "worker sends every 3rd reply twice (--fault-duplicate-reply-every)"),
+    FaultKind("connection_flood", "worker restarted, then 300 idle unauthenticated sockets at it while the "
+                                  "proxy reconnects"),
+    FaultKind("worker_memory", "rogue peers ask the worker for slots past max_reqs and sessions past its "
+                               "limits while the proxy drafts"),
 )
 KIND_NAMES: tuple[str, ...] = tuple(k.name for k in FAULT_KINDS)
 

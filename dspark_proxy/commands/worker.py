@@ -29,7 +29,8 @@ def fault_plan(cfg: WorkerConfig):
     return FaultPlan(delay_ms=cfg.fault_delay_ms, stall_after=k(cfg.fault_stall_after),
                      drop_every=k(cfg.fault_drop_every), garbage_every=k(cfg.fault_garbage_every),
                      wrong_step_every=k(cfg.fault_wrong_step_every),
-                     wrong_session_every=k(cfg.fault_wrong_session_every), crash_after=k(cfg.fault_crash_after))
+                     wrong_session_every=k(cfg.fault_wrong_session_every), crash_after=k(cfg.fault_crash_after),
+                     duplicate_reply_every=k(cfg.fault_duplicate_reply_every))
 
 
 def run_worker(cfg: WorkerConfig, *, token: bytes | None = None, install_signals: bool = True) -> None:
@@ -40,7 +41,8 @@ def run_worker(cfg: WorkerConfig, *, token: bytes | None = None, install_signals
     server = WorkerServer(host, port, num_spec=cfg.num_spec, window=cfg.window, row_bytes=cfg.row_bytes,
                           max_reqs=cfg.max_reqs, drafter=cfg.drafter, sampled=cfg.sampled, token=token,
                           insecure=cfg.insecure, faults=fault_plan(cfg), torch_device=cfg.device,
-                          weights=cfg.weights, seed=cfg.seed)
+                          weights=cfg.weights, seed=cfg.seed,
+                          memory_budget_bytes=(cfg.memory_budget_mb << 20) or None)
     previous = {}
     if install_signals:
         def _on_signal(signum, _frame):  # only sets state; serve_forever() does the shutdown

@@ -336,7 +336,8 @@ def decode_step(frame: Frame, layout: WireLayout) -> StepView:
 def bad_entry_mask(entries: np.ndarray, layout: WireLayout) -> np.ndarray:
     """Entries that are malformed on their own (vectorised): unknown flags, RESYNC without NEW_GEN,
     more than W rows, an empty NEW_GEN, negative positions, an anchor that is not right after the
-    rows, n_out over N, or a slot that appears twice in the batch (every later occurrence)."""
+    rows, n_out over N, a slot at or past the agreed max_reqs, or a slot that appears twice in the
+    batch (every later occurrence)."""
     flags = entries["flags"]
     n_rows = entries["n_rows"].astype(np.int64)
     first = entries["first_pos"]
@@ -349,6 +350,7 @@ def bad_entry_mask(entries: np.ndarray, layout: WireLayout) -> np.ndarray:
     # anchor_pos == first_pos + n_rows, compared without overflowing int64
     bad |= (anchor < first) | ((anchor - np.maximum(first, 0)) != n_rows)
     bad |= entries["n_out"] > layout.num_spec
+    bad |= entries["slot"] >= layout.max_reqs  # slots are request indices < the agreed max_reqs
     if entries.shape[0] > 1:
         slots = entries["slot"]
         order = np.argsort(slots, kind="stable")
@@ -397,8 +399,34 @@ class ReplyWriter:
         return memoryview(self.buf)
 
 
-def decode_reply(frame: Frame, layout: WireLayout, *, n_req: int, step_flags: int) -> StepReply:
-    """Validate a REPLY against the STEP it answers (shape, flags, enums, window bounds) and return
+SUPPORT_Q_EPS = 1e-3  # a position's proposal_q may sum to at most 1 + this (float32 rounding of a renormalisation)
+
+
+def _check_sampled(status: np.ndarray, draft_ids: np.ndarray, sampled_mask: np.ndarray, support_ids: np.ndarray,
+                   proposal_q: np.ndarray, vocab_size: int) -> None:
+    """The sampled sections, before anything reaches an engine's rejection sampler: q finite and in
+    [0, 1] with each position's support summing to at most 1 + SUPPORT_Q_EPS; support ids in the
+    vocabulary (any non-negative int32 when vocab_size is 0) or the padding -1; every drafted id of a
+    usable sampled request inside its own support. Vectorised over the whole batch."""
+    q = proposal_q
+    # reductions, not elementwise temporaries (n x N x 32 values every sampled round); a NaN makes
+    # min and max NaN, and every comparison with NaN is false
+    if not (float(q.min()) >= 0.0 and float(q.max()) <= 1.0):
+        raise RemoteProtocolError("proposal_q not finite or outside [0, 1] in REPLY", counter="bad_reply_proposal_q")
+    if float(q.sum(axis=-1).max()) > 1.0 + SUPPORT_Q_EPS:
+        raise RemoteProtocolError("a position's proposal_q sums to more than 1 in REPLY", counter="bad_reply_q_sum")
+    # ids are int32: -1 (padding) or in [0, vocab_size); with no vocabulary, any id >= -1
+    if int(support_ids.min()) < -1 or (vocab_size > 0 and int(support_ids.max()) >= vocab_size):
+        raise RemoteProtocolError(f"support id outside the vocabulary ({vocab_size or 'unknown'}) in REPLY",
+                                  counter="bad_reply_support_id")
+    drafted = (USABLE_STATUS_TABLE[status] & (sampled_mask == 1))[:, None] & (draft_ids >= 0)
+    if drafted.any() and not (support_ids == draft_ids[:, :, None]).any(axis=-1)[drafted].all():
+        raise RemoteProtocolError("a drafted id outside its own support in REPLY", counter="bad_reply_draft_support")
+
+
+def decode_reply(frame: Frame, layout: WireLayout, *, n_req: int, step_flags: int, vocab_size: int = 0) -> StepReply:
+    """Validate a REPLY against the STEP it answers (shape, flags, enums, window bounds; in sampled
+    mode the support and q, against `vocab_size` from the worker's WELCOME, 0 = unknown) and return
     views into its payload. The caller checks session and step id from the header."""
     h = frame.header
     p = frame.payload
@@ -442,6 +470,8 @@ def decode_reply(frame: Frame, layout: WireLayout, *, n_req: int, step_flags: in
         k = n * N * TOP_K
         support_ids = np.frombuffer(p, dtype="<i4", count=k, offset=lay.o_support_ids).reshape(n, N, TOP_K)
         proposal_q = np.frombuffer(p, dtype="<f4", count=k, offset=lay.o_proposal_q).reshape(n, N, TOP_K)
+        if n:
+            _check_sampled(status, draft_ids, sampled_mask, support_ids, proposal_q, vocab_size)
     return StepReply(h, step_flags, status, window_rows, draft_ids, confidence, margin, sampled_mask,
                      support_ids, proposal_q, float(worker_us))
 

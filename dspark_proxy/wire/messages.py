@@ -79,7 +79,9 @@ class Auth(msgspec.Struct, frozen=True, tag="auth"):
 
 
 class Welcome(msgspec.Struct, frozen=True, tag="welcome"):
-    """Worker → client: accepted; the worker's own layout and identity."""
+    """Worker → client: accepted; the worker's own layout and identity. `vocab_size`: the drafter's
+    vocabulary (0 = unknown), what the client checks sampled-mode support ids against; a field with a
+    default, so a peer that does not send it (or does not know it) still agrees."""
 
     protocol_version: _U31
     num_spec: _U31
@@ -89,6 +91,7 @@ class Welcome(msgspec.Struct, frozen=True, tag="welcome"):
     sampled: bool
     worker_id: _Name
     drafter: _Name
+    vocab_size: _U31 = 0
 
 
 class NewSession(msgspec.Struct, frozen=True, tag="new_session"):

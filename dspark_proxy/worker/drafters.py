@@ -55,6 +55,7 @@ class IntegrityDrafter:
     """
 
     name = "integrity"
+    vocab_size = 0  # ids span every non-negative int32: no vocabulary to check them against
 
     def __init__(self, num_spec: int, window: int) -> None:
         self.num_spec = num_spec
@@ -81,17 +82,22 @@ class IntegrityDrafter:
         if out.margin is not None:
             out.margin[idx] = conf
         if out.sampled_mask is not None:
-            temp = np.fromiter((it.temperature for it in items), dtype=np.float64, count=k)
-            hot = idx[temp > 0]
-            if hot.size:
-                out.sampled_mask[hot] = 1
-                hid = out.draft_ids[hot].astype(np.int64)  # [h, N]
-                sup = (hid[:, :, None] + self._k[None, None, :]) & 0x7FFFFFFF
-                sup[hid < 0] = -1
-                out.support_ids[hot] = sup
-                q = np.zeros(sup.shape, dtype=np.float32)
-                q[:, :, 0] = np.where(hid >= 0, 1.0, 0.0)
-                out.proposal_q[hot] = q
+            self.fill_sampled(out, idx, np.fromiter((it.temperature for it in items), dtype=np.float64, count=k))
+
+    def fill_sampled(self, out, idx: np.ndarray, temperature: np.ndarray) -> None:
+        """Sampled mode's sections for the requests `idx` whose drafts are already in `out` and that
+        sample (temperature > 0): sampled_mask 1, support draft + k, q one-hot on k = 0. Also what the
+        in-process `null` worker answers sampled rounds with (dspark_proxy.inproc)."""
+        hot = idx[temperature > 0]
+        if hot.size:
+            out.sampled_mask[hot] = 1
+            hid = out.draft_ids[hot].astype(np.int64)  # [h, N]
+            sup = (hid[:, :, None] + self._k[None, None, :]) & 0x7FFFFFFF
+            sup[hid < 0] = -1
+            out.support_ids[hot] = sup
+            q = np.zeros(sup.shape, dtype=np.float32)
+            q[:, :, 0] = np.where(hid >= 0, 1.0, 0.0)
+            out.proposal_q[hot] = q
 
     @staticmethod
     def _hash(it: DraftItem) -> int:

@@ -18,7 +18,8 @@ class FaultPlan:
     every k-th step. garbage_every: every k-th reply is random bytes under a valid header.
     wrong_step_every: every k-th reply carries a wrong step id. wrong_session_every: every k-th reply is
     well formed, with real drafts, under another session id (a reply meant for someone else).
-    crash_after: os._exit after k steps.
+    crash_after: os._exit after k steps. duplicate_reply_every: every k-th reply is sent twice (one
+    frame nobody waits for: the client must discard it and stay in step).
     """
 
     delay_ms: float = 0.0
@@ -28,12 +29,13 @@ class FaultPlan:
     wrong_step_every: int | None = None
     wrong_session_every: int | None = None
     crash_after: int | None = None
+    duplicate_reply_every: int | None = None
 
     def __post_init__(self) -> None:
         if self.delay_ms < 0:
             raise ValueError("delay_ms must be >= 0")
         for name in ("stall_after", "drop_every", "garbage_every", "wrong_step_every", "wrong_session_every",
-                     "crash_after"):
+                     "crash_after", "duplicate_reply_every"):
             v = getattr(self, name)
             if v is not None and v < (0 if name in ("stall_after", "crash_after") else 1):
                 raise ValueError(f"{name}={v} out of range")
@@ -51,6 +53,7 @@ class FaultAction(Enum):
     GARBAGE = "garbage"
     WRONG_STEP = "wrong_step"
     WRONG_SESSION = "wrong_session"
+    DUPLICATE = "duplicate"
 
 
 class FaultCounter:
@@ -80,4 +83,6 @@ class FaultCounter:
             return FaultAction.WRONG_STEP
         if p.wrong_session_every and k % p.wrong_session_every == 0:
             return FaultAction.WRONG_SESSION
+        if p.duplicate_reply_every and k % p.duplicate_reply_every == 0:
+            return FaultAction.DUPLICATE
         return FaultAction.NONE

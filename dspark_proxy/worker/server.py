@@ -6,6 +6,11 @@ path decodes the frame into views (no copy of the rows until they are written in
 windows), applies entries in batch order, drafts for the usable requests, and sends one REPLY
 buffer. Thread ownership: `_conns` is guarded by `_lock`; `counters` is incremented from
 connection threads (single dict ops under the GIL) and read by anyone.
+
+Connections still in the handshake (`_pending`) have their own small budget (`max_handshakes`) and a
+short timeout; when it is full, a new socket displaces the oldest one that has not sent a byte, so
+idle unauthenticated sockets cannot keep a proxy out. `max_connections` counts only connections that
+passed the handshake.
 """
 
 from __future__ import annotations
@@ -66,7 +71,7 @@ from ..wire import (
 )
 from .drafters import DraftItem, make_drafter
 from .faults import FaultAction, FaultCounter, FaultPlan
-from .session import Session, SessionTable
+from .session import Session, SessionRefused, SessionTable
 
 _ANCHOR_HDR = struct.Struct("<iq")  # anchor_token int32 LE, anchor_pos int64 LE (dspark_proxy.integrity)
 
@@ -75,6 +80,7 @@ __all__ = ["WorkerServer", "is_loopback", "CRASH_EXIT_CODE"]
 log = logging.getLogger(__name__)
 
 CRASH_EXIT_CODE = 70  # os._exit code of the crash_after fault
+DEFAULT_BUDGET_SESSIONS = 8  # without --memory-budget-mb: windows for 8 sessions of the worker's max_reqs
 
 
 def is_loopback(host: str) -> bool:
@@ -101,7 +107,8 @@ class WorkerServer:
                  insecure: bool = False, faults: FaultPlan | None = None, torch_device: str = "cpu",
                  weights: str | None = None, seed: int = 0, max_slots: int = 1 << 20,
                  max_sessions: int = 64, max_connections: int = 64, max_frame_bytes: int | None = None,
-                 handshake_timeout_s: float = 5.0) -> None:
+                 handshake_timeout_s: float = 1.0, memory_budget_bytes: int | None = None,
+                 max_sessions_per_conn: int = 4, max_handshakes: int = 16) -> None:
         self.layout = WireLayout(num_spec=num_spec, window=window, row_bytes=row_bytes, max_reqs=max_reqs,
                                  sampled=sampled)
         if token is not None and len(token) == 0:
@@ -120,9 +127,19 @@ class WorkerServer:
         self.max_connections = max_connections
         self.max_frame_bytes = max_frame_bytes or (APP_HEADER_SIZE + self.layout.max_step_payload())
         self.handshake_timeout_s = handshake_timeout_s
+        if max_handshakes < 1:
+            raise ValueError(f"max_handshakes={max_handshakes}: at least 1")
+        self.max_handshakes = max_handshakes
         self.worker_id = f"dspark-worker/{__version__} pid={os.getpid()}"
-        self.sessions = SessionTable(window, row_bytes, max_slots, max_sessions,
-                                     chains=drafter == "integrity")
+        one = min(max_slots, max_reqs) * window * row_bytes  # a session of this worker's max_reqs
+        budget = memory_budget_bytes if memory_budget_bytes else DEFAULT_BUDGET_SESSIONS * one
+        if budget < one:
+            raise ValueError(f"memory budget of {budget} bytes is below one session's windows ({one} bytes: "
+                             f"max_reqs {max_reqs} x window {window} x row_bytes {row_bytes}); raise "
+                             "--memory-budget-mb")
+        self.sessions = SessionTable(window, row_bytes, min(max_slots, max_reqs), max_sessions,
+                                     chains=drafter == "integrity",
+                                     per_conn=max_sessions_per_conn, budget_bytes=budget)
         self.counters: Counter[str] = Counter()
         self._drafter_args = dict(num_spec=num_spec, window=window, row_bytes=row_bytes, device=torch_device,
                                   weights=weights, seed=seed)
@@ -132,6 +149,7 @@ class WorkerServer:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._conns: dict[int, FramedConnection] = {}
+        self._pending: dict[int, FramedConnection] = {}  # still in the handshake, oldest first
         self._threads: dict[int, threading.Thread] = {}
         self._next_conn = 0
         self._listener: socket.socket | None = None
@@ -217,24 +235,42 @@ class WorkerServer:
                 self._stop.wait(0.05)
                 continue
             with self._lock:
-                if len(self._conns) >= self.max_connections:
-                    self.counters["connections_refused"] += 1
-                    sock.close()
-                    continue
+                if len(self._pending) >= self.max_handshakes:
+                    self._evict_handshake()
                 cid = self._next_conn = self._next_conn + 1
                 conn = FramedConnection(sock, Decoder({MSG_HELLO: MAX_CONTROL_PAYLOAD},
                                                       max_frame_bytes=APP_HEADER_SIZE + MAX_CONTROL_PAYLOAD,
                                                       reuse_payload=True))
                 self._conns[cid] = conn
+                self._pending[cid] = conn
                 t = threading.Thread(target=self._conn_main, args=(cid, conn, peer),
                                      name=f"dspark-worker-conn-{cid}", daemon=True)
                 self._threads[cid] = t
             self.counters["connections"] += 1
             t.start()
 
+    def _evict_handshake(self) -> None:
+        """The handshake budget is full (under _lock): make room by closing the oldest connection
+        that has not sent a byte (a proxy sends its HELLO at once), else the oldest of all. Idle
+        sockets can so delay, never lock out, a peer that speaks."""
+        victim = next((k for k, c in self._pending.items() if c.idle()), None)
+        if victim is None:
+            victim = next(iter(self._pending))
+        self._pending.pop(victim).shutdown()
+        self.counters["handshakes_evicted"] += 1
+
+    def _admit(self, cid: int) -> bool:
+        """The handshake passed: leave the handshake budget for the connection limit, which counts
+        only connections that passed theirs."""
+        with self._lock:
+            if self._pending.pop(cid, None) is None:
+                return False  # evicted meanwhile: its socket is shut down
+            return len(self._conns) - len(self._pending) <= self.max_connections
+
     def _conn_main(self, cid: int, conn: FramedConnection, peer) -> None:
+        self.sessions.open_conn(cid)
         try:
-            layout = self._handshake(conn, peer)
+            layout = self._handshake(cid, conn, peer)
             if layout is None:
                 return
             conn.decoder.set_limits({MSG_STEP: layout.max_step_payload(),
@@ -252,10 +288,11 @@ class WorkerServer:
         except (ConnectionError, OSError) as e:
             log.debug("[worker] conn=%d peer=%s closed: %s", cid, peer, e)
         finally:
+            dropped = self.sessions.close_conn(cid)  # first: a peer that saw the close finds them gone
             conn.close()
-            dropped = self.sessions.drop_owned_by(cid)
             with self._lock:
                 self._conns.pop(cid, None)
+                self._pending.pop(cid, None)
                 self._threads.pop(cid, None)
             log.info("[worker] conn=%d peer=%s closed sessions_dropped=%d", cid, peer, dropped)
 
@@ -268,7 +305,7 @@ class WorkerServer:
         except OSError:
             pass
 
-    def _handshake(self, conn: FramedConnection, peer) -> WireLayout | None:
+    def _handshake(self, cid: int, conn: FramedConnection, peer) -> WireLayout | None:
         deadline = time.monotonic() + self.handshake_timeout_s
         f = conn.recv_frame(deadline)
         if f is None:
@@ -316,10 +353,15 @@ class WorkerServer:
             self._send_error(conn, "mismatch", "sampled: client wants sampled mode, worker started without "
                              "--sampled", field="sampled")
             return None
+        if not self._admit(cid):
+            self.counters["connections_refused"] += 1
+            self._send_error(conn, "busy", f"the worker serves {self.max_connections} connections already")
+            return None
         conn.send_parts([encode_control(Welcome(protocol_version=PROTOCOL_VERSION, num_spec=mine.num_spec,
                                                 window=mine.window, row_bytes=mine.row_bytes,
                                                 max_reqs=mine.max_reqs, sampled=mine.sampled,
-                                                worker_id=self.worker_id, drafter=self.drafter_identity))],
+                                                worker_id=self.worker_id, drafter=self.drafter_identity,
+                                                vocab_size=int(getattr(self.drafter, "vocab_size", 0))))],
                         deadline)
         self.counters["handshakes"] += 1
         log.info("[worker] peer=%s client=%s ready max_reqs=%d sampled=%s", peer, hello.client_id,
@@ -340,7 +382,7 @@ class WorkerServer:
             self._send_error(conn, e.counter, str(e), session=h.session, epoch=h.epoch, step_id=h.step_id)
             return True
         if isinstance(msg, NewSession):
-            self.sessions.drop(msg.previous)
+            self.sessions.drop(msg.previous, cid)
             self.counters["new_sessions"] += 1
             log.info("[worker] conn=%d new session=%d previous=%d reason=%s", cid, h.session, msg.previous,
                      msg.reason)
@@ -370,8 +412,15 @@ class WorkerServer:
             self.counters[e.counter] += 1
             self._send_error(conn, e.counter, str(e), session=h.session, epoch=h.epoch, step_id=h.step_id)
             return True
+        try:
+            session = self.sessions.get(h.session, cid, layout.max_reqs)
+        except SessionRefused as e:
+            self.counters[f"session_refused_{e.code}"] += 1
+            (log.warning if self.counters[f"session_refused_{e.code}"] == 1 else log.debug)(
+                "[worker] conn=%d session=%d refused (%s): %s", cid, h.session, e.code, e)
+            self._send_error(conn, e.code, str(e), session=h.session, epoch=h.epoch, step_id=h.step_id)
+            return True
         out = ReplyWriter(sv.n_req, layout.num_spec, sv.step_flags)
-        session = self.sessions.get(h.session, cid)
         with session.lock:
             self._serve(session, sv, out, layout)
         self.counters["steps"] += 1
@@ -394,6 +443,10 @@ class WorkerServer:
             pack_app_header(junk, 0, MSG_REPLY, session=h.session, epoch=h.epoch, step_id=step_id,
                             payload_len=len(junk) - APP_HEADER_SIZE)
             buf = memoryview(junk)
+        if action is FaultAction.DUPLICATE:
+            self.counters["fault_duplicate_reply"] += 1
+            conn.send_parts([buf, buf])
+            return True
         conn.send_parts([buf])
         return True
 
@@ -426,6 +479,8 @@ class WorkerServer:
             if bad[i]:
                 out.status[i] = RS_BAD_ENTRY
                 self.counters["bad_entries"] += 1
+                if slots[i] >= layout.max_reqs:
+                    self.counters["bad_entry_slot"] += 1  # beyond the agreed max_reqs: no window for it
                 continue
             end = int(ends[i])
             st, w = session.apply(slots[i], gens[i], firsts[i], ks[i], flags[i], sv.rows[end - ks[i]:end])

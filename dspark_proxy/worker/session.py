@@ -28,7 +28,7 @@ from ..wire import (
     RS_UNKNOWN_SLOT,
 )
 
-__all__ = ["SlotWindow", "Session", "SessionTable"]
+__all__ = ["SlotWindow", "Session", "SessionTable", "SessionRefused"]
 
 
 class SlotWindow:
@@ -96,6 +96,7 @@ class Session:
         self.slots: dict[int, SlotWindow] = {}
         self.lock = threading.Lock()
         self.owner: int | None = None
+        self.reserved = 0  # bytes of windows reserved for it in its SessionTable's budget
 
     def apply(self, slot: int, generation: int, first_pos: int, n_rows: int, flags: int,
               rows: np.ndarray) -> tuple[int, int]:
@@ -125,46 +126,132 @@ class Session:
         return (RS_OK if w == W else RS_PARTIAL_WINDOW), w
 
 
+class SessionRefused(Exception):
+    """A STEP's session cannot be served; `code` and the message go into the ERROR reply."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class SessionTable:
-    """All sessions, keyed by the session id of the frame header; least recently used evicted past
-    max_sessions. A session belongs to the connection that last stepped it, and is dropped when that
-    connection closes (the client's next connection raises the epoch and resends every window)."""
+    """All sessions, keyed by the session id of the frame header, with the bounds that keep one peer
+    from taking the worker's memory (FORMAT.md, "Sessions and memory"):
+
+    - a session belongs to the connection that created it and is dropped when that connection
+      closes (the client's next connection raises the epoch and resends every window); another
+      connection may neither step it nor drop it while its owner is open;
+    - a connection holds at most `per_conn` sessions;
+    - every session reserves, when created, the windows of every slot it may use (its connection's
+      agreed max_reqs x W x row_bytes); past `budget_bytes` a new session is refused, so the
+      windows never outgrow the budget;
+    - past `max_sessions`, only sessions whose connection is gone are evicted (least recently used
+      first); a session of an open connection never is.
+    """
 
     def __init__(self, window: int, row_bytes: int, max_slots: int, max_sessions: int,
-                 chains: bool = True) -> None:
+                 chains: bool = True, *, per_conn: int = 4, budget_bytes: int | None = None) -> None:
         self._window = window
         self._chains = chains
         self._row_bytes = row_bytes
         self._max_slots = max_slots
         self._max_sessions = max_sessions
+        self._per_conn = per_conn
+        self.budget_bytes = budget_bytes
         self._lock = threading.Lock()
         self._sessions: OrderedDict[int, Session] = OrderedDict()
+        self._owned: dict[int, int] = {}  # connection -> sessions it owns
+        self._open: set[int] = set()  # connections open now
+        self.reserved_bytes = 0
         self.evicted = 0
 
-    def get(self, session_id: int, owner: int) -> Session:
-        with self._lock:
-            s = self._sessions.get(session_id)
-            if s is None:
-                s = self._sessions[session_id] = Session(session_id, self._window, self._row_bytes,
-                                                         self._max_slots, self._chains)
-                while len(self._sessions) > self._max_sessions:
-                    self._sessions.popitem(last=False)
-                    self.evicted += 1
-            else:
-                self._sessions.move_to_end(session_id)
-            s.owner = owner
-            return s
+    def session_bytes(self, max_slots: int) -> int:
+        """What a session with max_slots slots reserves: every slot's whole window."""
+        return min(max_slots, self._max_slots) * self._window * self._row_bytes
 
-    def drop(self, session_id: int) -> bool:
+    def open_conn(self, owner: int) -> None:
         with self._lock:
-            return self._sessions.pop(session_id, None) is not None
+            self._open.add(owner)
 
-    def drop_owned_by(self, owner: int) -> int:
+    def close_conn(self, owner: int) -> int:
+        """The connection closed: its sessions are dropped (their reservation freed); returns how many."""
         with self._lock:
+            self._open.discard(owner)
             ids = [k for k, s in self._sessions.items() if s.owner == owner]
             for k in ids:
-                del self._sessions[k]
+                self._remove(k)
             return len(ids)
+
+    def get(self, session_id: int, owner: int, max_slots: int | None = None) -> Session:
+        """The session to step, created if new (with max_slots slots: the connection's agreed
+        max_reqs). Raises SessionRefused past a bound, naming which."""
+        with self._lock:
+            s = self._sessions.get(session_id)
+            if s is not None:
+                if s.owner != owner:
+                    if s.owner in self._open:
+                        raise SessionRefused("session_owned", f"session {session_id} belongs to another open "
+                                             "connection")
+                    self._adopt(s, owner)
+                self._sessions.move_to_end(session_id)
+                return s
+            if self._owned.get(owner, 0) >= self._per_conn:
+                raise SessionRefused("session_limit", f"this connection already holds {self._per_conn} sessions "
+                                     "(the most one connection may); send NEW_SESSION to drop one")
+            slots = min(self._max_slots, max_slots if max_slots is not None else self._max_slots)
+            need = self.session_bytes(slots)
+            while self._sessions and (len(self._sessions) >= self._max_sessions or self._over(need)):
+                victim = next((k for k, v in self._sessions.items() if v.owner not in self._open), None)
+                if victim is None:
+                    break
+                self._remove(victim)
+                self.evicted += 1
+            if len(self._sessions) >= self._max_sessions:
+                raise SessionRefused("session_limit", f"the worker holds {self._max_sessions} sessions, all of "
+                                     "open connections")
+            if self._over(need):
+                raise SessionRefused("memory_budget", f"a new session needs {need} bytes of windows; "
+                                     f"{self.reserved_bytes} of the worker's {self.budget_bytes} bytes "
+                                     "(--memory-budget-mb) are held by other sessions")
+            s = self._sessions[session_id] = Session(session_id, self._window, self._row_bytes, slots,
+                                                     self._chains)
+            s.reserved = need
+            self.reserved_bytes += need
+            s.owner = owner
+            self._owned[owner] = self._owned.get(owner, 0) + 1
+            return s
+
+    def drop(self, session_id: int, owner: int | None = None) -> bool:
+        """NEW_SESSION's `previous`: dropped only by its own connection (or by anyone once that
+        connection is gone); owner None (tools, tests) drops it whoever owns it."""
+        with self._lock:
+            s = self._sessions.get(session_id)
+            if s is None or (owner is not None and s.owner != owner and s.owner in self._open):
+                return False
+            self._remove(session_id)
+            return True
+
+    def drop_owned_by(self, owner: int) -> int:
+        return self.close_conn(owner)
+
+    def _over(self, need: int) -> bool:
+        return self.budget_bytes is not None and self.reserved_bytes + need > self.budget_bytes
+
+    def _adopt(self, s: Session, owner: int) -> None:
+        if self._owned.get(owner, 0) >= self._per_conn:
+            raise SessionRefused("session_limit", f"this connection already holds {self._per_conn} sessions")
+        self._owned[s.owner] = self._owned.get(s.owner, 1) - 1
+        s.owner = owner
+        self._owned[owner] = self._owned.get(owner, 0) + 1
+
+    def _remove(self, session_id: int) -> None:
+        s = self._sessions.pop(session_id)
+        self.reserved_bytes -= s.reserved
+        n = self._owned.get(s.owner, 0) - 1
+        if n > 0:
+            self._owned[s.owner] = n
+        else:
+            self._owned.pop(s.owner, None)
 
     def __len__(self) -> int:
         return len(self._sessions)

@@ -61,6 +61,7 @@ class TorchDrafter:
         self.num_spec = num_spec
         self.window = window
         self.row_bytes = row_bytes
+        self.vocab_size = vocab  # told to the client in WELCOME: it checks support ids against it
         self.bf16 = row_bytes % 2 == 0
         self.device = torch.device(device)
         d_in = row_bytes // 2 if self.bf16 else row_bytes

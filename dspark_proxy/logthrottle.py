@@ -1,0 +1,44 @@
+"""One log record per interval for an error that repeats every round, with a count of what was held back.
+
+A systematic error (a bug hit by every round) would otherwise write a full traceback per round, a
+thousand a second; one per interval says the same, and the count says how often it happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+__all__ = ["LogThrottle"]
+
+
+class LogThrottle:
+    """`exception(logger, msg, *args)` logs (with the traceback) at most once per `interval_s`; the
+    next record that does get through ends with how many were suppressed since the last one."""
+
+    def __init__(self, interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self._clock = clock
+        self._next = float("-inf")
+        self._lock = threading.Lock()
+        self.suppressed = 0  # since the last record written
+        self.suppressed_total = 0
+
+    def exception(self, logger: logging.Logger, msg: str, *args: object) -> bool:
+        """Call from an `except` block. True when the record was written."""
+        now = self._clock()
+        with self._lock:
+            if now < self._next:
+                self.suppressed += 1
+                self.suppressed_total += 1
+                return False
+            held, self.suppressed = self.suppressed, 0
+            self._next = now + self.interval_s
+        if held:
+            logger.exception(msg + " (and %d more like it in the last %g s, not logged)", *args, held,
+                             self.interval_s)
+        else:
+            logger.exception(msg + " (repeats are logged at most once per %g s)", *args, self.interval_s)
+        return True
