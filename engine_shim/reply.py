@@ -10,6 +10,8 @@ from dspark_proxy.shm_layout import STATUS_NAMES, STATUS_ROUND_FAILED, SUPPORT_K
 
 __all__ = ["Reply", "ReplyReader"]
 
+_umax = np.maximum.reduce
+
 
 @dataclass(frozen=True)
 class Reply:
@@ -101,7 +103,7 @@ class ReplyReader:
             return self.failed(t, n_expected, "bad_page")
         N = L.N
         nd = b[L.o_ok:L.o_ok + n]
-        if n and int(nd.view(np.uint32).max()) > N:  # n_drafts outside 0..N
+        if n and int(_umax(nd.view(np.uint32))) > N:  # n_drafts outside 0..N (one reduction)
             return self.failed(t, n_expected, "bad_page")
         ok = self._okbool[:n]
         np.not_equal(nd, 0, out=ok)
