@@ -3,7 +3,8 @@
 `EngineProbe` has the shim's surface (what `SimEngine.run` drives), forwards to the real shim, and
 times `enqueue` and `read_reply` itself, so the waits are measured exactly where the engine would
 feel them. `on_round` (SimEngine's callback) records, per round, the oracle's verdict: drafts needed,
-usable, wrong. The controller thread reads the record by index (a round's index is its position in
+usable, wrong, and full (usable drafts whose window held every row the engine wrote for the request,
+up to W, by the oracle's own record), and the batch size. The controller thread reads the record by index (a round's index is its position in
 the record, not its round number) and waits for usable drafts to come back with `first_usable`.
 
 Thread ownership: the engine thread appends to the lists and sets `_resumed`; the controller reads
@@ -43,6 +44,8 @@ class EngineProbe:
         self.needed: list[int] = []
         self.usable: list[int] = []
         self.wrong: list[int] = []
+        self.full: list[int] = []  # usable drafts with a full window (sim/oracle.py)
+        self.n_reqs: list[int] = []  # requests in the round
         self.done_ns: list[int] = []  # perf_counter_ns when the round ended
         self.stop_requested = False
         self._enq_ns = 0
@@ -110,6 +113,8 @@ class EngineProbe:
         self.needed.append(int(batch.need_draft.sum()))
         self.usable.append(usable)
         self.wrong.append(int(chk.wrong.sum()) if chk is not None else 0)
+        self.full.append(chk.n_full if chk is not None else 0)
+        self.n_reqs.append(batch.n)
         self.done_ns.append(time.perf_counter_ns())
         if usable and idx >= self._watch_from:
             self._resumed.set()
