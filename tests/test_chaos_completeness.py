@@ -19,9 +19,10 @@ N_REQ = 8
 
 
 class _Probe:
-    """EngineProbe's record, written by hand: (status, usable, full, enqueue ms) per round."""
+    """EngineProbe's record, written by hand: (status, usable, full, enqueue ms[, windows staged]) per
+    round; windows staged default to what makes the next round's full windows (a correct system)."""
 
-    def __init__(self, rounds: list[tuple[int, int, int, float]]) -> None:
+    def __init__(self, rounds: list[tuple]) -> None:
         n = len(rounds)
         self.t = list(range(1, n + 1))
         self.status = [r[0] for r in rounds]
@@ -30,6 +31,10 @@ class _Probe:
         self.full = [r[2] for r in rounds]
         self.enqueue_ns = [int(r[3] * 1e6) for r in rounds]
         self.n_reqs = [N_REQ] * n
+        self.staged = [r[4] if len(r) > 4 else 0 for r in rounds]
+        for i in range(n - 1):
+            if len(rounds[i + 1]) <= 4:
+                self.staged[i + 1] = max(0, rounds[i + 1][2] - rounds[i][2]) if rounds[i][0] != 2 else 0
         self.wrong = [0] * n
         self.wait_ns = [100_000] * n
         self.late_ns = [-1_000_000] * n
@@ -61,7 +66,7 @@ def _run(fault: list, *, after: list, before: int = 20, tail: int = 20, windows:
 
 
 def test_windows_back_within_the_bound_pass():
-    # 8 live requests, 4 windows a round: bound 8 / 4 + 1 = 3 rounds from the first reaching round
+    # 8 live requests, 4 windows staged a round: bound 8 / 4 + 1 = 3 rounds from the first reaching round
     r = _run([FAILED, FAILED, FAILED], after=[(0, 8, 0, 0.1), (0, 8, 4, 0.1), (0, 8, 8, 0.1)])
     f = r["injections"][0]
     assert f["full_bound_rounds"] == 3 and f["full_after_rounds"] == 2 and f["reached_after_rounds"] == 1
@@ -73,10 +78,13 @@ def test_windows_back_within_the_bound_pass():
 
 def test_windows_that_stay_short_fail():
     """The mutant: every draft right, windows never whole again (a worker drafting from fewer rows)."""
-    short = (0, N_REQ, 0, 0.1)
+    short = (0, N_REQ, 0, 0.1, 0)  # nothing staged: the proxy does not know the windows are short
     r = _run([FAILED, FAILED], after=[short] * 6)
     assert not r["ok"]
-    assert any("windows full again" in f and "the bound is 3" in f for f in r["failures"]), r["failures"]
+    assert any("windows full again 5 rounds" in f and "the bound is 1" in f for f in r["failures"]), r["failures"]
+    wasted = (0, N_REQ, 0, 0.1, 4)  # 4 windows staged a round, for slots that are not the live ones
+    r = _run([FAILED, FAILED], after=[wasted] * 6)
+    assert any("windows full again 6 rounds" in f and "the bound is 3" in f for f in r["failures"]), r["failures"]
     r = _run([FAILED, FAILED], after=[OK], tail=0)
     assert r["ok"], r["failures"]
     rounds = [OK] * 30 + [(0, N_REQ, N_REQ - 1, 0.1)] * 30  # the baseline itself short of full windows
@@ -91,8 +99,8 @@ def test_a_failed_round_after_the_fault_starts_the_count_again():
     after = [(0, 8, 0, 0.1), (0, 8, 8, 0.1), (0, 8, 8, 0.1), FAILED, (0, 8, 0, 0.1), (0, 8, 8, 0.1)]
     assert recovery(_Probe([FAILED] + after), 0, 7, 4)["full_after_rounds"] == 1
     after[4:] = [(0, 8, 0, 0.1), (0, 8, 4, 0.1), (0, 8, 6, 0.1), (0, 8, 8, 0.1)]
-    rec = recovery(_Probe([FAILED] + after), 0, 9, 4)
-    assert rec["full_after_rounds"] == 3 and rec["full_bound_rounds"] == 3
+    rec = recovery(_Probe([FAILED] + after), 0, 9, 4)  # 4 + 2 + 2 windows staged over 3 rounds + the next
+    assert rec["full_after_rounds"] == 3 and rec["full_bound_rounds"] == 4 and rec["windows_per_round_staged"] == 2.67
     assert recovery(_Probe([FAILED, FAILED]), 0, 2, 4)["full_after_rounds"] is None
 
 

@@ -2,12 +2,17 @@
 rounds, and how soon after a fault the windows are whole again.
 
 A usable draft is *full* when its window held every row the engine wrote for the request, up to W,
-as the engine's own oracle counts it (sim/oracle.py), never from the proxy's ring model. After a fault
-clears, every usable draft must be full again within ceil(live requests / windows a round) + 1 rounds
-of the first round that reaches a healthy worker (the first reply that is not ROUND_FAILED: its STEP
-went out and came back): a dirty window is asked for in one round and staged with the next. The live
-requests of that round bound its dirty live slots; the windows a round are the proxy's resync
-windows a round, or fewer where link pacing lowered them (its `resync_windows_per_round` gauge).
+as the engine's own oracle counts it (sim/oracle.py), never from the proxy's ring model.
+
+After a fault clears, every usable draft must be full again within ceil(live requests / windows a
+round) + 1 rounds of the first round that reaches a healthy worker (the first reply that is not
+ROUND_FAILED: its STEP went out and came back): a dirty window is asked for in one round and staged
+with the next. The live requests of that round bound its dirty live slots. The windows a round are
+the effective ones: the mean the engine's shim staged per round over the stretch (its own count),
+since link pacing or a byte budget may lower them below the layout's (the proxy's
+`resync_windows_per_round` gauge is reported beside it). Windows staged for slots that are not live
+or not dirty count without helping, so they fail the check; no window staged while a window is short
+bounds the stretch at 1 round.
 """
 
 from __future__ import annotations
@@ -26,23 +31,31 @@ def full_rate(usable: int, full: int) -> float | None:
     return round(full / usable, 4) if usable else None
 
 
-def recovery(probe: Any, lo: int, hi: int, windows_per_round: int | None) -> dict[str, Any]:
-    """From round index `lo` (the fault cleared) to `hi`: the first round that reached a worker, the bound
-    on rounds until every usable draft is full, and the most rounds it took: for each round with a usable
-    draft that was not full, the rounds from the first reaching round of its stretch (a ROUND_FAILED
-    reply in between starts a new one: that round did not reach a healthy worker, and its slots are dirty
-    again) up to and including it; 0 when every usable draft was full. `full_after_rounds` None: no
-    round reached a worker."""
-    status, usable, full = probe.status, probe.usable, probe.full
+def recovery(probe: Any, lo: int, hi: int, windows_per_round: int | None = None) -> dict[str, Any]:
+    """From round index `lo` (the fault cleared) to `hi`: the first round that reached a worker, and the
+    worst stretch: for each round with a usable draft that was not full, the rounds from the first
+    reaching round of its stretch (a ROUND_FAILED reply in between starts a new one: that round did not
+    reach a healthy worker, and its slots are dirty again) up to and including it, against the bound
+    from the windows staged over those rounds and the next (a window asked for in round i is staged
+    with round i + 1). `full_after_rounds` 0: every usable draft was full;
+    None: no round reached a worker. `windows_per_round` (the proxy's gauge) is only reported."""
+    status, usable, full, staged = probe.status, probe.usable, probe.full, probe.staged
     r0 = next((i for i in range(lo, hi) if status[i] in _REACHED), None)
+    out: dict[str, Any] = {"reached_after_rounds": None, "full_bound_rounds": None, "full_after_rounds": None,
+                           "windows_per_round_proxy": windows_per_round, "windows_per_round_staged": None}
     if r0 is None:
-        return {"reached_after_rounds": None, "full_bound_rounds": None, "full_after_rounds": None}
+        return out
     live = int(probe.n_reqs[r0])
-    bound = math.ceil(live / max(1, windows_per_round or 1)) + 1
-    after, start = 0, r0
+    worst, worst_bound, worst_rate, start, excess = 0, 2, None, r0, None
     for i in range(r0, hi):
         if status[i] not in _REACHED:
             start = i + 1
         elif usable[i] > full[i]:
-            after = max(after, i - start + 1)
-    return {"reached_after_rounds": r0 - lo, "full_bound_rounds": bound, "full_after_rounds": after}
+            k = i - start + 1
+            rate = sum(staged[start:i + 2]) / k  # what round i lacked is staged with round i + 1
+            bound = math.ceil(live / rate) + 1 if rate > 0 else 1
+            if excess is None or k - bound >= excess:
+                excess, worst, worst_bound, worst_rate = k - bound, k, bound, rate
+    out.update(reached_after_rounds=r0 - lo, full_after_rounds=worst, full_bound_rounds=worst_bound,
+               windows_per_round_staged=None if worst_rate is None else round(worst_rate, 2))
+    return out

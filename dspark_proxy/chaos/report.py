@@ -70,7 +70,7 @@ def build_report(*, cfg: dict[str, Any], probe: Any, injections: list, passes: i
                "wrong": _sum(probe.wrong, lo, hi), "resume_rounds": resume_rounds, "resume_ms": resume_ms,
                "usable": _sum(probe.usable, lo, hi), "full": _sum(probe.full, lo, hi),
                "full_window_rate": full_rate(_sum(probe.usable, lo, hi), _sum(probe.full, lo, hi)),
-               "windows_per_round": inj.windows_per_round, **recovery(probe, clear, hi, inj.windows_per_round),
+               **recovery(probe, clear, hi, inj.windows_per_round),
                "enqueue_ms_max": _ms(enq[lo:hi]),
                **_wait_summary(wait[lo:hi], D, late[lo:hi]), "notes": inj.notes, "error": inj.error,
                "shim_events": dict(Counter(e.get("how", "?") for e in inj.shim_events)),
@@ -204,8 +204,8 @@ def _completeness_checks(baseline: dict[str, Any], per_inj: list, failures: list
         after, bound = r["full_after_rounds"], r["full_bound_rounds"]
         if after is not None and after > bound:
             failures.append(f"{r['kind']} #{r['n']}: windows full again {after} rounds after the first round that "
-                            f"reached the worker; the bound is {bound} (live requests / windows a round "
-                            f"{r['windows_per_round']}, + 1)")
+                            f"reached the worker; the bound is {bound} (live requests / "
+                            f"{r['windows_per_round_staged']} windows staged a round, + 1)")
 
 
 def _checks(cfg: dict[str, Any], kinds: dict[str, dict[str, Any]], wrong_total: int, over: list[dict[str, Any]],
