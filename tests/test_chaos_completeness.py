@@ -81,7 +81,9 @@ def test_windows_that_stay_short_fail():
     short = (0, N_REQ, 0, 0.1, 0)  # nothing staged: the proxy does not know the windows are short
     r = _run([FAILED, FAILED], after=[short] * 6)
     assert not r["ok"]
-    assert any("windows full again 5 rounds" in f and "the bound is 1" in f for f in r["failures"]), r["failures"]
+    assert any("windows full again 6 rounds" in f and "the bound is 2" in f for f in r["failures"]), r["failures"]
+    r = _run([FAILED, FAILED], after=[short] * 6, tail=0)  # and none staged to the end
+    assert any("windows full again 6 rounds" in f and "the bound is 1" in f for f in r["failures"]), r["failures"]
     wasted = (0, N_REQ, 0, 0.1, 4)  # 4 windows staged a round, for slots that are not the live ones
     r = _run([FAILED, FAILED], after=[wasted] * 6)
     assert any("windows full again 6 rounds" in f and "the bound is 3" in f for f in r["failures"]), r["failures"]
@@ -99,8 +101,8 @@ def test_a_failed_round_after_the_fault_starts_the_count_again():
     after = [(0, 8, 0, 0.1), (0, 8, 8, 0.1), (0, 8, 8, 0.1), FAILED, (0, 8, 0, 0.1), (0, 8, 8, 0.1)]
     assert recovery(_Probe([FAILED] + after), 0, 7, 4)["full_after_rounds"] == 1
     after[4:] = [(0, 8, 0, 0.1), (0, 8, 4, 0.1), (0, 8, 6, 0.1), (0, 8, 8, 0.1)]
-    rec = recovery(_Probe([FAILED] + after), 0, 9, 4)  # 4 + 2 + 2 windows staged over 3 rounds + the next
-    assert rec["full_after_rounds"] == 3 and rec["full_bound_rounds"] == 4 and rec["windows_per_round_staged"] == 2.67
+    rec = recovery(_Probe([FAILED] + after), 0, 9, 4)  # 4, 2, 2 windows staged: paced at 2 at the slowest
+    assert rec["full_after_rounds"] == 3 and rec["full_bound_rounds"] == 5 and rec["windows_per_round_staged"] == 2
     assert recovery(_Probe([FAILED, FAILED]), 0, 2, 4)["full_after_rounds"] is None
 
 

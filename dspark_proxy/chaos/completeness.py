@@ -8,11 +8,11 @@ After a fault clears, every usable draft must be full again within ceil(live req
 round) + 1 rounds of the first round that reaches a healthy worker (the first reply that is not
 ROUND_FAILED: its STEP went out and came back): a dirty window is asked for in one round and staged
 with the next. The live requests of that round bound its dirty live slots. The windows a round are
-the effective ones: the mean the engine's shim staged per round over the stretch (its own count),
-since link pacing or a byte budget may lower them below the layout's (the proxy's
-`resync_windows_per_round` gauge is reported beside it). Windows staged for slots that are not live
-or not dirty count without helping, so they fail the check; no window staged while a window is short
-bounds the stretch at 1 round.
+the effective ones, from the engine's own count: the fewest its shim staged in any round of the
+stretch that staged some (link pacing and byte budgets lower them below the layout's, and a pace
+that ramps up is held to its slowest round; the proxy's `resync_windows_per_round` gauge is reported
+beside it). Windows staged for slots that are not live or not dirty count without helping, so they
+fail the check; a stretch with no window staged while a window is short is bounded at 1 round.
 """
 
 from __future__ import annotations
@@ -46,16 +46,18 @@ def recovery(probe: Any, lo: int, hi: int, windows_per_round: int | None = None)
     if r0 is None:
         return out
     live = int(probe.n_reqs[r0])
-    worst, worst_bound, worst_rate, start, excess = 0, 2, None, r0, None
+    worst, worst_bound, worst_rate, start, key = 0, 2, None, r0, None
     for i in range(r0, hi):
         if status[i] not in _REACHED:
             start = i + 1
         elif usable[i] > full[i]:
             k = i - start + 1
-            rate = sum(staged[start:i + 2]) / k  # what round i lacked is staged with round i + 1
+            paced = [w for w in staged[start:i + 2] if w > 0]  # what round i lacked is staged with i + 1
+            rate = min(paced, default=0)
             bound = math.ceil(live / rate) + 1 if rate > 0 else 1
-            if excess is None or k - bound >= excess:
-                excess, worst, worst_bound, worst_rate = k - bound, k, bound, rate
+            kk = (k > bound, k - bound if k > bound else k)  # the worst excess, else the longest stretch
+            if key is None or kk >= key:
+                key, worst, worst_bound, worst_rate = kk, k, bound, rate
     out.update(reached_after_rounds=r0 - lo, full_after_rounds=worst, full_bound_rounds=worst_bound,
-               windows_per_round_staged=None if worst_rate is None else round(worst_rate, 2))
+               windows_per_round_staged=worst_rate)
     return out
