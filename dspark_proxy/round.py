@@ -51,6 +51,7 @@ from .breaker import CircuitBreaker
 from .events import EventRing
 from .hostflag import HostFlags
 from .logthrottle import LogThrottle
+from .ndrafts import leading_drafts, trim_rows
 from .ring import Advance, SlotTable
 from .segment import Segment
 from .shm_layout import (
@@ -115,7 +116,7 @@ class _Views(NamedTuple):
     anchor: np.ndarray
     seed: np.ndarray
     temperature: np.ndarray
-    ok: np.ndarray  # reply page: ok_mask[n]
+    ok: np.ndarray  # reply page: n_drafts[n] (the ok word)
     ids: np.ndarray  # drafts [n, N]
     conf: np.ndarray  # confidence bits as float32 [n, N]
 
@@ -462,7 +463,8 @@ class RoundCore:
         self._pack_failed(n)
 
     def _pack_failed(self, n: int) -> None:
-        """status ROUND_FAILED, n, and a zero ok_mask (nobody reads drafts past a failed status)."""
+        """status ROUND_FAILED, n, and n_drafts 0 for every request: the reader hands the engine its own
+        cleared arrays for a failed status, so nothing past the ok words is read (shm_layout.md)."""
         b = self.page
         b[0] = STATUS_ROUND_FAILED
         b[1] = n
@@ -645,40 +647,57 @@ class RoundCore:
             for code in np.flatnonzero(counts).tolist():
                 key = _STATUS_KEYS[code] if code < len(_STATUS_KEYS) else f"req_status_{code}"
                 st.inc(key, int(counts[code]))
-        # the page: rows [0, n) are rewritten; rows an earlier round left beyond n are zeroed
+        # the page: rows [0, n) are rewritten; rows an earlier round left beyond n are cleared. The ok
+        # word is n_drafts: a request's leading non-negative drafts, at most n_out; past it -1 / 0
         b, ok, ids, conf, v = self.page, self._ok, self._ids, self._conf, self._v
         b[1] = n
         n_need = int(np.count_nonzero(need))
         e_need = need[sel]
         n_e_need = n_need if idx is None else int(np.count_nonzero(e_need))
-        if usable is None and idx is None and n_need == n:  # every request gets its drafts: slices
+        cap = self._n_out(n) or self.N
+        nd = None
+        whole = usable is None and idx is None and n_need == n
+        if whole:
+            nd = leading_drafts(reply.draft_ids, cap)
+        if whole and nd is None:  # every request gets all N drafts: slices
             ok_rows, ids_rows = self._ok_rows, self._ids_rows
             self._ok_rows = self._ids_rows = n
             if ok_rows > n:
                 ok[n:ok_rows] = 0
             if ids_rows > n:
-                ids[n:ids_rows] = 0
+                ids[n:ids_rows] = -1
                 conf[n:ids_rows] = 0
-            v.ok[:] = 1
+            v.ok[:] = self.N
             v.ids[:] = reply.draft_ids
             v.conf[:] = reply.confidence
             give = None
             n_give = n
         else:
-            ok[:self._ok_rows] = 0
-            ids[:self._ids_rows] = 0
-            conf[:self._ids_rows] = 0
+            rows = max(self._ids_rows, n)
+            ok[:max(self._ok_rows, n)] = 0
+            ids[:rows] = -1
+            conf[:rows] = 0
             self._ok_rows = self._ids_rows = n
-            give = e_need if usable is None else usable & e_need
+            give = e_need.copy() if usable is None else usable & e_need
+            if nd is None:
+                nd = leading_drafts(reply.draft_ids[give], cap)
+            else:
+                nd = nd[give]
+            g_ids, g_conf = reply.draft_ids[give], reply.confidence[give]
+            if nd is not None:  # some request has fewer than N: trim, and no drafts means not given
+                g_ids, g_conf = trim_rows(g_ids, nd, -1), trim_rows(g_conf, nd, 0.0)
+                has = nd > 0
+                if not has.all():
+                    give[np.flatnonzero(give)[~has]] = False
+                    g_ids, g_conf, nd = g_ids[has], g_conf[has], nd[has]
             gi = give.nonzero()[0] if idx is None else idx[give]
-            ok[gi] = 1
-            ids[gi] = reply.draft_ids[give]
-            conf[gi] = reply.confidence[give]
+            ok[gi] = self.N if nd is None else nd
+            ids[gi] = g_ids
+            conf[gi] = g_conf
             n_give = int(gi.shape[0])
         if L.sampled:
             K, N = SUPPORT_K, self.N
             smask = b[L.o_sample_mask:L.o_sample_mask + n]
-            smask[:] = 0
             if reply.sampled_mask is None or reply.support_ids is None or reply.proposal_q is None:
                 raise RuntimeError("sampled reply without its support ids and q")
             qids = b[L.o_qids:L.o_qids + n * N * K].reshape(n, N, K)
@@ -687,10 +706,19 @@ class RoundCore:
                 smask[:] = reply.sampled_mask
                 qids[:] = reply.support_ids
                 q[:] = reply.proposal_q
-            else:
+            else:  # requests without drafts: every field cleared, whatever an earlier round left
+                smask[:] = 0
+                no = self._no_entry[:n]
+                no[:] = True
+                no[gi] = False
+                qids[no] = -1
+                q[no] = 0
+                g_sup, g_q = reply.support_ids[give], reply.proposal_q[give]
+                if nd is not None:
+                    g_sup, g_q = trim_rows(g_sup, nd, -1), trim_rows(g_q, nd, 0.0)
                 smask[gi] = reply.sampled_mask[give]
-                qids[gi] = reply.support_ids[give]
-                q[gi] = reply.proposal_q[give]
+                qids[gi] = g_sup
+                q[gi] = g_q
         if n_failed and np.count_nonzero(status == wire.RS_STALE_GENERATION):
             st.inc("stale_generation_new_sessions")
             self.client.new_session("worker reported STALE_GENERATION")

@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 MAGIC = int.from_bytes(b"DSPKPRXY", "little")
-LAYOUT_VERSION = 2  # 2: the resync request names the round it is for
+LAYOUT_VERSION = 2  # 2: the resync request names its round; the reply page's per-request word is n_drafts
 META_SLOTS = 64  # round t's metadata and descriptor live in slot t % 64
 PAGE = 4096
 CACHE_LINE = 64
@@ -36,7 +36,7 @@ STATS_BLOCK_BYTES = 64 * 1024  # one JSON snapshot (length-prefixed) per side
 SUPPORT_K = 32  # sampled mode: top-32 support ids and proposal probabilities per draft position
 
 STATUS_OK = 0  # every request that needed drafts got usable drafts
-STATUS_SOME_FAILED = 1  # some did not (see ok_mask)
+STATUS_SOME_FAILED = 1  # some did not (see n_drafts / ok_mask)
 STATUS_ROUND_FAILED = _hostflag.ROUND_FAILED  # no drafts this round: the engine runs target-only
 STATUS_NAMES = {STATUS_OK: "ok", STATUS_SOME_FAILED: "some_failed", STATUS_ROUND_FAILED: "round_failed"}
 
@@ -165,8 +165,11 @@ class LayoutParams:
 class ReplyLayout:
     """Offsets (in int32 units) of the reply page.
 
-    [status, n, ok_mask[M], drafts[M*N], conf_bits[M*N]] and in sampled mode
+    [status, n, n_drafts[M], drafts[M*N], conf_bits[M*N]] and in sampled mode
     [sample_mask[M], support_ids[M*N*32], q_bits[M*N*32]]; floats are stored as their bits.
+    n_drafts[i] (0..N, the word once called ok_mask) is how many of request i's drafts are usable;
+    past it every draft is -1, every confidence 0, every support id -1 and q 0; a request with none
+    has every field cleared. `o_ok` keeps its name.
     """
 
     def __init__(self, max_reqs: int, num_spec: int, sampled: bool = False) -> None:
@@ -180,7 +183,7 @@ class ReplyLayout:
         self.o_q = self.o_qids + M * N * SUPPORT_K
         self.size = self.o_q + M * N * SUPPORT_K if sampled else self.o_sample_mask
         self.nbytes = self.size * 4
-        # a failed page: status and n, then ok_mask zeroed (nobody reads past it when status says failed)
+        # a failed page: status and n, then n_drafts zeroed (nobody reads past it when status says failed)
         self.fail_zero_bytes = M * 4
 
 

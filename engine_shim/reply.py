@@ -10,26 +10,38 @@ from dspark_proxy.shm_layout import STATUS_NAMES, STATUS_ROUND_FAILED, SUPPORT_K
 
 __all__ = ["Reply", "ReplyReader"]
 
+_umax = np.maximum.reduce
+
 
 @dataclass(frozen=True)
 class Reply:
     """Round t's result for the engine.
 
     The arrays are views of the shim's private copy of the page, valid until the next `read_reply`
-    (copy them to keep them longer). A failed round (`status == 2`) has `ok_mask` all False: the
-    engine runs target-only for every request.
+    (copy them to keep them longer). Request i's usable drafts are exactly `draft_ids[i, :n_drafts[i]]`
+    (and their confidences, supports and q); past n_drafts[i] ids are -1, confidences 0, support ids
+    -1, q 0. `ok_mask` is `n_drafts > 0`. A failed round (`status == 2`) has n_drafts all 0: the engine
+    runs target-only for every request.
     """
 
     t: int
     status: int  # 0 ok, 1 some_failed, 2 round_failed
     n: int
-    ok_mask: np.ndarray  # [n] bool: drafts usable for request i
+    ok_mask: np.ndarray  # [n] bool: n_drafts > 0
     draft_ids: np.ndarray  # [n, N] int32
     confidence: np.ndarray  # [n, N] float32
     sample_mask: np.ndarray | None = None  # [n] bool (sampled mode)
     support_ids: np.ndarray | None = None  # [n, N, 32] int32
     proposal_q: np.ndarray | None = None  # [n, N, 32] float32
     reason: str = ""  # why a failed round failed, from the engine side's point of view
+    n_drafts: np.ndarray | None = None  # [n] int32, 0..N: usable drafts of request i (set by every reader)
+
+    def __post_init__(self) -> None:
+        if self.n_drafts is None:  # built by hand (an older caller): the leading drafts of the ok requests
+            ids = np.asarray(self.draft_ids)
+            lead = np.logical_and.accumulate(ids >= 0, axis=1).sum(axis=1, dtype=np.int32) if ids.ndim == 2 \
+                else np.zeros(int(self.n), np.int32)
+            object.__setattr__(self, "n_drafts", np.where(np.asarray(self.ok_mask, bool), lead, 0).astype(np.int32))
 
     @property
     def ok(self) -> bool:
@@ -51,7 +63,7 @@ class Reply:
 
         return Reply(self.t, self.status, self.n, conv(self.ok_mask), conv(self.draft_ids),
                      conv(self.confidence), conv(self.sample_mask), conv(self.support_ids),
-                     conv(self.proposal_q), self.reason)
+                     conv(self.proposal_q), self.reason, conv(self.n_drafts))
 
 
 class ReplyReader:
@@ -61,6 +73,7 @@ class ReplyReader:
         self.L = layout
         self.buf = np.zeros(layout.size, dtype=np.int32)
         self._okbool = np.zeros(layout.M, dtype=np.bool_)
+        self._fail_nd = np.zeros(layout.M, dtype=np.int32)
         self._smask = np.zeros(layout.M, dtype=np.bool_)
         self._fail_ids = np.full((layout.M, layout.N), -1, dtype=np.int32)
         self._fail_conf = np.zeros((layout.M, layout.N), dtype=np.float32)
@@ -75,9 +88,10 @@ class ReplyReader:
         n = min(max(n, 0), self.L.M)
         if not self.L.sampled:
             return Reply(t, STATUS_ROUND_FAILED, n, self._fail_ok[:n], self._fail_ids[:n], self._fail_conf[:n],
-                         reason=reason)
+                         reason=reason, n_drafts=self._fail_nd[:n])
         return Reply(t, STATUS_ROUND_FAILED, n, self._fail_ok[:n], self._fail_ids[:n], self._fail_conf[:n],
-                     self._fail_sm[:n], self._fail_sup[:n], self._fail_q[:n], reason=reason)
+                     self._fail_sm[:n], self._fail_sup[:n], self._fail_q[:n], reason=reason,
+                     n_drafts=self._fail_nd[:n])
 
     def parse(self, t: int, n_expected: int) -> Reply:
         """The reply in `buf`. A page whose own n disagrees with the round's is not trusted."""
@@ -87,16 +101,19 @@ class ReplyReader:
             return self.failed(t, n_expected, "round_failed")
         if status not in STATUS_NAMES or n != n_expected or not 0 <= n <= L.M:
             return self.failed(t, n_expected, "bad_page")
-        ok = self._okbool[:n]
-        np.not_equal(b[L.o_ok:L.o_ok + n], 0, out=ok)
         N = L.N
+        nd = b[L.o_ok:L.o_ok + n]
+        if n and int(_umax(nd.view(np.uint32))) > N:  # n_drafts outside 0..N (one reduction)
+            return self.failed(t, n_expected, "bad_page")
+        ok = self._okbool[:n]
+        np.not_equal(nd, 0, out=ok)
         ids = b[L.o_ids:L.o_ids + n * N].reshape(n, N)
         conf = b[L.o_conf:L.o_conf + n * N].view(np.float32).reshape(n, N)
         if not L.sampled:
-            return Reply(t, status, n, ok, ids, conf)
+            return Reply(t, status, n, ok, ids, conf, n_drafts=nd)
         sm = self._smask[:n]
         np.not_equal(b[L.o_sample_mask:L.o_sample_mask + n], 0, out=sm)
         K = SUPPORT_K
         qids = b[L.o_qids:L.o_qids + n * N * K].reshape(n, N, K)
         q = b[L.o_q:L.o_q + n * N * K].view(np.float32).reshape(n, N, K)
-        return Reply(t, status, n, ok, ids, conf, sm, qids, q)
+        return Reply(t, status, n, ok, ids, conf, sm, qids, q, n_drafts=nd)

@@ -7,7 +7,7 @@ calls would pay it five or eight times). The payload is the reply page's own lay
 before it knows n:
 
     header[16] = [MAGIC, t_lo, t_hi, status, n, has_sample, reason_len, 0, reason bytes (32)]
-    page       = [status, n, ok_mask[M], drafts[M*N], conf_bits[M*N]
+    page       = [status, n, n_drafts[M], drafts[M*N], conf_bits[M*N]
                   (, sample_mask[M], support_ids[M*N*32], q_bits[M*N*32] when sampled)]
 
 Only the first n entries of each field are written and read. The buffers are kept per (size,
@@ -83,7 +83,9 @@ def _pack(b: _Buffers, reply: Reply) -> str | None:
     hdr[8:] = np.frombuffer(reason.ljust(_REASON_BYTES, b"\0"), dtype="<i4")
     if why is None and int(reply.status) != STATUS_ROUND_FAILED:
         try:
-            page[L.o_ok:L.o_ok + n] = _np(reply.ok_mask, np.bool_).reshape(n)
+            nd = getattr(reply, "n_drafts", None)  # a Reply always has it; a look-alike may not
+            page[L.o_ok:L.o_ok + n] = (_np(reply.ok_mask, np.bool_).reshape(n) if nd is None
+                                       else np.clip(_np(nd, np.int32).reshape(n), 0, N))
             page[L.o_ids:L.o_ids + n * N] = _np(reply.draft_ids, np.int32).reshape(n * N)
             page[L.o_conf:L.o_conf + n * N] = _np(reply.confidence, np.float32).reshape(n * N).view(np.int32)
             if L.sampled and reply.sample_mask is not None:
@@ -114,20 +116,21 @@ def _unpack(b: _Buffers) -> Reply:
     t = int(tw[1]) | (int(tw[2]) << 32)
     reason = hdr[8:].tobytes()[:int(hdr[6])].decode(errors="replace")
     status, n = int(page[0]), int(page[1])
+    nd = page[L.o_ok:L.o_ok + n]
     ok = b.ok[:n]
-    np.not_equal(page[L.o_ok:L.o_ok + n], 0, out=ok)
+    np.not_equal(nd, 0, out=ok)
     ids = page[L.o_ids:L.o_ids + n * N].reshape(n, N)
     conf = page[L.o_conf:L.o_conf + n * N].view(np.float32).reshape(n, N)
     if status == STATUS_ROUND_FAILED:
         return b.failed(t, n, reason)
     if not hdr[5]:
-        return Reply(t, status, n, ok, ids, conf, reason=reason)
+        return Reply(t, status, n, ok, ids, conf, reason=reason, n_drafts=nd)
     K = SUPPORT_K
     sm = b.smask[:n]
     np.not_equal(page[L.o_sample_mask:L.o_sample_mask + n], 0, out=sm)
     qids = page[L.o_qids:L.o_qids + n * N * K].reshape(n, N, K)
     q = page[L.o_q:L.o_q + n * N * K].view(np.float32).reshape(n, N, K)
-    return Reply(t, status, n, ok, ids, conf, sm, qids, q, reason=reason)
+    return Reply(t, status, n, ok, ids, conf, sm, qids, q, reason=reason, n_drafts=nd)
 
 
 def _device(group: Any) -> Any:

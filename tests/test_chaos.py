@@ -5,6 +5,8 @@ every draft checked by the integrity oracle), and the guarantees hold:
 - zero wrong drafts;
 - no engine wait (inside read_reply) beyond the deadline + MARGIN_MS;
 - usable drafts resume after every fault;
+- full windows (usable drafts computed from every row the engine holds, up to W) in >= 99% of the
+  baseline's usable drafts, and again within the bound after every fault (chaos/completeness.py);
 - every fault had its effect (the counters that prove it moved);
 - no segment and no process left behind.
 
@@ -133,6 +135,21 @@ def test_every_fault_had_its_effect(campaign):
         assert note["restarted"] and note["breaker_trips_old"] is not None, note
         if note["breaker_trips_new"] == note["breaker_trips_old"]:  # no new trip since the restart
             assert note["breaker_opened_round_new"] <= 0, note
+
+
+@pytest.mark.timeout(200)
+def test_the_json_reports_window_completeness_and_the_worst_enqueue(campaign):
+    r = campaign["report"]
+    assert r is not None, campaign["stderr"][-3000:]
+    ov, base = r["overall"], r["baseline"]
+    assert 0.0 < ov["full_window_rate"] <= 1.0 and ov["full_windows"] <= ov["usable_drafts"]
+    assert base["full_window_rate"] >= 0.99, base
+    assert ov["enqueue_ms_max"] >= base["enqueue_ms_max"] > 0
+    for kind, f in r["faults"].items():
+        assert f["full_window_rate"] is None or 0.0 <= f["full_window_rate"] <= 1.0, kind
+        assert 0 < f["enqueue_ms_max"] <= ov["enqueue_ms_max"], kind
+    for inj in r["injections"]:
+        assert inj["full_after_rounds"] is not None and inj["full_bound_rounds"] >= 1, inj["kind"]
 
 
 @pytest.mark.timeout(200)

@@ -81,8 +81,9 @@ def test_check_slots_agrees_with_validate_round(slots_l: list[int]) -> None:
     assert t.check_slots(slots) == t.validate_round(slots)
 
 
-def test_page_rows_of_an_earlier_larger_round_are_zeroed(seg_name):
-    """The page is zeroed only where an earlier round wrote: what the engine reads must not show it."""
+def test_page_rows_of_an_earlier_larger_round_are_cleared(seg_name):
+    """The page is cleared (n_drafts 0, ids -1, conf 0) only where an earlier round wrote: what the
+    engine reads must not show it."""
     rig = Rig(seg_name, M=8, N=3, W=4)
     try:
         N, L = rig.N, rig.seg.layout.reply
@@ -95,11 +96,11 @@ def test_page_rows_of_an_earlier_larger_round_are_zeroed(seg_name):
         reply, b = rig.round([(1, 1, 1), (5, 5, 1)])  # a smaller round, all slices
         assert reply.status == STATUS_OK and rig.check_drafts(reply, b) == 2
         assert not page[L.o_ok + 2:L.o_ok + 8].any()
-        assert not page[L.o_ids + 2 * N:L.o_ids + 8 * N].any()
+        assert (page[L.o_ids + 2 * N:L.o_ids + 8 * N] == -1).all()
         assert not page[L.o_conf + 2 * N:L.o_conf + 8 * N].any()
         reply, b = rig.round([(1, 1, 1), (5, 5, 0)])  # request 5 has no entry: the general path
         assert reply.ok_mask.tolist() == [True, False]
-        assert not page[L.o_ids + N:L.o_ids + 8 * N].any()
+        assert (page[L.o_ids + N:L.o_ids + 8 * N] == -1).all()
         rig.client.fail_reason = "timeout"
         reply, _ = rig.round(big)
         assert reply.status == STATUS_ROUND_FAILED
@@ -107,7 +108,7 @@ def test_page_rows_of_an_earlier_larger_round_are_zeroed(seg_name):
         rig.client.fail_reason = None
         reply, b = rig.round([(3, 3, 1)])
         assert reply.ok_mask.tolist() == [True] and rig.check_drafts(reply, b) == 1
-        assert not page[L.o_ids + N:L.o_ids + 8 * N].any()
+        assert (page[L.o_ids + N:L.o_ids + 8 * N] == -1).all()
     finally:
         rig.close()
 

@@ -37,6 +37,7 @@ class _Engine:
         self.pos: dict[int, int] = {}
         self.rows: dict[tuple[int, int], np.ndarray] = {}
         self.next_req = 1
+        self.run: dict[int, tuple[int, int, int]] = {}  # slot -> (request, first, end) sent contiguously
 
     def batch(self, plan: list[tuple[int, bool, int, int | None]]) -> dict:
         """plan: (slot, new owner?, rows, rewind to) per request."""
@@ -54,6 +55,11 @@ class _Engine:
                 self.rows[(r, p)] = self.rng.integers(0, 256, B, dtype=np.uint8)  # new bytes every write
                 rows.append(self.rows[(r, p)])
             self.pos[r] = p0 + v
+            held = self.run.get(s)
+            if held is not None and held[0] == r and held[2] == p0 and held[2] > held[1] and v > 0:
+                self.run[s] = (r, held[1], p0 + v)
+            else:
+                self.run[s] = (r, p0, p0 + v)
             req_ids.append(r)
             slots.append(s)
             valid.append(v)
@@ -64,8 +70,17 @@ class _Engine:
                     rows=np.array(rows, np.uint8).reshape(-1, B), valid=np.array(valid),
                     first_pos=np.array(first), anchor=np.array(anchor))
 
-    def check(self, reply, b: dict) -> int:
+    def held(self, slot: int, anchor_pos: int) -> int:
+        """Rows this engine holds for the slot's anchor, up to W (its own record, not the proxy's)."""
+        _r, first, end = self.run[slot]
+        assert end == anchor_pos
+        return min(W, anchor_pos - first)
+
+    def check(self, reply, b: dict, full: list[int] | None = None) -> int:
+        """Every usable draft against the oracle; `full` gets how many had a full window."""
         checked = 0
+        assert np.array_equal(reply.ok_mask, reply.n_drafts > 0)
+        assert (reply.draft_ids[~reply.ok_mask] == -1).all()
         for i in np.flatnonzero(reply.ok_mask):
             r = int(b["req_ids"][i])
             anchor_pos = int(b["first_pos"][i] + b["valid"][i])
@@ -76,8 +91,41 @@ class _Engine:
             conf = np.zeros(N, np.float32)
             integrity_drafts(integrity_hash(int(b["anchor"][i]), anchor_pos, window), w, W, N, 0, ids, conf)
             assert np.array_equal(reply.draft_ids[i], ids), f"request {r}: a wrong draft reached the engine"
+            assert reply.n_drafts[i] == N
             checked += 1
+            if full is not None:
+                full.append(int(w >= self.held(int(b["slots"][i]), anchor_pos)))
         return checked
+
+    def tail(self, rig: Rig, data) -> None:
+        """Fault-free rounds over a drawn subset of the owned slots, each going on without a rewind:
+        every usable draft is full again within ceil(live / windows a round) + 1 rounds of the first
+        round whose reply is not ROUND_FAILED (its STEP reached the worker)."""
+        rig.client.fail_reason = None
+        rig.core._row_cap = 0
+        owned = sorted(self.owner)
+        live = data.draw(st.lists(st.sampled_from(owned), min_size=1, max_size=len(owned), unique=True),
+                         label="live slots") if owned else []
+        if not live:
+            return
+        windows = int(rig.stats.gauge("resync_windows_per_round", 0) or rig.core.R)
+        bound = -(-len(live) // windows) + 1
+        r0 = None
+        for k in range(bound + rig.breaker.cooldown + 4):
+            plan = [(s, False, data.draw(st.integers(1, W), label="tail rows"), None) for s in live]
+            b = self.batch(plan)
+            rig.t += 1
+            rig.shim.enqueue(rig.t, **b)
+            rig.core.handle(rig.t, 0.0)
+            reply = rig.shim.read_reply(rig.t)
+            full: list[int] = []
+            self.check(reply, b, full)
+            if r0 is None and reply.status != 2:
+                r0 = k
+            if r0 is not None and k - r0 + 1 > bound:
+                assert all(full), (f"round {k - r0 + 1} after the first that reached the worker: {full.count(0)} "
+                                   f"of {len(full)} usable drafts not from the full window (bound {bound})")
+        assert r0 is not None, "no tail round reached the worker"
 
 
 def _draw_plan(data) -> list[tuple[int, bool, int, int | None]]:
@@ -110,6 +158,7 @@ def test_every_usable_draft_is_the_oracles(data):
             rig.shim.enqueue(rig.t, **b)
             rig.core.handle(rig.t, 0.0)
             checked += eng.check(rig.shim.read_reply(rig.t), b)
+        eng.tail(rig, data)
         event(f"drafts checked: {'0' if not checked else '1-9' if checked < 10 else '10+'}")
         event(f"resync rounds: {'0' if not rig.stats.counter('resync_rounds') else '1+'}")
         event(f"left out by the row cap: {'0' if not rig.stats.counter('requests_over_link_cap') else '1+'}")
@@ -162,6 +211,7 @@ def test_every_usable_draft_is_the_oracles_through_the_real_worker(worker, data)
             rig.shim.enqueue(rig.t, **b)
             rig.core.handle(rig.t, 0.0)
             checked += eng.check(rig.shim.read_reply(rig.t), b)
+        eng.tail(rig, data)
         event(f"drafts checked: {'0' if not checked else '1-9' if checked < 10 else '10+'}")
     finally:
         client.stop()

@@ -499,3 +499,51 @@ def test_module_entry_point(capsys):
     assert out["rounds"] == 60 and out["wrong_drafts"] == 0
     assert main(["--rounds", "60", "--max-reqs", "16", "--corrupt", "conf"]) == 1
     assert json.loads(capsys.readouterr().out)["wrong_drafts"] > 0
+
+
+# ---- window completeness and the n_drafts contract ------------------------------------------------
+
+
+@pytest.mark.parametrize("oracle", ["fast", "bytes"])
+def test_a_correct_system_gives_full_windows(oracle):
+    cfg = BUSY.replace(seed=21, oracle=oracle, row_bytes=16)
+    res = SimEngine(cfg).run(_shim(cfg), rounds=600)
+    assert res.wrong_drafts == 0 and res.usable_drafts > 1000
+    assert res.full_windows == res.usable_drafts and res.full_window_rate == 1.0
+
+
+@pytest.mark.parametrize("oracle", ["fast", "bytes"])
+def test_drafts_from_fewer_rows_are_right_but_not_full(oracle):
+    """The mutant the integrity check cannot see: a worker that drafts from fewer rows than it holds
+    (OracleShim's partial windows). Every draft is right; the full-window rate shows it."""
+    cfg = BUSY.replace(seed=22, oracle=oracle, row_bytes=16)
+    res = SimEngine(cfg).run(_shim(cfg, partial_prob=0.3, seed=5), rounds=600)
+    assert res.wrong_drafts == 0 and res.usable_rate == 1.0
+    assert res.full_windows == res.usable_drafts - res.partial_windows  # the chain covers min(W, anchor_pos)
+    assert 0.5 < res.full_window_rate < 0.9
+
+
+def test_a_request_without_drafts_must_show_cleared_fields():
+    cfg = BUSY.replace(seed=23)
+
+    def stale(t, r):  # the old page: a request without drafts carried id 0, a valid token
+        no = np.flatnonzero(~r.ok_mask)
+        if no.size:
+            r.draft_ids[no[0], 0] = 0
+
+    res = SimEngine(cfg).run(_Tamper(_shim(cfg, fail_prob=0.3, seed=1), stale), rounds=80)
+    assert res.wrong_drafts > 10
+    assert res.first_wrong[0]["reason"] == "no drafts but ids / confidences not cleared"
+
+
+def test_n_drafts_past_the_drafts_is_wrong():
+    """n_out = 2 of 4: a reply that says 4 (the old ok_mask = 1 with -1 ids beyond n_out) is wrong."""
+    cfg = BUSY.replace(seed=24)
+
+    def overstate(t, r):
+        r.n_drafts[r.ok_mask] = cfg.num_spec
+
+    res = SimEngine(cfg).run(_Tamper(_shim(cfg, n_out=2), overstate), rounds=40)
+    assert res.wrong_drafts > 10 and res.usable_drafts == 0
+    ok = SimEngine(cfg).run(_shim(cfg, n_out=2), rounds=40)
+    assert ok.wrong_drafts == 0 and ok.usable_drafts > 10 and ok.full_window_rate == 1.0

@@ -65,7 +65,7 @@ def _dump(r) -> dict:
 
     return {"t": int(r.t), "status": int(r.status), "n": int(r.n), "reason": r.reason, "ok": a(r.ok_mask),
             "ids": a(r.draft_ids), "conf": a(r.confidence), "sm": a(r.sample_mask), "qids": a(r.support_ids),
-            "q": a(r.proposal_q)}
+            "q": a(r.proposal_q), "nd": a(r.n_drafts)}
 
 
 def _rank_main(rank: int, init: str, q) -> None:

@@ -90,6 +90,7 @@ class Injection:
     shim_events: list[dict[str, Any]] = field(default_factory=list)
     shim_events_lost: int = 0
     proxy_events: list[dict[str, Any]] = field(default_factory=list)
+    windows_per_round: int | None = None  # the proxy's resync windows a round (the fewest seen), for the bound
     error: str | None = None
 
 
@@ -183,6 +184,7 @@ class Controller:
     def inject(self, kind: str, n: int, clock0: float) -> Injection:
         p = self.probe
         self.tally.sample()
+        wpr_before = self.tally.windows_per_round
         proxy_before = self.tally.counters()
         shim_before = self.system.shim_counters()
         ev_lo = self.events.poll()
@@ -198,6 +200,8 @@ class Controller:
         if inj.idx_clear < 0:
             self.cleared()
         inj.idx_resume = self.wait_resumed(inj.idx_clear, self.cfg.resume_timeout_s)
+        self.tally.sample()  # the proxy's resync pacing while the windows come back (completeness.py's bound)
+        wpr_resume = self.tally.windows_per_round
         if inj.idx_resume is None and self.engine_error is None:
             self.repair()  # a failure already; repaired so the next faults are measured on a healthy system
             inj.notes["repaired"] = True
@@ -205,6 +209,8 @@ class Controller:
         inj.idx_end = p.count
         inj.t_end = p.t[-1] if p.t else 0
         self.tally.sample()
+        seen = [r for r in (wpr_before, wpr_resume, self.tally.windows_per_round) if r]
+        inj.windows_per_round = min(seen) if seen else None
         inj.proxy_counters = counter_delta(proxy_before, self.tally.counters())
         shim_after = self.system.shim_counters()
         inj.shim_counters = {k: v - shim_before.get(k, 0) for k, v in sorted(shim_after.items())
@@ -263,7 +269,8 @@ def _save_rounds(path: Path, probe: EngineProbe) -> None:
                         wait_run_delay_ns=np.asarray(probe.wait_run_delay_ns[:n]),
                         enqueue_run_delay_ns=np.asarray(probe.enqueue_run_delay_ns[:n]),
                         needed=np.asarray(probe.needed[:n]), usable=np.asarray(probe.usable[:n]),
-                        wrong=np.asarray(probe.wrong[:n]))
+                        wrong=np.asarray(probe.wrong[:n]), full=np.asarray(probe.full[:n]),
+                        n_reqs=np.asarray(probe.n_reqs[:n]), staged=np.asarray(probe.staged[:n]))
 
 
 def run_campaign(cfg: ChaosConfig, progress: Any = None) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 `EngineProbe` has the shim's surface (what `SimEngine.run` drives), forwards to the real shim, and
 times `enqueue` and `read_reply` itself, so the waits are measured exactly where the engine would
 feel them. `on_round` (SimEngine's callback) records, per round, the oracle's verdict: drafts needed,
-usable, wrong. The controller thread reads the record by index (a round's index is its position in
+usable, wrong, and full (usable drafts whose window held every row the engine wrote for the request,
+up to W, by the oracle's own record), the batch size, and the resync windows the shim staged. The controller thread reads the record by index (a round's index is its position in
 the record, not its round number) and waits for usable drafts to come back with `first_usable`.
 
 Thread ownership: the engine thread appends to the lists and sets `_resumed`; the controller reads
@@ -43,6 +44,10 @@ class EngineProbe:
         self.needed: list[int] = []
         self.usable: list[int] = []
         self.wrong: list[int] = []
+        self.full: list[int] = []  # usable drafts with a full window (sim/oracle.py)
+        self.n_reqs: list[int] = []  # requests in the round
+        self.staged: list[int] = []  # resync windows the shim staged with the round's enqueue
+        self._staged = 0
         self.done_ns: list[int] = []  # perf_counter_ns when the round ended
         self.stop_requested = False
         self.restart_requested = False  # engine_restart: end this engine's run after the round
@@ -76,10 +81,13 @@ class EngineProbe:
             os.close(fd)
 
     def enqueue(self, t: int, **kwargs: Any) -> None:
+        c = self.shim.counters
+        w0 = c.counter("resync_windows_staged")
         rd0 = self._run_delay_ns()
         t0 = time.perf_counter_ns()
         self.shim.enqueue(t, **kwargs)
         self._enq_end = time.perf_counter_ns()
+        self._staged = c.counter("resync_windows_staged") - w0
         self._enq_rd = self._run_delay_ns() - rd0
         self._enq_ns = self._enq_end - t0
 
@@ -111,6 +119,9 @@ class EngineProbe:
         self.needed.append(int(batch.need_draft.sum()))
         self.usable.append(usable)
         self.wrong.append(int(chk.wrong.sum()) if chk is not None else 0)
+        self.full.append(chk.n_full if chk is not None else 0)
+        self.n_reqs.append(batch.n)
+        self.staged.append(self._staged)
         self.done_ns.append(time.perf_counter_ns())
         if usable and idx >= self._watch_from:
             self._resumed.set()

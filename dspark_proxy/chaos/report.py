@@ -1,6 +1,7 @@
-"""The campaign's report: per fault kind, what the engine saw (rounds, usable drafts, wrong drafts, its
-waits against the deadline, rounds until drafts resumed) and what both watchdogs recorded; the checks
-SPEC §9 asks for; a human table.
+"""The campaign's report: per fault kind, what the engine saw (rounds, usable drafts, wrong drafts, full
+windows, its waits against the deadline and its longest enqueue, rounds until drafts resumed and until
+windows were full again) and what both watchdogs recorded; the checks README "Guarantees" lists; a
+human table.
 
 Windows, per injection, as indices into the engine's per-round record:
     [idx_start, idx_clear)  the fault is on         -> rounds, usable rate
@@ -15,6 +16,8 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+
+from .completeness import BASELINE_MIN_FULL_RATE, full_rate, recovery
 
 __all__ = ["build_report", "format_table"]
 
@@ -65,6 +68,10 @@ def build_report(*, cfg: dict[str, Any], probe: Any, injections: list, passes: i
                "clock_start_s": inj.clock_start_s, "rounds_fault": clear - lo, "rounds": hi - lo,
                "needed_fault": _sum(probe.needed, lo, clear), "usable_fault": _sum(probe.usable, lo, clear),
                "wrong": _sum(probe.wrong, lo, hi), "resume_rounds": resume_rounds, "resume_ms": resume_ms,
+               "usable": _sum(probe.usable, lo, hi), "full": _sum(probe.full, lo, hi),
+               "full_window_rate": full_rate(_sum(probe.usable, lo, hi), _sum(probe.full, lo, hi)),
+               **recovery(probe, clear, hi, inj.windows_per_round),
+               "enqueue_ms_max": _ms(enq[lo:hi]),
                **_wait_summary(wait[lo:hi], D, late[lo:hi]), "notes": inj.notes, "error": inj.error,
                "shim_events": dict(Counter(e.get("how", "?") for e in inj.shim_events)),
                "shim_events_lost": inj.shim_events_lost,
@@ -99,6 +106,12 @@ def build_report(*, cfg: dict[str, Any], probe: Any, injections: list, passes: i
             "rounds": sum(r["rounds"] for r in rows),
             "usable_rate_fault": round(sum(r["usable_fault"] for r in rows) / needed, 4) if needed else None,
             "wrong": sum(r["wrong"] for r in rows), **_wait_summary(wait[idx], D, late[idx]),
+            "enqueue_ms_max": _ms(enq[idx]),
+            "full_window_rate": full_rate(sum(r["usable"] for r in rows), sum(r["full"] for r in rows)),
+            "full_after_rounds_max": max((r["full_after_rounds"] for r in rows if r["full_after_rounds"] is not None),
+                                         default=None),
+            "full_bound_rounds_max": max((r["full_bound_rounds"] for r in rows if r["full_bound_rounds"] is not None),
+                                         default=None),
             "resume_rounds_max": None if None in res else max(res, default=0),
             "resume_rounds_median": None if None in res else float(np.median(res)) if res else 0,
             "resume_ms_max": max(res_ms, default=None), "never_resumed": sum(x is None for x in res),
@@ -111,7 +124,10 @@ def build_report(*, cfg: dict[str, Any], probe: Any, injections: list, passes: i
     baseline = {"rounds": int(base.sum()), "wrong": int(np.asarray(probe.wrong[:n_rounds])[base].sum())
                 if n_rounds else 0,
                 "usable_rate": round(int(np.asarray(probe.usable[:n_rounds])[base].sum()) / base_needed, 4)
-                if base_needed else None, **_wait_summary(wait[base], D, late[base])}
+                if base_needed else None, **_wait_summary(wait[base], D, late[base]),
+                "enqueue_ms_max": _ms(enq[base]),
+                "full_window_rate": full_rate(int(np.asarray(probe.usable[:n_rounds])[base].sum()),
+                                              int(np.asarray(probe.full[:n_rounds])[base].sum())) if n_rounds else None}
     wrong_total = int(sum(probe.wrong)) if probe else 0
     limit_ns = (D + margin) * 1e6
     over = np.flatnonzero(wait > limit_ns)
@@ -128,10 +144,13 @@ def build_report(*, cfg: dict[str, Any], probe: Any, injections: list, passes: i
     worst = over_rows[:10]
     _checks(cfg, kinds, wrong_total, unexplained if not cfg.get("strict") else over_rows, leftovers, failures,
             per_inj)
+    _completeness_checks(baseline, per_inj, failures)
     overall = {"rounds": n_rounds, "elapsed_s": round(elapsed_s, 1), "passes": passes,
                "injections": len(injections), "wrong_drafts": wrong_total,
                "drafts_needed": int(sum(probe.needed)) if probe else 0,
                "usable_drafts": int(sum(probe.usable)) if probe else 0, **_wait_summary(wait, D, late),
+               "full_windows": int(sum(probe.full)) if probe else 0,
+               "full_window_rate": full_rate(int(sum(probe.usable)), int(sum(probe.full))) if probe else None,
                "rounds_over_limit_unexplained": len(unexplained),
                "off_cpu_ms_max": _ms(np.asarray(probe.wait_run_delay_ns[:n_rounds] if probe else [], np.int64)),
                "enqueue_ms_max": _ms(enq), "enqueue_ms_p99": _ms(enq, 99),
@@ -172,6 +191,21 @@ def _during(i: int, injections: list) -> str:
         if inj.idx_start <= i < inj.idx_end:
             return f"{inj.kind} #{inj.n}"
     return "baseline"
+
+
+def _completeness_checks(baseline: dict[str, Any], per_inj: list, failures: list[str]) -> None:
+    """Full windows: at least BASELINE_MIN_FULL_RATE outside the faults, and whole again within the
+    bound after each fault (completeness.py)."""
+    rate = baseline["full_window_rate"]
+    if rate is not None and rate < BASELINE_MIN_FULL_RATE:
+        failures.append(f"baseline full-window rate {rate} < {BASELINE_MIN_FULL_RATE}: usable drafts computed "
+                        f"from fewer rows than the engine holds")
+    for r in per_inj:
+        after, bound = r["full_after_rounds"], r["full_bound_rounds"]
+        if after is not None and after > bound:
+            failures.append(f"{r['kind']} #{r['n']}: windows full again {after} rounds after the first round that "
+                            f"reached the worker; the bound is {bound} (live requests / "
+                            f"{r['windows_per_round_staged']} windows staged a round, + 1)")
 
 
 def _checks(cfg: dict[str, Any], kinds: dict[str, dict[str, Any]], wrong_total: int, over: list[dict[str, Any]],
@@ -228,18 +262,23 @@ def format_table(r: dict[str, Any]) -> str:
     """The human table: one row per fault kind, then per-kind counters, then the verdict."""
     cfg, ov = r["config"], r["overall"]
     D = cfg["deadline_ms"]
-    head = (f"{'fault':<19} {'inj':>3} {'rounds':>6} {'usable%':>7} {'wrong':>5} {'wait ms p50':>11} {'p99':>7} "
-            f"{'max':>7} {'max-D':>7} {'late':>6} {'resume rnds':>11} {'resume ms':>9}  watchdog events (shim | proxy)")
+    head = (f"{'fault':<19} {'inj':>3} {'rounds':>6} {'usable%':>7} {'wrong':>5} {'full%':>6} {'wait ms p50':>11} "
+            f"{'p99':>7} {'max':>7} {'max-D':>7} {'late':>6} {'enq max':>7} {'resume rnds':>11} {'resume ms':>9} "
+            f"{'full rnds':>9}  watchdog events (shim | proxy)")
     lines = [f"dspark-proxy chaos: {ov['rounds']} rounds in {ov['elapsed_s']} s, {ov['injections']} injections "
              f"({ov['passes']} passes), deadline {D:g} ms, margin {cfg['margin_ms']:g} ms, "
              f"M={cfg['max_reqs']} N={cfg['num_spec']} W={cfg['window']} row_bytes={cfg['row_bytes']}, seed {cfg['seed']}",
              "", head, "-" * len(head)]
 
-    def row(name: str, inj: str, d: dict[str, Any], rate: Any, resume: str, resume_ms: str, ev: str) -> str:
+    def row(name: str, inj: str, d: dict[str, Any], rate: Any, resume: str, resume_ms: str, ev: str,
+            full_rnds: str = "-") -> str:
         pct = "-" if rate is None else f"{100 * rate:.1f}"
+        fw = d.get("full_window_rate")
+        full = "-" if fw is None else f"{100 * fw:.1f}"
         return (f"{name:<19} {inj:>3} {d.get('rounds_fault', d.get('rounds', 0)):>6} {pct:>7} {d['wrong']:>5} "
-                f"{d['wait_ms_p50']:>11.2f} {d['wait_ms_p99']:>7.2f} {d['wait_ms_max']:>7.2f} "
-                f"{d['beyond_deadline_ms']:>+7.2f} {d['late_ms_max']:>+6.2f} {resume:>11} {resume_ms:>9}  {ev}")
+                f"{full:>6} {d['wait_ms_p50']:>11.2f} {d['wait_ms_p99']:>7.2f} {d['wait_ms_max']:>7.2f} "
+                f"{d['beyond_deadline_ms']:>+7.2f} {d['late_ms_max']:>+6.2f} {d.get('enqueue_ms_max', 0.0):>7.2f} "
+                f"{resume:>11} {resume_ms:>9} {full_rnds:>9}  {ev}")
 
     b = r["baseline"]
     lines.append(row("(baseline)", "-", b, b["usable_rate"], "-", "-", "-"))
@@ -247,11 +286,16 @@ def format_table(r: dict[str, Any]) -> str:
         res = "never" if d["resume_rounds_max"] is None else f"{d['resume_rounds_max']}"
         res_ms = "-" if d["resume_ms_max"] is None else f"{d['resume_ms_max']:.0f}"
         ev = f"{_events(d['shim_events'])} | {_events(d['proxy_events'])}"
-        lines.append(row(kind, str(d["injections"]), d, d["usable_rate_fault"], res, res_ms, ev))
+        fr = (f"{d['full_after_rounds_max']}/{d['full_bound_rounds_max']}"
+              if d.get("full_after_rounds_max") is not None else "-")
+        lines.append(row(kind, str(d["injections"]), d, d["usable_rate_fault"], res, res_ms, ev, fr))
     lines += ["", "rounds: rounds while the fault was on; usable%: usable drafts / drafts needed while it was on; "
-              "wait: inside read_reply, over fault + recovery; max-D: max wait minus the deadline; late: latest "
-              "reply minus (gathered + deadline); resume: rounds (ms) from the fault clearing to the "
-              "first usable draft (max over injections)", "", "counters (deltas over the injections):"]
+              "full%: usable drafts whose window held every row the engine wrote (up to W), over fault + "
+              "recovery; wait: inside read_reply, over fault + recovery; max-D: max wait minus the deadline; "
+              "late: latest reply minus (gathered + deadline); enq max: longest enqueue (ms); resume: rounds "
+              "(ms) from the fault clearing to the first usable draft; full rnds: rounds from the first round "
+              "that reached the worker until every window was full / the bound (max over injections)", "",
+              "counters (deltas over the injections):"]
     for kind, d in r["faults"].items():
         lines.append(f"  {kind:<19} proxy: {_short_counters(d['proxy_counters']) or '-'}")
         sc = _short_counters(d["shim_counters"])
@@ -265,8 +309,9 @@ def format_table(r: dict[str, Any]) -> str:
                      f"off the CPU); worst: " + "; ".join(
                          f"round {o['round']} {o['wait_ms']:.1f} ms during {o['during']} (off CPU "
                          f"{o['off_cpu_ms']:.1f} ms)" for o in ov["worst_over_limit"][:3]))
+    fw = ov.get("full_window_rate")
     lines += ["", f"all rounds: wrong drafts {ov['wrong_drafts']}, usable {ov['usable_drafts']} of "
-              f"{ov['drafts_needed']} needed; engine wait p50 {ov['wait_ms_p50']:.2f} p99 {ov['wait_ms_p99']:.2f} "
+              f"{ov['drafts_needed']} needed, full windows {'-' if fw is None else f'{100 * fw:.2f}%'}; engine wait p50 {ov['wait_ms_p50']:.2f} p99 {ov['wait_ms_p99']:.2f} "
               f"max {ov['wait_ms_max']:.2f} ms (limit {ov['limit_ms']:g}); enqueue p99 {ov['enqueue_ms_p99']:.2f} "
               f"max {ov['enqueue_ms_max']:.2f} ms"]
     if r["failures"]:
@@ -274,7 +319,8 @@ def format_table(r: dict[str, Any]) -> str:
         lines += [f"  - {f}" for f in r["failures"]]
     else:
         explained = ov["rounds_over_limit"] - ov["rounds_over_limit_unexplained"]
-        lines.append("PASSED: every fault kind injected, no wrong draft, no wait beyond deadline + margin"
+        lines.append("PASSED: every fault kind injected, no wrong draft, no wait beyond deadline + margin, "
+                     "full windows in the baseline and again within the bound after every fault"
                      + (f" (but {explained} over it while the kernel kept the engine off the CPU, above)" if explained else "")
                      + ", drafts resumed after every fault, nothing left behind")
     if r.get("log_dir"):

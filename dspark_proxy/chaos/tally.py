@@ -38,6 +38,7 @@ class ProxyTally:
         self.latest: dict[int, dict[str, int]] = {}
         self.events: dict[tuple[int, int], dict[str, Any]] = {}  # (pid, event id) -> event
         self.actions: list[tuple[int, int, str]] = []
+        self.windows_per_round: int | None = None  # the current proxy's resync windows a round, as last read
 
     def sample(self) -> bool:
         """Read the current proxy's snapshot; False when there is no readable one right now."""
@@ -58,6 +59,12 @@ class ProxyTally:
         pid = int(st["header"]["owner_pid"])
         counters = dict(snap.get("counters", {}))
         gauges = snap.get("gauges", {})
+        # the layout's windows a round, or fewer where link pacing lowered it (the proxy's gauge says so)
+        paced = gauges.get("resync_windows_per_round")
+        r = int(st["header"].get("resync_per_round", 0)) or None
+        if isinstance(paced, int) and paced > 0:
+            r = paced if r is None else min(r, paced)
+        self.windows_per_round = r
         for k, v in (gauges.get("client") or {}).items():
             counters[f"client.{k}"] = v
         self.latest[pid] = counters

@@ -65,6 +65,8 @@ def _summary(r: dict[str, Any]) -> str:
         f"rounds            {r['rounds']} in {r['elapsed_s']} s ({r['rounds'] / max(r['elapsed_s'], 1e-9):.0f}/s)",
         f"usable drafts     {r['usable_drafts']} of {r['drafts_needed']} needed ({100 * r['usable_rate']:.1f}%)",
         f"wrong drafts      {r['wrong_drafts']}",
+        f"full windows      {r.get('full_windows', 0)} of {r['usable_drafts']} usable "
+        f"({100 * r.get('full_window_rate', 1.0):.1f}%: drafted from every row the engine holds, up to W)",
         f"engine wait (us)  p50 {r['wait_us_p50']:.0f}  p99 {r['wait_us_p99']:.0f}  max {r['wait_us_max']:.0f}"
         f"  (deadline {r['deadline_ms'] * 1000:.0f})",
         f"proxy round (us)  p50 {r.get('proxy_round_us_p50')}, worker rtt p50 {r.get('rtt_us_p50')}, "

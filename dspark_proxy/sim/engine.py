@@ -3,7 +3,8 @@
 Anything with the shim's surface works (duck typing): ``num_spec``, ``window``, ``max_reqs``,
 ``row_bytes``, ``enqueue(t, *, req_ids, slots, qsl, need_draft, k_window, rows, valid, first_pos,
 anchor, sampled, seed, temperature)`` and ``read_reply(t)`` returning an object with ``status``, ``n``,
-``ok_mask``, ``draft_ids`` and ``confidence``. A round is: next_batch → enqueue → the engine's own
+``ok_mask``, ``draft_ids``, ``confidence`` and ``n_drafts`` (optional: derived from the ok requests'
+leading ids when absent); request i's drafts are ``draft_ids[i, :n_drafts[i]]``, nothing else. A round is: next_batch → enqueue → the engine's own
 work (optional) → read_reply → check_reply → advance. The time spent inside read_reply is what the
 product exists to keep small, so it is measured per round.
 """
@@ -84,6 +85,8 @@ class SimResult:
     usable_rate: float
     wrong_drafts: int
     partial_windows: int
+    full_windows: int  # usable drafts whose window held every row the engine holds (up to W)
+    full_window_rate: float  # full_windows / usable_drafts (1.0 with no usable draft)
     status: dict[str, int]
     wait_us_p50: float
     wait_us_p99: float
@@ -115,7 +118,7 @@ class SimEngine:
         self.sched = Scheduler(cfg, self.rng)
         self._t = 0
         self._pending: Batch | None = None
-        self._acc = {"rounds": 0, "needed": 0, "usable": 0, "wrong": 0, "partial": 0, "reqs": 0, "rows": 0,
+        self._acc = {"rounds": 0, "needed": 0, "usable": 0, "wrong": 0, "partial": 0, "full": 0, "reqs": 0, "rows": 0,
                      "tokens": 0}
         self._status: dict[str, int] = {}
         self.first_wrong: list[dict] = []
@@ -196,7 +199,8 @@ class SimEngine:
             anchor_pos=batch.anchor_pos, need_draft=batch.need_draft,
             ok_mask=np.asarray(reply.ok_mask)[:n].astype(bool), draft_ids=np.asarray(reply.draft_ids)[:n],
             confidence=np.asarray(reply.confidence)[:n], mode=self.cfg.oracle,
-            max_details=max(0, self.cfg.max_wrong_details - len(self.first_wrong)))
+            max_details=max(0, self.cfg.max_wrong_details - len(self.first_wrong)),
+            reply_n_drafts=None if getattr(reply, "n_drafts", None) is None else np.asarray(reply.n_drafts)[:n])
         batch.check = res
         n_wrong = int(res.wrong.sum())
         self._acc["partial"] += res.partial
@@ -224,6 +228,7 @@ class SimEngine:
         a["rows"] += batch.n_rows
         a["needed"] += int(batch.need_draft.sum())
         a["usable"] += int(batch.check.usable.sum())
+        a["full"] += batch.check.n_full
         self._pending = None
 
     # ---- a run -------------------------------------------------------------------------------
@@ -300,7 +305,8 @@ class SimEngine:
             rounds=rounds, requests_served=c["finished"], requests_admitted=c["admitted"],
             drafts_needed=a["needed"], usable_drafts=a["usable"],
             usable_rate=a["usable"] / a["needed"] if a["needed"] else 0.0, wrong_drafts=a["wrong"],
-            partial_windows=a["partial"], status=dict(self._status),
+            partial_windows=a["partial"], full_windows=a["full"],
+            full_window_rate=a["full"] / a["usable"] if a["usable"] else 1.0, status=dict(self._status),
             wait_us_p50=_pct(self._wait_ns, 50), wait_us_p99=_pct(self._wait_ns, 99),
             wait_us_max=max(self._wait_ns, default=0) / 1000.0,
             enqueue_us_p50=_pct(self._enqueue_ns, 50), enqueue_us_p99=_pct(self._enqueue_ns, 99),

@@ -4,8 +4,8 @@ It keeps its own window of rows per slot from what was enqueued (the ring rules 
 the rows continue the held range of the same request, otherwise restart with exactly this round's rows;
 keep the last W), and answers each request that needs drafts with the integrity drafter's output over
 that window, as a correct system would. Knobs make it fail requests or rounds, cut windows short
-(PARTIAL_WINDOW), cut n_out, and corrupt answers on purpose, so tests can show the engine's oracle
-catches what it must.
+(PARTIAL_WINDOW: right drafts from fewer rows than held, which only the full-window rate sees), cut
+n_out, and corrupt answers on purpose, so tests can show the engine's oracle catches what it must.
 
 Corruptions (``corrupt=``), applied to one request per corrupted round:
 - ``flip_byte``: one bit of the newest row of a request's window is flipped as it is stored;
@@ -34,6 +34,7 @@ class OracleReply:
     ok_mask: np.ndarray  # bool [n]
     draft_ids: np.ndarray  # int32 [n, N]
     confidence: np.ndarray  # float32 [n, N]
+    n_drafts: np.ndarray | None = None  # int32 [n]: drafts usable per request (the shim's Reply field)
 
 
 class OracleShim:
@@ -124,7 +125,8 @@ class OracleShim:
         ids = np.full((n, N), -1, dtype=np.int32)
         conf = np.zeros((n, N), dtype=np.float32)
         if self.round_fail_prob and self.rng.random() < self.round_fail_prob:
-            return OracleReply(status=2, n=n, ok_mask=ok, draft_ids=ids, confidence=conf)
+            return OracleReply(status=2, n=n, ok_mask=ok, draft_ids=ids, confidence=conf,
+                               n_drafts=np.zeros(n, np.int32))
         failed = 0
         for i in np.flatnonzero(need_draft).tolist():
             if self.fail_prob and self.rng.random() < self.fail_prob:
@@ -152,7 +154,8 @@ class OracleShim:
             h = integrity_hash(int(anchor[i]), ap, window_rows)
             integrity_drafts(h, report_w, W, N, self.n_out, ids[i], conf[i])
             ok[i] = True
-        return OracleReply(status=1 if failed else 0, n=n, ok_mask=ok, draft_ids=ids, confidence=conf)
+        nd = np.where(ok, self.n_out if 0 < self.n_out < N else N, 0).astype(np.int32)
+        return OracleReply(status=1 if failed else 0, n=n, ok_mask=ok, draft_ids=ids, confidence=conf, n_drafts=nd)
 
     def close(self) -> None:
         self._round = None

@@ -1,8 +1,16 @@
 """The `integrity` oracle on the engine side: recompute every usable draft from rows the engine knows.
 
-For request i with ok_mask[i], the window size is recovered from the confidence (w = conf[i][0] * W,
-which must be an integer 1..min(W, anchor_pos)); the expected drafts are those of SPEC §6 over the
-anchor and the rows of positions anchor_pos - w .. anchor_pos - 1. Anything else is a wrong draft.
+For request i with n_drafts[i] > 0, the window size is recovered from the confidence (w = conf[i][0] * W,
+which must be an integer 1..min(W, anchor_pos)); the expected drafts are the integrity drafter's (README
+"Integrity") over the anchor and the rows of positions anchor_pos - w .. anchor_pos - 1, its first
+n_drafts[i] ids, then -1 / 0. Anything else is a wrong draft, and so is a request without drafts
+whose ids are not all -1 and confidences 0 (the reply must not show stale or made-up values).
+
+Window completeness: a usable draft is *full* when w covers every row the engine holds for the
+request, up to W: min(W, anchor_pos - the start of the rows it sent contiguously since the slot's
+last restart), from this oracle's own record of what the engine wrote (`record`), never from the
+proxy's ring model. A correct drafter over a window rebuilt after a fault can be right and not full;
+the full-window rate (full / usable) is what sees it.
 
 Two ways to get the CRC, which must agree (the tests hold them to it):
 - ``bytes``: regenerate the window's rows and call `integrity_hash` / `integrity_drafts` per request.
@@ -40,7 +48,12 @@ class CheckResult:
     usable: np.ndarray  # bool [n]: need_draft, ok, right, at least one draft
     n_drafts: np.ndarray  # int64 [n]: non-negative drafts (0 where not usable)
     partial: int = 0  # usable windows shorter than min(W, anchor_pos)
+    full: np.ndarray | None = None  # bool [n]: usable, and its window holds every row the engine holds (<= W)
     details: list[dict] = field(default_factory=list)
+
+    @property
+    def n_full(self) -> int:
+        return 0 if self.full is None else int(self.full.sum())
 
 
 class Oracle:
@@ -98,6 +111,15 @@ class Oracle:
         self.chain_end[slots] = first_pos + valid
         self.chain_owner[slots] = req_ids
 
+    def held(self, slots: np.ndarray, req_ids: np.ndarray, anchor_pos: np.ndarray) -> np.ndarray:
+        """Rows the engine holds for each request's anchor, up to W, from its own record: the rows it
+        sent contiguously since the slot's last restart (a rewind, a jump or a new owner restarts it,
+        as the ring rules do). min(W, anchor_pos) where the record is not this request's (never, for a
+        request of the round just recorded)."""
+        mine = (self.chain_owner[slots] == req_ids) & (self.chain_end[slots] == anchor_pos)
+        since = np.where(mine, self.chain_start[slots], 0)
+        return np.minimum(self.W, anchor_pos - since)
+
     # ---- hashes ------------------------------------------------------------------------------
 
     def hashes_fast(self, slots: np.ndarray, anchor: np.ndarray, anchor_pos: np.ndarray,
@@ -154,14 +176,35 @@ class Oracle:
 
     def check(self, *, t: int, slots: np.ndarray, req_ids: np.ndarray, anchor: np.ndarray,
               anchor_pos: np.ndarray, need_draft: np.ndarray, ok_mask: np.ndarray, draft_ids: np.ndarray,
-              confidence: np.ndarray, mode: str = "fast", max_details: int = 8) -> CheckResult:
-        """Check every ok request of one round's reply."""
+              confidence: np.ndarray, mode: str = "fast", max_details: int = 8,
+              reply_n_drafts: np.ndarray | None = None) -> CheckResult:
+        """Check every request of one round's reply: those with drafts against the oracle, the others
+        for cleared fields. `reply_n_drafts`: the reply's n_drafts (None: an older reply without it,
+        then the leading non-negative ids of the ok requests)."""
         n = slots.size
         wrong = np.zeros(n, dtype=bool)
         usable = np.zeros(n, dtype=bool)
         n_drafts = np.zeros(n, dtype=np.int64)
-        res = CheckResult(wrong=wrong, usable=usable, n_drafts=n_drafts)
-        sel = np.flatnonzero(ok_mask)
+        full = np.zeros(n, dtype=bool)
+        res = CheckResult(wrong=wrong, usable=usable, n_drafts=n_drafts, full=full)
+        all_ids = np.asarray(draft_ids)[:n, :self.N]
+        all_conf = np.asarray(confidence)[:n, :self.N]
+        if reply_n_drafts is None:
+            lead = np.logical_and.accumulate(all_ids >= 0, axis=1).sum(axis=1)
+            nd_all = np.where(np.asarray(ok_mask, dtype=bool), lead, 0).astype(np.int64)
+        else:
+            nd_all = np.asarray(reply_n_drafts)[:n].astype(np.int64)
+        bad_nd = (nd_all < 0) | (nd_all > self.N) | ((nd_all > 0) != np.asarray(ok_mask, dtype=bool))
+        none = nd_all == 0
+        unclean = none & ((all_ids != -1).any(axis=1) | (all_conf != 0).any(axis=1))
+        for i in np.flatnonzero(unclean | bad_nd)[:max_details].tolist():
+            res.details.append({"round": int(t), "index": i, "req_id": int(req_ids[i]), "slot": int(slots[i]),
+                                "reason": "n_drafts out of range or not ok_mask" if bad_nd[i]
+                                else "no drafts but ids / confidences not cleared",
+                                "n_drafts": int(nd_all[i]), "got_ids": all_ids[i].tolist(),
+                                "got_conf": all_conf[i].tolist()})
+        wrong |= unclean | bad_nd
+        sel = np.flatnonzero(~none & ~bad_nd)
         if sel.size == 0:
             return res
         got_ids = np.asarray(draft_ids)[sel, :self.N].astype(np.int32, copy=False)
@@ -171,7 +214,7 @@ class Oracle:
         wr = np.rint(np.where(np.isfinite(wf), wf, -1.0))
         good_w = (np.abs(wf - wr) <= _W_TOL) & (wr >= 1) & (wr <= np.minimum(self.W, ap))
         w = np.where(good_w, wr, 1).astype(np.int64)
-        n_out = (got_ids >= 0).sum(axis=1)
+        n_out = nd_all[sel]
         if mode == "fast":
             h, covered = self.hashes_fast(slots[sel], anchor[sel], ap, w)
             good_w &= covered
@@ -185,7 +228,8 @@ class Oracle:
         usable[right] = need_draft[right]
         n_drafts[right] = np.where(need_draft[right], n_out[match], 0)
         res.partial = int((match & (w < np.minimum(self.W, ap))).sum())
-        for r in np.flatnonzero(~match)[:max_details].tolist():
+        full[right] = need_draft[right] & (w[match] >= self.held(slots[right], req_ids[right], ap[match]))
+        for r in np.flatnonzero(~match)[:max(0, max_details - len(res.details))].tolist():
             i = int(sel[r])
             res.details.append({
                 "round": int(t), "index": i, "req_id": int(req_ids[i]), "slot": int(slots[i]),
