@@ -153,6 +153,8 @@ class Proxy:
                  seg.layout.total_bytes)
         t0 = self._wait_attached(seg)
         if t0 is None:
+            if not self._stop.is_set():
+                self._finish_segment(State.DEAD)
             return
         core = self.core = RoundCore(seg, self.client, self.stats, self.events, self.breaker, self.settings)
         self.client.new_session(f"engine attached at round {t0}")
@@ -179,9 +181,12 @@ class Proxy:
         off = seg.layout.word_off(Word.ATTACHED)
         while not self._stop.is_set():
             if _hostflag.wait_ge(seg.mm, off, 1, 0.1, 0):
-                # the engine stores its pid just after its CAS: wait for it (the spin policy uses it)
-                _hostflag.wait_ge(seg.mm, seg.layout.word_off(Word.ENGINE_PID), 1, 0.1, 0)
-                return seg.word(Word.ATTACHED)
+                return seg.word(Word.ATTACHED)  # engine_pid came first: it is the attach claim
+            if seg.word(Word.ABANDONED):  # claimed by an engine that died before storing attached
+                log.info("[proxy] incarnation %d abandoned before its first round: starting a new one",
+                         seg.incarnation)
+                self.stats.inc("abandoned")
+                return None
         return None
 
     def _wait_gathered(self, seg: Segment, flags: HostFlags, t: int) -> bool:

@@ -70,12 +70,15 @@ class _ReqIds:
         if len(ids) > self._limit:
             ids.clear()  # owners re-register below; a slot whose owner id changes resends its window
         out = np.empty(n, dtype=np.int64)
-        for i, r in enumerate(req_ids):
-            v = ids.get(r)
-            if v is None:
-                v = ids[r] = self._next
-                self._next += 1
-            out[i] = v
+        try:
+            for i, r in enumerate(req_ids):
+                v = ids.get(r)
+                if v is None:
+                    v = ids[r] = self._next
+                    self._next += 1
+                out[i] = v
+        except TypeError as e:
+            raise ShimError(f"req_ids: ids must be integers or hashable values: {e}") from e
         return out
 
 
@@ -123,6 +126,7 @@ class Shim:
         self._t = 0  # last round enqueued
         self._n = 0  # its number of requests
         self._round_attached = False  # round _t went through the segment
+        self._rejected = ""  # round _t had a bad input: why (read_reply's reason)
         self._awaiting_reply = False  # round _t was enqueued and its read_reply has not come yet
         self._rows_total = 0
         self._resync_req: np.ndarray | None = None  # private copy of the proxy's resync request
@@ -193,9 +197,10 @@ class Shim:
     def _try_attach(self, seg: Segment, t: int) -> None:
         with self._lock:
             self._pending = None
-        off = seg.layout.word_off(Word.ATTACHED)
-        if _hostflag.cas(seg.mm, off, 0, t):
-            seg.set_word(Word.ENGINE_PID, os.getpid())
+        # the claim is the pid itself (CAS engine_pid: 0 -> pid), then attached = t: nobody ever sees
+        # an incarnation that is taken while its engine's pid is still 0 (shm_layout.md §7)
+        if _hostflag.cas(seg.mm, seg.layout.word_off(Word.ENGINE_PID), 0, os.getpid()):
+            _hostflag.store(seg.mm, seg.layout.word_off(Word.ATTACHED), t)
             flags = HostFlags(seg, peer_pid=int(seg.header["owner_pid"]))
             flags.rebase(t)  # the handshake: the proxy's first round is t
             self._seg, self._flags = seg, flags
@@ -216,9 +221,9 @@ class Shim:
             # someone attached first. A live engine (two engines given one name): its proxy is left
             # alone, or the two would abandon each other's incarnations for ever. A gone one (or
             # this process, earlier): the incarnation cannot be re-based backwards, so it is abandoned
-            # and the proxy starts afresh. A pid still 0 is the winner between its CAS and its store.
+            # and the proxy starts afresh. The CAS failed, so the pid is the winner's, never 0.
             engine = seg.word(Word.ENGINE_PID)
-            live_other = engine == 0 or (engine != os.getpid() and owner_alive(engine, 0))
+            live_other = engine != os.getpid() and owner_alive(engine, 0)
             if live_other:
                 log.error("[shim] %s is attached to engine pid %d: two engines share this name; this one "
                           "stays target-only until a new proxy incarnation appears", seg.name, engine)
@@ -262,11 +267,17 @@ class Shim:
             raise ShimError(f"enqueue({t}): read_reply({self._t}) must come first")
         if t < 1:
             raise ShimError(f"enqueue({t}): rounds are numbered from 1")
-        n, a = self._validate(req_ids, slots, qsl, need_draft, k_window, rows, valid, first_pos, anchor,
-                              sampled, seed, temperature)
+        try:
+            n, a = self._validate(req_ids, slots, qsl, need_draft, k_window, rows, valid, first_pos, anchor,
+                                  sampled, seed, temperature)
+        except (TypeError, ValueError) as e:
+            err = e if isinstance(e, ShimError) else ShimError(f"bad input: {e}")
+            self._reject(t, slots, err)
+            raise err from (None if err is e else e)
         self._boundary(t)
         self.ring.write(a["slots"], a["req_ids"], a["first_pos"], a["valid"], a["rows"])
         self._t, self._n = t, n
+        self._rejected = ""
         self._rows_total = int(a["rows"].shape[0])
         self._round_attached = False
         self._awaiting_reply = True
@@ -279,6 +290,51 @@ class Shim:
         flags.raise_gathered(t, n)
         self._deadline_ns = seg.word(Word.GATHERED_NS) + int(self.deadline_ms() * 1e6)
         self._round_attached = True
+
+    def _reject(self, t: int, slots: Any, err: ShimError) -> None:
+        """Round t had a bad input: it costs exactly that round. It is in flight as failed (read_reply(t)
+        says why) and round t+1 comes next as usual. Attached, the proxy is told so without trusting
+        anything staged: round t's metadata and descriptor say "no requests" (the engine ring was not
+        written for t, so the proxy's model must apply nothing either), and the shim claims and fails
+        t itself before raising `gathered`, so the proxy skips it as it skips a round the watchdog took."""
+        try:
+            sa = _as_numpy(slots, None, "slots")
+            n = int(sa.shape[0]) if sa.ndim == 1 and sa.shape[0] <= self.max_reqs else 0
+        except (TypeError, ValueError, RuntimeError):
+            n = 0
+        self._boundary(t)
+        self._t, self._n = t, n
+        self._rejected = f"bad_input: {err}"
+        self._rows_total = 0
+        self._round_attached = False
+        self._awaiting_reply = True
+        self.counters.inc("rounds_rejected")
+        log.warning("[shim] enqueue(%d) rejected, the round is target-only: %s", t, err)
+        if self._state is not AttachState.ATTACHED:
+            return
+        seg, flags = self._seg, self._flags
+        assert seg is not None and flags is not None
+        self._write_nothing(seg, t)
+        flags.fail(t, n)
+        flags.raise_gathered(t, 0)
+
+    def _write_nothing(self, seg: Segment, t: int) -> None:
+        """Round t's metadata and descriptor with no requests, no rows and no windows (stamped)."""
+        lay, mm = seg.layout, seg.mm
+        m, d = self._slot_views(seg, t)
+        moff = lay.meta_off(t)
+        _hostflag.begin_write(mm, moff, t)
+        m["t"][...] = t
+        m["n"][...] = 0
+        m["rows_staged"][...] = 0
+        _hostflag.store_release(mm, moff + self._meta_end_off, t)
+        doff = lay.desc_off(t)
+        _hostflag.begin_write(mm, doff, t)
+        d["t"][...] = t
+        for k in ("n", "max_q", "rows_gathered", "n_staged"):
+            d[k][...] = 0
+        d["qsl"][:1] = 0
+        _hostflag.store_release(mm, doff + self._desc_end_off, t)
 
     def _validate(self, req_ids, slots, qsl, need_draft, k_window, rows, valid, first_pos, anchor, sampled,
                   seed, temperature) -> tuple[int, dict[str, np.ndarray]]:
@@ -486,6 +542,13 @@ class Shim:
             raise ShimError(f"read_reply({t}): the round in flight is {self._t}")
         n = self._n
         self._awaiting_reply = False
+        if self._rejected:
+            if self._flags is not None and self._seg is not None:
+                try:
+                    self._flags.consume(t)  # ours: we claimed and failed it in enqueue
+                except ValueError:
+                    pass
+            return self._reader.failed(t, n, self._rejected)
         if not self._round_attached:
             return self._reader.failed(t, n, "detached")
         self._round_attached = False

@@ -240,10 +240,11 @@ class Watchdog:
             h = seg.header
             if not owner_alive(int(h["owner_pid"]), int(h["owner_start_ticks"])):
                 return
-            if seg.word(Word.ATTACHED) != 0:
-                # attached before, by an engine that is gone (or by us, earlier): the proxy must start
-                # afresh, since its words cannot be re-based backwards
-                engine = seg.word(Word.ENGINE_PID)
+            engine = seg.word(Word.ENGINE_PID)
+            if engine != 0:
+                # taken (engine_pid is the attach claim, set before anything else), by an engine that
+                # is gone (or by us, earlier): the proxy must start afresh, since its words cannot be
+                # re-based backwards. A live engine's, mid-attach or not, is left alone.
                 if not owner_alive(engine, 0) or engine == _getpid():
                     seg.set_word(Word.ABANDONED, 1)
                 return
