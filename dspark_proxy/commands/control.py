@@ -72,6 +72,9 @@ def _table(st: dict[str, Any]) -> str:
         if isinstance(g.get("breaker"), dict):
             b = g["breaker"]
             lines.append(f"  breaker  {b.get('state')} trips={b.get('trips')}")
+        if g.get("thread_death"):
+            lines.append(f"  thread   proxy thread restarted {c.get('thread_restarts', 0)} times; last death: "
+                         f"{g['thread_death']}")
         if g.get("row_cap"):
             lines.append(f"  row cap  {g['row_cap']} rows a STEP (a STEP that size timed out)")
         for key, lat in sorted(snap.get("latency", {}).items()):
