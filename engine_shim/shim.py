@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from dspark_proxy import _hostflag
-from dspark_proxy.events import EventRing
+from dspark_proxy.events import EventRing, watchdog_event
 from dspark_proxy.hostflag import (
     FAR_AHEAD,
     PAGE_OK,
@@ -128,7 +128,6 @@ class Shim:
         self._round_attached = False  # round _t went through the segment
         self._rejected = ""  # round _t had a bad input: why (read_reply's reason)
         self._awaiting_reply = False  # round _t was enqueued and its read_reply has not come yet
-        self._rows_total = 0
         self._resync_req: np.ndarray | None = None  # private copy of the proxy's resync request
         self._resync_seen = 0  # its seqlock sequence when last read (unchanged: reuse _resync_want)
         self._resync_want: list[int] = []
@@ -137,6 +136,10 @@ class Shim:
         self._arange = np.arange(max_reqs, dtype=np.int64)
         self._mark = np.zeros(max_reqs, dtype=np.int64)  # scratch for the duplicate-slot check
         self._deadline_ns = 0
+        # per round t (slot t % 64): (t, n, rows staged, longest query, incarnation), so an event about
+        # a round reported rounds later (the watcher's claims are drained later) carries its own fields
+        self._rounds_seen: list[tuple[int, int, int, int, int]] = [(0, 0, 0, 0, 0)] * META_SLOTS
+        self._incarnation = 0  # of the last segment attached to (events of later rounds name it)
         self.on_close: list = []  # callables run by close() after detaching (thread mode stops its proxy)
         self._pinned = None  # CUDA rows: a pinned host bounce buffer (see _rows_from_device)
         self.proxy = None  # thread mode: the in-process Proxy
@@ -213,8 +216,8 @@ class Shim:
             self._desc_end_off = seg.layout.desc_dtype.fields["stamp_end"][1]
             self._move(AttachEvent.ATTACH_OK)
             self.counters.inc("attaches")
-            self.events.record(round=t, how="attached", phase="", n=0, rows=0, longest_query=0,
-                               proxy_wait_ms=0.0, incarnation=seg.incarnation)
+            self._incarnation = seg.incarnation
+            self.events.record(**watchdog_event(round=t, how="attached", incarnation=seg.incarnation))
             log.info("[shim] attached name=%s incarnation=%d at round %d deadline_ms=%.3f", seg.name,
                      seg.incarnation, t, self.deadline_ms())
         else:
@@ -278,7 +281,6 @@ class Shim:
         self.ring.write(a["slots"], a["req_ids"], a["first_pos"], a["valid"], a["rows"])
         self._t, self._n = t, n
         self._rejected = ""
-        self._rows_total = int(a["rows"].shape[0])
         self._round_attached = False
         self._awaiting_reply = True
         if self._state is not AttachState.ATTACHED:
@@ -305,7 +307,6 @@ class Shim:
         self._boundary(t)
         self._t, self._n = t, n
         self._rejected = f"bad_input: {err}"
-        self._rows_total = 0
         self._round_attached = False
         self._awaiting_reply = True
         self.counters.inc("rounds_rejected")
@@ -494,7 +495,9 @@ class Shim:
         d["t"][...] = t
         d["n"][...] = n
         qsl = a["qsl"]
-        d["max_q"][...] = int((qsl[1:] - qsl[:-1]).max()) if n else 0
+        max_q = int((qsl[1:] - qsl[:-1]).max()) if n else 0
+        d["max_q"][...] = max_q
+        self._rounds_seen[t % META_SLOTS] = (t, n, rows_staged, max_q, self._incarnation)
         d["rows_gathered"][...] = rows_staged
         d["n_staged"][...] = len(staged)
         if staged:
@@ -587,9 +590,16 @@ class Shim:
         self.lose("proxy_hung")
 
     def _note_watchdog(self, t: int, n: int, how: str) -> None:
+        """An event about round t, with round t's own fields (events.py documents each)."""
         self.counters.inc(f"watchdog_{how}")
-        self.events.record(round=t, how=how, phase="", n=n, rows=self._rows_total, longest_query=0,
-                           proxy_wait_ms=round(self.deadline_ms(), 3))
+        seen_t, seen_n, rows, max_q, inc = self._rounds_seen[t % META_SLOTS]
+        if seen_t == t:
+            phase = "prefill" if max_q > self.num_spec + 1 else "decode"
+            ev = watchdog_event(round=t, how=how, phase=phase, n=seen_n, rows=rows, longest_query=max_q,
+                                incarnation=inc)
+        else:  # not a round that went through a segment, or 64 rounds ago
+            ev = watchdog_event(round=t, how=how, n=n, incarnation=self._incarnation)
+        self.events.record(**ev)
 
     # ------------------------------------------------------------------ lifecycle
 

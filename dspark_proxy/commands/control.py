@@ -92,13 +92,20 @@ def _table(st: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (header, words, proxy, shim).")
 @click.option("--watch", type=float, default=None, metavar="SEC", help="Refresh every SEC seconds.")
 def status(name: str, as_json: bool, watch: float | None) -> None:
-    """Show a running proxy: header, words, heartbeat, breaker, counters, latencies, watchdog events."""
+    """Show a running proxy: header, words, heartbeat, breaker, counters, latencies, watchdog events.
+
+    With --watch, a segment that is missing or unreadable for a moment (a proxy re-creating it for a
+    new incarnation, or restarting) is reported and retried at the next refresh, not fatal."""
     while True:
         try:
             st = read_status(name)
         except SegmentError as e:
             click.echo(f"dspark-proxy status: {e}", err=True)
-            sys.exit(1)
+            if not watch:
+                sys.exit(1)
+            click.echo(f"dspark-proxy status: retrying in {watch:g} s (--watch)", err=True)
+            time.sleep(watch)
+            continue
         if as_json:
             click.echo(json.dumps(st, default=str))
         else:
