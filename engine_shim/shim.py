@@ -37,64 +37,13 @@ from dspark_proxy.shm_layout import META_SLOTS, ReplyLayout, Word
 from dspark_proxy.stats import Stats
 
 from .attach import AttachEvent, AttachState, next_state
+from .inputs import ShimError, _as_numpy, _ReqIds
 from .reply import Reply, ReplyReader
 from .ring import EngineRing
 
 __all__ = ["Shim", "ShimError"]
 
 log = logging.getLogger(__name__)
-
-
-class ShimError(ValueError):
-    """Bad input to enqueue/read_reply: raised before anything is written."""
-
-
-class _ReqIds:
-    """Request ids as int64: integers pass through; strings get small ids from a bounded table."""
-
-    def __init__(self, limit: int) -> None:
-        self._ids: dict[Any, int] = {}
-        self._next = 0
-        self._limit = limit
-
-    def __call__(self, req_ids: Any, n: int) -> np.ndarray:
-        if isinstance(req_ids, np.ndarray) and req_ids.dtype.kind in "iu":
-            return req_ids.astype(np.int64, copy=False)
-        if hasattr(req_ids, "dtype") and hasattr(req_ids, "numpy"):  # an integer torch tensor
-            return req_ids.detach().cpu().numpy().astype(np.int64, copy=False)
-        if not hasattr(req_ids, "__len__"):
-            req_ids = list(req_ids)
-        if len(req_ids) != n:
-            raise ShimError(f"req_ids: expected {n} ids, got {len(req_ids)}")
-        ids = self._ids
-        if len(ids) > self._limit:
-            ids.clear()  # owners re-register below; a slot whose owner id changes resends its window
-        out = np.empty(n, dtype=np.int64)
-        try:
-            for i, r in enumerate(req_ids):
-                v = ids.get(r)
-                if v is None:
-                    v = ids[r] = self._next
-                    self._next += 1
-                out[i] = v
-        except TypeError as e:
-            raise ShimError(f"req_ids: ids must be integers or hashable values: {e}") from e
-        return out
-
-
-def _as_numpy(x: Any, dtype: Any, name: str) -> np.ndarray:
-    if hasattr(x, "detach"):  # torch tensor
-        x = x.detach()
-        if x.device.type != "cpu":
-            x = x.cpu()
-        x = x.numpy()
-    a = np.asarray(x)
-    if dtype is not None and a.dtype != dtype:
-        try:
-            a = a.astype(dtype)
-        except (TypeError, ValueError) as e:
-            raise ShimError(f"{name}: cannot convert {a.dtype} to {np.dtype(dtype)}") from e
-    return a
 
 
 class Shim:
@@ -273,7 +222,7 @@ class Shim:
         try:
             n, a = self._validate(req_ids, slots, qsl, need_draft, k_window, rows, valid, first_pos, anchor,
                                   sampled, seed, temperature)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, RuntimeError) as e:  # RuntimeError: torch's word for a bad tensor
             err = e if isinstance(e, ShimError) else ShimError(f"bad input: {e}")
             self._reject(t, slots, err)
             raise err from (None if err is e else e)
