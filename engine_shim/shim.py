@@ -259,7 +259,10 @@ class Shim:
         self._round_attached = False
         self._awaiting_reply = True
         self.counters.inc("rounds_rejected")
-        log.warning("[shim] enqueue(%d) rejected, the round is target-only: %s", t, err)
+        # the engine has the exception; the log says it once (then the count, rounds_rejected, does)
+        (log.warning if self.counters.counter("rounds_rejected") == 1 else log.debug)(
+            "[shim] enqueue(%d) rejected, the round is target-only (logged once; counted as rounds_rejected): %s",
+            t, err)
         if self._state is not AttachState.ATTACHED:
             return
         seg, flags = self._seg, self._flags

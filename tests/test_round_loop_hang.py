@@ -53,6 +53,7 @@ def test_round_loop_hang_detaches_within_the_bound_and_drafts_resume(seg_name):
         while shim.attached and time.monotonic() - hung_at < 5:
             round_()
         detached_after = time.monotonic() - hung_at
+        print(f"\nround_loop_hang: detached after {detached_after * 1e3:.0f} ms")
         assert not shim.attached, "a stuck round loop was never seen as a hung proxy"
         assert shim.counters.counter("detach_round_loop_hung") == 1
         assert any(e["how"] == "round_loop_hung" for e in shim.events.dump())
