@@ -31,6 +31,9 @@ def test_a_rejected_round_costs_that_round_only(seg_name):
         assert reply.reason.startswith("bad_input: valid"), reply.reason
         assert rig.shim.counters.counter("rounds_rejected") == 1
         assert rig.stats.counter("fallback_bad_descriptor") == 0  # the proxy trusted no staging
+        # it read round t's own stamped metadata ("no requests"): no restart of every slot
+        assert rig.stats.counter("watchdog_skipped_rounds") == 1
+        assert rig.stats.counter("watchdog_skipped_unknown_ring") == 0
         checked = 0
         for _ in range(rig.W + 4):
             reply, b = rig.round(REQS)
