@@ -157,7 +157,8 @@ enum { WAIT_OK = 1, WAIT_TIMEOUT = 0, WAIT_EINTR = -1 };
  * Called without the GIL. Returns WAIT_EINTR when a signal interrupted the sleep so that the
  * caller can run Python's signal handlers and decide whether to go on.
  */
-static int wait_ge_nogil(_Atomic uint64_t *w, uint64_t target, int64_t deadline, int64_t spin_ns) {
+static int wait_ge_stoppable(_Atomic uint64_t *w, uint64_t target, int64_t deadline, int64_t spin_ns,
+                             _Atomic int *stop) {
     /* acquire: pairs with the writer's release store (gathered / published / consumed) */
     uint64_t v = atomic_load_explicit(w, memory_order_acquire);
     if (v >= target)
@@ -192,6 +193,12 @@ static int wait_ge_nogil(_Atomic uint64_t *w, uint64_t target, int64_t deadline,
             atomic_fetch_sub_explicit(sleepers, 1, memory_order_seq_cst);
             return WAIT_OK;
         }
+        /* the stop flag after the sequence (both seq_cst): a stop we miss here was stored before
+         * the stopper's wake bumped the sequence, so the futex below refuses to sleep or is woken */
+        if (stop != NULL && atomic_load_explicit(stop, memory_order_seq_cst)) {
+            atomic_fetch_sub_explicit(sleepers, 1, memory_order_seq_cst);
+            return WAIT_TIMEOUT;
+        }
         long r = futex_wait32(seq, s0, left);
         int err = errno;
         atomic_fetch_sub_explicit(sleepers, 1, memory_order_seq_cst);
@@ -201,6 +208,10 @@ static int wait_ge_nogil(_Atomic uint64_t *w, uint64_t target, int64_t deadline,
             return WAIT_EINTR;
         /* woken, EAGAIN (value moved but not far enough), ETIMEDOUT or spurious: loop re-checks */
     }
+}
+
+static int wait_ge_nogil(_Atomic uint64_t *w, uint64_t target, int64_t deadline, int64_t spin_ns) {
+    return wait_ge_stoppable(w, target, deadline, spin_ns, NULL);
 }
 
 /* Run a GIL-free wait, honouring signals: EINTR runs Python's handlers (Ctrl-C raises) and resumes. */
@@ -782,7 +793,7 @@ static PyObject *hf_monotonic_ns(PyObject *mod, PyObject *noargs) {
  * stays valid until stop() has joined it.
  */
 #define WATCH_RING 64
-#define WATCH_SLICE_NS 50000000LL /* waits in slices, so stop() is seen within 50 ms */
+#define WATCH_SLICE_NS 50000000LL /* waits in slices (a bound on a missed wake); stop() wakes it at once */
 
 typedef struct {
     uint64_t t;
@@ -818,7 +829,7 @@ static void *watcher_main(void *arg) {
     _Atomic uint64_t *published = word_at(base, w->words_off + W_PUBLISHED * WORD_STRIDE);
     while (!atomic_load_explicit(&w->stop, memory_order_acquire)) {
         uint64_t after = atomic_load_explicit(&w->after, memory_order_relaxed);
-        if (wait_ge_nogil(gathered, after + 1, now_ns() + WATCH_SLICE_NS, 0) != WAIT_OK)
+        if (wait_ge_stoppable(gathered, after + 1, now_ns() + WATCH_SLICE_NS, 0, &w->stop) != WAIT_OK)
             continue;
         /* acquire: pairs with raise_gathered's release; GATHERED_NS and ROUND_N precede it */
         uint64_t t = atomic_load_explicit(gathered, memory_order_acquire);
@@ -828,7 +839,7 @@ static void *watcher_main(void *arg) {
         int r = WAIT_TIMEOUT;
         for (;;) {
             int64_t slice = now_ns() + WATCH_SLICE_NS;
-            r = wait_ge_nogil(published, t, slice < deadline ? slice : deadline, w->spin_ns);
+            r = wait_ge_stoppable(published, t, slice < deadline ? slice : deadline, w->spin_ns, &w->stop);
             if (r == WAIT_OK || now_ns() >= deadline || atomic_load_explicit(&w->stop, memory_order_acquire))
                 break;
         }
@@ -858,7 +869,8 @@ static void *watcher_main(void *arg) {
 static void watcher_join(Watcher *w) {
     if (!w->started || w->joined)
         return;
-    atomic_store_explicit(&w->stop, 1, memory_order_release);
+    /* seq_cst: pairs with the waiter's seq_cst load of stop after its sequence (wait_ge_stoppable) */
+    atomic_store_explicit(&w->stop, 1, memory_order_seq_cst);
     char *base = (char *)w->buf.buf;
     /* wake it from either wait: the store of a word it may sleep on is not ours to make, a wake is */
     wake_if_sleepers(word_at(base, w->words_off + W_GATHERED * WORD_STRIDE));
@@ -981,7 +993,7 @@ static void Watcher_dealloc(Watcher *w) {
 
 static PyMethodDef Watcher_methods[] = {
     {"start", (PyCFunction)Watcher_start, METH_NOARGS, "Start the watcher thread."},
-    {"stop", (PyCFunction)Watcher_stop, METH_NOARGS, "Stop and join it (idempotent; within ~50 ms)."},
+    {"stop", (PyCFunction)Watcher_stop, METH_NOARGS, "Stop and join it (idempotent; wakes its wait at once)."},
     {"drain", (PyCFunction)Watcher_drain, METH_NOARGS,
      "drain() -> [(t, outcome, n, claim_ns, deadline_ns)]: what it did since the last drain."},
     {NULL, NULL, 0, NULL},

@@ -298,6 +298,9 @@ class ProxyConfig(LayoutConfig):
                                          "left of the deadline when the STEP goes out).",
                                          _Range(0, 60_000, lo_open=True))
     log_level: LogLevel = _opt("INFO", "Logging level.")
+    fault_round_hang_ms: float = _opt(0.0, "Fault injection (flag only): on SIGUSR1 the round loop blocks for "
+                                      "this many ms before its next round, the heartbeat going on (0: off).",
+                                      _Range(0, 3.6e6), flag_only=True)
 
     def _validate(self) -> None:
         if self.worker not in IN_PROCESS_WORKERS:
@@ -410,7 +413,16 @@ def load_toml(path: str, cls: type[_Base]) -> dict[str, Any]:
             raise ConfigError(f"config file {path}: unknown key {key!r} in [{cls.SECTION}] (known: "
                               f"{', '.join(sorted(mine))})", key)
         out[key] = value
+    flag_only = sorted(k for k in out if _flag_only(cls, k))
+    if flag_only:
+        raise ConfigError(f"config file {path}: {flag_only[0]!r} is a fault-injection setting: give it as "
+                          f"{_flag(flag_only[0])} on the command line only", flag_only[0])
     return out
+
+
+def _flag_only(cls: type[_Base], name: str) -> bool:
+    """Fault hooks are set by an explicit flag only: never by an env var or a config file."""
+    return any(f.name == name and f.metadata.get("flag_only") for f in dataclasses.fields(cls))
 
 
 # ---------------------------------------------------------------------------------------------- click
@@ -491,8 +503,9 @@ def click_options(cls: type[_Base]) -> Callable[[Callable[..., Any]], Callable[.
         default = f.default
         if isinstance(default, tuple):
             default = ",".join(map(str, default))
+        env = None if f.metadata.get("flag_only") else env_var(f.name)
         opts.append(click.option(decl, f.name, type=None if is_flag else ctype, default=default,
-                                 envvar=env_var(f.name), show_envvar=True, show_default=default is not None
+                                 envvar=env, show_envvar=env is not None, show_default=default is not None
                                  and default != "", help=f.metadata["help"]))
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:

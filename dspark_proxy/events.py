@@ -10,7 +10,7 @@ slots, never across anything that can block, so a watchdog recording an event is
 reader.
 
 Watchdog event fields (``watchdog_event()`` builds them in this order; the stats key is
-``watchdog_events``):
+``watchdog_events``). The proxy records ``skipped`` and ``late_publish``; the shim records the rest.
 
 - ``round``: the engine round (step) the event is about.
 - ``time``: wall-clock seconds (``time.time()``, 3 decimals) when it was *recorded*, which is after it
@@ -18,12 +18,22 @@ Watchdog event fields (``watchdog_event()`` builds them in this order; the stats
 - ``how``: what happened, one of ``WATCHDOG_HOWS`` (open set: new kinds may be added):
   ``watchdog`` (the deadline passed, the watchdog claimed and failed the round), ``skipped`` (a late proxy
   found the round already taken and skipped it), ``late_publish`` (the proxy finished the round but lost
-  the claim), ``proxy_dead`` / ``proxy_hung`` (pid gone / heartbeat stale: everything failed far
-  ahead), ``abandoned`` (a round claimed but not published in time: segment abandoned).
-- ``phase``: ``prefill``, ``decode``, ``mixed`` or ``none`` (batch unknown).
-- ``n``: requests in the round; ``rows``: rows gathered; ``longest_query``: the longest query span.
-- ``proxy_wait_ms``: how long the proxy had waited for the round when it got to it (0 where the
-  recorder is the watchdog itself).
+  the claim), ``attached`` (the shim attached to this incarnation at this round); and the shim's reasons
+  for giving an incarnation up (every round failed far ahead, then detach): ``proxy_dead`` (pid gone),
+  ``proxy_hung`` (heartbeat stale, or a round claimed but not published by deadline + grace),
+  ``round_loop_hung`` (a gathered round not begun by the proxy for the heartbeat timeout),
+  ``proxy_stopping`` (state STOPPING/DEAD), ``abandoned`` (someone else marked the segment
+  abandoned: another engine that found it, or an operator), ``proxy_replaced`` (the name maps a newer incarnation).
+- ``phase``: one of ``PHASES``: ``prefill`` (the round's longest query is longer than num_spec + 1),
+  ``decode``, or ``unknown`` (the round's descriptor could not be read, or the shim no longer holds
+  the round's record).
+- ``n``: requests in the round; ``rows``: rows gathered into the staging for the round (those that fit
+  max_rows); ``longest_query``: the longest query span of the round. All three are the event's round's
+  own (0 with phase ``unknown``).
+- ``proxy_wait_ms``: for the proxy's events, how long the proxy had waited for the round when it got to
+  it; always 0 in the shim's events (the shim cannot see the proxy's wait).
+- ``incarnation``: the segment incarnation the round went through (the shim's: the one it was attached
+  to for that round; 0 if it never attached), so any event can be tied to one proxy incarnation.
 """
 
 from __future__ import annotations
@@ -32,11 +42,14 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["EVENTS_FORMAT_VERSION", "WATCHDOG_EVENTS_KEPT", "WATCHDOG_HOWS", "EventRing", "watchdog_event"]
+__all__ = ["EVENTS_FORMAT_VERSION", "WATCHDOG_EVENTS_KEPT", "WATCHDOG_HOWS", "PHASES", "EventRing",
+           "watchdog_event"]
 
-EVENTS_FORMAT_VERSION = "1.0"  # minor: fields added; major: existing fields changed
+EVENTS_FORMAT_VERSION = "1.1"  # minor: fields added (1.1: incarnation); major: existing fields changed
 WATCHDOG_EVENTS_KEPT = 64
-WATCHDOG_HOWS = ("watchdog", "skipped", "late_publish", "proxy_dead", "proxy_hung", "abandoned")
+WATCHDOG_HOWS = ("watchdog", "skipped", "late_publish", "attached", "proxy_dead", "proxy_hung", "round_loop_hung",
+                 "proxy_stopping", "abandoned", "proxy_replaced")
+PHASES = ("prefill", "decode", "unknown")
 
 
 class EventRing:
@@ -94,8 +107,8 @@ class EventRing:
         return min(self._next_id, self.capacity)
 
 
-def watchdog_event(*, round: int, how: str, phase: str = "none", n: int = 0, rows: int = 0,
-                   longest_query: int = 0, proxy_wait_ms: float = 0.0,
+def watchdog_event(*, round: int, how: str, phase: str = "unknown", n: int = 0, rows: int = 0,
+                   longest_query: int = 0, proxy_wait_ms: float = 0.0, incarnation: int = 0,
                    time_s: float | None = None) -> dict[str, Any]:
     """The fields of one watchdog event, in the documented order; ``time_s`` defaults to now (wall)."""
     return {
@@ -107,6 +120,7 @@ def watchdog_event(*, round: int, how: str, phase: str = "none", n: int = 0, row
         "rows": int(rows),
         "longest_query": int(longest_query),
         "proxy_wait_ms": _round3(proxy_wait_ms),
+        "incarnation": int(incarnation),
     }
 
 

@@ -115,12 +115,27 @@ class Proxy:
         self.ready = threading.Event()  # set once the first incarnation is READY (tests, demo)
         self._last_log = 0
         self._last_round: int | None = None  # the previous engine's last round (rebasing the next one's)
+        self._hang_asked = threading.Event()  # --fault-round-hang-ms: SIGUSR1 (or hang_round_loop()) sets it
 
     # ------------------------------------------------------------------ control
 
     def stop(self) -> None:
         """Ask serve() to return (signal-safe: sets an Event and nothing else)."""
         self._stop.set()
+
+    def hang_round_loop(self) -> None:
+        """Fault hook (--fault-round-hang-ms): the round loop blocks for that long before its next
+        round while the heartbeat goes on (signal-safe: sets an Event and nothing else)."""
+        self._hang_asked.set()
+
+    def _maybe_hang(self, t: int) -> None:
+        if not self._hang_asked.is_set():
+            return
+        self._hang_asked.clear()
+        ms = self.cfg.fault_round_hang_ms
+        log.warning("[proxy] fault: round loop blocked for %.0f ms before round %d", ms, t)
+        self.stats.inc("fault_round_hangs")
+        self._stop.wait(ms / 1e3)
 
     def serve(self) -> None:
         """Run incarnations until stop(). On the way out: fail everything ahead, STOPPING, unlink."""
@@ -154,6 +169,8 @@ class Proxy:
                  seg.layout.total_bytes)
         t0 = self._wait_attached(seg)
         if t0 is None:
+            if not self._stop.is_set():
+                self._finish_segment(State.DEAD)
             return
         core = self.core = RoundCore(seg, self.client, self.stats, self.events, self.breaker, self.settings)
         self._rebase(t0)
@@ -170,6 +187,7 @@ class Proxy:
                 waited_us = (time.perf_counter() - w0) * 1e6  # the engine's step, as the proxy saw it
                 self.stats.observe("gather_us", waited_us)
                 seg.set_word(Word.PROXY_ROUND, t)
+                self._maybe_hang(t)
                 core.handle(t, waited_us)
                 self._maybe_log(t)
                 t += 1
@@ -194,9 +212,12 @@ class Proxy:
         off = seg.layout.word_off(Word.ATTACHED)
         while not self._stop.is_set():
             if _hostflag.wait_ge(seg.mm, off, 1, 0.1, 0):
-                # the engine stores its pid just after its CAS: wait for it (the spin policy uses it)
-                _hostflag.wait_ge(seg.mm, seg.layout.word_off(Word.ENGINE_PID), 1, 0.1, 0)
-                return seg.word(Word.ATTACHED)
+                return seg.word(Word.ATTACHED)  # engine_pid came first: it is the attach claim
+            if seg.word(Word.ABANDONED):  # claimed by an engine that died before storing attached
+                log.info("[proxy] incarnation %d abandoned before its first round: starting a new one",
+                         seg.incarnation)
+                self.stats.inc("abandoned")
+                return None
         return None
 
     def _wait_gathered(self, seg: Segment, flags: HostFlags, t: int) -> bool:
@@ -291,6 +312,8 @@ def run_proxy(cfg: ProxyConfig, token: bytes | None = None, sources: dict[str, s
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    if cfg.fault_round_hang_ms > 0:
+        signal.signal(signal.SIGUSR1, lambda signum, frame: proxy.hang_round_loop())
     metrics = None
     if cfg.metrics_port is not None:
         from .metrics import start_metrics_server

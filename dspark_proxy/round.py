@@ -779,5 +779,5 @@ class RoundCore:
         self.events.record(round=t, time=round(time.time(), 3), how=how, phase=phase, n=n,
                            rows=int(d["rows_gathered"]) if same else 0,
                            longest_query=int(d["max_q"]) if same else 0,
-                           proxy_wait_ms=round(waited_us / 1e3, 3))
+                           proxy_wait_ms=round(waited_us / 1e3, 3), incarnation=self.seg.incarnation)
         self.stats.set("watchdog_events", self.events.dump())

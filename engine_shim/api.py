@@ -8,8 +8,9 @@ import threading
 import time
 from typing import Any
 
-from dspark_proxy.segment import LayoutMismatch, Segment, SegmentError, owner_alive
+from dspark_proxy.segment import DEFAULT_NAME, LayoutMismatch, Segment, SegmentError, owner_alive
 
+from .attach import AttachState
 from .shim import Shim
 
 __all__ = ["attach", "boot", "current", "ENV_NAME"]
@@ -20,6 +21,11 @@ ENV_NAME = "DSPARK_PROXY"  # boot(): the segment name to attach to
 
 _current: Shim | None = None
 _current_lock = threading.Lock()
+# one shim per (process, name): two would each abandon the other's incarnation for ever (boot() plus an
+# explicit attach() in one engine is the usual way to get there). Keyed by pid so a forked child, whose
+# copy of the parent's shim has no threads, makes its own.
+_shims: dict[tuple[int, str], tuple[Shim, dict[str, Any]]] = {}
+_shims_lock = threading.Lock()
 
 
 def attach(name: str | None = None, *, max_reqs: int, num_spec: int, window: int, row_bytes: int,
@@ -34,33 +40,71 @@ def attach(name: str | None = None, *, max_reqs: int, num_spec: int, window: int
     (`worker="HOST:PORT"`, breaker_threshold=..., ...) and runs the same round loop on a thread; it
     returns once the shim has found that proxy (at least 5 s allowed), so the first round is not run
     detached.
+
+    One shim per name and process: while one is open, attach() with the same arguments returns it
+    (boot() plus an explicit attach() share one), and with different ones raises ValueError naming the
+    first argument that differs.
     """
+    want = {"mode": mode, "max_reqs": max_reqs, "num_spec": num_spec, "window": window, "row_bytes": row_bytes,
+            "sampled": sampled, "deadline_ms": deadline_ms, **kwargs}
+    key = (os.getpid(), DEFAULT_NAME if name is None else name)
+    with _shims_lock:
+        if name is not None or mode == "process":
+            same = _existing(key, want)
+            if same is not None:
+                return same
+        shim = _new_shim(name, want, timeout_s)
+        _shims[(os.getpid(), shim.name or DEFAULT_NAME)] = (shim, want)
+    _wait_found(shim, max(timeout_s, 5.0) if mode == "thread" else timeout_s)
+    _set_current(shim)
+    return shim
+
+
+def _existing(key: tuple[int, str], want: dict[str, Any]) -> Shim | None:
+    """This process's open shim for the name: returned when `want` is what it was made with, else a
+    ValueError naming the first field that differs."""
+    got = _shims.get(key)
+    if got is None:
+        return None
+    shim, had = got
+    if shim.state is AttachState.CLOSED:
+        del _shims[key]
+        return None
+    for k in sorted(set(had) | set(want)):
+        if had.get(k) != want.get(k):
+            raise ValueError(f"attach({key[1]!r}): this process already has a shim for that name with "
+                             f"{k}={had.get(k)!r}, not {want.get(k)!r}; one shim per name and process "
+                             f"(close it first, or attach with the same parameters to share it)")
+    log.info("[shim] attach(%r): this process's shim for that name is returned", key[1])
+    return shim
+
+
+def _new_shim(name: str | None, want: dict[str, Any], timeout_s: float) -> Shim:
+    kwargs = {k: v for k, v in want.items() if k not in ("mode", "max_reqs", "num_spec", "window", "row_bytes",
+                                                          "sampled", "deadline_ms")}
+    mode, max_reqs, num_spec, window, row_bytes, sampled, deadline_ms = (
+        want[k] for k in ("mode", "max_reqs", "num_spec", "window", "row_bytes", "sampled", "deadline_ms"))
     if mode == "thread":
         from .thread_mode import attach_thread
 
-        shim = attach_thread(name, max_reqs=max_reqs, num_spec=num_spec, window=window, row_bytes=row_bytes,
+        return attach_thread(name, max_reqs=max_reqs, num_spec=num_spec, window=window, row_bytes=row_bytes,
                              sampled=sampled, deadline_ms=deadline_ms, timeout_s=timeout_s, **kwargs)
-        # the proxy is ours and already ready: the engine's first round should not run detached just
-        # because the watchdog thread has not been scheduled yet (a loaded machine)
-        _wait_found(shim, max(timeout_s, 5.0))
-        _set_current(shim)
-        return shim
+        # (attach() then waits for the watchdog to find it: the proxy is ours and already ready, and the
+        # engine's first round should not run detached because that thread was not scheduled yet)
     if mode != "process":
         raise ValueError(f"mode={mode!r}: use 'process' or 'thread'")
     shim_kw = {k: kwargs.pop(k) for k in ("grace_ms", "heartbeat_timeout_s", "look_every_s") if k in kwargs}
     if kwargs:
         raise TypeError(f"unexpected arguments for process mode: {', '.join(sorted(kwargs))}")
     _check_existing(name, max_reqs, num_spec, window, row_bytes, sampled)
-    shim = Shim(name, max_reqs=max_reqs, num_spec=num_spec, window=window, row_bytes=row_bytes, sampled=sampled,
+    return Shim(name, max_reqs=max_reqs, num_spec=num_spec, window=window, row_bytes=row_bytes, sampled=sampled,
                 deadline_ms=deadline_ms, **shim_kw)
-    if timeout_s > 0:
-        _wait_found(shim, timeout_s)
-    _set_current(shim)
-    return shim
 
 
 def _wait_found(shim: Shim, timeout_s: float) -> None:
     """Until the watchdog has found a ready proxy (pending: the engine attaches at its next round)."""
+    if timeout_s <= 0:
+        return
     end = time.monotonic() + timeout_s
     while time.monotonic() < end and shim.state.value == "detached":
         time.sleep(0.005)

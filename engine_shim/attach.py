@@ -20,7 +20,7 @@ class AttachState(enum.Enum):
 
 class AttachEvent(enum.Enum):
     FOUND = "found"  # watchdog: a ready, unattached incarnation with our parameters
-    ATTACH_OK = "attach_ok"  # engine: the ATTACHED word's CAS 0 -> t0 succeeded
+    ATTACH_OK = "attach_ok"  # engine: the ENGINE_PID word's CAS 0 -> pid (the claim) succeeded
     ATTACH_REFUSED = "attach_refused"  # engine: someone attached first, or the segment went away
     LOST = "lost"  # watchdog/engine: proxy dead, hung, stopping, abandoned or replaced
     CLOSE = "close"

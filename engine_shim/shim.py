@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from dspark_proxy import _hostflag
-from dspark_proxy.events import EventRing
+from dspark_proxy.events import EventRing, watchdog_event
 from dspark_proxy.hostflag import (
     FAR_AHEAD,
     PAGE_OK,
@@ -37,61 +37,13 @@ from dspark_proxy.shm_layout import META_SLOTS, ReplyLayout, Word, resync_window
 from dspark_proxy.stats import Stats
 
 from .attach import AttachEvent, AttachState, next_state
+from .inputs import ShimError, _as_numpy, _ReqIds
 from .reply import Reply, ReplyReader
 from .ring import EngineRing
 
 __all__ = ["Shim", "ShimError"]
 
 log = logging.getLogger(__name__)
-
-
-class ShimError(ValueError):
-    """Bad input to enqueue/read_reply: raised before anything is written."""
-
-
-class _ReqIds:
-    """Request ids as int64: integers pass through; strings get small ids from a bounded table."""
-
-    def __init__(self, limit: int) -> None:
-        self._ids: dict[Any, int] = {}
-        self._next = 0
-        self._limit = limit
-
-    def __call__(self, req_ids: Any, n: int) -> np.ndarray:
-        if isinstance(req_ids, np.ndarray) and req_ids.dtype.kind in "iu":
-            return req_ids.astype(np.int64, copy=False)
-        if hasattr(req_ids, "dtype") and hasattr(req_ids, "numpy"):  # an integer torch tensor
-            return req_ids.detach().cpu().numpy().astype(np.int64, copy=False)
-        if not hasattr(req_ids, "__len__"):
-            req_ids = list(req_ids)
-        if len(req_ids) != n:
-            raise ShimError(f"req_ids: expected {n} ids, got {len(req_ids)}")
-        ids = self._ids
-        if len(ids) > self._limit:
-            ids.clear()  # owners re-register below; a slot whose owner id changes resends its window
-        out = np.empty(n, dtype=np.int64)
-        for i, r in enumerate(req_ids):
-            v = ids.get(r)
-            if v is None:
-                v = ids[r] = self._next
-                self._next += 1
-            out[i] = v
-        return out
-
-
-def _as_numpy(x: Any, dtype: Any, name: str) -> np.ndarray:
-    if hasattr(x, "detach"):  # torch tensor
-        x = x.detach()
-        if x.device.type != "cpu":
-            x = x.cpu()
-        x = x.numpy()
-    a = np.asarray(x)
-    if dtype is not None and a.dtype != dtype:
-        try:
-            a = a.astype(dtype)
-        except (TypeError, ValueError) as e:
-            raise ShimError(f"{name}: cannot convert {a.dtype} to {np.dtype(dtype)}") from e
-    return a
 
 
 class Shim:
@@ -123,8 +75,8 @@ class Shim:
         self._t = 0  # last round enqueued
         self._n = 0  # its number of requests
         self._round_attached = False  # round _t went through the segment
+        self._rejected = ""  # round _t had a bad input: why (read_reply's reason)
         self._awaiting_reply = False  # round _t was enqueued and its read_reply has not come yet
-        self._rows_total = 0
         self._resync_req: np.ndarray | None = None  # private copy of the proxy's resync request
         self._resync_seen = 0  # its seqlock sequence when last read (unchanged: reuse _resync_want)
         self._resync_want: list[int] = []  # the request read, not yet honoured (it is honoured once)
@@ -136,6 +88,10 @@ class Shim:
         self._arange = np.arange(max_reqs, dtype=np.int64)
         self._mark = np.zeros(max_reqs, dtype=np.int64)  # scratch for the duplicate-slot check
         self._deadline_ns = 0
+        # per round t (slot t % 64): (t, n, rows staged, longest query, incarnation), so an event about
+        # a round reported rounds later (the watcher's claims are drained later) carries its own fields
+        self._rounds_seen: list[tuple[int, int, int, int, int]] = [(0, 0, 0, 0, 0)] * META_SLOTS
+        self._incarnation = 0  # of the last segment attached to (events of later rounds name it)
         self.on_close: list = []  # callables run by close() after detaching (thread mode stops its proxy)
         self._pinned = None  # CUDA rows: a pinned host bounce buffer (see _rows_from_device)
         self.proxy = None  # thread mode: the in-process Proxy
@@ -196,9 +152,10 @@ class Shim:
     def _try_attach(self, seg: Segment, t: int) -> None:
         with self._lock:
             self._pending = None
-        off = seg.layout.word_off(Word.ATTACHED)
-        if _hostflag.cas(seg.mm, off, 0, t):
-            seg.set_word(Word.ENGINE_PID, os.getpid())
+        # the claim is the pid itself (CAS engine_pid: 0 -> pid), then attached = t: nobody ever sees
+        # an incarnation that is taken while its engine's pid is still 0 (shm_layout.md §7)
+        if _hostflag.cas(seg.mm, seg.layout.word_off(Word.ENGINE_PID), 0, os.getpid()):
+            _hostflag.store(seg.mm, seg.layout.word_off(Word.ATTACHED), t)
             flags = HostFlags(seg, peer_pid=int(seg.header["owner_pid"]))
             flags.rebase(t)  # the handshake: the proxy's first round is t
             self._seg, self._flags = seg, flags
@@ -211,17 +168,17 @@ class Shim:
             self._desc_end_off = seg.layout.desc_dtype.fields["stamp_end"][1]
             self._move(AttachEvent.ATTACH_OK)
             self.counters.inc("attaches")
-            self.events.record(round=t, how="attached", phase="", n=0, rows=0, longest_query=0,
-                               proxy_wait_ms=0.0, incarnation=seg.incarnation)
+            self._incarnation = seg.incarnation
+            self.events.record(**watchdog_event(round=t, how="attached", incarnation=seg.incarnation))
             log.info("[shim] attached name=%s incarnation=%d at round %d deadline_ms=%.3f", seg.name,
                      seg.incarnation, t, self.deadline_ms())
         else:
             # someone attached first. A live engine (two engines given one name): its proxy is left
             # alone, or the two would abandon each other's incarnations for ever. A gone one (or
             # this process, earlier): the incarnation cannot be re-based backwards, so it is abandoned
-            # and the proxy starts afresh. A pid still 0 is the winner between its CAS and its store.
+            # and the proxy starts afresh. The CAS failed, so the pid is the winner's, never 0.
             engine = seg.word(Word.ENGINE_PID)
-            live_other = engine == 0 or (engine != os.getpid() and owner_alive(engine, 0))
+            live_other = engine != os.getpid() and owner_alive(engine, 0)
             if live_other:
                 log.error("[shim] %s is attached to engine pid %d: two engines share this name; this one "
                           "stays target-only until a new proxy incarnation appears", seg.name, engine)
@@ -265,12 +222,17 @@ class Shim:
             raise ShimError(f"enqueue({t}): read_reply({self._t}) must come first")
         if t < 1:
             raise ShimError(f"enqueue({t}): rounds are numbered from 1")
-        n, a = self._validate(req_ids, slots, qsl, need_draft, k_window, rows, valid, first_pos, anchor,
-                              sampled, seed, temperature)
+        try:
+            n, a = self._validate(req_ids, slots, qsl, need_draft, k_window, rows, valid, first_pos, anchor,
+                                  sampled, seed, temperature)
+        except (TypeError, ValueError, RuntimeError) as e:  # RuntimeError: torch's word for a bad tensor
+            err = e if isinstance(e, ShimError) else ShimError(f"bad input: {e}")
+            self._reject(t, slots, err)
+            raise err from (None if err is e else e)
         self._boundary(t)
         self.ring.write(a["slots"], a["req_ids"], a["first_pos"], a["valid"], a["rows"])
         self._t, self._n = t, n
-        self._rows_total = int(a["rows"].shape[0])
+        self._rejected = ""
         self._round_attached = False
         self._awaiting_reply = True
         if self._state is not AttachState.ATTACHED:
@@ -282,6 +244,53 @@ class Shim:
         flags.raise_gathered(t, n)
         self._deadline_ns = seg.word(Word.GATHERED_NS) + int(self.deadline_ms() * 1e6)
         self._round_attached = True
+
+    def _reject(self, t: int, slots: Any, err: ShimError) -> None:
+        """Round t had a bad input: it costs exactly that round. It is in flight as failed (read_reply(t)
+        says why) and round t+1 comes next as usual. Attached, the proxy is told so without trusting
+        anything staged: round t's metadata and descriptor say "no requests" (the engine ring was not
+        written for t, so the proxy's model must apply nothing either), and the shim claims and fails
+        t itself before raising `gathered`, so the proxy skips it as it skips a round the watchdog took."""
+        try:
+            sa = _as_numpy(slots, None, "slots")
+            n = int(sa.shape[0]) if sa.ndim == 1 and sa.shape[0] <= self.max_reqs else 0
+        except (TypeError, ValueError, RuntimeError):
+            n = 0
+        self._boundary(t)
+        self._t, self._n = t, n
+        self._rejected = f"bad_input: {err}"
+        self._round_attached = False
+        self._awaiting_reply = True
+        self.counters.inc("rounds_rejected")
+        # the engine has the exception; the log says it once (then the count, rounds_rejected, does)
+        (log.warning if self.counters.counter("rounds_rejected") == 1 else log.debug)(
+            "[shim] enqueue(%d) rejected, the round is target-only (logged once; counted as rounds_rejected): %s",
+            t, err)
+        if self._state is not AttachState.ATTACHED:
+            return
+        seg, flags = self._seg, self._flags
+        assert seg is not None and flags is not None
+        self._write_nothing(seg, t)
+        flags.fail(t, n)
+        flags.raise_gathered(t, 0)
+
+    def _write_nothing(self, seg: Segment, t: int) -> None:
+        """Round t's metadata and descriptor with no requests, no rows and no windows (stamped)."""
+        lay, mm = seg.layout, seg.mm
+        m, d = self._slot_views(seg, t)
+        moff = lay.meta_off(t)
+        _hostflag.begin_write(mm, moff, t)
+        m["t"][...] = t
+        m["n"][...] = 0
+        m["rows_staged"][...] = 0
+        _hostflag.store_release(mm, moff + self._meta_end_off, t)
+        doff = lay.desc_off(t)
+        _hostflag.begin_write(mm, doff, t)
+        d["t"][...] = t
+        for k in ("n", "max_q", "rows_gathered", "n_staged"):
+            d[k][...] = 0
+        d["qsl"][:1] = 0
+        _hostflag.store_release(mm, doff + self._desc_end_off, t)
 
     def _validate(self, req_ids, slots, qsl, need_draft, k_window, rows, valid, first_pos, anchor, sampled,
                   seed, temperature) -> tuple[int, dict[str, np.ndarray]]:
@@ -441,7 +450,9 @@ class Shim:
         d["t"][...] = t
         d["n"][...] = n
         qsl = a["qsl"]
-        d["max_q"][...] = int((qsl[1:] - qsl[:-1]).max()) if n else 0
+        max_q = int((qsl[1:] - qsl[:-1]).max()) if n else 0
+        d["max_q"][...] = max_q
+        self._rounds_seen[t % META_SLOTS] = (t, n, rows_staged, max_q, self._incarnation)
         d["rows_gathered"][...] = rows_staged
         d["n_staged"][...] = len(staged)
         if staged:
@@ -512,6 +523,13 @@ class Shim:
             raise ShimError(f"read_reply({t}): the round in flight is {self._t}")
         n = self._n
         self._awaiting_reply = False
+        if self._rejected:
+            if self._flags is not None and self._seg is not None:
+                try:
+                    self._flags.consume(t)  # ours: we claimed and failed it in enqueue
+                except ValueError:
+                    pass
+            return self._reader.failed(t, n, self._rejected)
         if not self._round_attached:
             return self._reader.failed(t, n, "detached")
         self._round_attached = False
@@ -550,9 +568,16 @@ class Shim:
         self.lose("proxy_hung")
 
     def _note_watchdog(self, t: int, n: int, how: str) -> None:
+        """An event about round t, with round t's own fields (events.py documents each)."""
         self.counters.inc(f"watchdog_{how}")
-        self.events.record(round=t, how=how, phase="", n=n, rows=self._rows_total, longest_query=0,
-                           proxy_wait_ms=round(self.deadline_ms(), 3))
+        seen_t, seen_n, rows, max_q, inc = self._rounds_seen[t % META_SLOTS]
+        if seen_t == t:
+            phase = "prefill" if max_q > self.num_spec + 1 else "decode"
+            ev = watchdog_event(round=t, how=how, phase=phase, n=seen_n, rows=rows, longest_query=max_q,
+                                incarnation=inc)
+        else:  # not a round that went through a segment, or 64 rounds ago
+            ev = watchdog_event(round=t, how=how, n=n, incarnation=self._incarnation)
+        self.events.record(**ev)
 
     # ------------------------------------------------------------------ lifecycle
 

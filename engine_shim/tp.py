@@ -19,6 +19,8 @@ Thread ownership: the engine thread that runs the rounds, on every rank.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -27,7 +29,7 @@ from dspark_proxy.shm_layout import STATUS_NAMES, STATUS_ROUND_FAILED, SUPPORT_K
 
 from .reply import Reply, ReplyReader
 
-__all__ = ["broadcast_reply", "payload_words"]
+__all__ = ["broadcast_reply", "payload_words", "tp_round", "RoundReply"]
 
 _MAGIC = 0x52505354  # "TSPR": a buffer that is not ours (a mismatched call on another rank) shows
 _HDR = 16
@@ -179,3 +181,50 @@ def broadcast_reply(reply: Reply | None, group: Any = None, src: int = 0, *, num
     if b.dev is not b.host:
         b.host.copy_(b.dev, non_blocking=False)
     return _unpack(b)
+
+
+class RoundReply:
+    """What `tp_round` yields: rank `src` sets `.reply`; after the block every rank's `.reply` is
+    round t's reply."""
+
+    def __init__(self, t: int) -> None:
+        self.t = t
+        self.reply: Reply | None = None
+
+
+@contextmanager
+def tp_round(t: int, n: int, group: Any = None, src: int = 0, *, num_spec: int, max_reqs: int,
+             sampled: bool = False, device: Any = None) -> Iterator[RoundReply]:
+    """Round t on every rank, with the broadcast guaranteed whatever rank `src`'s shim does::
+
+        with tp_round(t, n, group, num_spec=N, max_reqs=M) as r:
+            if rank == 0:
+                shim.enqueue(t, ...)
+                r.reply = shim.read_reply(t)
+        reply = r.reply  # every rank
+
+    Every rank enters it with the round's number and request count. If the block raises on any rank,
+    or `src` sets no reply, that rank still takes part in the broadcast (rank `src` sends a failed
+    round of n requests whose reason names the exception), so no rank waits in `dist.broadcast` for
+    the process group's timeout; then the exception goes on. `src` setting no reply raises ValueError
+    there after the broadcast, as `broadcast_reply(None)` does.
+    """
+    import torch.distributed as dist
+
+    box = RoundReply(t)
+    err: BaseException | None = None
+    try:
+        yield box
+    except BaseException as e:
+        err = e
+        raise
+    finally:
+        mine = box.reply if dist.get_rank() == src else None
+        missing = dist.get_rank() == src and mine is None
+        if dist.get_rank() == src and (mine is None or err is not None):
+            why = "no_reply" if err is None else f"rank{src}: {type(err).__name__}: {err}"
+            mine = ReplyReader(ReplyLayout(int(max_reqs), int(num_spec), bool(sampled))).failed(t, n, why)
+        box.reply = broadcast_reply(mine, group, src, num_spec=num_spec, max_reqs=max_reqs, sampled=sampled,
+                                    device=device)
+        if missing and err is None:
+            raise ValueError(f"tp_round({t}): rank {src} set no reply; a failed round was broadcast")

@@ -5,8 +5,9 @@ Three jobs, escalating:
    deadline passes; at the deadline claim it and publish a failed reply. The claim is made inside
    the C call, so engine threads holding the GIL cannot make it late. (read_reply makes the same
    claim when the engine gets there first; the CAS lets exactly one of them win.)
-2. The proxy: pid gone, heartbeat stale, state stopping/dead, segment abandoned or replaced by a new
-   incarnation under the same name: fail every round far ahead and hand the engine thread a detach.
+2. The proxy: pid gone, heartbeat stale, round loop stuck (a gathered round not begun for the
+   heartbeat timeout), state stopping/dead, segment abandoned or replaced by a new incarnation under
+   the same name: fail every round far ahead and hand the engine thread a detach.
 3. Detached: look for a ready incarnation every `look_every_s` (100 ms), validate it against the
    engine's parameters in this thread (not the engine's), and offer it; the engine thread attaches
    at its next round.
@@ -58,6 +59,7 @@ class Watchdog:
         self._mismatch_logged: set[int] = set()
         self._lost_incarnation: int | None = None  # on_dead ran for it: once per incarnation
         self._next_name_check = 0.0
+        self._stall: tuple[Segment, int, int] | None = None  # (segment, proxy_round, since ns): see _stalled
         self.claims = 0  # rounds this thread failed at their deadline
         self.lateness_ns: list[int] = []  # claim time minus deadline, for the GIL-isolation report
 
@@ -179,9 +181,28 @@ class Watchdog:
         age = monotonic_ns() - seg.word(Word.HEARTBEAT_NS)
         if age > shim.heartbeat_timeout_ns:
             return "proxy_hung"
+        if self._stalled(seg):
+            return "round_loop_hung"
         if self._replaced(seg):
             return "proxy_replaced"
         return None
+
+    def _stalled(self, seg: Segment) -> bool:
+        """The round loop is stuck while the heartbeat thread goes on: a round is gathered that the
+        proxy has not begun (`proxy_round`, written as it begins each round, is behind `gathered`) and
+        `proxy_round` has not moved for `heartbeat_timeout_s`. A slow worker does not count: the proxy
+        still begins every round (the watchdog fails the late ones and the proxy skips them), so
+        `proxy_round` moves at least once per STEP timeout."""
+        g, pr = seg.word(Word.GATHERED), seg.word(Word.PROXY_ROUND)
+        if g <= pr:
+            self._stall = None
+            return False
+        now = monotonic_ns()
+        st = self._stall
+        if st is None or st[0] is not seg or st[1] != pr:
+            self._stall = (seg, pr, now)
+            return False
+        return now - st[2] > self.shim.heartbeat_timeout_ns
 
     def _replaced(self, seg: Segment) -> bool:
         """The name now points at another incarnation (a new proxy took it over): every look_every_s."""
@@ -240,10 +261,11 @@ class Watchdog:
             h = seg.header
             if not owner_alive(int(h["owner_pid"]), int(h["owner_start_ticks"])):
                 return
-            if seg.word(Word.ATTACHED) != 0:
-                # attached before, by an engine that is gone (or by us, earlier): the proxy must start
-                # afresh, since its words cannot be re-based backwards
-                engine = seg.word(Word.ENGINE_PID)
+            engine = seg.word(Word.ENGINE_PID)
+            if engine != 0:
+                # taken (engine_pid is the attach claim, set before anything else), by an engine that
+                # is gone (or by us, earlier): the proxy must start afresh, since its words cannot be
+                # re-based backwards. A live engine's, mid-attach or not, is left alone.
                 if not owner_alive(engine, 0) or engine == _getpid():
                     seg.set_word(Word.ABANDONED, 1)
                 return

@@ -47,6 +47,7 @@ EFFECTS = {
     "proxy_stop_short": ("shim", "watchdog_watchdog", 1),
     "proxy_stop_long": ("shim", "detach_proxy_hung", 1),
     "proxy_kill": ("shim", "detach_proxy_dead", 1),
+    "round_loop_hang": ("shim", "detach_round_loop_hung", 1),
     "bad_descriptor": ("proxy", "fallback_bad_descriptor", 1),
     "worker_layout": ("proxy", "client.disabled", 1),
     "engine_restart": ("proxy", "attaches", 1),

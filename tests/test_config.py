@@ -167,7 +167,7 @@ def test_every_field_has_an_option_and_help():
         for f in dataclasses.fields(cls):
             assert f.metadata["help"]
             assert "--" + f.name.replace("_", "-") in r.output
-            assert env_var(f.name) in r.output
+            assert (env_var(f.name) in r.output) != bool(f.metadata.get("flag_only"))
 
 
 # ------------------------------------------------------------------------------------------ errors
@@ -291,3 +291,15 @@ def test_format_settings_marks_non_default_sources():
     cfg, src = build_config(WorkerConfig, {"window": 8})
     line = format_settings(cfg, src)
     assert "window=8(cli)" in line and "num_spec=5 " in line and "\n" not in line
+
+
+def test_fault_hooks_are_flag_only(tmp_path):
+    """--fault-round-hang-ms takes effect from the command line only: no env var, no config file."""
+    r = _run(ProxyConfig, env={env_var("fault_round_hang_ms"): "500"})
+    assert r.exit_code == 0 and json.loads(r.output)["cfg"]["fault_round_hang_ms"] == 0.0, r.output
+    r = _run(ProxyConfig, ["--fault-round-hang-ms", "250"])
+    assert r.exit_code == 0 and json.loads(r.output)["cfg"]["fault_round_hang_ms"] == 250.0, r.output
+    f = tmp_path / "c.toml"
+    f.write_text("[proxy]\nfault_round_hang_ms = 500\n")
+    r = _run(ProxyConfig, ["--config", str(f)])
+    assert r.exit_code == 2 and "command line only" in r.output, r.output

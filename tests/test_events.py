@@ -63,7 +63,8 @@ def test_bad_use():
 def test_watchdog_event_fields():
     ev = watchdog_event(round=17, how="late_publish", phase="decode", n=64, rows=70, longest_query=3,
                         proxy_wait_ms=1.23456, time_s=1700000000.123456)
-    assert list(ev) == ["round", "time", "how", "phase", "n", "rows", "longest_query", "proxy_wait_ms"]
+    assert list(ev) == ["round", "time", "how", "phase", "n", "rows", "longest_query", "proxy_wait_ms",
+                        "incarnation"]
     assert ev["time"] == 1700000000.123 and ev["proxy_wait_ms"] == 1.235
     ring = EventRing(WATCHDOG_EVENTS_KEPT)
     eid = ring.record(**ev)

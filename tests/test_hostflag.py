@@ -753,3 +753,22 @@ def test_spin_useful_looks_at_both_processes():
         os.sched_setaffinity(0, saved)
         os.kill(child, 9)
         os.waitpid(child, 0)
+
+
+@pytest.mark.parametrize("waiting_on", ["gathered", "published"])
+def test_watcher_stop_wakes_its_wait_at_once(seg, waiting_on):
+    """stop() ends the watcher's futex wait at once instead of after its 50 ms slice: the watchdog
+    joins it before failing far ahead for a dead proxy, so a slow join delayed that release."""
+    flags = HostFlags(seg)
+    took = []
+    for _ in range(5):
+        w = flags.watcher(seg.word(Word.GATHERED), int(60e9))  # a far deadline: never claims
+        if waiting_on == "published":
+            flags.raise_gathered(seg.word(Word.GATHERED) + 1, 1)
+        time.sleep(0.005)  # in its wait, a slice of 50 ms ahead
+        t0 = time.perf_counter()
+        w.stop()
+        took.append(time.perf_counter() - t0)
+        assert not w.running
+    took.sort()
+    assert took[2] < 0.005, f"stop() took {[round(x * 1e3, 2) for x in took]} ms"

@@ -92,17 +92,26 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-def test_bad_input_raises_before_anything_is_written(rig, case):
+def test_bad_input_costs_exactly_its_round(rig, case):
+    """A bad input raises ShimError and writes none of itself (engine ring, staging), and round t is
+    then in flight as failed, naming the input; the proxy skips it and round t+1 drafts as usual."""
     reply, b = rig.round([(1, 0, 2), (2, 3, 3)])  # attached, one round done
     assert reply.status == 0
-    before = _state(rig)
+    tab = rig.shim.ring.table
+    ring_before = (rig.shim.ring.rows.tobytes(), tuple(getattr(tab, k).tobytes() for k in ("owner", "generation",
+                                                                                          "lo", "hi")))
+    staging_before = rig.seg.staging.tobytes()
     bad = BAD[case](_good(rig))
     with pytest.raises(ShimError) as ei:
         rig.shim.enqueue(2, **bad)
     assert isinstance(ei.value, ValueError)
-    assert _state(rig) == before, "enqueue wrote something before refusing its input"
-    # and the shim is still usable: the next good round goes through
-    rig.t = 1
+    assert (rig.shim.ring.rows.tobytes(), tuple(getattr(tab, k).tobytes() for k in ("owner", "generation", "lo",
+                                                                                     "hi"))) == ring_before
+    assert rig.seg.staging.tobytes() == staging_before, "enqueue staged rows of a refused input"
+    rig.core.handle(2, 0.0)  # the proxy finds round 2 failed already: nothing applied, nothing sent
+    failed = rig.shim.read_reply(2)
+    assert failed.status == 2 and failed.reason.startswith("bad_input: ") and not failed.ok_mask.any()
+    rig.t = 2
     reply, b = rig.round([(1, 0, 2), (2, 3, 1), (3, 5, 4)])
     assert reply.status in (0, 1) and rig.check_drafts(reply, b) >= 1
 
@@ -173,16 +182,20 @@ def test_sampled_segment_needs_seed_and_temperature(seg_name):
         assert shim.offer(Segment.open(seg_name))
         b = Rig.batch(_FakeRig(), [(1, 0, 2), (2, 1, 1)])
         before = bytes(seg.mm)
-        for kw in ({}, {"seed": np.array([1, 2])}, {"temperature": np.array([1.0, 0.5])},
-                   {"seed": np.array([1]), "temperature": np.array([1.0, 0.5])},
-                   {"seed": np.array([1, 2]), "temperature": np.array([1.0, 0.5, 0.2])}):
+        staging = seg.staging.tobytes()
+        for t, kw in enumerate(({}, {"seed": np.array([1, 2])}, {"temperature": np.array([1.0, 0.5])},
+                                {"seed": np.array([1]), "temperature": np.array([1.0, 0.5])},
+                                {"seed": np.array([1, 2]), "temperature": np.array([1.0, 0.5, 0.2])}), 1):
             with pytest.raises(ShimError, match="seed|temperature"):
-                shim.enqueue(1, **b, **kw)
-            assert bytes(seg.mm) == before
-            assert shim.state is AttachState.PENDING
-        shim.enqueue(1, **b, seed=np.array([7, 8]), temperature=np.array([1.0, 0.5]))
+                shim.enqueue(t, **b, **kw)
+            if t == 1:  # the refused round is the attach round: it goes through the segment, failed
+                assert shim.attached and seg.word(Word.CLAIMED) == 1 and bytes(seg.mm) != before
+            assert seg.staging.tobytes() == staging
+            reason = shim.read_reply(t).reason
+            assert reason.startswith("bad_input: ") and ("seed" in reason or "temperature" in reason), reason
+        shim.enqueue(6, **b, seed=np.array([7, 8]), temperature=np.array([1.0, 0.5]))
         assert shim.attached
-        m = seg.meta[1 % META_SLOTS]
+        m = seg.meta[6 % META_SLOTS]
         assert m["seed"][:2].tolist() == [7, 8]
         assert m["temperature"][:2].tolist() == [1.0, 0.5]
     finally:

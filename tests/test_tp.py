@@ -99,6 +99,21 @@ def _rank_main(rank: int, init: str, q) -> None:
                 out["none"] = _dump(broadcast_reply(None, num_spec=N, max_reqs=M))
             except ValueError as e:
                 out["none"] = {"raised": str(e)}
+            # tp_round: rank 0's shim raising inside the block still broadcasts (a failed round of n)
+            from engine_shim.shim import ShimError
+            from engine_shim.tp import tp_round
+
+            try:
+                with tp_round(15, 3, num_spec=N, max_reqs=M) as r:
+                    if rank == 0:
+                        raise ShimError("valid: every value must be in [0, window=4]")
+                out["tp_raise"] = _dump(r.reply)
+            except ShimError as e:
+                out["tp_raise"] = {"raised": str(e), **_dump(r.reply)}
+            with tp_round(16, 3, num_spec=N, max_reqs=M) as r:
+                if rank == 0:
+                    r.reply = _reply("ok")[0]
+            out["tp_ok"] = _dump(r.reply)
         finally:
             dist.destroy_process_group()
         q.put((rank, out, None))
@@ -183,3 +198,14 @@ def test_malformed_reply_raises_on_src_and_fails_the_round_elsewhere(results):
 def test_payload_is_one_page_sized_tensor():
     assert payload_words(M, N) == 16 + 2 + M + 2 * M * N
     assert payload_words(M, N, True) == payload_words(M, N) + M + 2 * M * N * SUPPORT_K
+
+
+def test_tp_round_broadcasts_whatever_rank0_does(results):
+    """Rank 0 raising inside tp_round (its shim rejected the round, say): rank 0 still gets its error,
+    and rank 1 a failed round of n requests naming it, instead of waiting for the group's timeout."""
+    r0, r1 = results[0]["tp_raise"], results[1]["tp_raise"]
+    assert r0["raised"].startswith("valid:")
+    for r in (r0, r1):
+        assert r["t"] == 15 and r["status"] == 2 and r["n"] == 3 and not r["ok"].any()
+        assert r["reason"].startswith("rank0: ShimError: valid")
+    _same(results[1]["tp_ok"], _dump(_reply("ok")[0]))

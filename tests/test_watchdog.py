@@ -197,6 +197,7 @@ def test_stale_heartbeat_is_a_hung_proxy(seg_name):
         shim.read_reply(1)
         # beating: stays attached well past the timeout
         end = time.monotonic() + 0.5
+        seg.set_word(Word.PROXY_ROUND, 1)  # its round loop began round 1 (else it is round_loop_hung)
         while time.monotonic() < end:
             seg.set_word(Word.HEARTBEAT_NS, _hostflag.monotonic_ns())
             time.sleep(0.02)
@@ -401,7 +402,9 @@ def _lateness(seg_name: str, busy_threads: int, rounds: int, deadline_ms: float,
     q = ctx.Queue()
     obs = ctx.Process(target=_observer, args=(seg_name, rounds, q), daemon=True)
     obs.start()
-    shim = _shim(seg_name)
+    # this "proxy" never begins a round: past heartbeat_timeout_s that is a stuck round loop (a hung
+    # proxy), so the timeout is set past the run
+    shim = _shim(seg_name, heartbeat_timeout_s=60.0)
     stop = threading.Event()
 
     def busy() -> None:  # the engine's other Python threads: pure bytecode, holding the GIL

@@ -87,6 +87,16 @@ def proxy_stop_long(c: Controller) -> None:
     c.cleared()
 
 
+def round_loop_hang(c: Controller) -> None:
+    """The proxy's round loop blocks (SIGUSR1 with --fault-round-hang-ms) while its heartbeat goes on:
+    the shim must see it hung, detach and re-attach to the incarnation the proxy makes after."""
+    c.tally.sample()
+    c.system.signal_proxy(signal.SIGUSR1)
+    c.sleep(c.system.round_hang_ms / 1e3 + 0.1)
+    c.note(hang_ms=c.system.round_hang_ms)
+    c.cleared()
+
+
 def proxy_kill(c: Controller) -> None:
     c.tally.sample()  # the killed proxy's last counters
     c.system.kill_proxy()
@@ -191,6 +201,7 @@ INJECTORS: dict[str, Callable[[Controller], None]] = {
     "proxy_stop_short": proxy_stop_short,
     "proxy_stop_long": proxy_stop_long,
     "proxy_kill": proxy_kill,
+    "round_loop_hang": round_loop_hang,
     "bad_descriptor": bad_descriptor,
     "worker_layout": worker_layout,
     "engine_restart": engine_restart,

@@ -31,6 +31,8 @@ FAULT_KINDS: tuple[FaultKind, ...] = (
     FaultKind("proxy_stop_short", "proxy SIGSTOPped for less than the shim's heartbeat timeout, then SIGCONT"),
     FaultKind("proxy_stop_long", "proxy SIGSTOPped past the heartbeat timeout (detach, new incarnation)"),
     FaultKind("proxy_kill", "proxy SIGKILLed and restarted while the engine runs"),
+    FaultKind("round_loop_hang", "proxy's round loop blocked past the heartbeat timeout, heartbeat going on "
+                                 "(SIGUSR1, --fault-round-hang-ms)"),
     FaultKind("bad_descriptor", "engine-side garbage in round descriptors/metadata before `gathered`"),
     FaultKind("worker_layout", "worker restarted with another window (handshake refused), then the right one"),
     FaultKind("engine_restart", "worker stopped until the breaker opens; the engine closes its shim and a new "

@@ -67,6 +67,8 @@ class ChaosSystem:
         self.layout = layout
         self.deadline_ms = deadline_ms
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        # round_loop_hang: SIGUSR1 blocks the proxy's round loop this long (past the shim's bound)
+        self.round_hang_ms = round(2e3 * heartbeat_timeout_s + 300)
         self.log_dir = log_dir
         self.port = free_fixed_port(rng)
         self.address = f"127.0.0.1:{self.port}"
@@ -153,7 +155,8 @@ class ChaosSystem:
     def spawn_proxy(self) -> Child:
         f, path = self._log_file("proxy")
         p = self._act("spawn_proxy", spawn_proxy, self.name, self.address, *layout_args(self.layout),
-                      "--deadline-ms", str(self.deadline_ms), "--log-every", "0", stderr=f)
+                      "--deadline-ms", str(self.deadline_ms), "--log-every", "0",
+                      "--fault-round-hang-ms", str(self.round_hang_ms), stderr=f)
         self.proxy = p
         self.children.append(p)
         self.proxy_logs.append(path)

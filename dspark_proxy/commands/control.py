@@ -72,6 +72,9 @@ def _table(st: dict[str, Any]) -> str:
         if isinstance(g.get("breaker"), dict):
             b = g["breaker"]
             lines.append(f"  breaker  {b.get('state')} trips={b.get('trips')}")
+        if g.get("thread_death"):
+            lines.append(f"  thread   proxy thread restarted {c.get('thread_restarts', 0)} times; last death: "
+                         f"{g['thread_death']}")
         if g.get("row_cap"):
             lines.append(f"  row cap  {g['row_cap']} rows a STEP (a STEP that size timed out)")
         for key, lat in sorted(snap.get("latency", {}).items()):
@@ -89,13 +92,20 @@ def _table(st: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (header, words, proxy, shim).")
 @click.option("--watch", type=float, default=None, metavar="SEC", help="Refresh every SEC seconds.")
 def status(name: str, as_json: bool, watch: float | None) -> None:
-    """Show a running proxy: header, words, heartbeat, breaker, counters, latencies, watchdog events."""
+    """Show a running proxy: header, words, heartbeat, breaker, counters, latencies, watchdog events.
+
+    With --watch, a segment that is missing or unreadable for a moment (a proxy re-creating it for a
+    new incarnation, or restarting) is reported and retried at the next refresh, not fatal."""
     while True:
         try:
             st = read_status(name)
         except SegmentError as e:
             click.echo(f"dspark-proxy status: {e}", err=True)
-            sys.exit(1)
+            if not watch:
+                sys.exit(1)
+            click.echo(f"dspark-proxy status: retrying in {watch:g} s (--watch)", err=True)
+            time.sleep(watch)
+            continue
         if as_json:
             click.echo(json.dumps(st, default=str))
         else:
