@@ -17,16 +17,13 @@ The rules (the same ones the engine side applies to its rows, engine_shim.ring):
 * Any other start — a forward jump (a prefill chunk longer than W sends only its last W rows) or a
   rewind (a preempted request recomputed) — *restarts* the range as exactly this round's rows and marks
   the slot dirty, so its entry is ``NEW_GEN`` with this round's rows and no ``RESYNC``.
-
-* A slot whose range the proxy cannot know — a fresh proxy table (a new proxy incarnation meets an
-  engine whose ring is already full), or ``restart`` after rounds whose metadata it could not read — is
-  *unknown*: its model holds the rows seen since (a suffix of what the engine holds, ending at the same
-  row), and the proxy asks the engine for the slot's window. It is known again when the engine's staged
-  window ends at this round's last row and covers the model's range (``adopt``: the engine's ring is
-  the source of truth), when the model holds W rows or starts at position 0 (the engine cannot hold
-  more), on a clear, or on a genuine change of owner (the engine cleared it too). Unknown slots cost
-  nothing until one is in a round: ``n_unknown`` counts those in use (``restart`` leaves a slot without
-  owner, and its next round re-activates it).
+* A slot the proxy cannot know (a fresh proxy table may meet a full engine ring; ``restart`` after
+  rounds it could not read) is *unknown*: its range is the rows seen since, a suffix of the engine's,
+  and the proxy asks for its window. It is known again by ``adopt`` (the engine's staged window ends at
+  this round's last row and covers the range: the engine's ring is the source of truth), or when the
+  range holds W rows or starts at position 0, is cleared, or really changes owner (the engine cannot
+  hold more). ``n_unknown`` counts unknown slots in use (``restart`` also drops the owner), so the hot
+  path pays for none it does not meet.
 
 The anchor (the token sampled this round) sits at ``first_pos + valid``; its own row does not exist yet,
 so the window the worker drafts from is the range when it ends right before the anchor.

@@ -301,6 +301,7 @@ def test_unknown_slot_drafts_from_what_it_saw_until_it_adopts_the_engines_range(
     t.announce(slots)
     # the engine's windows: slot 0 holds 94..101 (adopted, the range grows: dirty, resent whole);
     # slot 1's window ends elsewhere (not this round's): refused, still unknown
+    assert not t.adopt(arr(0), arr(101), arr(101)).any()  # holds less than the model saw: refused
     got = t.adopt(arr(0, 1), arr(94, 40), arr(101, 48))
     assert got.tolist() == [True, False]
     assert held(t, 0) == list(range(94, 102)) and t.dirty[0] and not t.unknown[0]
