@@ -17,6 +17,13 @@ The rules (the same ones the engine side applies to its rows, engine_shim.ring):
 * Any other start — a forward jump (a prefill chunk longer than W sends only its last W rows) or a
   rewind (a preempted request recomputed) — *restarts* the range as exactly this round's rows and marks
   the slot dirty, so its entry is ``NEW_GEN`` with this round's rows and no ``RESYNC``.
+* A slot the proxy cannot know (a fresh proxy table may meet a full engine ring; ``restart`` after
+  rounds it could not read) is *unknown*: its range is the rows seen since, a suffix of the engine's,
+  and the proxy asks for its window. It is known again by ``adopt`` (the engine's staged window ends at
+  this round's last row and covers the range: the engine's ring is the source of truth), or when the
+  range holds W rows or starts at position 0, is cleared, or really changes owner (the engine cannot
+  hold more). ``n_unknown`` counts unknown slots in use (``restart`` also drops the owner), so the hot
+  path pays for none it does not meet.
 
 The anchor (the token sampled this round) sits at ``first_pos + valid``; its own row does not exist yet,
 so the window the worker drafts from is the range when it ends right before the anchor.
@@ -73,6 +80,7 @@ class Advance(NamedTuple):
     (``begin_requests``). ``new_gen``, ``resync`` / ``n_resync``: as in ``EntryPlan``. ``held_first``,
     ``held_rows``: the ring window each anchor drafts from (``window(slots, anchor_pos)``, which is also
     what ``rows_for_anchor`` gives ``accept`` as long as the ranges do not change in between).
+    ``n_unknown``: how many of the round's slots have a range the proxy does not know (``unknown``).
     """
 
     anchor_pos: np.ndarray
@@ -83,6 +91,7 @@ class Advance(NamedTuple):
     n_resync: int
     held_first: np.ndarray
     held_rows: np.ndarray
+    n_unknown: int = 0
 
 
 class SlotTable:
@@ -96,6 +105,8 @@ class SlotTable:
       ``(0, -1)``, so ``hi - lo + 1`` is the number of rows held in every case.
     * ``dirty`` bool: the worker's copy of this slot cannot be trusted; resend the whole window.
     * ``announced`` bool: the worker has accepted this generation at least once.
+    * ``unknown`` bool: the engine may hold more of this slot than the range says (see the module's
+      rules); ``n_unknown`` counts the unknown slots that have an owner (in use).
 
     Callers may read the fields freely and should change them only through the methods, which keep the
     invariants (``0 <= hi - lo + 1 <= W``, empty = ``(0, -1)``, generation monotonic).
@@ -105,7 +116,7 @@ class SlotTable:
     Positions and counts are int64 too. Every method assumes each slot at most once (validate_round).
     """
 
-    def __init__(self, max_slots: int, window: int) -> None:
+    def __init__(self, max_slots: int, window: int, *, known: bool = False) -> None:
         if max_slots <= 0:
             raise ValueError(f"max_slots must be > 0, got {max_slots}")
         if window <= 0:
@@ -119,6 +130,11 @@ class SlotTable:
         self.hi = np.full(m, -1, dtype=np.int64)
         self.dirty = np.ones(m, dtype=np.bool_)
         self.announced = np.zeros(m, dtype=np.bool_)
+        # the proxy's table starts unknown (it may meet an engine whose ring is full); the engine side's
+        # copy, which is the ring, passes known=True
+        self.unknown = np.full(m, not known, dtype=np.bool_)
+        self.n_unknown = 0  # unknown slots with an owner; the hot path tests this count only
+        self._any_unknown = not known
         # scratch for validate_round, sized for the largest possible round (each slot at most once)
         self._arange = np.arange(m, dtype=np.int64)
         self._mark = np.full(m, -1, dtype=np.int64)
@@ -180,6 +196,8 @@ class SlotTable:
         n_new = int(np.count_nonzero(new))
         if n_new:
             s = slots[new]
+            if self._any_unknown:
+                self._activate(s)
             self.owner[s] = req_ids[new]
             self.generation[s] += 1  # each slot once per round, so += on a fancy index is exact
             self.lo[s] = 0
@@ -187,6 +205,19 @@ class SlotTable:
             self.dirty[s] = True
             self.announced[s] = False
         return new, n_new
+
+    def _activate(self, s: np.ndarray) -> None:
+        """Before slots ``s`` take new owners: an unknown slot without owner (fresh, or restarted) comes
+        into use still unknown; an unknown slot whose owner really changes is known again (the engine saw
+        the same change, every round between having been applied, and cleared its range too)."""
+        was = self.unknown[s]
+        if np.count_nonzero(was):
+            dormant = self.owner[s] == NO_OWNER
+            changed = was > dormant
+            n_changed = int(np.count_nonzero(changed))
+            if n_changed:
+                self.unknown[s[changed]] = False
+            self.n_unknown += int(np.count_nonzero(was & dormant)) - n_changed
 
     def apply(self, slots: np.ndarray, first_pos: np.ndarray, valid: np.ndarray,
               out: np.ndarray | None = None) -> np.ndarray:
@@ -200,9 +231,9 @@ class SlotTable:
         return self._apply(slots, first_pos, valid, out)[0]
 
     def _apply(self, slots: np.ndarray, first_pos: np.ndarray, valid: np.ndarray,
-               out: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """``apply``, also returning the new ``lo`` of each request's slot and the cleared mask (None
-        when no request cleared its slot), for ``advance``."""
+               out: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
+        """``apply``, also returning the new ``lo`` of each request's slot, the cleared mask (None
+        when no request cleared its slot) and how many of the slots are still unknown, for ``advance``."""
         anchor = first_pos + valid if out is None else np.add(first_pos, valid, out=out)
         lo = self.lo[slots]
         hi = self.hi[slots]
@@ -231,14 +262,49 @@ class SlotTable:
         # the worker's window cannot continue across a restart (forward jump, rewind) or a clear
         if restarted is not None and np.count_nonzero(restarted):
             self.dirty[slots[restarted]] = True
-        return anchor, new_lo, cleared
+        n_unknown = 0
+        if self.n_unknown:
+            unk = self.unknown[slots]
+            n_unknown = int(np.count_nonzero(unk))
+            if n_unknown:
+                # exact again: W rows (the engine holds no more), or from position 0 (a clear is (0, -1))
+                known = unk & ((new_lo == 0) | (new_hi - new_lo >= self.W - 1))
+                n_known = int(np.count_nonzero(known))
+                if n_known:
+                    self.unknown[slots[known]] = False
+                    self.n_unknown -= n_known
+                    n_unknown -= n_known
+        return anchor, new_lo, cleared, n_unknown
 
     def restart(self, slots: np.ndarray) -> None:
-        """Clear the slots' ranges and mark them dirty: for a late proxy that cannot trust a round's
-        metadata (its metadata slot was already rewritten), so it cannot know what the engine wrote."""
+        """Forget the slots: for a proxy that cannot read a round's metadata (a bad descriptor, or a late
+        round whose metadata slot was already rewritten), so it cannot know what the engine wrote. The
+        ranges are cleared and *unknown*, not empty: the slots are dirty and lose their owner, so their
+        next round starts a new generation, and the proxy asks for their windows (``adopt``)."""
+        self.owner[slots] = NO_OWNER
         self.lo[slots] = 0
         self.hi[slots] = -1
         self.dirty[slots] = True
+        self.unknown[slots] = True
+        self._any_unknown = True
+        self.n_unknown = int(np.count_nonzero(self.unknown & (self.owner != NO_OWNER)))
+
+    def adopt(self, slots: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """The engine's ring holds ``[lo, hi]`` of these slots (windows it staged after writing this
+        round's rows): where a slot is unknown and the window ends at the model's last row and covers
+        the model's range, take its last W positions as the range; the slot is known again, and dirty
+        if the range grew (the worker lacks the added rows). Returns the mask of slots adopted."""
+        ok = (self.unknown[slots] & (self.owner[slots] != NO_OWNER) & (hi == self.hi[slots])
+              & (lo <= self.lo[slots]) & (lo <= hi))
+        s = slots[ok]
+        if s.shape[0]:
+            new_lo = np.maximum(lo[ok], hi[ok] - (self.W - 1))
+            grew = new_lo < self.lo[s]
+            self.lo[s] = new_lo
+            self.unknown[s] = False
+            self.n_unknown -= int(s.shape[0])
+            self.dirty[s[grew]] = True
+        return ok
 
     def mark_dirty(self, slots: np.ndarray) -> None:
         """The worker's copy of these slots is unknown (a failed round, a request with no entry)."""
@@ -303,7 +369,7 @@ class SlotTable:
         holds more.
         """
         new_owner, n_new_owner = self._begin(slots, req_ids)
-        anchor, held_first, cleared = self._apply(slots, first_pos, valid, None)
+        anchor, held_first, cleared, n_unknown = self._apply(slots, first_pos, valid, None)
         held_rows = anchor - held_first
         if cleared is not None:
             held_rows[cleared] = 0
@@ -311,7 +377,7 @@ class SlotTable:
         new_gen = self.dirty[slots] >= self.announced[slots]  # dirty or not announced, in one op on bools
         resync = (held_rows > valid) & new_gen
         return Advance(anchor, new_owner, n_new_owner, new_gen, resync, int(np.count_nonzero(resync)),
-                       held_first, held_rows)
+                       held_first, held_rows, n_unknown)
 
     def accept(self, slots: np.ndarray, anchor_pos: np.ndarray, usable: np.ndarray,
                partial: np.ndarray, worker_rows: np.ndarray, held_rows: np.ndarray | None = None) -> None:
@@ -342,4 +408,5 @@ class SlotTable:
         lo, hi = int(self.lo[s]), int(self.hi[s])
         return {"slot": s, "owner": int(self.owner[s]), "generation": int(self.generation[s]),
                 "lo": lo, "hi": hi, "n_rows": hi - lo + 1,
-                "dirty": bool(self.dirty[s]), "announced": bool(self.announced[s])}
+                "dirty": bool(self.dirty[s]), "announced": bool(self.announced[s]),
+                "unknown": bool(self.unknown[s])}

@@ -202,6 +202,8 @@ class RoundCore:
         self.rounds = 0  # the last round handled
         self.deadline_ns = int(seg.deadline_ms * 1e6)
         self._gathered_ns_off = self.lay.word_off(Word.GATHERED_NS)
+        self._claimed_off = self.lay.word_off(Word.CLAIMED)
+        self._advanced = False  # round t's rows reached the ring model (set by _run)
         self._n_out_table = np.asarray(settings.n_out_table, dtype=np.int64)
 
     # ------------------------------------------------------------------ entry point
@@ -216,6 +218,7 @@ class RoundCore:
             self.stats.observe("rank0_round_us", (time.perf_counter() - t0) * 1e6)
             return
         phase = "unknown"
+        self._advanced = False
         try:
             n = self._read_round(t)
             phase = self._phase()
@@ -230,6 +233,8 @@ class RoundCore:
             self.stats.inc("fallback_internal_error")
             self.stats.inc("rounds_failed")
             self.slots.mark_all_dirty()
+            if not self._advanced:  # the engine's writes of round t never reached the model
+                self.slots.restart(np.arange(self.M))
             self._pack_failed(int(self._desc["n"][0]) if self._desc["t"][0] == t else 0)
             _ROUND_ERRORS.exception(log, "[round] t=%d failed", t)
         if not self.flags.reply_consumed(t - 1):
@@ -327,8 +332,14 @@ class RoundCore:
         st.inc(_ROUNDS_KEY[phase])
         # 2. ring model: always, so it stays exact (and step 4's flags, from the same pass)
         plan = self.slots.advance(slots, v.req, first_pos, valid)
+        self._advanced = True
         if plan.n_new_owner:
             self.want_resync[slots[plan.new_owner]] = False
+        w_of = None
+        if plan.n_unknown and self._n_staged:
+            # the engine's windows of slots whose range we do not know: take the engine's range
+            w_of = self._staged_windows(t)[slots]
+            plan = self._adopt(t, slots, plan, w_of)
         # 3. breaker
         if not self.breaker.allow(t):
             return self._fail(slots, n, "cooldown")
@@ -336,8 +347,8 @@ class RoundCore:
             return self._fail(slots, n, "disabled" if self.client.disabled else "not_ready")
         # 4-5. entries and rows
         staged = v.staged
-        if plan.n_resync or self._n_staged:
-            have_win, pending, n_pending, idx, w_of = self._resync_entries(t, n, slots, plan)
+        if plan.n_resync or self._n_staged or plan.n_unknown:
+            have_win, pending, n_pending, idx, w_of = self._resync_entries(t, n, slots, plan, w_of)
         else:
             # no window needed or staged (the usual round): the requests with staged rows have entries
             have_win, pending, n_pending = None, None, 0
@@ -424,14 +435,16 @@ class RoundCore:
         # 8. accept
         self._accept(t, n, idx, e_slots, slots, plan, need, pending if n_pending else None, out.reply)
 
-    def _resync_entries(self, t: int, n: int, slots: np.ndarray,
-                        plan: Advance) -> tuple[np.ndarray, np.ndarray, int, np.ndarray | None, np.ndarray]:
-        """Step 5 when some request needs its ring window or the engine staged windows with this round:
-        which entries carry a staged window (`have_win`), which still wait for one (`pending`: sent
-        with this round's rows, asked for again), the requests with an entry (`idx`, None = all) and
-        the staged window of each request (`w_of`, -1 = none)."""
+    def _resync_entries(self, t: int, n: int, slots: np.ndarray, plan: Advance, w_of: np.ndarray | None,
+                        ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray | None, np.ndarray]:
+        """Step 5 when some request needs its ring window, has a range we do not know, or the engine
+        staged windows with this round: which entries carry a staged window (`have_win`), which still
+        wait for one (`pending`: sent with this round's rows, asked for again), the requests with an
+        entry (`idx`, None = all) and the staged window of each request (`w_of`, -1 = none). Slots of
+        unknown range are asked for too, but their entries go out as planned (the rows we know of)."""
         st = self.stats
-        w_of = self._staged_windows(t)[slots]  # staged window index per request, -1 = none
+        if w_of is None:
+            w_of = self._staged_windows(t)[slots]  # staged window index per request, -1 = none
         wants = plan.resync
         have_win = wants & (w_of >= 0)
         if np.count_nonzero(have_win):
@@ -451,10 +464,40 @@ class RoundCore:
             nofit = int(np.count_nonzero(~fits & ~have_win))
             if nofit:
                 st.inc("requests_not_staged", nofit)
-        if n_pending or self._resync_asked:
-            self._write_resync_request(t, slots[pending] if n_pending else None)
+        ask, n_ask = pending, n_pending
+        if plan.n_unknown:
+            ask = pending | self.slots.unknown[slots]
+            n_ask = int(np.count_nonzero(ask))
+        if n_ask or self._resync_asked:
+            self._write_resync_request(t, slots[ask] if n_ask else None)
         idx = np.flatnonzero(has_entry)
         return have_win, pending, n_pending, (None if idx.shape[0] == n else idx), w_of
+
+    def _adopt(self, t: int, slots: np.ndarray, plan: Advance, w_of: np.ndarray) -> Advance:
+        """Slots of unknown range whose window the engine staged with round t (after writing t's rows)
+        take the engine's range (`SlotTable.adopt`; shm_layout.md §5); a range that grew is resent
+        whole this round: a NEW_GEN RESYNC entry from the staged window. `plan` is updated in place."""
+        i = np.flatnonzero(w_of >= 0)
+        if i.shape[0] == 0:
+            return plan
+        wi = w_of[i]
+        lo, hi = self._win_lo[wi].astype(np.int64), self._win_hi[wi].astype(np.int64)
+        # the headers are round t's only while t is unclaimed (the engine rewrites windows in a later
+        # enqueue, after t was claimed): a wrong range here would stay in the model
+        if _hostflag.load_after(self.seg.mm, self._claimed_off) >= t:
+            return plan
+        ok = self.slots.adopt(slots[i], lo, hi)
+        i = i[ok]
+        if i.shape[0] == 0:
+            return plan
+        new_first = self.slots.lo[slots[i]]
+        grew = i[new_first < plan.held_first[i]]
+        plan.held_first[i] = new_first
+        plan.held_rows[i] = plan.anchor_pos[i] - new_first
+        plan.new_gen[grew] = True
+        plan.resync[grew] = True
+        self.stats.inc("ring_ranges_adopted", int(i.shape[0]))
+        return plan._replace(n_resync=int(np.count_nonzero(plan.resync)), n_unknown=plan.n_unknown - int(i.shape[0]))
 
     def _fail(self, slots: np.ndarray, n: int, reason: str) -> None:
         self.slots.mark_dirty(slots)

@@ -52,7 +52,7 @@ class EngineRing:
     def __init__(self, max_slots: int, window: int, row_bytes: int) -> None:
         if row_bytes <= 0:
             raise ValueError(f"row_bytes must be > 0, got {row_bytes}")
-        self.table = SlotTable(max_slots, window)
+        self.table = SlotTable(max_slots, window, known=True)  # the ring itself: every range is known
         self.max_slots = self.table.max_slots
         self.W = self.table.W
         self.row_bytes = int(row_bytes)

@@ -35,10 +35,26 @@ class RefSlot:
         self.positions: list[int] = []
         self.dirty = True
         self.announced = False
+        self.unknown = True  # the proxy's table starts not knowing what the engine holds
+        self.forgotten = NO_OWNER  # the owner a restart forgot (its request may go on in the slot)
+        self.truth_owner = NO_OWNER  # the engine's own ring, which never forgets
+        self.truth: list[int] = []
+
+
+def _held_after(held: list[int], fp: int, v: int, W: int) -> tuple[list[int], bool]:
+    """The positions a slot holds after a round's rows, and whether the round restarted them."""
+    if v <= 0:
+        return [], True
+    rows = list(range(fp, fp + v))
+    if not held or held[-1] + 1 == fp:
+        return (held + rows)[-W:], False
+    return rows[-W:], True
 
 
 class RefRing:
-    """SPEC §2 step 2 (and step 8's model update) one request at a time."""
+    """SPEC §2 step 2 (and step 8's model update) one request at a time, plus the engine's own ring
+    (``truth``) and the unknown-range rules: the model is always a suffix of the truth, and equal to it
+    when known."""
 
     def __init__(self, max_slots: int, window: int) -> None:
         self.W = window
@@ -48,19 +64,36 @@ class RefRing:
         for s, r in zip(slots, req_ids, strict=True):
             sl = self.slots[s]
             if sl.owner != r:
+                if sl.unknown and sl.owner != NO_OWNER:
+                    sl.unknown = False  # a real change of owner: the engine clears the slot too
                 sl.owner, sl.generation, sl.positions = r, sl.generation + 1, []
                 sl.dirty, sl.announced = True, False
+            if sl.truth_owner != r:
+                sl.truth_owner, sl.truth = r, []
         for s, fp, v in zip(slots, first_pos, valid, strict=True):
             sl = self.slots[s]
-            if v <= 0:
-                sl.positions, sl.dirty = [], True
-                continue
-            rows = list(range(fp, fp + v))
-            if not sl.positions or sl.positions[-1] + 1 == fp:
-                sl.positions = (sl.positions + rows)[-self.W:]
-            else:
-                sl.positions, sl.dirty = rows[-self.W:], True
+            sl.truth = _held_after(sl.truth, fp, v, self.W)[0]
+            sl.positions, restarted = _held_after(sl.positions, fp, v, self.W)
+            sl.dirty |= restarted
+            if sl.unknown and (not sl.positions or sl.positions[0] == 0 or len(sl.positions) == self.W):
+                sl.unknown = False
         return [fp + v for fp, v in zip(first_pos, valid, strict=True)]
+
+    def restart(self, s: int) -> None:
+        sl = self.slots[s]
+        if sl.owner != NO_OWNER:
+            sl.forgotten = sl.owner
+        sl.owner, sl.positions, sl.dirty, sl.unknown = NO_OWNER, [], True, True
+
+    def adopt(self, s: int) -> bool:
+        """The engine staged slot s's window (its truth) after this round's rows."""
+        sl = self.slots[s]
+        pos, tr = sl.positions, sl.truth
+        if not (sl.unknown and sl.owner != NO_OWNER and pos and tr and tr[-1] == pos[-1] and tr[0] <= pos[0]):
+            return False
+        sl.dirty |= len(tr) > len(pos)
+        sl.positions, sl.unknown = tr[-self.W:], False
+        return True
 
     def window(self, s: int, anchor: int) -> tuple[int, int]:
         pos = self.slots[s].positions
@@ -89,9 +122,14 @@ def assert_same(t: SlotTable, ref: RefRing) -> None:
     for s, sl in enumerate(ref.slots):
         got = t.snapshot(s)
         want_lo, want_hi = (sl.positions[0], sl.positions[-1]) if sl.positions else (0, -1)
-        assert (got["owner"], got["generation"], got["lo"], got["hi"], got["dirty"], got["announced"]) == (
-            sl.owner, sl.generation, want_lo, want_hi, sl.dirty, sl.announced), (s, got, vars(sl))
+        assert (got["owner"], got["generation"], got["lo"], got["hi"], got["dirty"], got["announced"],
+                got["unknown"]) == (sl.owner, sl.generation, want_lo, want_hi, sl.dirty, sl.announced,
+                                    sl.unknown), (s, got, vars(sl))
         assert 0 <= got["n_rows"] <= t.W
+        if sl.owner != NO_OWNER:  # the model never claims a row the engine does not hold
+            assert sl.truth[len(sl.truth) - len(sl.positions):] == sl.positions, (s, vars(sl))
+            assert sl.unknown or sl.positions == sl.truth, (s, vars(sl))  # and known means exact
+    assert t.n_unknown == sum(sl.unknown and sl.owner != NO_OWNER for sl in ref.slots)
 
 
 # ---------------------------------------------------------------------------- rules, one by one
@@ -101,7 +139,9 @@ def test_fresh_table_is_empty_dirty_unannounced() -> None:
     t = SlotTable(4, 8)
     for s in range(4):
         assert t.snapshot(s) == {"slot": s, "owner": NO_OWNER, "generation": 0, "lo": 0, "hi": -1,
-                                 "n_rows": 0, "dirty": True, "announced": False}
+                                 "n_rows": 0, "dirty": True, "announced": False, "unknown": True}
+    assert t.n_unknown == 0  # none in use: the hot path pays nothing for them
+    assert not SlotTable(4, 8, known=True).unknown.any()  # the engine side's copy is the ring itself
 
 
 def test_new_owner_starts_a_generation_and_same_owner_keeps_it() -> None:
@@ -112,9 +152,9 @@ def test_new_owner_starts_a_generation_and_same_owner_keeps_it() -> None:
     assert not t.dirty[1] and t.announced[1]
     assert t.begin_requests(arr(1, 2), arr(10, 12)).tolist() == [False, True]
     assert t.snapshot(1) == {"slot": 1, "owner": 10, "generation": 1, "lo": 0, "hi": 4, "n_rows": 5,
-                             "dirty": False, "announced": True}
+                             "dirty": False, "announced": True, "unknown": False}
     assert t.snapshot(2) == {"slot": 2, "owner": 12, "generation": 2, "lo": 0, "hi": -1, "n_rows": 0,
-                             "dirty": True, "announced": False}
+                             "dirty": True, "announced": False, "unknown": False}
 
 
 def test_generation_only_grows_even_when_an_old_owner_returns() -> None:
@@ -237,13 +277,55 @@ def test_restart_mark_dirty_and_mark_all_dirty() -> None:
     a = t.apply(slots, arr(0, 0, 0, 0), arr(3, 3, 3, 3))
     t.accept(slots, a, np.ones(4, bool), np.zeros(4, bool), arr(3, 3, 3, 3))
     assert not t.dirty.any()
+    assert not t.unknown[slots].any()  # started at position 0: the engine cannot hold more
     t.restart(arr(2))
     assert t.snapshot(2)["n_rows"] == 0 and t.dirty.tolist() == [False, False, True, False]
-    assert int(t.generation[2]) == 1 and int(t.owner[2]) == 3  # a restart is not a new owner
+    # forgotten: unknown and without owner, so its next round starts a new generation
+    assert int(t.generation[2]) == 1 and int(t.owner[2]) == NO_OWNER and t.unknown[2] and t.n_unknown == 0
     t.mark_dirty(arr(0))
     assert t.dirty.tolist() == [True, False, True, False]
     t.mark_all_dirty()
     assert t.dirty.all() and held(t, 1) == [0, 1, 2]
+
+
+def test_unknown_slot_drafts_from_what_it_saw_until_it_adopts_the_engines_range() -> None:
+    """A new proxy (fresh table) meets requests deep into decoding: the engine's ring holds W = 8 rows
+    of each, the model only this round's. Its entries go out with those rows (no RESYNC: nothing else is
+    known), the slot is unknown; adopting the engine's staged window makes the model exact again."""
+    t = SlotTable(4, 8)
+    slots = arr(0, 1, 2)
+    a = t.advance(slots, arr(7, 8, 9), arr(100, 50, 0), arr(2, 1, 3))
+    assert a.n_unknown == 2 and t.n_unknown == 2  # slot 2 starts at position 0: the engine holds no more
+    assert t.unknown[:3].tolist() == [True, True, False] and not a.resync.any()
+    assert a.held_rows.tolist() == [2, 1, 3] and a.new_gen.all()
+    t.announce(slots)
+    # the engine's windows: slot 0 holds 94..101 (adopted, the range grows: dirty, resent whole);
+    # slot 1's window ends elsewhere (not this round's): refused, still unknown
+    assert not t.adopt(arr(0), arr(101), arr(101)).any()  # holds less than the model saw: refused
+    got = t.adopt(arr(0, 1), arr(94, 40), arr(101, 48))
+    assert got.tolist() == [True, False]
+    assert held(t, 0) == list(range(94, 102)) and t.dirty[0] and not t.unknown[0]
+    assert t.unknown[1] and not t.dirty[1] and t.n_unknown == 1
+    assert not t.adopt(arr(0), arr(94), arr(101)).any()  # known slots are not adopted again
+    # a window that does not cover what the model saw is refused; one longer than W keeps W
+    assert not t.adopt(arr(1), arr(51), arr(50)).any()
+    assert t.adopt(arr(1), arr(30), arr(50)).all() and held(t, 1) == list(range(43, 51))
+    assert t.n_unknown == 0
+
+
+def test_unknown_slot_is_known_without_a_window_when_the_engine_cannot_hold_more() -> None:
+    t = SlotTable(4, 4)
+    t.advance(arr(0, 1, 2), arr(1, 2, 3), arr(10, 20, 30), arr(1, 1, 1))
+    assert t.n_unknown == 3
+    a = t.advance(arr(0, 1, 2), arr(1, 2, 3), arr(11, 21, 31), arr(3, 0, 1))
+    # slot 0 now holds W rows, slot 1 was cleared (the engine clears too); slot 2 holds 2 of up to 4
+    assert t.unknown[:3].tolist() == [False, False, True] and a.n_unknown == 1 and t.n_unknown == 1
+    t.advance(arr(2), arr(4), arr(0), arr(1))  # a real change of owner: the engine cleared it too
+    assert not t.unknown[2] and t.n_unknown == 0
+    t.restart(arr(0, 1, 2, 3))  # forgotten: unknown, but not in use until their next round
+    assert t.unknown.all() and t.n_unknown == 0 and (t.owner == NO_OWNER).all()
+    new = t.begin_requests(arr(0), arr(1))  # the same request goes on: a new generation, still unknown
+    assert new.all() and t.unknown[0] and t.n_unknown == 1
 
 
 @pytest.mark.parametrize(("slots", "req_ids", "fragment"), [
@@ -306,8 +388,9 @@ def _draw_round(data, ref: RefRing, next_req: list[int]) -> tuple[list[int], lis
         action, a, b = data.draw(st.tuples(st.sampled_from(ACTIONS), st.integers(1, 2 * W + 2),
                                            st.integers(0, 40)), label=f"slot {s}")
         sl = ref.slots[s]
-        owner = sl.owner if sl.owner != NO_OWNER and sl.owner not in used else None
-        nxt = sl.positions[-1] + 1 if sl.positions else b
+        last = sl.owner if sl.owner != NO_OWNER else sl.forgotten  # a forgotten request may go on
+        owner = last if last != NO_OWNER and last not in used else None
+        nxt = sl.truth[-1] + 1 if sl.truth else b
         if action == "move":
             donors = [ref.slots[o].owner for o in range(M) if o not in in_round
                       and ref.slots[o].owner not in (NO_OWNER, *used)]
@@ -375,7 +458,7 @@ def test_model_matches_reference_under_random_rounds(W: int, data) -> None:
         assert p.generation.tolist() == [ref.slots[s].generation for s in slots_l]
 
         # what happens to the round next: a reply, a failed round, or a connection/lost-claim event
-        fate = data.draw(st.sampled_from(["reply", "reply", "failed", "all_dirty", "restart", "none"]),
+        fate = data.draw(st.sampled_from(["reply", "reply", "failed", "all_dirty", "restart", "adopt", "none"]),
                          label="fate")
         n = len(slots_l)
         if fate == "reply":
@@ -396,5 +479,9 @@ def test_model_matches_reference_under_random_rounds(W: int, data) -> None:
         elif fate == "restart":
             t.restart(slots)
             for s in slots_l:
-                ref.slots[s].positions, ref.slots[s].dirty = [], True
+                ref.restart(s)
+        elif fate == "adopt":  # the engine staged the round's windows after writing its rows
+            truths = [ref.slots[s].truth for s in slots_l]
+            lo, hi = arr(*[tr[0] if tr else 0 for tr in truths]), arr(*[tr[-1] if tr else -1 for tr in truths])
+            assert t.adopt(slots, lo, hi).tolist() == [ref.adopt(s) for s in slots_l]
         assert_same(t, ref)
