@@ -1,18 +1,17 @@
-"""`dspark-proxy`: one click group; each subcommand lives in dspark_proxy/commands/."""
+"""`dspark-proxy`: one click group; each subcommand lives in dspark_proxy/commands/.
+
+The CLI is a thin adapter: commands parse flags into a config and call the library; the library
+never imports `commands/` or this module (exit codes live in `exitcodes.py`)."""
 
 from __future__ import annotations
 
 import click
 
 from . import __version__
+from .exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_STARTUP_FAILURE, EXIT_WRONG_DRAFTS
 
 __all__ = ["main", "cli", "EXIT_OK", "EXIT_FAILURE", "EXIT_STARTUP_FAILURE", "EXIT_WRONG_DRAFTS"]
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2  # click's own
-EXIT_STARTUP_FAILURE = 3
-EXIT_WRONG_DRAFTS = 4
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -9,9 +9,10 @@ import time
 import numpy as np
 import pytest
 
-from dspark_proxy.commands.control import _table, read_status
 from dspark_proxy.segment import Segment
 from dspark_proxy.shm_layout import Word
+from dspark_proxy.status import format_status as _table
+from dspark_proxy.status import read_status
 from engine_shim import api
 
 pytestmark = pytest.mark.timeout(60)

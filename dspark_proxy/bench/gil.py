@@ -62,8 +62,8 @@ def _drive(shim: Any, gen: RoundGen, seconds: float, max_rounds: int, warmup: in
 def _one(mode: str, busy: int, worker_addr: str, name: str, seconds: float, max_rounds: int,
          warmup: int, other_cpu: int | None) -> dict[str, Any]:
     import engine_shim
-    from dspark_proxy.commands.control import read_status
     from dspark_proxy.launch import spawn_proxy
+    from dspark_proxy.status import read_status
 
     s = GIL_SHAPE
     layout = {k: s[k] for k in ("max_reqs", "num_spec", "window", "row_bytes")}

@@ -49,8 +49,8 @@ def time_handoff(name: str, rounds: int, warmup: int, other_cpu: int | None,
     import numpy as np
 
     import engine_shim
-    from dspark_proxy.commands.control import read_status
     from dspark_proxy.launch import spawn_proxy
+    from dspark_proxy.status import read_status
 
     with on_cpu(other_cpu):
         proxy = spawn_proxy(name, "null", *_layout_args(shape), "--deadline-ms", "5000", "--log-every", "0")

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..commands.control import read_status
 from ..segment import SegmentError
+from ..status import read_status
 from .rogue import connection_flood, worker_memory
 
 if TYPE_CHECKING:

@@ -42,7 +42,7 @@ def chaos(duration_s: float, deadline_ms: float, margin_ms: float, max_reqs: int
           quiet: bool) -> None:
     """Inject every fault kind into a running system; report what the engine saw, per fault."""
     from ..chaos import KIND_NAMES, ChaosConfig, format_table, run_campaign
-    from ..cli import EXIT_FAILURE, EXIT_WRONG_DRAFTS
+    from ..exitcodes import EXIT_FAILURE, EXIT_WRONG_DRAFTS
 
     if not quiet:
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr,

@@ -7,83 +7,15 @@ import os
 import signal
 import sys
 import time
-from typing import Any
 
 import click
 
-from .. import _hostflag
+from ..exitcodes import EXIT_FAILURE
 from ..segment import DEFAULT_NAME, Segment, SegmentError, owner_alive
-from ..shm_layout import HEADER_DTYPE, State, Word
+from ..shm_layout import State, Word
+from ..status import format_status, read_status
 
-__all__ = ["stop", "status", "read_status"]
-
-
-def read_status(name: str | None) -> dict[str, Any]:
-    """Everything `status` shows, as one JSON-able dict: header, words, proxy, shim."""
-    seg = Segment.open(name)
-    try:
-        h = seg.header
-        header = {k: h[k].item() for k in HEADER_DTYPE.names}
-        header["magic"] = hex(header["magic"])
-        words = seg.words()
-        now = _hostflag.monotonic_ns()
-        header["state"] = State.NAMES.get(words["state"], words["state"])
-        header["heartbeat_age_ms"] = round((now - words["heartbeat_ns"]) / 1e6, 3)
-        header["owner_alive"] = owner_alive(int(h["owner_pid"]), int(h["owner_start_ticks"]))
-        header["bytes"] = seg.layout.total_bytes
-        header["regions"] = {n: {"offset": o, "bytes": b} for n, o, b in seg.layout.region_table()}
-        out = {"name": seg.name, "header": header, "words": words, "proxy": _block(seg, "proxy"),
-               "shim": _block(seg, "shim")}
-    finally:
-        seg.close()
-    return out
-
-
-def _block(seg: Segment, which: str) -> dict[str, Any]:
-    raw = seg.read_block(which)
-    if not raw:
-        return {}
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return {"error": "unreadable snapshot"}
-
-
-def _table(st: dict[str, Any]) -> str:
-    h, w, p, s = st["header"], st["words"], st["proxy"], st["shim"]
-    lines = [
-        f"dspark-proxy {st['name']}: {h['state']}, pid {h['owner_pid']} "
-        f"({'alive' if h['owner_alive'] else 'DEAD'}), incarnation {h['incarnation']}, "
-        f"heartbeat {h['heartbeat_age_ms']:.1f} ms ago",
-        f"  layout   M={h['max_slots']} N={h['num_spec']} W={h['window']} row_bytes={h['row_bytes']} "
-        f"max_rows={h['max_rows']} resync/round={h['resync_per_round']} sampled={bool(h['sampled'])} "
-        f"deadline={h['deadline_ms']} ms, {h['bytes'] / 2**20:.1f} MiB",
-        "  words    " + " ".join(f"{k}={w[k]}" for k in ("gathered", "claimed", "published", "consumed",
-                                                          "attached", "engine_pid", "abandoned")),
-    ]
-    for title, snap in (("proxy", p), ("shim", s)):
-        if not snap:
-            lines.append(f"  {title:<8} (no snapshot yet)")
-            continue
-        c = snap.get("counters", {})
-        if c:
-            lines.append(f"  {title:<8} " + " ".join(f"{k}={v}" for k, v in sorted(c.items())))
-        g = snap.get("gauges", {})
-        if isinstance(g.get("breaker"), dict):
-            b = g["breaker"]
-            lines.append(f"  breaker  {b.get('state')} trips={b.get('trips')}")
-        if g.get("thread_death"):
-            lines.append(f"  thread   proxy thread restarted {c.get('thread_restarts', 0)} times; last death: "
-                         f"{g['thread_death']}")
-        if g.get("row_cap"):
-            lines.append(f"  row cap  {g['row_cap']} rows a STEP (a STEP that size timed out)")
-        for key, lat in sorted(snap.get("latency", {}).items()):
-            lines.append(f"    {key:<28} n={lat.get('count')} p50={lat.get('p50_us')} p99={lat.get('p99_us')} "
-                         f"p99.9={lat.get('p999_us')} max={lat.get('max_us')} us")
-        events = g.get("watchdog_events") or []
-        for ev in events[-8:]:
-            lines.append(f"    event {ev}")
-    return "\n".join(lines)
+__all__ = ["stop", "status", "read_status"]  # read_status: re-exported for older callers
 
 
 @click.command("status")
@@ -102,7 +34,7 @@ def status(name: str, as_json: bool, watch: float | None) -> None:
         except SegmentError as e:
             click.echo(f"dspark-proxy status: {e}", err=True)
             if not watch:
-                sys.exit(1)
+                sys.exit(EXIT_FAILURE)
             click.echo(f"dspark-proxy status: retrying in {watch:g} s (--watch)", err=True)
             time.sleep(watch)
             continue
@@ -111,7 +43,7 @@ def status(name: str, as_json: bool, watch: float | None) -> None:
         else:
             if watch:
                 click.echo("\x1b[2J\x1b[H", nl=False)
-            click.echo(_table(st))
+            click.echo(format_status(st))
         if not watch:
             return
         time.sleep(watch)
@@ -128,7 +60,7 @@ def stop(name: str, timeout_s: float) -> None:
         seg = Segment.open(name)
     except SegmentError as e:
         click.echo(f"dspark-proxy stop: {e}", err=True)
-        sys.exit(1)
+        sys.exit(EXIT_FAILURE)
     pid, ticks, inc = int(seg.header["owner_pid"]), int(seg.header["owner_start_ticks"]), seg.incarnation
     state = seg.word(Word.STATE)
     seg.close()
@@ -144,4 +76,4 @@ def stop(name: str, timeout_s: float) -> None:
             return
         time.sleep(0.05)
     click.echo(f"dspark-proxy stop: pid {pid} still running after {timeout_s} s", err=True)
-    sys.exit(1)
+    sys.exit(EXIT_FAILURE)

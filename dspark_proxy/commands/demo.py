@@ -19,9 +19,9 @@ def run_demo(*, rounds: int | None, duration_s: float | None, max_reqs: int, num
              quiet: bool = False, staging_budget_mb: int | None = None) -> dict[str, Any]:
     """Run the whole system once; returns the summary (also what --json prints)."""
     import engine_shim
-    from dspark_proxy.commands.control import read_status
     from dspark_proxy.launch import spawn_proxy, spawn_worker
     from dspark_proxy.sim import SimConfig, SimEngine
+    from dspark_proxy.status import read_status
 
     name = name or f"demo-{os.getpid()}"
     layout = ["--num-spec", str(num_spec), "--window", str(window), "--row-bytes", str(row_bytes),
@@ -93,7 +93,7 @@ def demo(duration_s: float, rounds: int | None, max_reqs: int, num_spec: int, wi
          deadline_ms: float, engine_work_us: float, seed: int, staging_budget_mb: int | None, name: str | None,
          as_json: bool) -> None:
     """Worker + proxy + simulated engine, end to end, with every draft checked against the oracle."""
-    from ..cli import EXIT_WRONG_DRAFTS
+    from ..exitcodes import EXIT_WRONG_DRAFTS
 
     r = run_demo(rounds=rounds, duration_s=duration_s, max_reqs=max_reqs, num_spec=num_spec, window=window,
                  row_bytes=row_bytes, deadline_ms=deadline_ms, seed=seed, engine_work_us=engine_work_us, name=name,

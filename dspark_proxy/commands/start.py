@@ -1,4 +1,4 @@
-"""`dspark-proxy start`: the proxy process, in the foreground."""
+"""`dspark-proxy start`: the proxy process, in the foreground (the library's `proxy.run_proxy`)."""
 
 from __future__ import annotations
 
@@ -8,27 +8,19 @@ import sys
 import click
 
 from ..config import ProxyConfig, build_config, click_options, format_settings
+from ..exitcodes import EXIT_STARTUP_FAILURE
+from ..runtime import TokenFileError, read_token, setup_logging
 from ..segment import SegmentError
 
-__all__ = ["start", "setup_logging", "read_token"]
+__all__ = ["start", "setup_logging", "read_token", "token_or_bad_parameter"]
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def read_token(path: str | None) -> bytes | None:
-    if not path:
-        return None
+def token_or_bad_parameter(path: str | None) -> bytes | None:
+    """`read_token`, with an unreadable or empty file reported as a bad --token-file (exit 2)."""
     try:
-        with open(path, "rb") as f:
-            token = f.read().strip()
-    except OSError as e:
-        raise click.BadParameter(f"cannot read token file {path}: {e}", param_hint="--token-file") from None
-    if not token:
-        raise click.BadParameter(f"token file {path} is empty", param_hint="--token-file")
-    return token
+        return read_token(path)
+    except TokenFileError as e:
+        raise click.BadParameter(str(e), param_hint="--token-file") from None
 
 
 @click.command("start")
@@ -36,13 +28,12 @@ def read_token(path: str | None) -> bytes | None:
 @click.pass_context
 def start(ctx: click.Context, **_: object) -> None:
     """Run the proxy beside the engine (foreground; SIGTERM/SIGINT stop it cleanly)."""
-    from ..cli import EXIT_STARTUP_FAILURE
     from ..proxy import run_proxy
 
     cfg, sources = build_config(ProxyConfig, ctx)
     setup_logging(cfg.log_level)
     logging.getLogger("dspark_proxy").info("[proxy] settings %s", format_settings(cfg, sources))
-    token = read_token(cfg.token_file)
+    token = token_or_bad_parameter(cfg.token_file)
     try:
         run_proxy(cfg, token=token, sources=dict(sources))
     except SegmentError as e:

@@ -1,0 +1,11 @@
+"""The CLI's exit codes, in one place: commands and library entry points share them without importing cli.py."""
+
+from __future__ import annotations
+
+__all__ = ["EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_STARTUP_FAILURE", "EXIT_WRONG_DRAFTS"]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1  # the command ran and failed (a chaos check, a missing segment)
+EXIT_USAGE = 2  # click's own: a bad flag or value
+EXIT_STARTUP_FAILURE = 3  # start / worker could not come up (segment, bind, drafter)
+EXIT_WRONG_DRAFTS = 4  # a draft the engine would have used did not match the oracle

@@ -1,0 +1,87 @@
+"""Run the draft worker from a `WorkerConfig`: the library side of `dspark-proxy worker` (like `proxy.run_proxy`).
+
+The server's options are derived from the config schema by name (a `WorkerServer` keyword that is
+also a `WorkerConfig` field takes its value; `FaultPlan`'s field X is the config's `fault_X`), so a
+new setting is one schema entry, not another hand-copied keyword.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import signal
+import sys
+from typing import Any
+
+from ..config import WorkerConfig, parse_hostport
+from .faults import FaultPlan
+from .server import WorkerServer
+
+__all__ = ["run_worker", "fault_plan", "server_options"]
+
+log = logging.getLogger("dspark_proxy.worker")
+
+# WorkerServer keywords whose config field has another name or unit
+_RENAMED = {
+    "torch_device": lambda cfg: cfg.device,
+    "memory_budget_bytes": lambda cfg: (cfg.memory_budget_mb << 20) or None,
+    "faults": lambda cfg: fault_plan(cfg),
+}
+
+
+def fault_plan(cfg: WorkerConfig) -> FaultPlan:
+    """The FaultPlan of a config: field X from `fault_X`; 0 means off for every counted fault."""
+    kw: dict[str, Any] = {}
+    for f in dataclasses.fields(FaultPlan):
+        v = getattr(cfg, "fault_" + f.name)
+        kw[f.name] = (v or None) if f.default is None else v
+    return FaultPlan(**kw)
+
+
+def server_options(cfg: WorkerConfig) -> dict[str, Any]:
+    """WorkerServer's keyword arguments for `cfg` (all but host, port and token)."""
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    params = inspect.signature(WorkerServer.__init__).parameters
+    out: dict[str, Any] = {}
+    for name, p in params.items():
+        if p.kind is not inspect.Parameter.KEYWORD_ONLY or name == "token":
+            continue
+        if name in _RENAMED:
+            out[name] = _RENAMED[name](cfg)
+        elif name in fields:
+            out[name] = getattr(cfg, name)
+    return out
+
+
+def run_worker(cfg: WorkerConfig, *, token: bytes | None = None, install_signals: bool = True) -> None:
+    """Serve until SIGTERM/SIGINT (or stop requested); the same function the tests call.
+
+    Prints one line `worker listening on HOST:PORT` to stdout once bound (tests and the demo wait
+    for it); signals only request a stop, and the serving loop then shuts down cleanly."""
+    host, port = parse_hostport(cfg.listen, field="listen", allow_port_zero=True)
+    server = WorkerServer(host, port, token=token, **server_options(cfg))
+    previous = {}
+    if install_signals:
+        def _on_signal(signum, _frame):  # only sets state; serve_forever() does the shutdown
+            server.request_stop()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, _on_signal)
+    try:
+        _serve(server, host)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _serve(server: WorkerServer, host: str) -> None:
+    server.start()
+    shown = f"[{host}]" if ":" in host else host
+    print(f"worker listening on {shown}:{server.port}", flush=True)
+    sys.stdout.flush()
+    try:
+        server.serve_forever()
+    finally:
+        server.stop()
+        log.info("[worker] stopped counters=%s", dict(server.counters))

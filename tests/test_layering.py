@@ -1,0 +1,71 @@
+"""The package's layering: the CLI is a thin adapter over the library, and options are derived, not copied."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+from pathlib import Path
+
+import dspark_proxy
+from dspark_proxy.config import WorkerConfig
+from dspark_proxy.worker import FaultPlan, WorkerServer
+from dspark_proxy.worker.run import fault_plan, server_options
+
+PKG = Path(dspark_proxy.__file__).parent
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module name `path` imports, made absolute (relative imports resolved against the package)."""
+    tree = ast.parse(path.read_text())
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = list(parts[:-1])
+            if node.level:
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in node.names)
+    return out
+
+
+def test_library_never_imports_the_cli():
+    offenders = []
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG).as_posix()
+        if rel == "cli.py" or rel.startswith("commands/"):
+            continue
+        bad = {m for m in _imports(path) if m.split(".")[:2] in (["dspark_proxy", "commands"],
+                                                                 ["dspark_proxy", "cli"])}
+        if bad:
+            offenders.append((rel, sorted(bad)))
+    assert not offenders, offenders
+
+
+def test_worker_server_options_come_from_the_config_schema():
+    cfg = WorkerConfig(num_spec=3, window=8, row_bytes=64, max_reqs=5, drafter="integrity", sampled=True,
+                       insecure=True, memory_budget_mb=7, device="cpu", weights=None, seed=9,
+                       fault_delay_ms=1.5, fault_drop_every=4, fault_crash_after=0)
+    opts = server_options(cfg)
+    assert opts["num_spec"] == 3 and opts["window"] == 8 and opts["row_bytes"] == 64 and opts["max_reqs"] == 5
+    assert opts["sampled"] is True and opts["insecure"] is True and opts["seed"] == 9
+    assert opts["memory_budget_bytes"] == 7 << 20 and opts["torch_device"] == "cpu"
+    assert opts["faults"] == FaultPlan(delay_ms=1.5, drop_every=4)
+    assert server_options(WorkerConfig())["memory_budget_bytes"] is None
+    # every keyword the server takes that the schema also names is passed through
+    fields = {f.name for f in dataclasses.fields(WorkerConfig)}
+    kw = {n for n, p in inspect.signature(WorkerServer.__init__).parameters.items()
+          if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert (kw & fields) <= set(opts)
+
+
+def test_every_fault_plan_field_has_its_config_flag():
+    for f in dataclasses.fields(FaultPlan):
+        assert "fault_" + f.name in {g.name for g in dataclasses.fields(WorkerConfig)}, f.name
+    assert fault_plan(WorkerConfig()) == FaultPlan()
