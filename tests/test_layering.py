@@ -69,3 +69,9 @@ def test_every_fault_plan_field_has_its_config_flag():
     for f in dataclasses.fields(FaultPlan):
         assert "fault_" + f.name in {g.name for g in dataclasses.fields(WorkerConfig)}, f.name
     assert fault_plan(WorkerConfig()) == FaultPlan()
+
+
+def test_support_size_is_one_constant():
+    from dspark_proxy import shm_layout, wire
+
+    assert shm_layout.SUPPORT_K is wire.TOP_K  # the reply page and the wire carry the same top-k support

@@ -74,7 +74,7 @@ REPLY_HDR_DTYPE = np.dtype([
 ])
 REPLY_HDR_SIZE = 24
 
-TOP_K = 32  # support size of the sampled-mode proposal
+TOP_K = 32  # support size of the sampled-mode proposal; the segment's reply page uses it too (SUPPORT_K)
 
 # entry flags (ENTRY_DTYPE.flags)
 RF_NEED_DRAFT = 1
