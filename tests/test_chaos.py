@@ -1,4 +1,4 @@
-"""The short fault campaign, through the real CLI (SPEC §9, issue 6): every fault kind injected at least
+"""The short fault campaign, through the real CLI (README, "What the engine can rely on"): every fault kind injected at least
 once into a running system (real worker and proxy processes, the real shim, the simulated engine with
 every draft checked by the integrity oracle), and the guarantees hold:
 
@@ -28,33 +28,15 @@ import time
 
 import pytest
 
-from dspark_proxy.chaos import KIND_NAMES, format_table
+from dspark_proxy.chaos import FAULT_KINDS, KIND_NAMES, format_table
 from dspark_proxy.chaos.tally import counter_delta
 
 DEADLINE_MS = 30.0
 MARGIN_MS = 20.0
 
-# per fault kind: (where, counter, at least) that proves the injection did what it says; where "notes":
-# the sum of that key over the injector's notes
-EFFECTS = {
-    "worker_stall_long": ("proxy", "fallback_timeout", 1),
-    "worker_kill": ("proxy", "client.connections_dropped", 1),
-    "conn_drop": ("proxy", "fallback_connection_lost", 2),
-    "garbage_replies": ("proxy", "client.bad_reply", 1),
-    "wrong_step_id": ("proxy", "client.bad_reply_step_id", 1),
-    "wrong_session": ("proxy", "client.bad_reply_session", 1),
-    "slow_replies": ("proxy", "fallback_timeout", 1),
-    "proxy_stop_short": ("shim", "watchdog_watchdog", 1),
-    "proxy_stop_long": ("shim", "detach_proxy_hung", 1),
-    "proxy_kill": ("shim", "detach_proxy_dead", 1),
-    "round_loop_hang": ("shim", "detach_round_loop_hung", 1),
-    "bad_descriptor": ("proxy", "fallback_bad_descriptor", 1),
-    "worker_layout": ("proxy", "client.disabled", 1),
-    "engine_restart": ("proxy", "attaches", 1),
-    "duplicate_reply": ("proxy", "client.extra_replies_dropped", 1),
-    "connection_flood": ("notes", "resumed_during_flood", 1),
-    "worker_memory": ("notes", "rogue_refused", 1),
-}
+# per fault kind, from the table of kinds: (where, counter, at least) that proves the injection did what it
+# says; where "notes": the sum of that key over the injector's notes
+EFFECTS = {k.name: (k.effect.where, k.effect.counter, k.effect.least) for k in FAULT_KINDS}
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +155,12 @@ def test_unknown_kind_is_a_usage_error():
     out = subprocess.run([sys.executable, "-m", "dspark_proxy.cli", "chaos", "--kinds", "nope", "--json"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "unknown fault kinds" in out.stderr
+
+
+def test_every_kind_comes_from_one_table():
+    from dspark_proxy.chaos.campaign import INJECTORS
+
+    assert KIND_NAMES == tuple(k.name for k in FAULT_KINDS) and len(set(KIND_NAMES)) == len(KIND_NAMES)
+    assert set(INJECTORS) == set(KIND_NAMES)
+    for k in FAULT_KINDS:
+        assert callable(k.inject) and k.what and k.effect.where in ("proxy", "shim", "notes") and k.effect.least >= 1

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .corrupt import DescriptorCorruptor
-from .injectors import INJECTORS
+from .kinds import INJECTORS
 from .probe import EngineProbe
 from .report import build_report
 from .schedule import KIND_NAMES, pass_order

@@ -1,4 +1,4 @@
-"""One function per fault kind: inject it, hold it while the engine runs, clear it (`c.cleared()`).
+"""One function per fault kind (the table is kinds.py): inject it, hold it while the engine runs, clear it (`c.cleared()`).
 
 Each runs on the controller thread while the engine thread keeps stepping; none of them waits on the
 engine. What each clears to is the healthy system: the right worker listening on the known port and a
@@ -15,12 +15,11 @@ from typing import TYPE_CHECKING
 
 from ..segment import SegmentError
 from ..status import read_status
-from .rogue import connection_flood, worker_memory
 
 if TYPE_CHECKING:
     from .campaign import Controller
 
-__all__ = ["INJECTORS"]
+__all__ = ["faulty_worker"]  # the table of kinds (kinds.py) names each injector
 
 
 def worker_stall_short(c: Controller) -> None:
@@ -53,7 +52,7 @@ def worker_kill(c: Controller) -> None:
     c.cleared()
 
 
-def _faulty_worker(*flags: str) -> Callable[[Controller], None]:
+def faulty_worker(*flags: str) -> Callable[[Controller], None]:
     def inject(c: Controller) -> None:
         c.system.restart_worker(*flags)
         c.sleep(c.hold_s)
@@ -65,7 +64,7 @@ def _faulty_worker(*flags: str) -> Callable[[Controller], None]:
 
 
 def slow_replies(c: Controller) -> None:
-    _faulty_worker("--fault-delay-ms", f"{2 * c.deadline_s * 1e3:g}")(c)
+    faulty_worker("--fault-delay-ms", f"{2 * c.deadline_s * 1e3:g}")(c)
 
 
 def proxy_stop_short(c: Controller) -> None:
@@ -187,25 +186,3 @@ def engine_restart(c: Controller) -> None:
     finally:
         c.system.signal_worker(signal.SIGCONT)
     c.cleared()
-
-
-INJECTORS: dict[str, Callable[[Controller], None]] = {
-    "worker_stall_short": worker_stall_short,
-    "worker_stall_long": worker_stall_long,
-    "worker_kill": worker_kill,
-    "conn_drop": _faulty_worker("--fault-drop-every", "4"),
-    "garbage_replies": _faulty_worker("--fault-garbage-every", "3"),
-    "wrong_step_id": _faulty_worker("--fault-wrong-step-every", "3"),
-    "wrong_session": _faulty_worker("--fault-wrong-session-every", "3"),
-    "slow_replies": slow_replies,
-    "proxy_stop_short": proxy_stop_short,
-    "proxy_stop_long": proxy_stop_long,
-    "proxy_kill": proxy_kill,
-    "round_loop_hang": round_loop_hang,
-    "bad_descriptor": bad_descriptor,
-    "worker_layout": worker_layout,
-    "engine_restart": engine_restart,
-    "duplicate_reply": _faulty_worker("--fault-duplicate-reply-every", "3"),
-    "connection_flood": connection_flood,
-    "worker_memory": worker_memory,
-}
