@@ -48,6 +48,7 @@ import click
 from click.core import ParameterSource
 
 from .shm_layout import derive_sizes
+from .worker.drafters import DRAFTER_NAMES, DRAFTERS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -81,7 +82,7 @@ _MAX_ROW_BYTES = 1 << 30
 _MIB = 1 << 20
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
-Drafter = Literal["integrity", "torch"]
+Drafter = Literal[DRAFTER_NAMES]  # the drafters table (worker/drafters.py)
 
 Source = Literal["cli", "env", "file", "default"]
 _SOURCE_NAMES: dict[ParameterSource, Source] = {
@@ -337,7 +338,7 @@ class WorkerConfig(LayoutConfig):
     SECTION: ClassVar[str] = "worker"
 
     listen: str = _opt("127.0.0.1:7470", "Address to listen on, HOST:PORT (port 0: any free port).")
-    drafter: Drafter = _opt("integrity", "Drafter: integrity (the test oracle) or torch (a DSpark-style head).")
+    drafter: Drafter = _opt("integrity", "Drafter: " + " or ".join(f"{n} ({e.what})" for n, e in DRAFTERS.items()) + ".")
     token_file: str | None = _opt(None, "File holding the shared secret; peers must prove they know it.")
     insecure: bool = _opt(False, "Allow listening on a non-loopback address without --token-file.")
     fault_delay_ms: float = _opt(0.0, "Fault injection: delay every reply by this many ms.", _Range(0, 3.6e6))

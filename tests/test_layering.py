@@ -7,6 +7,8 @@ import dataclasses
 import inspect
 from pathlib import Path
 
+import pytest
+
 import dspark_proxy
 from dspark_proxy.config import WorkerConfig
 from dspark_proxy.worker import FaultPlan, WorkerServer
@@ -75,3 +77,15 @@ def test_support_size_is_one_constant():
     from dspark_proxy import shm_layout, wire
 
     assert shm_layout.SUPPORT_K is wire.TOP_K  # the reply page and the wire carry the same top-k support
+
+
+def test_drafters_come_from_one_table():
+    import typing
+
+    from dspark_proxy.config import Drafter
+    from dspark_proxy.worker.drafters import DRAFTER_NAMES, DRAFTERS, IntegrityDrafter, make_drafter
+
+    assert typing.get_args(Drafter) == DRAFTER_NAMES == tuple(DRAFTERS)
+    assert isinstance(make_drafter("integrity", num_spec=2, window=4, row_bytes=8), IntegrityDrafter)
+    with pytest.raises(ValueError, match="choose one of integrity"):
+        make_drafter("nope", num_spec=2, window=4, row_bytes=8)

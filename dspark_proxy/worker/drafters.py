@@ -9,6 +9,7 @@ and is imported only when chosen, so the worker's default start path never loads
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -17,9 +18,7 @@ import numpy as np
 from ..integrity import GOLDEN, integrity_hash
 from ..wire import TOP_K, ReplyWriter
 
-__all__ = ["DraftItem", "Drafter", "IntegrityDrafter", "make_drafter", "DRAFTER_NAMES"]
-
-DRAFTER_NAMES = ("integrity", "torch")
+__all__ = ["DraftItem", "Drafter", "IntegrityDrafter", "make_drafter", "DRAFTER_NAMES", "DRAFTERS", "DrafterEntry"]
 
 
 @dataclass
@@ -109,13 +108,37 @@ class IntegrityDrafter:
         return h
 
 
+def _make_integrity(*, num_spec: int, window: int, **_: object) -> Drafter:
+    return IntegrityDrafter(num_spec, window)
+
+
+def _make_torch(**kw: object) -> Drafter:
+    from .torch_drafter import TorchDrafter  # lazy: torch only when this drafter is chosen
+
+    return TorchDrafter(**kw)
+
+
+@dataclass(frozen=True)
+class DrafterEntry:
+    """One drafter: what it is (the --drafter help) and how to make it from the worker's settings
+    (num_spec, window, row_bytes, device, weights, seed as keywords; it takes what it needs)."""
+
+    what: str
+    make: Callable[..., Drafter]
+
+
+# The drafters, in one table: --drafter's choices and help, make_drafter and the worker read it.
+DRAFTERS: dict[str, DrafterEntry] = {
+    "integrity": DrafterEntry("the test oracle", _make_integrity),
+    "torch": DrafterEntry("a DSpark-style head", _make_torch),
+}
+DRAFTER_NAMES: tuple[str, ...] = tuple(DRAFTERS)
+
+
 def make_drafter(name: str, *, num_spec: int, window: int, row_bytes: int, device: str = "cpu",
                  weights: str | None = None, seed: int = 0) -> Drafter:
-    if name == "integrity":
-        return IntegrityDrafter(num_spec, window)
-    if name == "torch":
-        from .torch_drafter import TorchDrafter  # lazy: torch only when this drafter is chosen
-
-        return TorchDrafter(num_spec=num_spec, window=window, row_bytes=row_bytes, device=device,
-                            weights=weights, seed=seed)
-    raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
+    entry = DRAFTERS.get(name)
+    if entry is None:
+        raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
+    return entry.make(num_spec=num_spec, window=window, row_bytes=row_bytes, device=device, weights=weights,
+                      seed=seed)
