@@ -1,4 +1,5 @@
-"""The proxy's side of the wire: a background connector and a synchronous, deadline-bounded step().
+"""The proxy's side of the wire (`TcpDraftClient`, a `draft_client.DraftClient`): a background connector
+and a synchronous, deadline-bounded step().
 
 Threads and ownership:
 - the connect thread ("dspark-client-connect") connects with exponential backoff, handshakes, and
@@ -29,11 +30,11 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from .conn import FramedConnection, SendTimeout, byte_view, connect_tcp
+from .draft_client import STEP_FAILURE_REASONS, StepOutcome
 from .wire import (
     APP_HEADER_SIZE,
     ENTRY_DTYPE,
@@ -71,21 +72,9 @@ from .wire import (
     worker_proof,
 )
 
-__all__ = ["DraftClient", "StepOutcome", "StepReply", "STEP_FAILURE_REASONS"]
+__all__ = ["TcpDraftClient", "StepOutcome", "StepReply", "STEP_FAILURE_REASONS"]
 
 log = logging.getLogger(__name__)
-
-STEP_FAILURE_REASONS = ("not_ready", "disabled", "reconnected", "timeout", "connection_lost", "bad_reply",
-                        "worker_error")
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    ok: bool
-    reason: str | None
-    reply: StepReply | None
-    rtt_us: float
-
 
 _NOT_READY = StepOutcome(False, "not_ready", None, 0.0)
 _DISABLED = StepOutcome(False, "disabled", None, 0.0)
@@ -115,8 +104,9 @@ def _new_session_id() -> int:
     return secrets.randbits(63) | 1
 
 
-class DraftClient:
-    """Connection to one draft worker, for one proxy. See the module docstring for the threading."""
+class TcpDraftClient:
+    """Connection to one draft worker, for one proxy (a `DraftClient`). See the module docstring for
+    the threading."""
 
     def __init__(self, host: str, port: int, *, max_reqs: int, num_spec: int, window: int, row_bytes: int,
                  sampled: bool = False, token: bytes | None = None, connect_timeout_s: float = 1.0,

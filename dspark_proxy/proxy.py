@@ -14,11 +14,11 @@ import logging
 import os
 import threading
 import time
-from typing import Any
 
 from . import _hostflag
 from .breaker import CircuitBreaker
 from .config import IN_PROCESS_WORKERS, ProxyConfig, config_to_dict, parse_hostport
+from .draft_client import DraftClient
 from .events import EventRing
 from .hostflag import FAR_AHEAD, HostFlags
 from .round import RoundCore, RoundSettings
@@ -80,7 +80,7 @@ class _Heartbeat:
 class Proxy:
     """One proxy: `serve()` until `stop()`. The client may be injected (tests, thread mode)."""
 
-    def __init__(self, cfg: ProxyConfig, client: Any | None = None, token: bytes | None = None,
+    def __init__(self, cfg: ProxyConfig, client: DraftClient | None = None, token: bytes | None = None,
                  sources: dict[str, str] | None = None) -> None:
         self.cfg = cfg.resolved()
         self.params = layout_params(self.cfg)
@@ -99,13 +99,13 @@ class Proxy:
                                      window=self.cfg.window, row_bytes=self.cfg.row_bytes,
                                      null=self.cfg.worker == "null")
         if client is None:
-            from .client import DraftClient
+            from .client import TcpDraftClient
 
             host, port = parse_hostport(self.cfg.worker, field="worker")
-            client = DraftClient(host, port, max_reqs=self.cfg.max_reqs, num_spec=self.cfg.num_spec,
-                                 window=self.cfg.window, row_bytes=self.cfg.row_bytes, sampled=self.cfg.sampled,
-                                 token=token)
-        self.client = client
+            client = TcpDraftClient(host, port, max_reqs=self.cfg.max_reqs, num_spec=self.cfg.num_spec,
+                                    window=self.cfg.window, row_bytes=self.cfg.row_bytes,
+                                    sampled=self.cfg.sampled, token=token)
+        self.client: DraftClient = client
         self.segment: Segment | None = None
         self.core: RoundCore | None = None
         self._stop = threading.Event()

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from dspark_proxy.config import ProxyConfig
+from dspark_proxy.draft_client import DraftClient
 from dspark_proxy.proxy import Proxy
 
 from .shim import Shim
@@ -36,7 +37,7 @@ _HEALTHY_RUN_S = 60.0  # a proxy that ran this long before dying restarts after 
 class _Supervisor:
     """Runs Proxy.serve() on one thread and replaces the Proxy when serve() raises after start-up."""
 
-    def __init__(self, cfg: ProxyConfig, client: Any, token: bytes | None) -> None:
+    def __init__(self, cfg: ProxyConfig, client: DraftClient | None, token: bytes | None) -> None:
         self.cfg, self.client, self.token = cfg, client, token
         self.proxy = Proxy(cfg, client=client, token=token)
         self.failed: list[BaseException] = []  # a death before the first READY: attach() raises it
@@ -92,7 +93,7 @@ class _Supervisor:
 
 def attach_thread(name: str | None, *, max_reqs: int, num_spec: int, window: int, row_bytes: int,
                   sampled: bool = False, deadline_ms: float | None = None, timeout_s: float = 5.0,
-                  worker: str = "127.0.0.1:7470", client: Any = None, token: bytes | None = None,
+                  worker: str = "127.0.0.1:7470", client: DraftClient | None = None, token: bytes | None = None,
                   **proxy_kw: Any) -> Shim:
     seg_name = name or f"thread-{os.getpid()}-{next(_seq)}"
     shim_kw = {k: proxy_kw.pop(k) for k in ("grace_ms", "heartbeat_timeout_s", "look_every_s") if k in proxy_kw}

@@ -25,7 +25,7 @@ import numpy as np
 
 from dspark_proxy import wire
 from dspark_proxy.bench.peers import recv_exact
-from dspark_proxy.client import DraftClient
+from dspark_proxy.client import TcpDraftClient
 from dspark_proxy.conn import byte_view
 
 N, W = 5, 128
@@ -109,7 +109,7 @@ def _stats(rtts: list[float], rows: int, nbytes: int, worker_us: list[float] | N
     return out
 
 
-def bench_case(client: DraftClient, sink: socket.socket, row_bytes: int, n: int, k: int,
+def bench_case(client: TcpDraftClient, sink: socket.socket, row_bytes: int, n: int, k: int,
                seconds: float) -> dict:
     prefix = bytearray(wire.step_prefix_bytes(client.layout.max_reqs, False))
     e = wire.entries_view(prefix, n)
@@ -201,7 +201,7 @@ def main() -> None:
         for rb in sorted({c[0] for c in cases}):
             max_reqs = max(c[1] for c in cases if c[0] == rb)
             wproc, wport = _start_worker(rb, max_reqs)
-            client = DraftClient("127.0.0.1", wport, max_reqs=max_reqs, num_spec=N, window=W, row_bytes=rb,
+            client = TcpDraftClient("127.0.0.1", wport, max_reqs=max_reqs, num_spec=N, window=W, row_bytes=rb,
                                  max_frame_bytes=256 << 20)
             client.start()
             try:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from dspark_proxy.breaker import CircuitBreaker
+from dspark_proxy.draft_client import StepOutcome
 from dspark_proxy.events import EventRing
-from dspark_proxy.inproc import InProcessClient, InProcessOutcome
+from dspark_proxy.inproc import InProcessClient
 from dspark_proxy.integrity import integrity_drafts, integrity_hash
 from dspark_proxy.round import RoundCore, RoundSettings
 from dspark_proxy.segment import Segment
@@ -50,7 +51,7 @@ class ScriptedClient(InProcessClient):
         self.sent_entries.append(entries.copy())
         self.sent_rows.append(np.concatenate(kw["rows"]) if kw["rows"] else np.zeros((0, self.row_bytes), np.uint8))
         if self.fail_reason is not None:
-            return InProcessOutcome(False, self.fail_reason, None, 10.0)
+            return StepOutcome(False, self.fail_reason, None, 10.0)
         return super().step(prefix, entries, n_rows, **kw)
 
 

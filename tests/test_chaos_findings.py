@@ -1,6 +1,6 @@
 """What the fault campaign found in other modules, kept as regression tests (both fixed in client.py).
 
-1. A DraftClient whose handshake was refused (a worker restarted with another layout) stays disabled
+1. A TcpDraftClient whose handshake was refused (a worker restarted with another layout) stays disabled
    for good: its connect thread returns. When the right worker comes back on the same address, drafts
    never resume until the proxy is restarted (SPEC §9: after a fault clears, usable drafts resume
    within a bounded number of rounds). `dspark-proxy chaos` (worker_layout) restarts the proxy to
@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from dspark_proxy.client import DraftClient
+from dspark_proxy.client import TcpDraftClient
 from dspark_proxy.worker import WorkerServer
 
 pytestmark = pytest.mark.timeout(30)
@@ -29,7 +29,7 @@ def test_client_reconnects_when_the_right_worker_comes_back():
     wrong = WorkerServer("127.0.0.1", 0, num_spec=N, window=W * 2, row_bytes=RB, max_reqs=M)
     wrong.start()
     port = wrong.port
-    c = DraftClient("127.0.0.1", port, max_reqs=M, num_spec=N, window=W, row_bytes=RB, backoff_s=(0.01, 0.05))
+    c = TcpDraftClient("127.0.0.1", port, max_reqs=M, num_spec=N, window=W, row_bytes=RB, backoff_s=(0.01, 0.05))
     right = None
     try:
         c.start()

@@ -1,4 +1,4 @@
-"""DraftClient against a real WorkerServer on loopback: epochs, refusals, timeouts, late replies,
+"""TcpDraftClient against a real WorkerServer on loopback: epochs, refusals, timeouts, late replies,
 bad replies, handshake mismatch and auth, with usable drafts checked against the integrity formula."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import dspark_proxy.wire as wire
-from dspark_proxy.client import DraftClient, StepOutcome
+from dspark_proxy.client import StepOutcome, TcpDraftClient
 from dspark_proxy.worker import FaultPlan, WorkerServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -35,10 +35,10 @@ def make_server(**kw) -> WorkerServer:
     return srv
 
 
-def make_client(port: int, **kw) -> DraftClient:
+def make_client(port: int, **kw) -> TcpDraftClient:
     args = dict(max_reqs=M, num_spec=N, window=W, row_bytes=RB, backoff_s=(0.01, 0.05))
     args.update(kw)
-    c = DraftClient("127.0.0.1", port, **args)
+    c = TcpDraftClient("127.0.0.1", port, **args)
     c.start()
     return c
 
@@ -62,7 +62,7 @@ def pair():
 class Stepper:
     """Drives one slot (0) forward one row per step, as the round would, through the in-place prefix."""
 
-    def __init__(self, client: DraftClient) -> None:
+    def __init__(self, client: TcpDraftClient) -> None:
         self.c = client
         self.prefix = bytearray(wire.step_prefix_bytes(M, False))
         self.rows: list[np.ndarray] = []

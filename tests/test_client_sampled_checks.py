@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import dspark_proxy.wire as wire
-from dspark_proxy.client import DraftClient
+from dspark_proxy.client import TcpDraftClient
 from dspark_proxy.worker import WorkerServer
 from dspark_proxy.worker import server as server_mod
 
@@ -68,7 +68,7 @@ def sampled_pair(monkeypatch):
     monkeypatch.setattr(server_mod, "make_drafter", lambda *a, **k: drafter)
     srv = WorkerServer("127.0.0.1", 0, num_spec=N, window=W, row_bytes=RB, max_reqs=M, sampled=True)
     srv.start()
-    c = DraftClient("127.0.0.1", srv.port, max_reqs=M, num_spec=N, window=W, row_bytes=RB, sampled=True,
+    c = TcpDraftClient("127.0.0.1", srv.port, max_reqs=M, num_spec=N, window=W, row_bytes=RB, sampled=True,
                     backoff_s=(0.01, 0.05))
     c.start()
     yield srv, c, drafter
@@ -76,7 +76,7 @@ def sampled_pair(monkeypatch):
     srv.stop()
 
 
-def _step(c: DraftClient, prefix: bytearray, t: int):
+def _step(c: TcpDraftClient, prefix: bytearray, t: int):
     """Two requests, each a fresh window of 2 rows, sampled at temperature 1."""
     e = wire.entries_view(prefix, 2)
     for i in range(2):

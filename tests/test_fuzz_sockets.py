@@ -4,7 +4,7 @@ frames to the live programs:
 
 - a live WorkerServer gets mutated STEP frames (after a real handshake): it answers with a REPLY or
   an ERROR, or drops that connection; after every one it still serves a good STEP with right drafts;
-- a live DraftClient gets mutated REPLY frames from a fake worker: step() returns an outcome (ok, or
+- a live TcpDraftClient gets mutated REPLY frames from a fake worker: step() returns an outcome (ok, or
   a named failure) within its timeout, never raises or hangs; bad frames are counted; a good reply
   afterwards (on the same connection or a new one) is accepted.
 """
@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import dspark_proxy.wire as wire
-from dspark_proxy.client import STEP_FAILURE_REASONS, DraftClient
+from dspark_proxy.client import STEP_FAILURE_REASONS, TcpDraftClient
 from dspark_proxy.conn import FramedConnection
 from dspark_proxy.worker import WorkerServer
 from dspark_proxy.worker.testing import RawPeer, make_entries
@@ -154,7 +154,7 @@ def test_worker_connections_are_released(worker):
 
 
 class FakeWorker:
-    """Accepts DraftClient connections, handshakes, and discards their STEPs; the test thread sends
+    """Accepts TcpDraftClient connections, handshakes, and discards their STEPs; the test thread sends
     REPLY bytes of its choosing on the current connection."""
 
     def __init__(self) -> None:
@@ -243,7 +243,7 @@ class FakeWorker:
 @pytest.fixture(scope="module")
 def client_and_fake():
     fake = FakeWorker()
-    c = DraftClient("127.0.0.1", fake.port, max_reqs=M, num_spec=N, window=W, row_bytes=RB,
+    c = TcpDraftClient("127.0.0.1", fake.port, max_reqs=M, num_spec=N, window=W, row_bytes=RB,
                     backoff_s=(0.001, 0.01), max_consecutive_timeouts=1)
     c.start()
     yield c, fake
@@ -265,7 +265,7 @@ def _reply_bytes(session: int, epoch: int, step_id: int, n: int) -> bytes:
     return bytes(w.finish(session=session, epoch=epoch, step_id=step_id, worker_us=5.0))
 
 
-def _ready(c: DraftClient, fake: FakeWorker) -> int:
+def _ready(c: TcpDraftClient, fake: FakeWorker) -> int:
     end = time.monotonic() + 5.0
     while time.monotonic() < end:
         ep = c.connection_epoch()
@@ -275,7 +275,7 @@ def _ready(c: DraftClient, fake: FakeWorker) -> int:
     raise AssertionError("the client did not reconnect to the fake worker within 5 s")
 
 
-def _step(c: DraftClient, epoch: int, timeout_s: float):
+def _step(c: TcpDraftClient, epoch: int, timeout_s: float):
     _Steps.step_id += 1
     e = wire.entries_view(_Steps.prefix, 2)
     e[:] = make_entries([{"slot": 0, "n_rows": 1, "first_pos": 0, "generation": 1, "flags": wire.RF_NEED_DRAFT},

@@ -8,8 +8,8 @@ import pytest
 
 from dspark_proxy import wire
 from dspark_proxy.breaker import CircuitBreaker
+from dspark_proxy.draft_client import StepOutcome
 from dspark_proxy.events import EventRing
-from dspark_proxy.inproc import InProcessOutcome
 from dspark_proxy.ndrafts import leading_drafts
 from dspark_proxy.round import RoundCore, RoundSettings
 from dspark_proxy.segment import Segment
@@ -136,7 +136,7 @@ class _Sampled(ScriptedClient):
         q = np.zeros(sup.shape, np.float32)
         q[:, :, 0] = np.where(hid >= 0, 1.0, 0.0)
         r.sampled_mask, r.support_ids, r.proposal_q = np.ones(k, np.uint8), sup, q
-        return InProcessOutcome(True, None, r, out.rtt_us)
+        return StepOutcome(True, None, r, out.rtt_us)
 
 
 def test_sampled_fields_of_requests_without_drafts_are_cleared_every_round(seg_name):

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 import dspark_proxy.wire as wire
-from dspark_proxy.client import DraftClient
+from dspark_proxy.client import TcpDraftClient
 from dspark_proxy.commands.worker import worker
 from dspark_proxy.worker import CRASH_EXIT_CODE
 
@@ -33,7 +33,7 @@ def _spawn(*extra):
 
 
 def _steps(port: int, k: int) -> list:
-    c = DraftClient("127.0.0.1", port, max_reqs=4, num_spec=3, window=4, row_bytes=8, backoff_s=(0.01, 0.05))
+    c = TcpDraftClient("127.0.0.1", port, max_reqs=4, num_spec=3, window=4, row_bytes=8, backoff_s=(0.01, 0.05))
     c.start()
     outs = []
     try:

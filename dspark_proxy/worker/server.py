@@ -20,13 +20,9 @@ import logging
 import os
 import secrets
 import socket
-import struct
 import threading
 import time
-import zlib
 from collections import Counter
-
-import numpy as np
 
 from .. import __version__
 from ..conn import FramedConnection, listen_tcp
@@ -42,10 +38,6 @@ from ..wire import (
     MSG_STEP,
     NONCE_BYTES,
     PROTOCOL_VERSION,
-    RF_NEED_DRAFT,
-    RS_BAD_ENTRY,
-    RS_INTERNAL,
-    USABLE_STATUS_TABLE,
     Auth,
     Challenge,
     Decoder,
@@ -60,7 +52,6 @@ from ..wire import (
     StepView,
     Welcome,
     WireLayout,
-    bad_entry_mask,
     check_proof,
     client_proof,
     decode_control,
@@ -69,11 +60,10 @@ from ..wire import (
     pack_app_header,
     worker_proof,
 )
-from .drafters import DraftItem, make_drafter
+from .drafters import make_drafter
 from .faults import FaultAction, FaultCounter, FaultPlan
+from .serve import serve_step
 from .session import Session, SessionRefused, SessionTable
-
-_ANCHOR_HDR = struct.Struct("<iq")  # anchor_token int32 LE, anchor_pos int64 LE (dspark_proxy.integrity)
 
 __all__ = ["WorkerServer", "is_loopback", "CRASH_EXIT_CODE"]
 
@@ -450,60 +440,8 @@ class WorkerServer:
         conn.send_parts([buf])
         return True
 
-    def _integrity_crcs(self, items: list[DraftItem], ends_crc: list[tuple[int, int]]) -> None:
-        """The integrity hash of every item from its slot's CRC chain, for the whole batch at once:
-        crc(hdr ‖ window) = shift(w L)(crc(hdr) ^ A(a - 1)) ^ A(hi - 1) (dspark_proxy.crc). No row is
-        read again: each was hashed once, when it arrived."""
-        k = len(items)
-        hdr = np.fromiter((zlib.crc32(_ANCHOR_HDR.pack(it.anchor_token, it.anchor_pos)) for it in items),
-                          dtype=np.uint32, count=k)
-        ce = np.array(ends_crc, dtype=np.uint32).reshape(k, 2)
-        w = np.fromiter((it.w for it in items), dtype=np.intp, count=k)
-        h = self._shift_w.apply(hdr ^ ce[:, 0], w) ^ ce[:, 1]
-        for it, hv in zip(items, h.tolist(), strict=True):
-            it.crc = hv
-
     def _serve(self, session: Session, sv: StepView, out: ReplyWriter, layout: WireLayout) -> None:
-        """Apply the entries in order and draft for the usable ones (the test oracle: per request)."""
-        e = sv.entries
-        n = sv.n_req
-        bad = bad_entry_mask(e, layout)
-        ends = np.cumsum(e["n_rows"], dtype=np.int64)
-        slots, gens, firsts = e["slot"].tolist(), e["generation"].tolist(), e["first_pos"].tolist()
-        ks, flags, n_outs = e["n_rows"].tolist(), e["flags"].tolist(), e["n_out"].tolist()
-        tokens, anchors = e["anchor_token"].tolist(), e["anchor_pos"].tolist()
-        meta = sv.sample_meta
-        items: list[DraftItem] = []
-        ends_crc: list[tuple[int, int]] = []  # per item: (A(a - 1), A(hi - 1)) of its slot's CRC chain
-        for i in range(n):
-            if bad[i]:
-                out.status[i] = RS_BAD_ENTRY
-                self.counters["bad_entries"] += 1
-                if slots[i] >= layout.max_reqs:
-                    self.counters["bad_entry_slot"] += 1  # beyond the agreed max_reqs: no window for it
-                continue
-            end = int(ends[i])
-            st, w = session.apply(slots[i], gens[i], firsts[i], ks[i], flags[i], sv.rows[end - ks[i]:end])
-            out.status[i] = st
-            out.window_rows[i] = w
-            if USABLE_STATUS_TABLE[st] and flags[i] & RF_NEED_DRAFT:
-                sw = session.slots[slots[i]]
-                items.append(DraftItem(i, tokens[i], anchors[i], w, n_outs[i], sw.segments(w),
-                                       int(meta["seed"][i]) if meta is not None else 0,
-                                       float(meta["temperature"][i]) if meta is not None else 0.0))
-                if self._shift_w is not None:
-                    ends_crc.append(sw.chain_ends(w))
-        if not items:
-            return
-        if self._shift_w is not None:
-            self._integrity_crcs(items, ends_crc)
-        try:
-            with self._draft_lock:
-                self.drafter.draft(items, out)
-        except Exception:
-            log.exception("[worker] drafter %s failed for %d requests", self.drafter_name, len(items))
-            self.counters["drafter_errors"] += 1
-            idx = np.array([it.index for it in items])
-            out.status[idx] = RS_INTERNAL
-            out.draft_ids[idx] = -1
-            out.confidence[idx] = 0.0
+        """Apply the entries in order and draft for the usable ones (worker/serve.py, shared with the
+        in-process worker)."""
+        serve_step(session, sv.entries, sv.rows, sv.sample_meta, out, layout, self.drafter, self.counters,
+                   shift_w=self._shift_w, draft_lock=self._draft_lock, drafter_name=self.drafter_name)

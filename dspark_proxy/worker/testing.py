@@ -1,5 +1,5 @@
 """Helpers for tests and tools that talk to a worker directly: a raw protocol peer (handshake, STEP,
-REPLY, without DraftClient), a record of the rows sent, and entries built from dicts. The integrity
+REPLY, without TcpDraftClient), a record of the rows sent, and entries built from dicts. The integrity
 formula is deliberately not here: tests recompute it on their own."""
 
 from __future__ import annotations

@@ -1,0 +1,97 @@
+"""One STEP's entries applied to a session and drafted: the serve loop of the remote worker
+(`WorkerServer`) and of the in-process one (`inproc.InProcessClient`), so both follow one usability
+rule and one order.
+
+Entries are applied one by one in batch order (the reference the proxy's vectorised ring model is
+checked against, written for clarity); a malformed entry (`wire.bad_entry_mask`) gets RS_BAD_ENTRY
+and changes nothing. A request is drafted when its status is usable (`USABLE_STATUS_TABLE`: ok or
+partial window) and it asked for drafts (RF_NEED_DRAFT). `out` is anything with ReplyWriter's
+arrays (status, window_rows, draft_ids, confidence and the optional sections), cleared beforehand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import struct
+import zlib
+from collections.abc import MutableMapping
+from typing import Any
+
+import numpy as np
+
+from ..crc import CrcOpSet
+from ..wire import RF_NEED_DRAFT, RS_BAD_ENTRY, RS_INTERNAL, USABLE_STATUS_TABLE, WireLayout, bad_entry_mask
+from .drafters import Drafter, DraftItem
+from .session import Session
+
+__all__ = ["serve_step"]
+
+log = logging.getLogger("dspark_proxy.worker.server")
+
+_ANCHOR_HDR = struct.Struct("<iq")  # anchor_token int32 LE, anchor_pos int64 LE (dspark_proxy.integrity)
+
+
+def serve_step(session: Session, entries: np.ndarray, rows: np.ndarray, sample_meta: np.ndarray | None, out: Any,
+               layout: WireLayout, drafter: Drafter, counters: MutableMapping[str, int], *,
+               shift_w: CrcOpSet | None = None, draft_lock: Any = None, drafter_name: str = "") -> None:
+    """Apply `entries` (rows: [n_rows, row_bytes], in entry order) to `session` and draft for the usable
+    requests into `out`. shift_w: the integrity drafter's CRC shifts, to hash windows from the slots'
+    CRC chains (None: the drafter reads the rows). A drafter that raises fails its requests
+    (RS_INTERNAL), never the step."""
+    e = entries
+    n = e.shape[0]
+    bad = bad_entry_mask(e, layout)
+    ends = np.cumsum(e["n_rows"], dtype=np.int64)
+    slots, gens, firsts = e["slot"].tolist(), e["generation"].tolist(), e["first_pos"].tolist()
+    ks, flags, n_outs = e["n_rows"].tolist(), e["flags"].tolist(), e["n_out"].tolist()
+    tokens, anchors = e["anchor_token"].tolist(), e["anchor_pos"].tolist()
+    meta = sample_meta
+    items: list[DraftItem] = []
+    ends_crc: list[tuple[int, int]] = []  # per item: (A(a - 1), A(hi - 1)) of its slot's CRC chain
+    for i in range(n):
+        if bad[i]:
+            out.status[i] = RS_BAD_ENTRY
+            counters["bad_entries"] += 1
+            if slots[i] >= layout.max_reqs:
+                counters["bad_entry_slot"] += 1  # beyond the agreed max_reqs: no window for it
+            continue
+        end = int(ends[i])
+        st, w = session.apply(slots[i], gens[i], firsts[i], ks[i], flags[i], rows[end - ks[i]:end])
+        out.status[i] = st
+        out.window_rows[i] = w
+        if USABLE_STATUS_TABLE[st] and flags[i] & RF_NEED_DRAFT:
+            sw = session.slots[slots[i]]
+            items.append(DraftItem(i, tokens[i], anchors[i], w, n_outs[i], sw.segments(w),
+                                   int(meta["seed"][i]) if meta is not None else 0,
+                                   float(meta["temperature"][i]) if meta is not None else 0.0))
+            if shift_w is not None:
+                ends_crc.append(sw.chain_ends(w))
+    if not items:
+        return
+    if shift_w is not None:
+        _integrity_crcs(shift_w, items, ends_crc)
+    try:
+        with draft_lock if draft_lock is not None else contextlib.nullcontext():
+            drafter.draft(items, out)
+    except Exception:
+        log.exception("[worker] drafter %s failed for %d requests", drafter_name or drafter.name, len(items))
+        counters["drafter_errors"] += 1
+        idx = np.array([it.index for it in items])
+        out.status[idx] = RS_INTERNAL
+        out.draft_ids[idx] = -1
+        out.confidence[idx] = 0.0
+
+
+def _integrity_crcs(shift_w: CrcOpSet, items: list[DraftItem], ends_crc: list[tuple[int, int]]) -> None:
+    """The integrity hash of every item from its slot's CRC chain, for the whole batch at once:
+    crc(hdr ‖ window) = shift(w L)(crc(hdr) ^ A(a - 1)) ^ A(hi - 1) (dspark_proxy.crc). No row is
+    read again: each was hashed once, when it arrived."""
+    k = len(items)
+    hdr = np.fromiter((zlib.crc32(_ANCHOR_HDR.pack(it.anchor_token, it.anchor_pos)) for it in items),
+                      dtype=np.uint32, count=k)
+    ce = np.array(ends_crc, dtype=np.uint32).reshape(k, 2)
+    w = np.fromiter((it.w for it in items), dtype=np.intp, count=k)
+    h = shift_w.apply(hdr ^ ce[:, 0], w) ^ ce[:, 1]
+    for it, hv in zip(items, h.tolist(), strict=True):
+        it.crc = hv
