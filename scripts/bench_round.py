@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The proxy's own cost per round: RoundCore.handle() over a real segment, with an in-process null worker.
 
-One thread plays both sides, like tests/rig.py: the real engine shim enqueues round t (untimed), the
+One thread plays both sides, on the rig tests/rig.py uses too (dspark_proxy/bench/rig.py): the real engine shim enqueues round t (untimed), the
 proxy's RoundCore.handle(t) runs (timed), the shim reads the reply (untimed). The worker is the
 in-process null client (fixed drafts, no windows), so what is timed is the round's bookkeeping,
 validation, entries, reply packing and publish, plus the null client's few µs, which are also timed
@@ -32,33 +32,16 @@ import time
 
 import numpy as np
 
-from dspark_proxy.breaker import CircuitBreaker
-from dspark_proxy.events import EventRing
+from dspark_proxy.bench.rig import RoundRig, TimedClient
 from dspark_proxy.inproc import InProcessClient
-from dspark_proxy.round import RoundCore, RoundSettings
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import LayoutParams, State, Word
-from dspark_proxy.stats import Stats
-from engine_shim.shim import Shim
+from dspark_proxy.shm_layout import LayoutParams
 
 N_SPEC = 5
 R_PER_ROUND = 4
 
 
-class _TimedClient(InProcessClient):
-    """The null worker, timing its own step() so that it can be subtracted."""
-
-    step_ns = 0
-
-    def step(self, *a, **kw):
-        t0 = time.perf_counter_ns()
-        out = super().step(*a, **kw)
-        self.step_ns = time.perf_counter_ns() - t0
-        return out
-
-
 class Bench:
-    """One segment, one shim, one RoundCore; rounds of a given mix."""
+    """The shared round rig (dspark_proxy/bench/rig.py) over a timed null worker; rounds of a given mix."""
 
     def __init__(self, n: int, W: int, row_bytes: int, mix: str, seed: int = 1, max_slots: int = 0) -> None:
         M = max(n, max_slots)  # the segment's max_reqs; the round uses n of its slots
@@ -66,17 +49,10 @@ class Bench:
         name = f"bench_round_{os.getpid()}_{n}_{W}_{mix}"
         p = LayoutParams(max_slots=M, num_spec=N_SPEC, window=W, row_bytes=row_bytes, max_rows=n * W,
                          resync_per_round=min(n, R_PER_ROUND))
-        self.seg = Segment.create(name, p, deadline_ms=10_000.0)
-        self.seg.set_word(Word.STATE, State.READY)
-        self.seg.set_word(Word.HEARTBEAT_NS, 1 << 62)
-        self.client = _TimedClient(max_reqs=M, num_spec=N_SPEC, window=W, row_bytes=row_bytes, null=True)
-        self.stats = Stats()
-        self.core = RoundCore(self.seg, self.client, self.stats, EventRing(64), CircuitBreaker(3, 5),
-                              RoundSettings())
-        self.shim = Shim(name, max_reqs=M, num_spec=N_SPEC, window=W, row_bytes=row_bytes,
-                         start_watchdog=False)
-        if not self.shim.offer(Segment.open(name)):
-            raise RuntimeError("the shim did not attach")
+        self.client = TimedClient(InProcessClient(max_reqs=M, num_spec=N_SPEC, window=W, row_bytes=row_bytes,
+                                                  null=True))
+        self.rig = RoundRig(name, p, self.client)
+        self.shim, self.core, self.stats = self.rig.shim, self.rig.core, self.rig.stats
         self.rng = np.random.default_rng(seed)
         self.t = 0
         self.req = np.arange(n, dtype=np.int64)  # request id per batch position
@@ -87,9 +63,7 @@ class Bench:
         self.rows = np.zeros((n * W, row_bytes), dtype=np.uint8)
 
     def close(self) -> None:
-        self.shim.close()
-        self.seg.unlink()
-        self.seg.close()
+        self.rig.close()
 
     def _batch(self) -> dict:
         n, W, rng = self.n, self.W, self.rng
@@ -122,14 +96,14 @@ class Bench:
             b = self._batch()
             self.t += 1
             shim.enqueue(self.t, **b)
-            client.step_ns = 0
+            client.last_ns = 0
             t0 = time.perf_counter_ns()
             core.handle(self.t, 0.0)
             dt = time.perf_counter_ns() - t0
             reply = shim.read_reply(self.t)
             if handle_ns is not None:
                 handle_ns.append(dt)
-                step_ns.append(client.step_ns)
+                step_ns.append(client.last_ns)
             if not reply.ok_mask.all():
                 raise RuntimeError(f"round {self.t}: not every request got drafts (status {reply.status})")
 

@@ -1,5 +1,6 @@
 """A proxy side and an engine side over one real segment, in one thread: round by round, no timing.
 
+The rig itself is the package's (dspark_proxy/bench/rig.py, shared with the benchmarks).
 `Rig.round(...)` enqueues through the real Shim, runs RoundCore.handle for that round, and reads the
 reply through the real Shim, so every test goes through the actual hand-off code (stamps, words,
 publish, seqlock read) while staying deterministic.
@@ -9,16 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from dspark_proxy.breaker import CircuitBreaker
+from dspark_proxy.bench.rig import RoundRig
 from dspark_proxy.draft_client import StepOutcome
-from dspark_proxy.events import EventRing
 from dspark_proxy.inproc import InProcessClient
 from dspark_proxy.integrity import integrity_drafts, integrity_hash
-from dspark_proxy.round import RoundCore, RoundSettings
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import LayoutParams, State, Word
-from dspark_proxy.stats import Stats
-from engine_shim.shim import Shim
+from dspark_proxy.shm_layout import LayoutParams
 
 
 def row_of(req: int, pos: int, row_bytes: int) -> np.ndarray:
@@ -55,28 +51,18 @@ class ScriptedClient(InProcessClient):
         return super().step(prefix, entries, n_rows, **kw)
 
 
-class Rig:
+class Rig(RoundRig):
+    """The shared round rig (dspark_proxy/bench/rig.py) over a ScriptedClient, plus batches of
+    deterministic rows and an oracle check of the drafts."""
+
     def __init__(self, name: str, *, M: int = 8, N: int = 3, W: int = 4, B: int = 16, max_rows: int | None = None,
                  R: int = 2, breaker: tuple[int, int] = (3, 5), deadline_ms: float = 10_000.0) -> None:
         self.M, self.N, self.W, self.B = M, N, W, B
         p = LayoutParams(max_slots=M, num_spec=N, window=W, row_bytes=B, max_rows=max_rows or M * W,
                          resync_per_round=R)
-        self.seg = Segment.create(name, p, deadline_ms=deadline_ms)
-        self.seg.set_word(Word.STATE, State.READY)
-        self.seg.set_word(Word.HEARTBEAT_NS, 1 << 62)
-        self.client = ScriptedClient(max_reqs=M, num_spec=N, window=W, row_bytes=B)
-        self.stats = Stats()
-        self.breaker = CircuitBreaker(*breaker)
-        self.core = RoundCore(self.seg, self.client, self.stats, EventRing(64), self.breaker, RoundSettings())
-        self.shim = Shim(name, max_reqs=M, num_spec=N, window=W, row_bytes=B, start_watchdog=False)
-        assert self.shim.offer(Segment.open(name))
-        self.t = 0
+        super().__init__(name, p, ScriptedClient(max_reqs=M, num_spec=N, window=W, row_bytes=B),
+                         deadline_ms=deadline_ms, breaker=breaker)
         self.pos: dict[int, int] = {}  # request -> next position (its rows so far)
-
-    def close(self) -> None:
-        self.shim.close()
-        self.seg.unlink()
-        self.seg.close()
 
     # ------------------------------------------------------------------ rounds
 
@@ -98,11 +84,7 @@ class Rig:
 
     def round(self, reqs: list[tuple[int, int, int]], *, handle: bool = True, **kw):
         b = self.batch(reqs, **kw)
-        self.t += 1
-        self.shim.enqueue(self.t, **b)
-        if handle:
-            self.core.handle(self.t, 0.0)
-        return self.shim.read_reply(self.t), b
+        return self.run(b, handle=handle), b
 
     def check_drafts(self, reply, b) -> int:
         """Usable drafts checked against the integrity oracle; returns how many were checked."""

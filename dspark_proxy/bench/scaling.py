@@ -1,9 +1,10 @@
 """Section 3, scaling: what the proxy's round costs per request and row, and what the engine side
 costs, for n = 1 .. 1024 requests, W = 16 .. 256, decode and prefill mixes.
 
-Driven in one process, round by round, like tests/rig.py: a real segment, a real Shim (no watchdog
-thread) and a real RoundCore over a null worker (`InProcessClient(null=True)`). So nothing here
-waits on another process, and each figure is pure CPU work:
+Driven in one process, round by round, on the shared rig (bench/rig.py, as tests/rig.py is): a real
+segment, a real Shim (no watchdog thread) and a real RoundCore over a null worker
+(`InProcessClient(null=True)`). So nothing here waits on another process, and each figure is pure
+CPU work:
 
 - proxy cost = `RoundCore.handle(t)` minus the null worker's own `step()` inside it: reading the
   stamped descriptor and metadata, validation, the ring model, the breaker, entries and row views,
@@ -37,78 +38,45 @@ QUICK_N = (1, 16, 256, 1024)
 QUICK_W = (16, 128)
 
 
-class _TimedNull:
-    """The null in-process worker, with the time of each step() kept (to subtract it)."""
-
-    def __init__(self, **kw: Any) -> None:
-        from dspark_proxy.inproc import InProcessClient
-
-        self.inner = InProcessClient(null=True, **kw)
-        self.last_ns = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def step(self, *a: Any, **kw: Any) -> Any:
-        t0 = time.perf_counter_ns()
-        out = self.inner.step(*a, **kw)
-        self.last_ns = time.perf_counter_ns() - t0
-        return out
-
-
 class ScaleRig:
-    """A segment, a Shim and a RoundCore for one (M, W): rounds run in this thread, one at a time."""
+    """The shared round rig (bench/rig.py) for one (M, W) over a timed null worker: rounds run in
+    this thread, one at a time."""
 
     def __init__(self, name: str, *, max_reqs: int, window: int, num_spec: int = NUM_SPEC,
                  row_bytes: int = ROW_BYTES) -> None:
-        from dspark_proxy.breaker import CircuitBreaker
-        from dspark_proxy.events import EventRing
-        from dspark_proxy.round import RoundCore, RoundSettings
-        from dspark_proxy.segment import Segment
-        from dspark_proxy.shm_layout import LayoutParams, State, Word
-        from dspark_proxy.stats import Stats
-        from engine_shim.shim import Shim
+        from dspark_proxy.inproc import InProcessClient
+        from dspark_proxy.round import RoundSettings
+        from dspark_proxy.shm_layout import LayoutParams
+
+        from .rig import RoundRig, TimedClient
 
         p = LayoutParams(max_slots=max_reqs, num_spec=num_spec, window=window, row_bytes=row_bytes,
                          max_rows=max_reqs * window, resync_per_round=min(max_reqs, 8))
-        self.seg = Segment.create(name, p, deadline_ms=60_000.0)
-        self.shim = None
-        try:
-            self.seg.set_word(Word.STATE, State.READY)
-            self.seg.set_word(Word.HEARTBEAT_NS, 1 << 62)
-            self.client = _TimedNull(max_reqs=max_reqs, num_spec=num_spec, window=window, row_bytes=row_bytes)
-            self.core = RoundCore(self.seg, self.client, Stats(), EventRing(64), CircuitBreaker(3, 50),
-                                  RoundSettings(step_timeout_s=60.0))
-            self.shim = Shim(name, max_reqs=max_reqs, num_spec=num_spec, window=window, row_bytes=row_bytes,
-                             start_watchdog=False)
-            if not self.shim.offer(Segment.open(name)):
-                raise RuntimeError("scaling rig: the shim refused the segment")
-        except BaseException:
-            self.close()
-            raise
+        self.client = TimedClient(InProcessClient(null=True, max_reqs=max_reqs, num_spec=num_spec, window=window,
+                                                  row_bytes=row_bytes))
+        self.rig = RoundRig(name, p, self.client, deadline_ms=60_000.0, breaker=(3, 50),
+                            settings=RoundSettings(step_timeout_s=60.0))
         self.t = 0
 
     def round(self, kw: dict[str, Any]) -> tuple[int, int, int, int]:
         """One round: (enqueue ns, handle ns, worker step ns, read_reply ns)."""
         self.t += 1
         t = self.t
+        rig = self.rig
         clock = time.perf_counter_ns
         t0 = clock()
-        self.shim.enqueue(t, **kw)
+        rig.shim.enqueue(t, **kw)
         t1 = clock()
-        self.core.handle(t, 0.0)
+        rig.core.handle(t, 0.0)
         t2 = clock()
-        reply = self.shim.read_reply(t)
+        reply = rig.shim.read_reply(t)
         t3 = clock()
         if reply.status == 2:
             raise RuntimeError(f"scaling rig: round {t} failed ({reply.reason})")
         return t1 - t0, t2 - t1, self.client.last_ns, t3 - t2
 
     def close(self) -> None:
-        if self.shim is not None:
-            self.shim.close()
-        self.seg.unlink()
-        self.seg.close()
+        self.rig.close()
 
 
 def _fit(ns: list[int], p50: list[float]) -> dict[str, float]:
