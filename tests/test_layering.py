@@ -89,3 +89,8 @@ def test_drafters_come_from_one_table():
     assert isinstance(make_drafter("integrity", num_spec=2, window=4, row_bytes=8), IntegrityDrafter)
     with pytest.raises(ValueError, match="choose one of integrity"):
         make_drafter("nope", num_spec=2, window=4, row_bytes=8)
+def test_the_package_never_loads_files_by_path():
+    hits = [p.relative_to(PKG).as_posix() for p in PKG.rglob("*.py") if "spec_from_file_location" in p.read_text()]
+    assert not hits, hits
+
+

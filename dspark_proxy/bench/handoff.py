@@ -8,10 +8,9 @@ bytes, M=256, N=5, W=128); a round is `enqueue` + `read_reply`, timed around bot
 without a socket). Its own time per round (gathered seen -> published, `rank0_round_us`) comes
 from its statistics.
 
-Also, when the repository's scripts/bench_handoff.py is there (a checkout, not an installed wheel):
-its bare hand-off, the same words and page copy through a real segment with no round logic (no
-Shim, no RoundCore), reused by importing its `run_handoff`: the distance between it and the full
-hand-off is what the Python work on both sides costs.
+Also the bare hand-off (bench/bare.py, also scripts/bench_handoff.py's): the same words and page
+copy through a real segment with no round logic (no Shim, no RoundCore): the distance between it
+and the full hand-off is what the Python work on both sides costs.
 
 Placements: unpinned (the scheduler decides, 2+ cores: both sides may spin), both processes on one
 core, each on its own core. Pinned processes are started pinned (affinity inherited, like taskset),
@@ -21,11 +20,8 @@ so their adaptive spin sees the single core it has.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import time
 from collections.abc import Callable
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from .batches import RoundGen
@@ -85,33 +81,19 @@ def time_handoff(name: str, rounds: int, warmup: int, other_cpu: int | None,
         proxy.stop()
 
 
-def _bare_module() -> ModuleType | None:
-    """scripts/bench_handoff.py of this checkout, imported as a module (None when not there)."""
-    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_handoff.py"
-    if not path.is_file():
-        return None
-    spec = importlib.util.spec_from_file_location("_dspark_scripts_bench_handoff", path)
-    if spec is None or spec.loader is None:
-        return None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def time_bare_handoff(pings: int, other_cpu: int | None) -> tuple[Any, str]:
-    """The bare hand-off of scripts/bench_handoff.py (raw ns, or None and why not)."""
+    """The bare hand-off (bench/bare.py): raw ns, or None and why not."""
     try:
-        mod = _bare_module()
-        if mod is None:
-            return None, "scripts/bench_handoff.py not found (not a checkout)"
         from dspark_proxy.shm_layout import LayoutParams
+
+        from .bare import run_handoff as bare_handoff
 
         s = HANDOFF_SHAPE
         params = LayoutParams(max_slots=s["max_reqs"], num_spec=s["num_spec"], window=4, row_bytes=64,
                               max_rows=8, resync_per_round=1)
-        return mod.run_handoff(params, pings, other_cpu, None), ""
-    except Exception as e:  # noqa: BLE001 - another helper's script: its absence or change is a note
-        return None, f"scripts/bench_handoff.py failed: {e!r}"
+        return bare_handoff(params, pings, other_cpu, None), ""
+    except Exception as e:  # noqa: BLE001 - the floor is a comparison: its failure is a note, not the section's
+        return None, f"bare hand-off failed: {e!r}"
 
 
 def run_handoff(quick: bool = False, say: Callable[[str], None] = lambda s: None,
