@@ -1,4 +1,5 @@
-"""The `integrity` drafter's formula (SPEC §6): the test oracle every usable draft is checked against.
+"""The `integrity` drafter's formula (docs/design.md, "The worker"): the test oracle every usable draft
+is checked against.
 
 It lives on its own so that the worker (which computes it from the rows it holds) and the simulated
 engine (which recomputes it from the rows it sent) share the definition, not the code path: the worker

@@ -2,9 +2,9 @@
 
 1. A TcpDraftClient whose handshake was refused (a worker restarted with another layout) stays disabled
    for good: its connect thread returns. When the right worker comes back on the same address, drafts
-   never resume until the proxy is restarted (SPEC §9: after a fault clears, usable drafts resume
-   within a bounded number of rounds). `dspark-proxy chaos` (worker_layout) restarts the proxy to
-   recover and reports `self_recovered: False`.
+   never resume until the proxy is restarted (README, "What the engine can rely on": after a fault
+   clears, usable drafts resume within a bounded number of rounds). `dspark-proxy chaos`
+   (worker_layout) restarts the proxy to recover and reports `self_recovered: False`.
 2. A reply is matched to its STEP by the step id in its header alone: a late reply that carries the
    next step's id (a worker mislabeling, --fault-wrong-step-every, answering after the client timed
    out) is taken as the next step's reply, and its drafts (for the previous round's windows) reach

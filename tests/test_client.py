@@ -22,7 +22,8 @@ ND, NG = wire.RF_NEED_DRAFT, wire.RF_NEW_GEN
 
 
 def expected_ids(token: int, anchor_pos: int, window_rows: np.ndarray) -> list[int]:
-    """SPEC §6, recomputed here: crc32(token i32 ‖ pos i64 ‖ rows), (h ^ j*0x9E3779B1) & 0x7FFFFFFF."""
+    """The integrity formula (docs/design.md, "The worker"), recomputed here: crc32(token i32 ‖ pos i64
+    ‖ rows), (h ^ j*0x9E3779B1) & 0x7FFFFFFF."""
     h = zlib.crc32(struct.pack("<iq", token, anchor_pos) + window_rows.tobytes())
     return [(h ^ ((j * 0x9E3779B1) & 0xFFFFFFFF)) & 0x7FFFFFFF for j in range(N)]
 

@@ -1,8 +1,8 @@
 """EngineRing: rows land where their positions say, and a staged window is exactly the held rows.
 
 The property test keeps a plain dict (slot, position) -> row bytes plus each slot's held positions
-(SPEC §2's restart rule, one request at a time) and compares every slot after every round. Every row
-written carries a unique counter, so a stale, misplaced or misordered row cannot look right.
+(docs/design.md step 2's restart rule, one request at a time) and compares every slot after every round.
+Every row written carries a unique counter, so a stale, misplaced or misordered row cannot look right.
 """
 
 from __future__ import annotations

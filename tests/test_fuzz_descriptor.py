@@ -1,5 +1,5 @@
-"""Fuzzing the proxy's reading of a round's descriptor and metadata (SPEC §9: malformed descriptors never
-crash or hang either side, and are counted).
+"""Fuzzing the proxy's reading of a round's descriptor and metadata (README, "What the engine can rely
+on": malformed descriptors never crash or hang either side, and are counted).
 
 Random bytes and mutations go into round t's desc or meta slot of a real segment, between the shim's
 enqueue and RoundCore.handle (tests/rig.py: one thread, the real shim and round). Whatever the bytes:

@@ -1,7 +1,8 @@
-"""Fuzzing the engine side's validation of a segment header (SPEC §9): random and mutated headers make
-Segment.open and engine_shim.attach either accept the segment (the damage missed what they check) or
-raise SegmentError / LayoutMismatch with a message; nothing else escapes, nothing hangs, and the
-watchdog's search for a proxy never offers a segment whose parameters are not the engine's."""
+"""Fuzzing the engine side's validation of a segment header (README, "What the engine can rely on"):
+random and mutated headers make Segment.open and engine_shim.attach either accept the segment (the
+damage missed what they check) or raise SegmentError / LayoutMismatch with a message; nothing else
+escapes, nothing hangs, and the watchdog's search for a proxy never offers a segment whose parameters
+are not the engine's."""
 
 from __future__ import annotations
 

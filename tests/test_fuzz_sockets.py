@@ -1,6 +1,6 @@
-"""Fuzzing both ends of the wire over real sockets (SPEC §9: malformed frames never crash or hang
-either side, and are counted). test_wire_fuzz.py fuzzes the sans-IO decoder; this file feeds mutated
-frames to the live programs:
+"""Fuzzing both ends of the wire over real sockets (README, "What the engine can rely on": malformed
+frames never crash or hang either side, and are counted). test_wire_fuzz.py fuzzes the sans-IO decoder;
+this file feeds mutated frames to the live programs:
 
 - a live WorkerServer gets mutated STEP frames (after a real handshake): it answers with a REPLY or
   an ERROR, or drops that connection; after every one it still serves a good STEP with right drafts;

@@ -1,8 +1,8 @@
 """SlotTable (rank 0's ring model) against a plain reference ring, rule by rule and under random rounds.
 
 The reference below is deliberately naive — a Python list of the positions each slot holds, updated one
-request at a time — so that it states SPEC §2's rules and nothing else; the property test checks that
-the vectorised model agrees with it after every round and every reply.
+request at a time — so that it states the ring rules (docs/design.md, step 2) and nothing else; the
+property test checks that the vectorised model agrees with it after every round and every reply.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _held_after(held: list[int], fp: int, v: int, W: int) -> tuple[list[int], bo
 
 
 class RefRing:
-    """SPEC §2 step 2 (and step 8's model update) one request at a time, plus the engine's own ring
+    """docs/design.md step 2 (and step 8's model update) one request at a time, plus the engine's own ring
     (``truth``) and the unknown-range rules: the model is always a suffix of the truth, and equal to it
     when known."""
 

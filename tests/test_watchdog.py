@@ -1,6 +1,6 @@
-"""The shim's watchdog (SPEC §4): late rounds claimed at their deadline, hung / dead / stale / replaced
-proxies detected and left, the injectable last resort, its lateness under a GIL-heavy engine, and the
-shim's statistics reaching the segment and `dspark-proxy status`.
+"""The shim's watchdog (shm_layout.md §7, §8): late rounds claimed at their deadline, hung / dead /
+stale / replaced proxies detected and left, the injectable last resort, its lateness under a GIL-heavy
+engine, and the shim's statistics reaching the segment and `dspark-proxy status`.
 
 Proxies here are played by the test (a segment it creates and never serves, or serves by hand), by a
 forked child that is SIGKILLed, or by the real `dspark-proxy start --worker inproc`.

@@ -1,7 +1,8 @@
 """`dspark-proxy bench` from an installed wheel, not the checkout: the package carries everything its
 commands run (the hand-off section's bare hand-off once lived in scripts/, which a wheel lacks).
 
-The wheel is built from this tree (`pip wheel . --no-deps`, the C extension compiled) and installed
+The wheel is built from a copy of this tree (`pip wheel . --no-deps`, the C extension compiled; a
+copy, so no build directory left in the checkout can put a stale module into it) and installed
 with `pip install --no-deps --target DIR`; the bench then runs from another directory with DIR first
 on the path, over this environment's numpy and click, so the checkout cannot be imported by mistake.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,9 +30,11 @@ def _run(args: list[str], **kw) -> subprocess.CompletedProcess:
 
 
 def test_bench_runs_from_an_installed_wheel(tmp_path):
-    wheels, target, cwd = tmp_path / "wheels", tmp_path / "site", tmp_path / "run"
+    src, wheels, target, cwd = tmp_path / "src", tmp_path / "wheels", tmp_path / "site", tmp_path / "run"
     cwd.mkdir()
-    _run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q",
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__",
+                                                              "*.so", "tests", ".ruff_cache"))
+    _run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
           "-w", str(wheels)], timeout=180)
     (wheel,) = wheels.glob("dspark_proxy-*.whl")
     _run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), "-q", str(wheel)], timeout=120)

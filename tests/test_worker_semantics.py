@@ -1,5 +1,5 @@
-"""The worker's window semantics (SPEC §6) over the real protocol, with every usable draft checked
-against the integrity formula recomputed here from the rows the test sent."""
+"""The worker's window semantics (docs/design.md, "The worker") over the real protocol, with every
+usable draft checked against the integrity formula recomputed here from the rows the test sent."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ pytestmark = pytest.mark.timeout(30)
 
 def expected_drafts(anchor_token: int, anchor_pos: int, window_rows: np.ndarray, W: int, N: int,
                     n_out: int) -> tuple[list[int], list[float]]:
-    """SPEC §6: h = crc32(token i32 LE ‖ pos i64 LE ‖ rows), drafts (h ^ (j * 0x9E3779B1)) & 0x7FFFFFFF."""
+    """docs/design.md, "The worker": h = crc32(token i32 LE ‖ pos i64 LE ‖ rows), drafts (h ^ (j *
+    0x9E3779B1)) & 0x7FFFFFFF."""
     h = zlib.crc32(struct.pack("<i", anchor_token) + struct.pack("<q", anchor_pos) + window_rows.tobytes())
     w = window_rows.shape[0]
     k = N if n_out == 0 else min(n_out, N)

@@ -1,5 +1,6 @@
-"""The fault campaign (SPEC §9): the simulated engine through the real shim, a real worker and a real
-proxy as child processes, every fault kind injected on a schedule, and a report of what the engine saw.
+"""The fault campaign (README, "What the engine can rely on"): the simulated engine through the real
+shim, a real worker and a real proxy as child processes, every fault kind injected on a schedule, and a
+report of what the engine saw.
 
     from dspark_proxy.chaos import ChaosConfig, run_campaign, format_table
     report = run_campaign(ChaosConfig(duration_s=60, deadline_ms=30, margin_ms=20))

@@ -1,10 +1,10 @@
 """Corrupting a round's descriptor or metadata slot from the engine side, before `gathered` is raised.
 
-Each mode is damage the proxy's validation must catch (SPEC §9: malformed descriptors never crash or
-hang either side, and are counted): the round fails with `fallback_bad_descriptor`, the proxy lives.
-Damage that happens to look valid (a slot id swapped for another in-range one, say) is a different
-fault, a lying engine, which no proxy can detect; the modes here are chosen so that every corrupted
-round is provably malformed.
+Each mode is damage the proxy's validation must catch (README, "What the engine can rely on": malformed
+descriptors never crash or hang either side, and are counted): the round fails with
+`fallback_bad_descriptor`, the proxy lives. Damage that happens to look valid (a slot id swapped for
+another in-range one, say) is a different fault, a lying engine, which no proxy can detect; the modes
+here are chosen so that every corrupted round is provably malformed.
 
 `DescriptorCorruptor.install(shim)` hooks the shim instance's `_write_round` (the step between
 writing the slots and raising `gathered`), so the proxy can never read the round before the damage.

@@ -1,5 +1,6 @@
-"""`dspark-proxy chaos`: the fault campaign (SPEC §9) against real worker and proxy processes; a table
-(or --json) per fault kind; exits non-zero if any guarantee did not hold."""
+"""`dspark-proxy chaos`: the fault campaign (README, "What the engine can rely on") against real worker
+and proxy processes; a table (or --json) per fault kind; exits non-zero if any guarantee did not
+hold."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The simulated engine (SPEC §8): realistic batches driven through any shim, every usable draft checked
+"""The simulated engine: realistic batches driven through any shim, every usable draft checked
 against the `integrity` oracle.
 
 Used by the tests, ``dspark-proxy demo``, chaos runs and benchmarks::

@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dspark_proxy.sim", description=__doc__)
     p.add_argument("--rounds", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--realistic", action="store_true", help="SPEC §2b shapes (W=128, 71,680-byte rows)")
+    p.add_argument("--realistic", action="store_true", help="realistic shapes (W=128, 71,680-byte rows)")
     p.add_argument("--max-reqs", type=int)
     p.add_argument("--window", type=int)
     p.add_argument("--row-bytes", type=int)

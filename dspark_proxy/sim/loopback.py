@@ -1,11 +1,11 @@
 """An in-process stand-in for the shim + proxy + integrity worker, for testing the simulated engine alone.
 
-It keeps its own window of rows per slot from what was enqueued (the ring rules of SPEC §2: extend when
-the rows continue the held range of the same request, otherwise restart with exactly this round's rows;
-keep the last W), and answers each request that needs drafts with the integrity drafter's output over
-that window, as a correct system would. Knobs make it fail requests or rounds, cut windows short
-(PARTIAL_WINDOW: right drafts from fewer rows than held, which only the full-window rate sees), cut
-n_out, and corrupt answers on purpose, so tests can show the engine's oracle catches what it must.
+It keeps its own window of rows per slot from what was enqueued (the ring rules of docs/design.md, step
+2: extend when the rows continue the held range of the same request, otherwise restart with exactly this
+round's rows; keep the last W), and answers each request that needs drafts with the integrity drafter's
+output over that window, as a correct system would. Knobs make it fail requests or rounds, cut windows
+short (PARTIAL_WINDOW: right drafts from fewer rows than held, which only the full-window rate sees),
+cut n_out, and corrupt answers on purpose, so tests can show the engine's oracle catches what it must.
 
 Corruptions (``corrupt=``), applied to one request per corrupted round:
 - ``flip_byte``: one bit of the newest row of a request's window is flipped as it is stored;

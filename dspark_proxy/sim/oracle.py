@@ -155,7 +155,8 @@ class Oracle:
         return out
 
     def expected(self, h: np.ndarray, w: np.ndarray, n_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """SPEC §6's drafts [m, N] int32 and confidences [m, N] float32 (vectorised integrity_drafts)."""
+        """The integrity drafts (docs/design.md, "The worker"): [m, N] int32 and confidences [m, N]
+        float32 (vectorised integrity_drafts)."""
         j = np.arange(self.N)
         keep = j[None, :] < n_out[:, None]
         ids = (h.astype(np.int64)[:, None] ^ self._golden_j[None, :]) & 0x7FFFFFFF

@@ -1,4 +1,4 @@
-"""The proxy ↔ worker wire protocol (SPEC §5): layouts, messages and a sans-IO codec.
+"""The proxy ↔ worker wire protocol (FORMAT.md): layouts, messages and a sans-IO codec.
 
 This package never touches sockets, threads or clocks; `dspark_proxy.conn` does the I/O. The byte
 layouts are documented in FORMAT.md next to this file.

@@ -1,4 +1,5 @@
-"""The draft worker (SPEC §6): per-session windows of rows, a drafter, and the server around them."""
+"""The draft worker (docs/design.md, "The worker"; FORMAT.md): per-session windows of rows, a drafter,
+and the server around them."""
 
 from .drafters import DRAFTER_NAMES, Drafter, DraftItem, IntegrityDrafter, make_drafter
 from .faults import FaultAction, FaultPlan

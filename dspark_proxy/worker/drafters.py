@@ -1,4 +1,5 @@
-"""The drafter interface and the `integrity` drafter (SPEC §6), plus the factory for both drafters.
+"""The drafter interface and the `integrity` drafter (docs/design.md, "The worker"), plus the factory
+for both drafters.
 
 A drafter gets the batch's usable requests that asked for drafts (`DraftItem`s, each with its window
 as at most two contiguous row segments in position order) and writes drafts, confidences and the

@@ -1,4 +1,4 @@
-"""The draft worker's server: accepts connections, handshakes, and answers STEPs (SPEC §5, §6).
+"""The draft worker's server: accepts connections, handshakes, and answers STEPs (FORMAT.md).
 
 One thread per connection (a worker serves a handful of proxies); sessions are shared across
 connections in a `SessionTable` and each session's steps are serialised by its own lock. The STEP

@@ -1,4 +1,5 @@
-"""Per-session, per-slot windows of rows: the worker's half of the ring bookkeeping (SPEC §6).
+"""Per-session, per-slot windows of rows: the worker's half of the ring bookkeeping (docs/design.md,
+"The worker").
 
 Each slot holds its generation, the positions [lo, hi) it has rows for (at most the last W), and a
 [W, row_bytes] array indexed by position % W, allocated when the slot is first seen. It also keeps a
