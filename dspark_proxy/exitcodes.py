@@ -1,4 +1,4 @@
-"""The CLI's exit codes, in one place: commands and library entry points share them without importing cli.py."""
+"""The CLI's exit codes, in one place, so that no module needs cli.py for them (which would be a cycle)."""
 
 from __future__ import annotations
 
