@@ -1,19 +1,24 @@
-"""A running proxy's state read from its segment, as one JSON-able dict, and its text rendering.
+"""A running proxy seen through its segment: its state as one JSON-able dict and its text rendering
+(`dspark-proxy status`), and a clean stop (`dspark-proxy stop`).
 
-Library code (the bench, the chaos campaign, the demo) and the `status` command all read a proxy
-through `read_status`; the segment details stay behind these two functions.
+Library code (the bench, the chaos campaign, the demo) and the commands all go through these public
+functions; the segment details stay behind them.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from .hostflag import monotonic_ns
 from .segment import Segment, owner_alive
-from .shm_layout import HEADER_DTYPE, State
+from .shm_layout import HEADER_DTYPE, State, Word
 
-__all__ = ["read_status", "format_status"]
+__all__ = ["read_status", "format_status", "stop_proxy", "StopOutcome"]
 
 
 def read_status(name: str | None) -> dict[str, Any]:
@@ -82,3 +87,30 @@ def format_status(st: dict[str, Any]) -> str:
         for ev in events[-8:]:
             lines.append(f"    event {ev}")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class StopOutcome:
+    """What `stop_proxy` did: `ok` (stopped, or was not running) and one line saying so."""
+
+    ok: bool
+    message: str
+
+
+def stop_proxy(name: str | None, timeout_s: float) -> StopOutcome:
+    """SIGTERM the proxy owning segment `name` (it fails every round ahead, then unlinks its segment)
+    and wait up to timeout_s for it to exit. Raises SegmentError when there is no such segment."""
+    seg = Segment.open(name)
+    pid, ticks, inc = int(seg.header["owner_pid"]), int(seg.header["owner_start_ticks"]), seg.incarnation
+    state = seg.word(Word.STATE)
+    seg.close()
+    if not owner_alive(pid, ticks):
+        return StopOutcome(True, f"proxy pid {pid} is not running (state {State.NAMES.get(state, state)}); "
+                                 "the next start reclaims its segment")
+    os.kill(pid, signal.SIGTERM)
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if not owner_alive(pid, ticks):
+            return StopOutcome(True, f"stopped proxy pid {pid} (incarnation {inc})")
+        time.sleep(0.05)
+    return StopOutcome(False, f"pid {pid} still running after {timeout_s} s")

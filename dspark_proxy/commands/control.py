@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 import time
 
 import click
 
 from ..exitcodes import EXIT_FAILURE
-from ..segment import DEFAULT_NAME, Segment, SegmentError, owner_alive
-from ..shm_layout import State, Word
-from ..status import format_status, read_status
+from ..segment import DEFAULT_NAME, SegmentError
+from ..status import format_status, read_status, stop_proxy
 
 __all__ = ["stop", "status", "read_status"]  # read_status: re-exported for older callers
 
@@ -57,23 +54,11 @@ def status(name: str, as_json: bool, watch: float | None) -> None:
 def stop(name: str, timeout_s: float) -> None:
     """Stop a running proxy cleanly (SIGTERM: it fails every round ahead, then unlinks its segment)."""
     try:
-        seg = Segment.open(name)
+        out = stop_proxy(name, timeout_s)
     except SegmentError as e:
         click.echo(f"dspark-proxy stop: {e}", err=True)
         sys.exit(EXIT_FAILURE)
-    pid, ticks, inc = int(seg.header["owner_pid"]), int(seg.header["owner_start_ticks"]), seg.incarnation
-    state = seg.word(Word.STATE)
-    seg.close()
-    if not owner_alive(pid, ticks):
-        click.echo(f"proxy pid {pid} is not running (state {State.NAMES.get(state, state)}); "
-                   "the next start reclaims its segment")
-        return
-    os.kill(pid, signal.SIGTERM)
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if not owner_alive(pid, ticks):
-            click.echo(f"stopped proxy pid {pid} (incarnation {inc})")
-            return
-        time.sleep(0.05)
-    click.echo(f"dspark-proxy stop: pid {pid} still running after {timeout_s} s", err=True)
-    sys.exit(EXIT_FAILURE)
+    if not out.ok:
+        click.echo(f"dspark-proxy stop: {out.message}", err=True)
+        sys.exit(EXIT_FAILURE)
+    click.echo(out.message)
