@@ -7,6 +7,7 @@ import dataclasses
 import inspect
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import dspark_proxy
@@ -94,3 +95,25 @@ def test_the_package_never_loads_files_by_path():
     assert not hits, hits
 
 
+
+
+def test_both_clients_implement_the_draft_client_protocol():
+    from dspark_proxy import wire
+    from dspark_proxy.client import TcpDraftClient
+    from dspark_proxy.draft_client import DraftClient, StepOutcome
+    from dspark_proxy.inproc import InProcessClient
+
+    shape = dict(max_reqs=4, num_spec=2, window=4, row_bytes=8)
+    clients = [TcpDraftClient("127.0.0.1", 1, **shape), InProcessClient(**shape)]
+    members = [n for n in vars(DraftClient) if not n.startswith("_")]
+    assert {"disabled", "counters", "start", "stop", "connection_epoch", "new_session", "step"} <= set(members)
+    want = inspect.signature(DraftClient.step).parameters
+    for c in clients:
+        for n in members:
+            assert hasattr(c, n), (type(c).__name__, n)
+        got = inspect.signature(type(c).step).parameters
+        assert list(got) == list(want), (type(c).__name__, list(got))
+        assert all(got[k].kind == want[k].kind for k in want), type(c).__name__
+    out = clients[1].step(bytearray(), np.zeros(0, dtype=wire.ENTRY_DTYPE), 0, step_id=1, step_flags=0, epoch=2,
+                          rows=[])
+    assert isinstance(out, StepOutcome) and out.reason == "reconnected"  # the shared outcome type
