@@ -14,6 +14,7 @@ from dspark_proxy.bench.rig import RoundRig
 from dspark_proxy.draft_client import StepOutcome
 from dspark_proxy.inproc import InProcessClient
 from dspark_proxy.integrity import integrity_drafts, integrity_hash
+from dspark_proxy.round import RoundSettings
 from dspark_proxy.shm_layout import LayoutParams
 
 
@@ -56,12 +57,14 @@ class Rig(RoundRig):
     deterministic rows and an oracle check of the drafts."""
 
     def __init__(self, name: str, *, M: int = 8, N: int = 3, W: int = 4, B: int = 16, max_rows: int | None = None,
-                 R: int = 2, breaker: tuple[int, int] = (3, 5), deadline_ms: float = 10_000.0) -> None:
+                 R: int = 2, breaker: tuple[int, int] = (3, 5), deadline_ms: float = 10_000.0,
+                 sampled: bool = False, settings: RoundSettings | None = None, client=None) -> None:
+        """client: any DraftClient (default: a ScriptedClient of these shapes)."""
         self.M, self.N, self.W, self.B = M, N, W, B
         p = LayoutParams(max_slots=M, num_spec=N, window=W, row_bytes=B, max_rows=max_rows or M * W,
-                         resync_per_round=R)
-        super().__init__(name, p, ScriptedClient(max_reqs=M, num_spec=N, window=W, row_bytes=B),
-                         deadline_ms=deadline_ms, breaker=breaker)
+                         resync_per_round=R, sampled=sampled)
+        super().__init__(name, p, client or ScriptedClient(max_reqs=M, num_spec=N, window=W, row_bytes=B),
+                         deadline_ms=deadline_ms, breaker=breaker, settings=settings)
         self.pos: dict[int, int] = {}  # request -> next position (its rows so far)
 
     # ------------------------------------------------------------------ rounds

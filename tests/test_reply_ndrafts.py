@@ -7,16 +7,11 @@ import numpy as np
 import pytest
 
 from dspark_proxy import wire
-from dspark_proxy.breaker import CircuitBreaker
 from dspark_proxy.draft_client import StepOutcome
-from dspark_proxy.events import EventRing
 from dspark_proxy.ndrafts import leading_drafts
-from dspark_proxy.round import RoundCore, RoundSettings
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import STATUS_OK, STATUS_SOME_FAILED, SUPPORT_K, LayoutParams, State, Word
-from dspark_proxy.stats import Stats
+from dspark_proxy.round import RoundSettings
+from dspark_proxy.shm_layout import STATUS_OK, STATUS_SOME_FAILED, SUPPORT_K
 from engine_shim.reply import Reply
-from engine_shim.shim import Shim
 from tests.rig import Rig, ScriptedClient
 
 pytestmark = pytest.mark.timeout(60)
@@ -40,9 +35,7 @@ def _usable_prefix_ok(reply) -> None:
 
 @pytest.mark.parametrize("n_out", [1, 2, 3])
 def test_n_out_below_n_gives_n_drafts_n_out_and_minus_one_beyond(seg_name, n_out):
-    rig = Rig(seg_name, M=M, N=N, W=W, B=B)
-    rig.core = RoundCore(rig.seg, rig.client, rig.stats, EventRing(64), rig.breaker,
-                         RoundSettings(n_out_table=(n_out,)))
+    rig = Rig(seg_name, M=M, N=N, W=W, B=B, settings=RoundSettings(n_out_table=(n_out,)))
     try:
         for _ in range(3):
             reply, b = rig.round([(1, 0, 1), (2, 3, 2)])
@@ -97,9 +90,7 @@ class _Edited(ScriptedClient):
 
 
 def test_a_minus_one_from_the_worker_is_never_counted(seg_name):
-    rig = Rig(seg_name, M=M, N=N, W=W, B=B)
-    rig.client = _Edited(max_reqs=M, num_spec=N, window=W, row_bytes=B)
-    rig.core = RoundCore(rig.seg, rig.client, rig.stats, EventRing(64), rig.breaker, RoundSettings())
+    rig = Rig(seg_name, M=M, N=N, W=W, B=B, client=_Edited(max_reqs=M, num_spec=N, window=W, row_bytes=B))
 
     def edit(ids):
         ids[0, 2] = -1  # a hole: drafts 0, 1 usable, 3 not (it follows a -1)
@@ -140,26 +131,16 @@ class _Sampled(ScriptedClient):
 
 
 def test_sampled_fields_of_requests_without_drafts_are_cleared_every_round(seg_name):
-    p = LayoutParams(max_slots=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W, resync_per_round=2,
-                     sampled=True)
-    seg = Segment.create(seg_name, p, deadline_ms=10_000.0)
-    seg.set_word(Word.STATE, State.READY)
-    seg.set_word(Word.HEARTBEAT_NS, 1 << 62)
     client = _Sampled(max_reqs=M, num_spec=N, window=W, row_bytes=B)
-    core = RoundCore(seg, client, Stats(), EventRing(64), CircuitBreaker(3, 5), RoundSettings(n_out_table=(3,)))
-    shim = Shim(seg_name, max_reqs=M, num_spec=N, window=W, row_bytes=B, sampled=True, start_watchdog=False)
-    rig = Rig.__new__(Rig)  # only its batch builder
-    rig.B, rig.pos = B, {}
+    rig = Rig(seg_name, M=M, N=N, W=W, B=B, R=2, sampled=True, settings=RoundSettings(n_out_table=(3,)),
+              client=client)
     try:
-        assert shim.offer(Segment.open(seg_name))
         reqs = [(1, 0, 1), (2, 1, 1), (3, 2, 1)]
         seeds = dict(seed=np.array([1, 2, 3]), temperature=np.ones(3, np.float32))
         for t, fail, expect in ((1, (), [3, 3, 3]), (2, (1,), [3, 0, 3]), (3, (0, 2), [0, 3, 0]),
                                 (4, (), [3, 3, 3])):
             client.fail = fail
-            shim.enqueue(t, **Rig.batch(rig, reqs), **seeds)
-            core.handle(t, 0.0)
-            reply = shim.read_reply(t)
+            reply = rig.run({**rig.batch(reqs), **seeds})
             assert reply.n_drafts.tolist() == expect, t
             none = np.asarray(expect) == 0
             assert (reply.support_ids[none] == -1).all() and (reply.proposal_q[none] == 0).all(), t
@@ -168,9 +149,7 @@ def test_sampled_fields_of_requests_without_drafts_are_cleared_every_round(seg_n
             assert (reply.proposal_q[~none][:, :3, 0] == 1).all()
             _usable_prefix_ok(reply)
     finally:
-        shim.close()
-        seg.unlink()
-        seg.close()
+        rig.close()
 
 
 def test_a_page_with_n_drafts_over_n_is_not_trusted(seg_name):

@@ -183,20 +183,16 @@ def worker():
 def test_every_usable_draft_is_the_oracles_through_the_real_worker(worker, data):
     """The same over TCP to the real worker (its CRC chains, its statuses, the wire), with the worker
     dropping every window now and then (a new session: it answers UNKNOWN_SLOT and the round resyncs)."""
-    from dspark_proxy.breaker import CircuitBreaker
     from dspark_proxy.client import TcpDraftClient
-    from dspark_proxy.events import EventRing
-    from dspark_proxy.round import RoundCore, RoundSettings
 
     name = new_segment_name("round-property-tcp")
-    rig = Rig(name, M=M, N=N, W=W, B=B, R=2)
     client = TcpDraftClient("127.0.0.1", worker.port, max_reqs=M, num_spec=N, window=W, row_bytes=B)
+    rig = Rig(name, M=M, N=N, W=W, B=B, R=2, breaker=(3, 2), client=client)
     eng = _Engine(data.draw(st.integers(0, 2**32 - 1), label="seed"))
     try:
         client.start()
         assert client.wait_ready(5.0) is not None
         client.new_session("test: a fresh session per example")
-        rig.core = RoundCore(rig.seg, client, rig.stats, EventRing(64), CircuitBreaker(3, 2), RoundSettings())
         checked = 0
         for _ in range(data.draw(st.integers(5, 30), label="rounds")):
             ev = data.draw(st.sampled_from(["ok"] * 8 + ["lose", "cap", "uncap"]), label="event")
