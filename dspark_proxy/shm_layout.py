@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from . import _hostflag
-from .wire.dtypes import TOP_K
+from .limits import SUPPORT_K
 
 __all__ = [
     "MAGIC", "LAYOUT_VERSION", "META_SLOTS", "PAGE", "CACHE_LINE", "WORD_STRIDE", "Word", "State",
@@ -34,7 +34,6 @@ PAGE = 4096
 CACHE_LINE = 64
 WORD_STRIDE = _hostflag.WORD_STRIDE  # each word on its own 128-byte false-sharing range
 STATS_BLOCK_BYTES = 64 * 1024  # one JSON snapshot (length-prefixed) per side
-SUPPORT_K = TOP_K  # sampled mode: top-32 support ids and proposal probabilities per draft position (the wire's)
 
 STATUS_OK = 0  # every request that needed drafts got usable drafts
 STATUS_SOME_FAILED = 1  # some did not (see n_drafts / ok_mask)

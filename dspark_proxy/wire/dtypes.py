@@ -12,6 +12,8 @@ import struct
 
 import numpy as np
 
+from ..limits import SUPPORT_K
+
 __all__ = [
     "MAGIC", "PROTOCOL_VERSION",
     "MSG_HELLO", "MSG_CHALLENGE", "MSG_AUTH", "MSG_WELCOME", "MSG_STEP", "MSG_REPLY",
@@ -74,7 +76,7 @@ REPLY_HDR_DTYPE = np.dtype([
 ])
 REPLY_HDR_SIZE = 24
 
-TOP_K = 32  # support size of the sampled-mode proposal; the segment's reply page uses it too (SUPPORT_K)
+TOP_K = SUPPORT_K  # support size of the sampled-mode proposal (the reply page's too: limits.py)
 
 # entry flags (ENTRY_DTYPE.flags)
 RF_NEED_DRAFT = 1
