@@ -46,15 +46,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _hostflag, wire
+from . import wire
 from .breaker import CircuitBreaker
 from .events import EventRing
-from .hostflag import HostFlags
 from .logthrottle import LogThrottle
 from .ndrafts import leading_drafts, trim_rows
 from .ring import Advance, SlotTable
-from .segment import Segment
-from .shm_layout import (
+from .shm import _hostflag
+from .shm.hostflag import HostFlags
+from .shm.layout import (
     META_SLOTS,
     STATUS_OK,
     STATUS_ROUND_FAILED,
@@ -63,6 +63,7 @@ from .shm_layout import (
     Word,
     resync_windows_per_enqueue,
 )
+from .shm.segment import Segment
 from .stats import Stats
 
 __all__ = ["RoundCore", "RoundSettings", "BadDescriptor"]

@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any
 
-from dspark_proxy.segment import DEFAULT_NAME, LayoutMismatch, Segment, SegmentError, owner_alive
+from dspark_proxy.shm.segment import DEFAULT_NAME, LayoutMismatch, Segment, SegmentError, owner_alive
 
 from .attach import AttachState
 from .shim import Shim

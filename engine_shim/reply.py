@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dspark_proxy.shm_layout import STATUS_NAMES, STATUS_ROUND_FAILED, SUPPORT_K, ReplyLayout
+from dspark_proxy.shm.layout import STATUS_NAMES, STATUS_ROUND_FAILED, SUPPORT_K, ReplyLayout
 
 __all__ = ["Reply", "ReplyReader"]
 

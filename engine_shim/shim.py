@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from dspark_proxy import _hostflag
 from dspark_proxy.events import EventRing, watchdog_event
-from dspark_proxy.hostflag import (
+from dspark_proxy.shm import _hostflag
+from dspark_proxy.shm.hostflag import (
     FAR_AHEAD,
     PAGE_OK,
     WAIT_CLAIMED_UNPUBLISHED,
@@ -32,8 +32,8 @@ from dspark_proxy.hostflag import (
     WAIT_PUBLISHED,
     HostFlags,
 )
-from dspark_proxy.segment import Segment, owner_alive
-from dspark_proxy.shm_layout import META_SLOTS, ReplyLayout, Word, resync_windows_per_enqueue
+from dspark_proxy.shm.layout import META_SLOTS, ReplyLayout, Word, resync_windows_per_enqueue
+from dspark_proxy.shm.segment import Segment, owner_alive
 from dspark_proxy.stats import Stats
 
 from .attach import AttachEvent, AttachState, next_state

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from dspark_proxy.shm_layout import STATUS_NAMES, STATUS_ROUND_FAILED, SUPPORT_K, ReplyLayout
+from dspark_proxy.shm.layout import STATUS_NAMES, STATUS_ROUND_FAILED, SUPPORT_K, ReplyLayout
 
 from .reply import Reply, ReplyReader
 

@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from dspark_proxy.hostflag import FAR_AHEAD, WAIT_FAILED_BY_ME, HostFlags, monotonic_ns
-from dspark_proxy.segment import LayoutMismatch, Segment, SegmentError, owner_alive
-from dspark_proxy.shm_layout import State, Word
+from dspark_proxy.shm.hostflag import FAR_AHEAD, WAIT_FAILED_BY_ME, HostFlags, monotonic_ns
+from dspark_proxy.shm.layout import State, Word
+from dspark_proxy.shm.segment import LayoutMismatch, Segment, SegmentError, owner_alive
 
 from .attach import AttachState
 

@@ -41,10 +41,10 @@ from typing import Any
 
 import numpy as np
 
-from dspark_proxy import _hostflag
-from dspark_proxy.hostflag import PAGE_OK, AdaptiveSpin, HostFlags
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import LayoutParams
+from dspark_proxy.shm import hostflag as hf
+from dspark_proxy.shm.hostflag import PAGE_OK, AdaptiveSpin, HostFlags
+from dspark_proxy.shm.layout import LayoutParams
+from dspark_proxy.shm.segment import Segment
 
 CTX = mp.get_context("fork")
 WAIT_S = 60.0  # a wait this long means the other side is gone (a stalled shared VM is measured, not failed)
@@ -104,11 +104,11 @@ def _proxy_words(mm: mmap.mmap, cpu: int | None, total: int, force_ns: int | Non
     spin = _spin(force_ns, os.getppid())
     for t in range(1, total + 1):
         t0 = time.perf_counter_ns()
-        ok = _hostflag.wait_ge(mm, 0, t, WAIT_S, spin.spin_ns)
+        ok = hf.wait_ge(mm, 0, t, WAIT_S, spin.spin_ns)
         spin.update(time.perf_counter_ns() - t0, ok)
         if not ok:
             os._exit(3)
-        _hostflag.store(mm, 128, t)
+        hf.store(mm, 128, t)
 
 
 def _proxy_pipe(conn, cpu: int | None, total: int) -> None:
@@ -175,9 +175,9 @@ def run_words(total: int, prx_cpu: int | None, force_ns: int | None) -> np.ndarr
         spin = _spin(force_ns, p.pid, prx_cpu)
 
         def one_round(t: int) -> None:
-            _hostflag.store(mm, 0, t)
+            hf.store(mm, 0, t)
             t0 = time.perf_counter_ns()
-            ok = _hostflag.wait_ge(mm, 128, t, WAIT_S, spin.spin_ns)
+            ok = hf.wait_ge(mm, 128, t, WAIT_S, spin.spin_ns)
             spin.update(time.perf_counter_ns() - t0, ok)
             if not ok:
                 raise RuntimeError(f"words: no pong {t} (peer exit {p.exitcode})")

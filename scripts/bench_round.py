@@ -36,8 +36,8 @@ from dspark_proxy.breaker import CircuitBreaker
 from dspark_proxy.events import EventRing
 from dspark_proxy.inproc import InProcessClient
 from dspark_proxy.round import RoundCore, RoundSettings
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import LayoutParams, State, Word
+from dspark_proxy.shm.layout import LayoutParams, State, Word
+from dspark_proxy.shm.segment import Segment
 from dspark_proxy.stats import Stats
 from engine_shim.shim import Shim
 

@@ -14,8 +14,8 @@ from dspark_proxy.events import EventRing
 from dspark_proxy.inproc import InProcessClient, InProcessOutcome
 from dspark_proxy.integrity import integrity_drafts, integrity_hash
 from dspark_proxy.round import RoundCore, RoundSettings
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import LayoutParams, State, Word
+from dspark_proxy.shm.layout import LayoutParams, State, Word
+from dspark_proxy.shm.segment import Segment
 from dspark_proxy.stats import Stats
 from engine_shim.shim import Shim
 

@@ -11,11 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from dspark_proxy import _hostflag
 from dspark_proxy.config import ProxyConfig
 from dspark_proxy.proxy import Proxy
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import LayoutParams, State, Word
+from dspark_proxy.shm import _hostflag
+from dspark_proxy.shm.layout import LayoutParams, State, Word
+from dspark_proxy.shm.segment import Segment
 from engine_shim import api
 from engine_shim import shim as shim_mod
 from engine_shim.attach import AttachState

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import engine_shim
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import LayoutParams, State, Word
+from dspark_proxy.shm.layout import LayoutParams, State, Word
+from dspark_proxy.shm.segment import Segment
 from engine_shim import api
 from engine_shim.attach import AttachState
 

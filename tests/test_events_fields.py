@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from dspark_proxy import events
 from dspark_proxy.commands import control
 from dspark_proxy.round import _PHASES
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import LayoutParams, State, Word
+from dspark_proxy.shm.layout import LayoutParams, State, Word
+from dspark_proxy.shm.segment import Segment
 from engine_shim.attach import AttachState
 from engine_shim.shim import Shim
 from tests.rig import Rig

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import engine_shim
-from dspark_proxy.segment import LayoutMismatch, Segment, SegmentError
-from dspark_proxy.shm_layout import HEADER_BYTES, HEADER_DTYPE, LayoutParams, State, Word
+from dspark_proxy.shm.layout import HEADER_BYTES, HEADER_DTYPE, LayoutParams, State, Word
+from dspark_proxy.shm.segment import LayoutMismatch, Segment, SegmentError
 from engine_shim.shim import Shim
 from tests.conftest import new_segment_name
 
@@ -138,7 +138,7 @@ def test_random_header(data):
 
 def test_truncated_segment_is_refused(seg_name):
     """A segment smaller than its header (a creator caught mid-ftruncate) is refused with a message."""
-    from dspark_proxy.segment import shm_name
+    from dspark_proxy.shm.segment import shm_name
 
     shm = posix_ipc.SharedMemory(shm_name(seg_name), posix_ipc.O_CREX, mode=0o600, size=100)
     shm.close_fd()
@@ -178,7 +178,7 @@ def test_owner_pid_outside_pid_t(seg_name, pid):
     owner_alive(), so attach() raised, the watchdog's ticks failed, `status` crashed and the proxy could
     not reclaim the segment. Such a pid belongs to nobody."""
     from dspark_proxy.commands.control import read_status
-    from dspark_proxy.segment import owner_alive
+    from dspark_proxy.shm.segment import owner_alive
 
     assert owner_alive(pid, 0) is False
     seg = _make(seg_name)

@@ -12,8 +12,8 @@ from dspark_proxy.events import EventRing
 from dspark_proxy.inproc import InProcessOutcome
 from dspark_proxy.ndrafts import leading_drafts
 from dspark_proxy.round import RoundCore, RoundSettings
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import STATUS_OK, STATUS_SOME_FAILED, SUPPORT_K, LayoutParams, State, Word
+from dspark_proxy.shm.layout import STATUS_OK, STATUS_SOME_FAILED, SUPPORT_K, LayoutParams, State, Word
+from dspark_proxy.shm.segment import Segment
 from dspark_proxy.stats import Stats
 from engine_shim.reply import Reply
 from engine_shim.shim import Shim

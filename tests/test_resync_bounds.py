@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from dspark_proxy import shm_layout
-from dspark_proxy.hostflag import HostFlags
-from dspark_proxy.shm_layout import META_SLOTS
+from dspark_proxy.shm import layout as shm_layout
+from dspark_proxy.shm.hostflag import HostFlags
+from dspark_proxy.shm.layout import META_SLOTS
 from tests.rig import Rig
 
 pytestmark = pytest.mark.timeout(60)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from dspark_proxy import wire
-from dspark_proxy.hostflag import HostFlags
-from dspark_proxy.shm_layout import META_SLOTS, STATUS_OK, STATUS_ROUND_FAILED, STATUS_SOME_FAILED
+from dspark_proxy.shm.hostflag import HostFlags
+from dspark_proxy.shm.layout import META_SLOTS, STATUS_OK, STATUS_ROUND_FAILED, STATUS_SOME_FAILED
 from tests.rig import Rig
 
 pytestmark = pytest.mark.timeout(60)

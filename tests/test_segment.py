@@ -24,18 +24,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dspark_proxy import _hostflag as hf
-from dspark_proxy.segment import (
-    DEFAULT_NAME,
-    LayoutMismatch,
-    Segment,
-    SegmentBusy,
-    SegmentError,
-    owner_alive,
-    process_start_ticks,
-    shm_name,
-)
-from dspark_proxy.shm_layout import (
+from dspark_proxy.shm import _hostflag as hf
+from dspark_proxy.shm.layout import (
     CACHE_LINE,
     HEADER_BYTES,
     LAYOUT_VERSION,
@@ -50,6 +40,16 @@ from dspark_proxy.shm_layout import (
     State,
     Word,
     derive_sizes,
+)
+from dspark_proxy.shm.segment import (
+    DEFAULT_NAME,
+    LayoutMismatch,
+    Segment,
+    SegmentBusy,
+    SegmentError,
+    owner_alive,
+    process_start_ticks,
+    shm_name,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -219,7 +219,7 @@ def test_open_refuses_a_segment_smaller_than_its_header(seg_name):
 
 @pytest.mark.parametrize("damage", ["magic", "version", "tiny", "empty"])
 def test_create_reclaims_an_unreadable_leftover(seg_name, damage, monkeypatch):
-    from dspark_proxy import segment as segmod
+    from dspark_proxy.shm import segment as segmod
 
     monkeypatch.setattr(segmod, "CREATING_GRACE_S", 0.0)  # old enough to be a leftover, not mid-create
     if damage in ("tiny", "empty"):
@@ -359,8 +359,8 @@ def test_close_is_idempotent_and_keeps_the_name(seg_name):
 
 def test_close_with_views_still_held(seg_name):
     code = f"""
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import LayoutParams
+from dspark_proxy.shm.segment import Segment
+from dspark_proxy.shm.layout import LayoutParams
 p = LayoutParams(max_slots=4, num_spec=3, window=8, row_bytes=64, max_rows=32, resync_per_round=2)
 seg = Segment.create({seg_name!r}, p, deadline_ms=5.0)
 page, rows = seg.page, seg.staging[2]  # a caller keeps views
@@ -563,8 +563,8 @@ def test_a_segment_being_created_is_not_reclaimed(seg_name, monkeypatch):
     never unlink it from under that proxy. Old and headerless: a leftover, reclaimed."""
     import posix_ipc
 
-    from dspark_proxy import segment as segmod
-    from dspark_proxy.segment import SegmentBusy, shm_name
+    from dspark_proxy.shm import segment as segmod
+    from dspark_proxy.shm.segment import SegmentBusy, shm_name
 
     shm = posix_ipc.SharedMemory(shm_name(seg_name), posix_ipc.O_CREX, mode=0o600, size=8192)
     shm.close_fd()

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import META_SLOTS, LayoutParams, State, Word
+from dspark_proxy.shm.layout import META_SLOTS, LayoutParams, State, Word
+from dspark_proxy.shm.segment import Segment
 from engine_shim import Reply, Shim, ShimError
 from engine_shim.attach import AttachState
 from tests.rig import Rig, row_of

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from dspark_proxy.commands.control import _table, read_status
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import Word
+from dspark_proxy.shm.layout import Word
+from dspark_proxy.shm.segment import Segment
 from engine_shim import api
 
 pytestmark = pytest.mark.timeout(60)

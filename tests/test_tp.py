@@ -15,7 +15,7 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from dspark_proxy.shm_layout import SUPPORT_K, ReplyLayout
+from dspark_proxy.shm.layout import SUPPORT_K, ReplyLayout
 from engine_shim.reply import Reply, ReplyReader
 from engine_shim.tp import payload_words
 

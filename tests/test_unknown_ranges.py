@@ -13,7 +13,7 @@ import pytest
 
 from dspark_proxy.events import EventRing
 from dspark_proxy.round import RoundCore, RoundSettings
-from dspark_proxy.shm_layout import META_SLOTS, STATUS_ROUND_FAILED
+from dspark_proxy.shm.layout import META_SLOTS, STATUS_ROUND_FAILED
 from tests.rig import Rig
 from tests.test_resync_bounds import full_windows, staged_slots
 

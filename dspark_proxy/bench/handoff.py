@@ -104,7 +104,7 @@ def time_bare_handoff(pings: int, other_cpu: int | None) -> tuple[Any, str]:
         mod = _bare_module()
         if mod is None:
             return None, "scripts/bench_handoff.py not found (not a checkout)"
-        from dspark_proxy.shm_layout import LayoutParams
+        from dspark_proxy.shm.layout import LayoutParams
 
         s = HANDOFF_SHAPE
         params = LayoutParams(max_slots=s["max_reqs"], num_spec=s["num_spec"], window=4, row_bytes=64,

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..segment import Segment
+from ..shm.segment import Segment
 
 __all__ = ["CORRUPTION_MODES", "corrupt_round", "DescriptorCorruptor"]
 

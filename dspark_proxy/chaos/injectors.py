@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..commands.control import read_status
-from ..segment import SegmentError
+from ..shm.segment import SegmentError
 from .rogue import connection_flood, worker_memory
 
 if TYPE_CHECKING:

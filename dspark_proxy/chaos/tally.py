@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any
 
 from ..commands.control import read_status
-from ..segment import SegmentError
+from ..shm.segment import SegmentError
 
 __all__ = ["ProxyTally", "ShimEventLog", "counter_delta"]
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import click
 
-from .. import _hostflag
-from ..segment import DEFAULT_NAME, Segment, SegmentError, owner_alive
-from ..shm_layout import HEADER_DTYPE, State, Word
+from ..shm.hostflag import monotonic_ns
+from ..shm.layout import HEADER_DTYPE, State, Word
+from ..shm.segment import DEFAULT_NAME, Segment, SegmentError, owner_alive
 
 __all__ = ["stop", "status", "read_status"]
 
@@ -26,7 +26,7 @@ def read_status(name: str | None) -> dict[str, Any]:
         header = {k: h[k].item() for k in HEADER_DTYPE.names}
         header["magic"] = hex(header["magic"])
         words = seg.words()
-        now = _hostflag.monotonic_ns()
+        now = monotonic_ns()
         header["state"] = State.NAMES.get(words["state"], words["state"])
         header["heartbeat_age_ms"] = round((now - words["heartbeat_ns"]) / 1e6, 3)
         header["owner_alive"] = owner_alive(int(h["owner_pid"]), int(h["owner_start_ticks"]))

@@ -8,7 +8,7 @@ import sys
 import click
 
 from ..config import ProxyConfig, build_config, click_options, format_settings
-from ..segment import SegmentError
+from ..shm.segment import SegmentError
 
 __all__ = ["start", "setup_logging", "read_token"]
 

@@ -20,7 +20,7 @@ import numpy as np
 import posix_ipc
 
 from . import _hostflag
-from .shm_layout import (
+from .layout import (
     HEADER_BYTES,
     HEADER_DTYPE,
     LAYOUT_VERSION,

@@ -1018,7 +1018,7 @@ static PyType_Slot Watcher_slots[] = {
 };
 
 static PyType_Spec Watcher_spec = {
-    .name = "dspark_proxy._hostflag.Watcher",
+    .name = "dspark_proxy.shm._hostflag.Watcher",
     .basicsize = sizeof(Watcher),
     .flags = Py_TPFLAGS_DEFAULT,
     .slots = Watcher_slots,
@@ -1084,7 +1084,7 @@ static PyModuleDef_Slot hf_slots[] = {
 
 static struct PyModuleDef hf_module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "dspark_proxy._hostflag",
+    .m_name = "dspark_proxy.shm._hostflag",
     .m_doc = "Hostflag atomics, futex waits and the claim-copy-release publish (see shm_layout.md).",
     .m_size = 0,
     .m_methods = hf_methods,
