@@ -39,10 +39,9 @@ heartbeat thread's snapshot.
 from __future__ import annotations
 
 import logging
-import struct
 import time
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -52,10 +51,9 @@ from .events import EventRing
 from .logthrottle import LogThrottle
 from .ndrafts import leading_drafts, trim_rows
 from .ring import Advance, SlotTable
-from .shm import _hostflag
+from .shm import hostflag as hf
 from .shm.hostflag import HostFlags
 from .shm.layout import (
-    META_SLOTS,
     STATUS_OK,
     STATUS_ROUND_FAILED,
     STATUS_SOME_FAILED,
@@ -63,10 +61,12 @@ from .shm.layout import (
     Word,
     resync_windows_per_enqueue,
 )
+from .shm.resync import WindowAsker
 from .shm.segment import Segment
+from .shm.stamped import BadDescriptor, SlotReader
 from .stats import Stats
 
-__all__ = ["RoundCore", "RoundSettings", "BadDescriptor"]
+__all__ = ["RoundCore", "RoundSettings", "BadDescriptor"]  # BadDescriptor: shm/stamped.py
 
 log = logging.getLogger(__name__)
 _ROUND_ERRORS = LogThrottle(10.0)  # an internal error of every round: one traceback per 10 s, with a count
@@ -78,48 +78,6 @@ _PHASES = ("decode", "prefill", "unknown")
 _ROUNDS_KEY = {ph: f"rounds_{ph}" for ph in _PHASES}
 _RTT_KEY = {ph: f"rtt_us_{ph}" for ph in _PHASES}
 _PARKED_KEY = {ph: f"proxy_parked_us_{ph}" for ph in _PHASES}
-
-
-def _u32_header(dtype: np.dtype, names: tuple[str, ...]) -> tuple[struct.Struct, int]:
-    """A struct that reads these consecutive little-endian u32 header fields in one call, and its offset
-    (one unpack_from is several times cheaper than as many structured-field reads)."""
-    off = dtype.fields[names[0]][1]
-    for i, name in enumerate(names):
-        ft, o = dtype.fields[name][:2]
-        if ft != np.dtype("<u4") or o != off + 4 * i:
-            raise AssertionError(f"header field {name} is not the u32 at offset {off + 4 * i}")
-    return struct.Struct(f"<{len(names)}I"), off
-
-
-class BadDescriptor(ValueError):
-    """Round t's descriptor or metadata does not hold together: that round fails, never the process."""
-
-
-class _Views(NamedTuple):
-    """Views of one round size n: the private descriptor and metadata copies, the round's int64 and bool
-    scratch, and the reply page's per-request blocks. Made once per n seen (at most max_slots + 1 of
-    them, a few KB each), so a round does one dict lookup instead of ~25 slicings of 0.1 µs each."""
-
-    d_slot: np.ndarray  # int32, as the engine wrote them
-    slots: np.ndarray  # int64 scratch: the round's slots (numpy casts an int32 index before using it)
-    req: np.ndarray
-    qsl_next: np.ndarray  # qsl[1:n + 1]
-    qsl_prev: np.ndarray  # qsl[:n]
-    need_raw: np.ndarray  # u1, as the engine wrote them
-    need: np.ndarray  # bool scratch
-    need_u8: np.ndarray  # the same bytes as u1
-    k_window: np.ndarray
-    valid_raw: np.ndarray  # int32, as the engine wrote them
-    valid_u32: np.ndarray  # the same bytes as uint32 (a negative value is huge)
-    valid: np.ndarray  # int64 scratch (mixed int32/int64 arithmetic costs a cast per call)
-    staged: np.ndarray
-    first: np.ndarray
-    anchor: np.ndarray
-    seed: np.ndarray
-    temperature: np.ndarray
-    ok: np.ndarray  # reply page: n_drafts[n] (the ok word)
-    ids: np.ndarray  # drafts [n, N]
-    conf: np.ndarray  # confidence bits as float32 [n, N]
 
 
 @dataclass(frozen=True)
@@ -154,44 +112,13 @@ class RoundCore:
         self._row_cap = 0  # rows a STEP may carry (0: no cap until a STEP of that size timed out)
         self._rtt_us = -1.0
         self._arange = np.arange(self.M, dtype=np.intp)
-        self._resync_req = np.zeros(1, self.lay.resync_req_dtype)
-        self._resync_asked = 0  # windows in the last request written (0: nothing asked for)
+        self.desc = SlotReader(seg, self.slots.check_slots)  # round t's descriptor and metadata
+        self.win = WindowAsker(seg)  # the resync request we write, the windows the engine staged
         self._last_epoch: int | None = None
         self.page = np.zeros(self.lay.reply.size, dtype=np.int32)
-        self._desc = np.zeros(1, self.lay.desc_dtype)  # private copies of round t's slots ...
-        self._meta = np.zeros(1, self.lay.meta_dtype)
-        d, m = self._d, self._m = self._desc[0], self._meta[0]  # ... and views of their fields, made once
-        # the copies as bytes, and the 64 slots they come from: a structured assignment copies field by
-        # field (~6 µs); a byte copy is one memcpy
-        self._desc_u8, self._meta_u8 = self._desc.view(np.uint8), self._meta.view(np.uint8)
-        self._seg_desc_u8 = seg.desc.view(np.uint8).reshape(META_SLOTS, -1)
-        self._seg_meta_u8 = seg.meta.view(np.uint8).reshape(META_SLOTS, -1)
-        self._desc_offs = [self.lay.desc_off(i) for i in range(META_SLOTS)]
-        self._meta_offs = [self.lay.meta_off(i) for i in range(META_SLOTS)]
-        self._desc_end = self.lay.desc_dtype.fields["stamp_end"][1]
-        self._meta_end = self.lay.meta_dtype.fields["stamp_end"][1]
-        self._desc_hdr, self._desc_hdr_off = _u32_header(self.lay.desc_dtype,
-                                                         ("n", "max_q", "rows_gathered", "n_staged"))
-        self._meta_hdr, self._meta_hdr_off = _u32_header(self.lay.meta_dtype, ("n", "rows_staged"))
-        self._max_q = self._rows_staged = self._n_staged = 0  # round t's header, set by _read_round
-        self._n_misfit = 0  # requests whose rows did not fit the staging (staged_rows 0, valid > 0)
-        self._d_slot, self._d_req, self._d_qsl = d["slot"], d["req_id"], d["qsl"]
-        self._d_need, self._d_k = d["need_draft"], d["k_window"]
-        self._m_valid, self._m_staged, self._m_first = m["valid"], m["staged_rows"], m["first_pos"]
-        self._m_anchor, self._m_seed, self._m_temp = m["anchor"], m["seed"], m["temperature"]
-        # the round's slots and valid as int64, need_draft as bools; _Views holds their [:n] views
-        self._slots = np.zeros(self.M, dtype=np.int64)
-        self._valid = np.zeros(self.M, dtype=np.int64)
-        self._need = np.zeros(self.M, dtype=np.bool_)
-        self._views: dict[int, _Views] = {}
         self._no_entry = np.ones(self.M, dtype=np.bool_)
         self._prefix = bytearray(wire.step_prefix_bytes(self.M, self.sampled))
         self._entries = wire.entries_view(self._prefix, self.M)  # a round's k entries are its first k
-        self._slot_of_window = np.full(self.M, -1, dtype=np.int64)  # staged window index per slot
-        win = seg.windows  # the staged windows' header fields and rows, as views made once
-        self._win_stamp, self._win_slot, self._win_lo, self._win_hi = win["stamp"], win["slot"], win["lo"], win["hi"]
-        self._win_rows = [win[i]["rows"] for i in range(self.R)]
-        self._d_staged = d["staged_slots"]
         # the reply page's per-request blocks, and how many of their rows may hold an earlier round's
         # values (the rest are zero): packing zeroes only those rows, not the whole page
         L, M, N = self.lay.reply, self.M, self.N
@@ -199,11 +126,9 @@ class RoundCore:
         self._ids = self.page[L.o_ids:L.o_ids + M * N].reshape(M, N)
         self._conf = self.page[L.o_conf:L.o_conf + M * N].view(np.float32).reshape(M, N)
         self._ok_rows = self._ids_rows = 0
-        self._v = self._views_of(0)  # round t's views, set by _read_round
         self.rounds = 0  # the last round handled
         self.deadline_ns = int(seg.deadline_ms * 1e6)
         self._gathered_ns_off = self.lay.word_off(Word.GATHERED_NS)
-        self._claimed_off = self.lay.word_off(Word.CLAIMED)
         self._advanced = False  # round t's rows reached the ring model (set by _run)
         self._n_out_table = np.asarray(settings.n_out_table, dtype=np.int64)
 
@@ -221,7 +146,7 @@ class RoundCore:
         phase = "unknown"
         self._advanced = False
         try:
-            n = self._read_round(t)
+            n = self.desc.read(t)
             phase = self._phase()
             self._run(t, n, phase)
         except BadDescriptor as e:
@@ -236,7 +161,7 @@ class RoundCore:
             self.slots.mark_all_dirty()
             if not self._advanced:  # the engine's writes of round t never reached the model
                 self.slots.restart(np.arange(self.M))
-            self._pack_failed(int(self._desc["n"][0]) if self._desc["t"][0] == t else 0)
+            self._pack_failed(self.desc.n_of(t))
             _ROUND_ERRORS.exception(log, "[round] t=%d failed", t)
         if not self.flags.reply_consumed(t - 1):
             raise RuntimeError(f"round {t}: the engine has not consumed round {t - 1}'s reply "
@@ -255,74 +180,13 @@ class RoundCore:
 
     # ------------------------------------------------------------------ reading the round
 
-    def _views_of(self, n: int) -> _Views:
-        v = self._views.get(n)
-        if v is None:
-            v = self._views[n] = _Views(
-                self._d_slot[:n], self._slots[:n], self._d_req[:n], self._d_qsl[1:n + 1], self._d_qsl[:n],
-                self._d_need[:n], self._need[:n], self._need[:n].view(np.uint8), self._d_k[:n],
-                self._m_valid[:n], self._m_valid[:n].view(np.uint32), self._valid[:n], self._m_staged[:n],
-                self._m_first[:n], self._m_anchor[:n], self._m_seed[:n], self._m_temp[:n],
-                self._ok[:n], self._ids[:n], self._conf[:n])
-        return v
-
-    def _read_round(self, t: int) -> int:
-        """Copy round t's descriptor and metadata out of their slots under the stamp rule, validate.
-
-        Besides n, leaves the round's header fields and its views (`_v`, slots and valid as int64) in
-        `self`. Checks
-        are counted, not branched on per field: each numpy call costs ~0.5 µs whatever n is; the
-        exact count for the error message is only computed when something is wrong."""
-        slot = t % META_SLOTS
-        if not self._copy_stamped(t, self._desc_offs[slot], self._desc_end, self._seg_desc_u8[slot], self._desc_u8):
-            raise BadDescriptor(f"descriptor slot {slot} is not round {t}'s (stamps)")
-        if not self._copy_stamped(t, self._meta_offs[slot], self._meta_end, self._seg_meta_u8[slot], self._meta_u8):
-            raise BadDescriptor(f"metadata slot {slot} is not round {t}'s (stamps)")
-        n, self._max_q, rows_gathered, n_staged = self._desc_hdr.unpack_from(self._desc_u8, self._desc_hdr_off)
-        meta_n, rows = self._meta_hdr.unpack_from(self._meta_u8, self._meta_hdr_off)
-        if not 0 <= n <= self.M or meta_n != n:
-            raise BadDescriptor(f"n={n} (meta n={meta_n}) outside [0, {self.M}]")
-        v = self._v = self._views.get(n) or self._views_of(n)
-        slots = v.slots
-        slots[:] = v.d_slot
-        why = self.slots.check_slots(slots)
-        if why:
-            raise BadDescriptor(why)
-        valid, staged, first = v.valid_raw, v.staged, v.first
-        # valid in [0, W] in one comparison: a negative int32 viewed as uint32 is huge
-        bad = np.count_nonzero(v.valid_u32 > self.W) + np.count_nonzero(first < 0)
-        # staged_rows is valid (the rows fit) or 0 (they did not)
-        misfit = staged != valid
-        n_misfit = int(np.count_nonzero(misfit))
-        if n_misfit:
-            bad += np.count_nonzero(misfit & (staged != 0))
-        if bad or np.count_nonzero(v.qsl_next < v.qsl_prev):
-            bad = int(np.count_nonzero((valid < 0) | (valid > self.W) | ((staged != 0) & (staged != valid))
-                                       | (first < 0)))
-            bad += int(np.count_nonzero(v.qsl_next < v.qsl_prev))
-            raise BadDescriptor(f"{bad} request fields out of range (valid, staged_rows, first_pos or qsl)")
-        if int(np.add.reduce(staged)) != rows or rows > self.seg.params.max_rows or rows_gathered != rows:
-            raise BadDescriptor(f"rows_staged={rows} disagrees with the per-request counts or max_rows")
-        if not 0 <= n_staged <= self.R:
-            raise BadDescriptor(f"n_staged={n_staged} outside [0, {self.R}]")
-        v.valid[:] = valid
-        self._rows_staged, self._n_staged, self._n_misfit = rows, n_staged, n_misfit
-        return n
-
-    def _copy_stamped(self, t: int, off: int, end_off: int, src: np.ndarray, dst: np.ndarray) -> bool:
-        mm = self.seg.mm
-        if _hostflag.load(mm, off + end_off) != t:
-            return False
-        dst[:] = src
-        return _hostflag.load_after(mm, off) == t
-
     def _phase(self) -> str:
-        return "prefill" if self._max_q > self.N + 1 else "decode"
+        return "prefill" if self.desc.max_q > self.N + 1 else "decode"
 
     # ------------------------------------------------------------------ the round proper
 
     def _run(self, t: int, n: int, phase: str) -> None:
-        st, v = self.stats, self._v
+        st, v = self.stats, self.desc.v
         slots, valid, first_pos = v.slots, v.valid, v.first
         # 1. connection epoch, read once: every entry below is built for this connection
         epoch = self.client.connection_epoch()
@@ -337,7 +201,7 @@ class RoundCore:
         if plan.n_new_owner:
             self.want_resync[slots[plan.new_owner]] = False
         w_of = None
-        if plan.n_unknown and self._n_staged:
+        if plan.n_unknown and self.desc.n_staged:
             # the engine's windows of slots whose range we do not know: take the engine's range
             w_of = self._staged_windows(t)[slots]
             plan = self._adopt(t, slots, plan, w_of)
@@ -348,21 +212,21 @@ class RoundCore:
             return self._fail(slots, n, "disabled" if self.client.disabled else "not_ready")
         # 4-5. entries and rows
         staged = v.staged
-        if plan.n_resync or self._n_staged or plan.n_unknown:
+        if plan.n_resync or self.desc.n_staged or plan.n_unknown:
             have_win, pending, n_pending, idx, w_of = self._resync_entries(t, n, slots, plan, w_of)
         else:
             # no window needed or staged (the usual round): the requests with staged rows have entries
             have_win, pending, n_pending = None, None, 0
-            if self._n_misfit:
-                st.inc("requests_not_staged", self._n_misfit)
-            if self._resync_asked:
+            if self.desc.n_misfit:
+                st.inc("requests_not_staged", self.desc.n_misfit)
+            if self.win.asked:
                 self._write_resync_request(t, None)
             k = int(np.count_nonzero(staged))  # staged is valid or 0 (checked): fits and has rows
             idx = None if k == n else np.flatnonzero(staged)
         # sel picks the requests with an entry: all of them (a slice: views, no gathers) or idx
         sel = slice(None) if idx is None else idx
         if have_win is None:
-            e_rows, n_rows = valid[sel], self._rows_staged
+            e_rows, n_rows = valid[sel], self.desc.rows_staged
         else:
             e_rows = np.where(have_win, plan.held_rows, valid)[sel]
             n_rows = int(e_rows.sum())
@@ -449,9 +313,9 @@ class RoundCore:
         wants = plan.resync
         have_win = wants & (w_of >= 0)
         if np.count_nonzero(have_win):
-            have_win &= self._window_covers(w_of, plan.held_first, plan.held_rows)
+            have_win &= self.win.covers(w_of, plan.held_first, plan.held_rows)
         pending = wants & ~have_win  # needs its window; goes out with this round's rows only
-        v = self._v
+        v = self.desc.v
         fits = v.staged == v.valid_raw
         has_entry = have_win | ((v.valid_raw > 0) & fits)
         n_pending, n_win = int(np.count_nonzero(pending)), int(np.count_nonzero(have_win))
@@ -460,7 +324,7 @@ class RoundCore:
             st.inc("resync_pending", int(np.count_nonzero(pending & has_entry)))
         if n_win:
             self.want_resync[slots[have_win]] = False
-        if self._n_misfit:
+        if self.desc.n_misfit:
             # rows that did not fit, and no staged window to send instead: no entry this round
             nofit = int(np.count_nonzero(~fits & ~have_win))
             if nofit:
@@ -469,7 +333,7 @@ class RoundCore:
         if plan.n_unknown:
             ask = pending | self.slots.unknown[slots]
             n_ask = int(np.count_nonzero(ask))
-        if n_ask or self._resync_asked:
+        if n_ask or self.win.asked:
             self._write_resync_request(t, slots[ask] if n_ask else None)
         idx = np.flatnonzero(has_entry)
         return have_win, pending, n_pending, (None if idx.shape[0] == n else idx), w_of
@@ -482,11 +346,10 @@ class RoundCore:
         if i.shape[0] == 0:
             return plan
         wi = w_of[i]
-        lo, hi = self._win_lo[wi].astype(np.int64), self._win_hi[wi].astype(np.int64)
-        # the headers are round t's only while t is unclaimed (the engine rewrites windows in a later
-        # enqueue, after t was claimed): a wrong range here would stay in the model
-        if _hostflag.load_after(self.seg.mm, self._claimed_off) >= t:
+        got = self.win.ranges(t, wi)  # None once t is claimed: the headers may be a later round's
+        if got is None:
             return plan
+        lo, hi = got
         ok = self.slots.adopt(slots[i], lo, hi)
         i = i[ok]
         if i.shape[0] == 0:
@@ -528,32 +391,20 @@ class RoundCore:
         s = self.settings
         if s.step_timeout_s is not None:
             return s.step_timeout_s
-        left_ns = (_hostflag.load(self.seg.mm, self._gathered_ns_off) + self.deadline_ns
-                   - _hostflag.monotonic_ns())
+        left_ns = (hf.load(self.seg.mm, self._gathered_ns_off) + self.deadline_ns
+                   - hf.monotonic_ns())
         return max(s.min_step_timeout_s, left_ns / 1e9)
 
     # ------------------------------------------------------------------ resync windows
 
     def _staged_windows(self, t: int) -> np.ndarray:
         """Window index per slot for the windows the engine staged with round t (else -1)."""
-        w = self._slot_of_window
-        w[:] = -1
-        k = self._n_staged
-        if k:
-            staged = self._d_staged[:k].astype(np.int64)
-            ok = (staged >= 0) & (staged < self.M)
-            hdr_ok = (self._win_stamp[:k] == t) & (self._win_slot[:k] == staged)
-            good = np.flatnonzero(ok & hdr_ok)
-            w[staged[good]] = good
+        d = self.desc
+        w, named = self.win.staged_windows(t, d.n_staged, d.staged_slots)
+        if named is not None:
             # a staged slot we no longer need (clean again, or a new owner) stops being asked for
-            self.want_resync[staged[ok]] &= self.slots.dirty[staged[ok]]
+            self.want_resync[named] &= self.slots.dirty[named]
         return w
-
-    def _window_covers(self, w_of: np.ndarray, first: np.ndarray, n_rows: np.ndarray) -> np.ndarray:
-        """The staged window holds every position the entry needs (the engine's ring agrees with ours)."""
-        wi = np.maximum(w_of, 0)
-        lo, hi = self._win_lo[wi], self._win_hi[wi]
-        return (w_of >= 0) & (lo <= first) & (hi >= first + n_rows - 1)
 
     def _learn_rate(self, n_rows: int, rtt_us: float, upper_bound: bool = False) -> None:
         """Rows per µs that a STEP round trip has been moving (a slow EWMA over rounds with enough rows
@@ -614,14 +465,7 @@ class RoundCore:
             k = min(int(want.shape[0]), self._resync_cap)
             if want.shape[0] > k:
                 self.stats.inc("resync_windows_deferred", int(want.shape[0]) - k)  # paced: a later round
-        r = self._resync_req
-        r["count"][0] = k
-        r["round"][0] = t + 1
-        if k:
-            r["slots"][0, :k] = want[:k]
-        self._resync_asked = k
-        lay = self.lay
-        _hostflag.seq_write(self.seg.mm, lay.word_off(Word.RESYNC_SEQ), lay.resync_req, r.view(np.uint8))
+        self.win.ask(t, want, k)
 
     def _row_views(self, idx: np.ndarray | None, have_win: np.ndarray, w_of: np.ndarray, e_first: np.ndarray,
                    e_rows: np.ndarray, staged_rows: np.ndarray) -> list[np.ndarray]:
@@ -631,7 +475,7 @@ class RoundCore:
         staging = self.seg.staging
         ends = np.cumsum(staged_rows)  # each request's staging rows end here
         # the entries' staging rows end with the last entry's (a round cut to the row cap sends a prefix)
-        rows_staged = self._rows_staged if idx is None else int(ends[idx[-1]])
+        rows_staged = self.desc.rows_staged if idx is None else int(ends[idx[-1]])
         resync_pos = np.flatnonzero(have_win if idx is None else have_win[idx])
         if resync_pos.shape[0] == 0:
             return [staging[:rows_staged]]
@@ -643,7 +487,7 @@ class RoundCore:
             start = int(ends[i]) - int(staged_rows[i])
             if start > cur:
                 views.append(staging[cur:start])
-            rows = self._win_rows[int(w_of[i])]
+            rows = self.win.rows[int(w_of[i])]
             f, c = int(e_first[j]) % W, int(e_rows[j])
             if f + c <= W:
                 views.append(rows[f:f + c])
@@ -693,7 +537,7 @@ class RoundCore:
                 st.inc(key, int(counts[code]))
         # the page: rows [0, n) are rewritten; rows an earlier round left beyond n are cleared. The ok
         # word is n_drafts: a request's leading non-negative drafts, at most n_out; past it -1 / 0
-        b, ok, ids, conf, v = self.page, self._ok, self._ids, self._conf, self._v
+        b, ok, ids, conf = self.page, self._ok, self._ids, self._conf
         b[1] = n
         n_need = int(np.count_nonzero(need))
         e_need = need[sel]
@@ -711,9 +555,9 @@ class RoundCore:
             if ids_rows > n:
                 ids[n:ids_rows] = -1
                 conf[n:ids_rows] = 0
-            v.ok[:] = self.N
-            v.ids[:] = reply.draft_ids
-            v.conf[:] = reply.confidence
+            ok[:n] = self.N
+            ids[:n] = reply.draft_ids
+            conf[:n] = reply.confidence
             give = None
             n_give = n
         else:
@@ -801,14 +645,14 @@ class RoundCore:
         st.inc("watchdog_skipped_rounds")
         phase = "unknown"
         try:
-            self._read_round(t)
+            self.desc.read(t)
         except BadDescriptor:
             self.slots.restart(np.arange(self.M))
             self.want_resync[:] = False
             st.inc("watchdog_skipped_unknown_ring")
         else:
             phase = self._phase()
-            v = self._v
+            v = self.desc.v
             slots = v.slots
             new_owner = self.slots.begin_requests(slots, v.req)
             self.want_resync[slots[new_owner]] = False
@@ -817,7 +661,7 @@ class RoundCore:
         self._event(t, "skipped", phase, waited_us)
 
     def _event(self, t: int, how: str, phase: str, waited_us: float) -> None:
-        d = self._d
+        d = self.desc.d
         same = int(d["t"]) == t
         n = int(d["n"]) if same else 0
         self.events.record(round=t, time=round(time.time(), 3), how=how, phase=phase, n=n,

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from dspark_proxy.events import EventRing, watchdog_event
-from dspark_proxy.shm import _hostflag
+from dspark_proxy.shm import hostflag as hf
 from dspark_proxy.shm.hostflag import (
     FAR_AHEAD,
     PAGE_OK,
@@ -32,8 +32,10 @@ from dspark_proxy.shm.hostflag import (
     WAIT_PUBLISHED,
     HostFlags,
 )
-from dspark_proxy.shm.layout import META_SLOTS, ReplyLayout, Word, resync_windows_per_enqueue
+from dspark_proxy.shm.layout import META_SLOTS, ReplyLayout, Word
+from dspark_proxy.shm.resync import WindowStager
 from dspark_proxy.shm.segment import Segment, owner_alive
+from dspark_proxy.shm.stamped import SlotWriter
 from dspark_proxy.stats import Stats
 
 from .attach import AttachEvent, AttachState, next_state
@@ -77,14 +79,8 @@ class Shim:
         self._round_attached = False  # round _t went through the segment
         self._rejected = ""  # round _t had a bad input: why (read_reply's reason)
         self._awaiting_reply = False  # round _t was enqueued and its read_reply has not come yet
-        self._resync_req: np.ndarray | None = None  # private copy of the proxy's resync request
-        self._resync_seen = 0  # its seqlock sequence when last read (unchanged: reuse _resync_want)
-        self._resync_want: list[int] = []  # the request read, not yet honoured (it is honoured once)
-        self._resync_due = 0  # the round it is for
-        self._in_round = np.zeros(max_reqs, dtype=np.bool_)  # scratch: the slots of the round enqueued
-        self.resync_bytes_last = 0  # ring-window bytes the last attached enqueue copied (chaos: worst enqueue)
-        self._views: list = [None] * META_SLOTS  # per meta/desc slot: field views (see _slot_views)
-        self._meta_end_off = self._desc_end_off = 0
+        self._slots_w: SlotWriter | None = None  # the attached segment's metadata/descriptor writer
+        self._stager: WindowStager | None = None  # ... and its resync-window stager
         self._arange = np.arange(max_reqs, dtype=np.int64)
         self._mark = np.zeros(max_reqs, dtype=np.int64)  # scratch for the duplicate-slot check
         self._deadline_ns = 0
@@ -154,18 +150,15 @@ class Shim:
             self._pending = None
         # the claim is the pid itself (CAS engine_pid: 0 -> pid), then attached = t: nobody ever sees
         # an incarnation that is taken while its engine's pid is still 0 (shm_layout.md §7)
-        if _hostflag.cas(seg.mm, seg.layout.word_off(Word.ENGINE_PID), 0, os.getpid()):
-            _hostflag.store(seg.mm, seg.layout.word_off(Word.ATTACHED), t)
+        if hf.cas(seg.mm, seg.layout.word_off(Word.ENGINE_PID), 0, os.getpid()):
+            hf.store(seg.mm, seg.layout.word_off(Word.ATTACHED), t)
             flags = HostFlags(seg, peer_pid=int(seg.header["owner_pid"]))
             flags.rebase(t)  # the handshake: the proxy's first round is t
             self._seg, self._flags = seg, flags
             if self.watchdog.started:
                 self.watchdog.watch(seg, flags)  # round t's deadline is watched from now, GIL or not
-            self._resync_req = np.zeros(1, seg.layout.resync_req_dtype)
-            self._resync_seen, self._resync_want = 0, []
-            self._views = [None] * META_SLOTS
-            self._meta_end_off = seg.layout.meta_dtype.fields["stamp_end"][1]
-            self._desc_end_off = seg.layout.desc_dtype.fields["stamp_end"][1]
+            self._slots_w = SlotWriter(seg)
+            self._stager = WindowStager(seg, self.ring, self.counters)
             self._move(AttachEvent.ATTACH_OK)
             self.counters.inc("attaches")
             self._incarnation = seg.incarnation
@@ -270,27 +263,10 @@ class Shim:
             return
         seg, flags = self._seg, self._flags
         assert seg is not None and flags is not None
-        self._write_nothing(seg, t)
+        assert self._slots_w is not None
+        self._slots_w.write_nothing(t)
         flags.fail(t, n)
         flags.raise_gathered(t, 0)
-
-    def _write_nothing(self, seg: Segment, t: int) -> None:
-        """Round t's metadata and descriptor with no requests, no rows and no windows (stamped)."""
-        lay, mm = seg.layout, seg.mm
-        m, d = self._slot_views(seg, t)
-        moff = lay.meta_off(t)
-        _hostflag.begin_write(mm, moff, t)
-        m["t"][...] = t
-        m["n"][...] = 0
-        m["rows_staged"][...] = 0
-        _hostflag.store_release(mm, moff + self._meta_end_off, t)
-        doff = lay.desc_off(t)
-        _hostflag.begin_write(mm, doff, t)
-        d["t"][...] = t
-        for k in ("n", "max_q", "rows_gathered", "n_staged"):
-            d[k][...] = 0
-        d["qsl"][:1] = 0
-        _hostflag.store_release(mm, doff + self._desc_end_off, t)
 
     def _validate(self, req_ids, slots, qsl, need_draft, k_window, rows, valid, first_pos, anchor, sampled,
                   seed, temperature) -> tuple[int, dict[str, np.ndarray]]:
@@ -399,20 +375,11 @@ class Shim:
         stream.synchronize()
         return dst.numpy()
 
-    def _slot_views(self, seg: Segment, t: int) -> tuple[dict, dict]:
-        """Field views of meta and desc slot t % 64, made once per segment (a structured-field lookup
-        costs about a microsecond; a round writes a dozen fields)."""
-        i = t % META_SLOTS
-        views = self._views[i]
-        if views is None:
-            m, d = seg.meta[i:i + 1], seg.desc[i:i + 1]
-            views = self._views[i] = tuple({k: arr[k].reshape(arr[k].shape[1:]) for k in arr.dtype.names}
-                                           for arr in (m, d))
-        return views
-
     def _write_round(self, seg: Segment, t: int, n: int, a: dict[str, np.ndarray]) -> None:
-        lay, p = seg.layout, seg.params
-        mm = seg.mm
+        """Round t into the staging, its metadata slot, the resync windows asked for, its descriptor slot
+        (shm_layout.md §5), in that order. `seg` is the attached segment (chaos hooks this step)."""
+        assert self._slots_w is not None and self._stager is not None
+        p = seg.params
         valid = a["valid"]
         total = int(a["rows"].shape[0])
         if total <= p.max_rows:  # the usual round: every request's rows fit
@@ -425,95 +392,17 @@ class Shim:
             rows_staged = int(ends[k - 1]) if k else 0
         if rows_staged:
             seg.staging[:rows_staged] = a["rows"][:rows_staged]
-        m, d = self._slot_views(seg, t)
-        # metadata slot t % 64: stamp_start, fields, stamp_end (shm_layout.md §5)
-        moff = lay.meta_off(t)
-        _hostflag.begin_write(mm, moff, t)
-        m["t"][...] = t
-        m["n"][...] = n
-        m["rows_staged"][...] = rows_staged
-        m["valid"][:n] = valid
-        m["first_pos"][:n] = a["first_pos"]
-        m["anchor"][:n] = a["anchor"]
-        staged_rows = m["staged_rows"]
-        staged_rows[:k] = valid[:k]
-        staged_rows[k:n] = 0
-        m["sampled"][:n] = a["sampled"]
-        if self.sampled:
-            m["seed"][:n] = a["seed"]
-            m["temperature"][:n] = a["temperature"]
-        _hostflag.store_release(mm, moff + self._meta_end_off, t)
-        # resync windows the proxy asked for (a bounded number)
-        staged = self._stage_windows(seg, t, a["slots"])
-        doff = lay.desc_off(t)
-        _hostflag.begin_write(mm, doff, t)
-        d["t"][...] = t
-        d["n"][...] = n
+        self._slots_w.write_meta(t, n, rows_staged, k, a, self.sampled)
+        staged = self._stager.stage(t, a["slots"])  # a bounded number of windows, once per request
         qsl = a["qsl"]
         max_q = int((qsl[1:] - qsl[:-1]).max()) if n else 0
-        d["max_q"][...] = max_q
         self._rounds_seen[t % META_SLOTS] = (t, n, rows_staged, max_q, self._incarnation)
-        d["rows_gathered"][...] = rows_staged
-        d["n_staged"][...] = len(staged)
-        if staged:
-            d["staged_slots"][:len(staged)] = staged
-        d["req_id"][:n] = a["req_ids"]
-        d["slot"][:n] = a["slots"]
-        d["qsl"][:n + 1] = qsl
-        d["need_draft"][:n] = a["need_draft"]
-        d["k_window"][:n] = a["k_window"]
-        _hostflag.store_release(mm, doff + self._desc_end_off, t)
+        self._slots_w.write_desc(t, n, max_q, rows_staged, staged, a)
 
-    def _stage_windows(self, seg: Segment, t: int, slots: np.ndarray) -> list[int]:
-        """Stage the ring windows the proxy asked for, once (shm_layout.md §5, "Resync requests"): a
-        request is honoured by the first enqueue of the round it names or later, for the slots of
-        requests in that round, up to one enqueue's byte budget (`resync_windows_per_enqueue`); then it
-        is spent, so a late or hung proxy costs no more copying. The request is re-read only when its
-        seqlock sequence moved (one word load per round otherwise)."""
-        lay, p = seg.layout, seg.params
-        self.resync_bytes_last = 0
-        seq_off = lay.word_off(Word.RESYNC_SEQ)
-        seq = _hostflag.load(seg.mm, seq_off)
-        if seq != self._resync_seen:
-            req = self._resync_req
-            assert req is not None
-            got = _hostflag.seq_read(seg.mm, seq_off, lay.resync_req, req.view(np.uint8), 8)
-            if not got:
-                return []  # being rewritten right now: next round
-            self._resync_seen = got
-            count = min(int(req["count"][0]), p.max_slots)
-            want = req["slots"][0, :count]
-            self._resync_want = want[(want >= 0) & (want < p.max_slots)].tolist()
-            self._resync_due = int(req["round"][0])
-        if not self._resync_want or t < self._resync_due:
-            return []
-        want, self._resync_want = self._resync_want, []  # spent, whatever is staged of it
-        in_round = self._in_round
-        in_round[slots] = True  # slots were validated: in range
-        staged: list[int] = []
-        limit = resync_windows_per_enqueue(p)
-        for s in want:
-            if len(staged) == limit:
-                break
-            if not in_round[s] or s in staged:
-                continue  # a request that left the batch: its window is of no use to anyone
-            w = seg.windows[len(staged)]
-            gen, lo, hi = self.ring.stage_window(s, w["rows"])
-            w["slot"], w["generation"], w["lo"], w["hi"] = s, gen, lo, hi
-            w["stamp"] = t
-            staged.append(s)
-        in_round[slots] = False
-        c = self.counters
-        c.inc("resync_requests_honoured")
-        if len(staged) < len(want):
-            c.inc("resync_windows_not_staged", len(want) - len(staged))
-        if staged:
-            nbytes = self.resync_bytes_last = len(staged) * p.window * p.row_bytes
-            c.inc("resync_windows_staged", len(staged))
-            c.inc("resync_bytes_staged", nbytes)
-            if nbytes > c.gauge("resync_bytes_max_enqueue", 0):
-                c.set("resync_bytes_max_enqueue", nbytes)  # the worst enqueue (chaos reports it)
-        return staged
+    @property
+    def resync_bytes_last(self) -> int:
+        """Ring-window bytes the last attached enqueue copied (chaos: the worst enqueue)."""
+        return self._stager.bytes_last if self._stager is not None else 0
 
     # ------------------------------------------------------------------ read_reply
 

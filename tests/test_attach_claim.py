@@ -13,7 +13,7 @@ import pytest
 
 from dspark_proxy.config import ProxyConfig
 from dspark_proxy.proxy import Proxy
-from dspark_proxy.shm import _hostflag
+from dspark_proxy.shm import hostflag as hf
 from dspark_proxy.shm.layout import LayoutParams, State, Word
 from dspark_proxy.shm.segment import Segment
 from engine_shim import api
@@ -55,13 +55,13 @@ def test_another_engine_looking_mid_attach_leaves_the_attacher_alone(seg_name, m
     seen: list[str] = []
 
     class _PauseAfterClaim:
-        """_hostflag as the shim sees it, but a won claim runs the other engine before returning."""
+        """hostflag as the shim sees it, but a won claim runs the other engine before returning."""
 
         def __getattr__(self, k):
-            return getattr(_hostflag, k)
+            return getattr(hf, k)
 
         def cas(self, mm, off, expected, new):
-            won = _hostflag.cas(mm, off, expected, new)
+            won = hf.cas(mm, off, expected, new)
             if won:
                 out = subprocess.run([sys.executable, "-c", _OTHER_ENGINE, seg_name], capture_output=True,
                                      text=True, timeout=30)
@@ -72,7 +72,7 @@ def test_another_engine_looking_mid_attach_leaves_the_attacher_alone(seg_name, m
     shim = Shim(seg_name, **SHAPES, start_watchdog=False)
     try:
         assert shim.offer(Segment.open(seg_name))
-        monkeypatch.setattr(shim_mod, "_hostflag", _PauseAfterClaim())
+        monkeypatch.setattr(shim_mod, "hf", _PauseAfterClaim())
         shim.enqueue(5, **_batch())
         monkeypatch.undo()
         assert seen == ["detached"], seen  # it looked, found the incarnation taken, offered nothing

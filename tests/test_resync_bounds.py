@@ -93,8 +93,8 @@ def test_a_hung_proxy_costs_each_requested_window_one_copy(seg_name):
         reqs = [(1, 0, 1), (2, 1, 1), (3, 2, 1)]
         _lose_every_window(rig, reqs)
         reply, _ = rig.round(reqs)  # asks for 2 windows (R), for the next round
-        asked = int(rig.core._resync_req["count"][0])
-        named = int(rig.core._resync_req[0]["round"]) if "round" in rig.core._resync_req.dtype.names else None
+        asked = int(rig.core.win.req["count"][0])
+        named = int(rig.core.win.req[0]["round"]) if "round" in rig.core.win.req.dtype.names else None
         assert asked == 2
         written_at = rig.t
         before = rig.shim.counters.counter("resync_windows_staged")

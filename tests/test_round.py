@@ -239,7 +239,7 @@ def test_resync_requests_are_capped_by_the_learned_round_rate(rig):
     assert rig.core._resync_cap == 1
     rig.round([(1, 0, 1), (2, 1, 1)])
     assert rig.core.want_resync[[0, 1]].all()
-    req = rig.core._resync_req
+    req = rig.core.win.req
     assert int(req["count"][0]) == 1 and int(req["slots"][0, 0]) == 0
     reply, b = rig.round([(1, 0, 1), (2, 1, 1)])  # slot 0's window comes back; slot 1 is asked for next
     assert rig.check_drafts(reply, b) == 2
