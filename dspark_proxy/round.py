@@ -16,7 +16,7 @@ Invariants kept from the seed (and why):
 - A reply is published only if round t-1's was consumed; otherwise the hand-off's order is broken
   and the proxy dies (fail_all) rather than tear the engine's copy.
 - A STEP carries no more rows than the link has shown it moves in half the deadline, once a STEP of
-  that size has timed out (`_learn_cap`): the requests past the cap get no entry, exactly like those
+  that size has timed out (pacing.py): the requests past the cap get no entry, exactly like those
   whose rows did not fit the staging (no drafts, slots dirty, windows resent later).
 
 Cost. At the batch sizes that matter (n up to a few hundred) a round's cost is the number of numpy calls
@@ -50,6 +50,7 @@ from .breaker import CircuitBreaker
 from .events import EventRing
 from .logthrottle import LogThrottle
 from .ndrafts import leading_drafts, trim_rows
+from .pacing import LinkPacer
 from .ring import Advance, SlotTable
 from .shm import hostflag as hf
 from .shm.hostflag import HostFlags
@@ -102,14 +103,9 @@ class RoundCore:
         self.flags = HostFlags(seg, peer_pid=seg.word(Word.ENGINE_PID))  # the spin looks at both CPU sets
         self.slots = SlotTable(self.M, self.W)
         self.want_resync = np.zeros(self.M, dtype=np.bool_)  # slots whose ring window we asked for
-        self._rows_per_us = 0.0  # learned STEP throughput (0: not yet)
-        # windows asked for per round: what one enqueue stages at most (shm_layout.md §5) until the
-        # throughput is known, then what the link resends in half the deadline (`_learn_rate`)
-        self._resync_max = resync_windows_per_enqueue(p)
-        self._resync_cap = self._resync_max
-        stats.set("resync_windows_per_round", self._resync_cap)
-        self._rate_min_rows = self.W  # rounds with at least a window's rows say something about the rate
-        self._row_cap = 0  # rows a STEP may carry (0: no cap until a STEP of that size timed out)
+        self.deadline_ns = int(seg.deadline_ms * 1e6)
+        self.pacer = LinkPacer(window=self.W, max_rows=p.max_rows, resync_max=resync_windows_per_enqueue(p),
+                               deadline_ns=self.deadline_ns, publish=stats.set)
         self._rtt_us = -1.0
         self._arange = np.arange(self.M, dtype=np.intp)
         self.desc = SlotReader(seg, self.slots.check_slots)  # round t's descriptor and metadata
@@ -127,7 +123,6 @@ class RoundCore:
         self._conf = self.page[L.o_conf:L.o_conf + M * N].view(np.float32).reshape(M, N)
         self._ok_rows = self._ids_rows = 0
         self.rounds = 0  # the last round handled
-        self.deadline_ns = int(seg.deadline_ms * 1e6)
         self._gathered_ns_off = self.lay.word_off(Word.GATHERED_NS)
         self._advanced = False  # round t's rows reached the ring model (set by _run)
         self._n_out_table = np.asarray(settings.n_out_table, dtype=np.int64)
@@ -230,7 +225,7 @@ class RoundCore:
         else:
             e_rows = np.where(have_win, plan.held_rows, valid)[sel]
             n_rows = int(e_rows.sum())
-        if self._row_cap and n_rows > self._row_cap and e_rows.shape[0] > 1:
+        if self.pacer.over_cap(n_rows, e_rows.shape[0]):
             idx, n_rows = self._within_cap(idx, n, e_rows)
             sel = idx
             e_rows = e_rows[:idx.shape[0]]
@@ -280,9 +275,8 @@ class RoundCore:
                                rows=rows, sample_meta=sample_meta, timeout_s=timeout_s)
         if not out.ok:
             reason = out.reason or "unknown"
-            if reason == "timeout" and n_rows >= self._rate_min_rows:
-                self._learn_rate(n_rows, timeout_s * 1e6, upper_bound=True)
-                self._learn_cap(n_rows, 0.0)
+            if reason == "timeout":
+                self.pacer.on_timeout(n_rows, timeout_s * 1e6)
             if reason not in ("not_ready", "disabled", "reconnected"):
                 self._breaker_record(t, False, reason)
             return self._fail(slots, n, reason)
@@ -291,10 +285,7 @@ class RoundCore:
         st.observe(_RTT_KEY[phase], out.rtt_us)
         st.observe("worker_us", out.reply.worker_us)
         st.inc("rows_sent", n_rows)
-        if n_rows >= self._rate_min_rows:
-            self._learn_rate(n_rows, out.rtt_us)
-            if self._row_cap:
-                self._learn_cap(n_rows, out.rtt_us)
+        self.pacer.on_reply(n_rows, out.rtt_us)
         if n_out:
             st.inc("rounds_n_out_cut")
         # 8. accept
@@ -406,55 +397,19 @@ class RoundCore:
             self.want_resync[named] &= self.slots.dirty[named]
         return w
 
-    def _learn_rate(self, n_rows: int, rtt_us: float, upper_bound: bool = False) -> None:
-        """Rows per µs that a STEP round trip has been moving (a slow EWMA over rounds with enough rows
-        to say), and from it how many windows a round can resend within half its deadline. A STEP that
-        timed out only says the rate is below n_rows / timeout: the estimate drops to at most that."""
-        rate = n_rows / max(rtt_us, 1.0)
-        if upper_bound:
-            self._rows_per_us = rate if self._rows_per_us == 0.0 else min(self._rows_per_us, rate)
-        else:
-            self._rows_per_us = rate if self._rows_per_us == 0.0 else 0.9 * self._rows_per_us + 0.1 * rate
-        fit = int(self._rows_per_us * self.deadline_ns / 2e3) // self.W
-        cap = max(1, min(self._resync_max, fit))
-        if cap != self._resync_cap:
-            self._resync_cap = cap
-            self.stats.set("resync_windows_per_round", cap)  # link pacing shows in `status`
-
     def _within_cap(self, idx: np.ndarray | None, n: int, e_rows: np.ndarray) -> tuple[np.ndarray, int]:
-        """The entries that fit `_row_cap`: a prefix in entry order (at least one), so that in the
-        usual round their rows are a prefix of the staging. The rest get no entry this round: no
-        drafts, slots dirty, windows resent later at the paced rate (`_write_resync_request`)."""
-        ends = np.cumsum(e_rows)
-        keep = max(1, int(np.searchsorted(ends, self._row_cap, side="right")))
+        """The entries that fit the link's row cap (pacing.py): a prefix in entry order (at least one),
+        so that in the usual round their rows are a prefix of the staging. The rest get no entry this
+        round: no drafts, slots dirty, windows resent later at the paced rate (`_write_resync_request`)."""
+        keep, n_rows = self.pacer.keep(e_rows)
         full = self._arange[:n] if idx is None else idx
         self.stats.inc("requests_over_link_cap", int(full.shape[0]) - keep)
-        return full[:keep], int(ends[keep - 1])
-
-    def _learn_cap(self, n_rows: int, rtt_us: float) -> None:
-        """How many rows a STEP may carry. No cap until a STEP of at least a window's rows times out
-        (a link that carries the rounds never pays for this); then half of that STEP's rows, and from
-        every STEP near the cap, what its speed moves in half the deadline (at most twice the cap; the
-        cap goes away once it reaches max_rows). A fixed rows-per-µs rate would misjudge a link whose
-        round trip is mostly fixed cost: it stays the resync pacing's rough guide (`_learn_rate`).
-        `rtt_us` 0: the STEP timed out."""
-        cap, floor = self._row_cap, self.W
-        if rtt_us <= 0.0:
-            half = max(floor, n_rows // 2)
-            new = half if cap == 0 else max(floor, min(cap, half))
-        elif 2 * n_rows < cap:
-            return  # far below the cap: says nothing about what the link carries at the cap
-        else:
-            fit = max(floor, min(int(n_rows * self.deadline_ns / 2e3 / rtt_us), 2 * cap))
-            new = 0 if fit >= self.seg.params.max_rows else fit
-        if new != cap:
-            self._row_cap = new
-            self.stats.set("row_cap", new)  # `status` shows it (0: none)
+        return full[:keep], n_rows
 
     def _write_resync_request(self, t: int, want: np.ndarray | None) -> None:
         """Ask the engine to stage, with round t + 1 and once, the windows of `want` (slots of round t's
         requests that still need their window; None: nothing), at most as many as fit the round's time
-        (`_learn_rate`) and one enqueue's byte budget: at realistic shapes a window is 9 MB, and a round
+        (pacing.py) and one enqueue's byte budget: at realistic shapes a window is 9 MB, and a round
         that resends R of them (29 with the default budget) would outlast its deadline, time out and
         trip the breaker just when the worker's copies need rebuilding. Only this round's requests are
         asked for, so a request that left the batch is never staged again; a window asked for and not
@@ -462,7 +417,7 @@ class RoundCore:
         if want is None:
             k = 0
         else:
-            k = min(int(want.shape[0]), self._resync_cap)
+            k = self.pacer.windows(int(want.shape[0]))
             if want.shape[0] > k:
                 self.stats.inc("resync_windows_deferred", int(want.shape[0]) - k)  # paced: a later round
         self.win.ask(t, want, k)

@@ -52,7 +52,7 @@ def test_finished_requests_are_never_asked_for_and_live_windows_come_back(seg_na
         reply, b = rig.round(everyone)  # the first round that reaches a healthy worker: 4 dirty slots
         first_healthy = rig.t
         assert rig.check_drafts(reply, b) == int(reply.ok_mask.sum())
-        paced = [rig.core._resync_cap]
+        paced = [rig.core.pacer.resync_cap]
         full_at = None
         staged: list[int] = []
         for _ in range(200):  # the requests in slots 0 and 1 have finished
@@ -60,7 +60,7 @@ def test_finished_requests_are_never_asked_for_and_live_windows_come_back(seg_na
             assert rig.check_drafts(reply, b) == int(reply.ok_mask.sum())  # every draft right meanwhile
             staged += staged_slots(rig, rig.t)
             if full_at is None:
-                paced.append(rig.core._resync_cap)
+                paced.append(rig.core.pacer.resync_cap)
                 if all(full_windows(rig, reply, b)):
                     full_at = rig.t
             else:
@@ -126,10 +126,10 @@ def test_enqueue_copies_at_most_its_byte_budget_whatever_the_proxy_asks(seg_name
     monkeypatch.setattr(shm_layout, "RESYNC_ENQUEUE_BYTES", 2 * 4 * 16, raising=False)  # 2 windows of 4 x 16 B
     rig = Rig(seg_name, M=8, W=4, B=16, R=4)
     try:
-        first_cap = rig.core._resync_cap  # the proxy's first request after a (re)connect fits the budget
+        first_cap = rig.core.pacer.resync_cap  # the proxy's first request after a (re)connect fits the budget
         reqs = [(1, 0, 1), (2, 1, 1), (3, 2, 1), (4, 3, 1), (5, 4, 1)]
         _lose_every_window(rig, reqs)
-        rig.core._resync_cap = rig.core._resync_max = 4  # a proxy that asks for more than the budget
+        rig.core.pacer.resync_cap = rig.core.pacer.resync_max = 4  # a proxy that asks for more than the budget
         worst = 0
         for _ in range(6):
             reply, b = rig.round(reqs)
