@@ -113,8 +113,7 @@ class RoundCore:
         self._last_epoch: int | None = None
         self.page = np.zeros(self.lay.reply.size, dtype=np.int32)
         self._no_entry = np.ones(self.M, dtype=np.bool_)
-        self._prefix = bytearray(wire.step_prefix_bytes(self.M, self.sampled))
-        self._entries = wire.entries_view(self._prefix, self.M)  # a round's k entries are its first k
+        self._prefix = wire.StepPrefix(self.M, self.sampled)  # the STEP, built in place (wire/step.py)
         # the reply page's per-request blocks, and how many of their rows may hold an earlier round's
         # values (the rest are zero): packing zeroes only those rows, not the whole page
         L, M, N = self.lay.reply, self.M, self.N
@@ -233,7 +232,7 @@ class RoundCore:
         k = int(e_slots.shape[0])
         if k == 0:
             return self._fail(slots, n, "no_rows")
-        ent = self._entries[:k]
+        ent = self._prefix.entries(k)
         if have_win is None:
             e_first = first_pos[sel]
         else:
@@ -263,7 +262,7 @@ class RoundCore:
         step_flags = wire.SF_WANT_MARGIN if self.settings.want_margin else 0
         if self.sampled:
             step_flags |= wire.SF_SAMPLED
-            sample_meta = wire.sample_view(self._prefix, k)
+            sample_meta = self._prefix.sample(k)
             sample_meta["seed"] = v.seed[sel]
             sample_meta["temperature"] = v.temperature[sel]
         # 6. preempted: the watchdog completed t while we built it; the staging may be refilling
