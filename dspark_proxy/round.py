@@ -51,6 +51,7 @@ from .events import EventRing
 from .logthrottle import LogThrottle
 from .ndrafts import leading_drafts, trim_rows
 from .pacing import LinkPacer
+from .resync_plan import ResyncPlanner
 from .ring import Advance, SlotTable
 from .shm import hostflag as hf
 from .shm.hostflag import HostFlags
@@ -102,7 +103,6 @@ class RoundCore:
         self.lay = seg.layout
         self.flags = HostFlags(seg, peer_pid=seg.word(Word.ENGINE_PID))  # the spin looks at both CPU sets
         self.slots = SlotTable(self.M, self.W)
-        self.want_resync = np.zeros(self.M, dtype=np.bool_)  # slots whose ring window we asked for
         self.deadline_ns = int(seg.deadline_ms * 1e6)
         self.pacer = LinkPacer(window=self.W, max_rows=p.max_rows, resync_max=resync_windows_per_enqueue(p),
                                deadline_ns=self.deadline_ns, publish=stats.set)
@@ -110,6 +110,8 @@ class RoundCore:
         self._arange = np.arange(self.M, dtype=np.intp)
         self.desc = SlotReader(seg, self.slots.check_slots)  # round t's descriptor and metadata
         self.win = WindowAsker(seg)  # the resync request we write, the windows the engine staged
+        self.resync = ResyncPlanner(self.desc, self.win, self.slots, self.pacer, stats, seg.staging)
+        self.want_resync = self.resync.want  # slots whose ring window we asked for
         self._last_epoch: int | None = None
         self.page = np.zeros(self.lay.reply.size, dtype=np.int32)
         self._no_entry = np.ones(self.M, dtype=np.bool_)
@@ -197,8 +199,8 @@ class RoundCore:
         w_of = None
         if plan.n_unknown and self.desc.n_staged:
             # the engine's windows of slots whose range we do not know: take the engine's range
-            w_of = self._staged_windows(t)[slots]
-            plan = self._adopt(t, slots, plan, w_of)
+            w_of = self.resync.staged_windows(t)[slots]
+            plan = self.resync.adopt(t, slots, plan, w_of)
         # 3. breaker
         if not self.breaker.allow(t):
             return self._fail(slots, n, "cooldown")
@@ -207,14 +209,14 @@ class RoundCore:
         # 4-5. entries and rows
         staged = v.staged
         if plan.n_resync or self.desc.n_staged or plan.n_unknown:
-            have_win, pending, n_pending, idx, w_of = self._resync_entries(t, n, slots, plan, w_of)
+            have_win, pending, n_pending, idx, w_of = self.resync.entries(t, n, slots, plan, w_of)
         else:
             # no window needed or staged (the usual round): the requests with staged rows have entries
             have_win, pending, n_pending = None, None, 0
             if self.desc.n_misfit:
                 st.inc("requests_not_staged", self.desc.n_misfit)
             if self.win.asked:
-                self._write_resync_request(t, None)
+                self.resync.ask(t, None)
             k = int(np.count_nonzero(staged))  # staged is valid or 0 (checked): fits and has rows
             idx = None if k == n else np.flatnonzero(staged)
         # sel picks the requests with an entry: all of them (a slice: views, no gathers) or idx
@@ -254,7 +256,7 @@ class RoundCore:
         if have_win is None:
             rows = [self.seg.staging[:n_rows]]  # the entries' rows: a prefix of the staging
         else:
-            rows = self._row_views(idx, have_win, w_of, e_first, e_rows, staged)
+            rows = self.resync.row_views(idx, have_win, w_of, e_first, e_rows, staged)
             if np.count_nonzero(have_win):
                 st.inc("resync_rounds")
                 st.inc("resync_rows", int(e_rows[have_win[sel]].sum()))
@@ -290,69 +292,6 @@ class RoundCore:
         # 8. accept
         self._accept(t, n, idx, e_slots, slots, plan, need, pending if n_pending else None, out.reply)
 
-    def _resync_entries(self, t: int, n: int, slots: np.ndarray, plan: Advance, w_of: np.ndarray | None,
-                        ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray | None, np.ndarray]:
-        """Step 5 when some request needs its ring window, has a range we do not know, or the engine
-        staged windows with this round: which entries carry a staged window (`have_win`), which still
-        wait for one (`pending`: sent with this round's rows, asked for again), the requests with an
-        entry (`idx`, None = all) and the staged window of each request (`w_of`, -1 = none). Slots of
-        unknown range are asked for too, but their entries go out as planned (the rows we know of)."""
-        st = self.stats
-        if w_of is None:
-            w_of = self._staged_windows(t)[slots]  # staged window index per request, -1 = none
-        wants = plan.resync
-        have_win = wants & (w_of >= 0)
-        if np.count_nonzero(have_win):
-            have_win &= self.win.covers(w_of, plan.held_first, plan.held_rows)
-        pending = wants & ~have_win  # needs its window; goes out with this round's rows only
-        v = self.desc.v
-        fits = v.staged == v.valid_raw
-        has_entry = have_win | ((v.valid_raw > 0) & fits)
-        n_pending, n_win = int(np.count_nonzero(pending)), int(np.count_nonzero(have_win))
-        if n_pending:
-            self.want_resync[slots[pending]] = True
-            st.inc("resync_pending", int(np.count_nonzero(pending & has_entry)))
-        if n_win:
-            self.want_resync[slots[have_win]] = False
-        if self.desc.n_misfit:
-            # rows that did not fit, and no staged window to send instead: no entry this round
-            nofit = int(np.count_nonzero(~fits & ~have_win))
-            if nofit:
-                st.inc("requests_not_staged", nofit)
-        ask, n_ask = pending, n_pending
-        if plan.n_unknown:
-            ask = pending | self.slots.unknown[slots]
-            n_ask = int(np.count_nonzero(ask))
-        if n_ask or self.win.asked:
-            self._write_resync_request(t, slots[ask] if n_ask else None)
-        idx = np.flatnonzero(has_entry)
-        return have_win, pending, n_pending, (None if idx.shape[0] == n else idx), w_of
-
-    def _adopt(self, t: int, slots: np.ndarray, plan: Advance, w_of: np.ndarray) -> Advance:
-        """Slots of unknown range whose window the engine staged with round t (after writing t's rows)
-        take the engine's range (`SlotTable.adopt`; shm_layout.md §5); a range that grew is resent
-        whole this round: a NEW_GEN RESYNC entry from the staged window. `plan` is updated in place."""
-        i = np.flatnonzero(w_of >= 0)
-        if i.shape[0] == 0:
-            return plan
-        wi = w_of[i]
-        got = self.win.ranges(t, wi)  # None once t is claimed: the headers may be a later round's
-        if got is None:
-            return plan
-        lo, hi = got
-        ok = self.slots.adopt(slots[i], lo, hi)
-        i = i[ok]
-        if i.shape[0] == 0:
-            return plan
-        new_first = self.slots.lo[slots[i]]
-        grew = i[new_first < plan.held_first[i]]
-        plan.held_first[i] = new_first
-        plan.held_rows[i] = plan.anchor_pos[i] - new_first
-        plan.new_gen[grew] = True
-        plan.resync[grew] = True
-        self.stats.inc("ring_ranges_adopted", int(i.shape[0]))
-        return plan._replace(n_resync=int(np.count_nonzero(plan.resync)), n_unknown=plan.n_unknown - int(i.shape[0]))
-
     def _fail(self, slots: np.ndarray, n: int, reason: str) -> None:
         self.slots.mark_dirty(slots)
         self.stats.inc(f"fallback_{reason}")
@@ -385,73 +324,14 @@ class RoundCore:
                    - hf.monotonic_ns())
         return max(s.min_step_timeout_s, left_ns / 1e9)
 
-    # ------------------------------------------------------------------ resync windows
-
-    def _staged_windows(self, t: int) -> np.ndarray:
-        """Window index per slot for the windows the engine staged with round t (else -1)."""
-        d = self.desc
-        w, named = self.win.staged_windows(t, d.n_staged, d.staged_slots)
-        if named is not None:
-            # a staged slot we no longer need (clean again, or a new owner) stops being asked for
-            self.want_resync[named] &= self.slots.dirty[named]
-        return w
-
     def _within_cap(self, idx: np.ndarray | None, n: int, e_rows: np.ndarray) -> tuple[np.ndarray, int]:
         """The entries that fit the link's row cap (pacing.py): a prefix in entry order (at least one),
         so that in the usual round their rows are a prefix of the staging. The rest get no entry this
-        round: no drafts, slots dirty, windows resent later at the paced rate (`_write_resync_request`)."""
+        round: no drafts, slots dirty, windows resent later at the paced rate (`ResyncPlanner.ask`)."""
         keep, n_rows = self.pacer.keep(e_rows)
         full = self._arange[:n] if idx is None else idx
         self.stats.inc("requests_over_link_cap", int(full.shape[0]) - keep)
         return full[:keep], n_rows
-
-    def _write_resync_request(self, t: int, want: np.ndarray | None) -> None:
-        """Ask the engine to stage, with round t + 1 and once, the windows of `want` (slots of round t's
-        requests that still need their window; None: nothing), at most as many as fit the round's time
-        (pacing.py) and one enqueue's byte budget: at realistic shapes a window is 9 MB, and a round
-        that resends R of them (29 with the default budget) would outlast its deadline, time out and
-        trip the breaker just when the worker's copies need rebuilding. Only this round's requests are
-        asked for, so a request that left the batch is never staged again; a window asked for and not
-        used (a failed round) is asked for again by the next round that still needs it."""
-        if want is None:
-            k = 0
-        else:
-            k = self.pacer.windows(int(want.shape[0]))
-            if want.shape[0] > k:
-                self.stats.inc("resync_windows_deferred", int(want.shape[0]) - k)  # paced: a later round
-        self.win.ask(t, want, k)
-
-    def _row_views(self, idx: np.ndarray | None, have_win: np.ndarray, w_of: np.ndarray, e_first: np.ndarray,
-                   e_rows: np.ndarray, staged_rows: np.ndarray) -> list[np.ndarray]:
-        """The STEP's rows as views, in entry order: runs of the staging, split where a RESYNC entry
-        takes its rows from a staged window instead. Python loops only over RESYNC entries (<= R).
-        `idx`: the requests with an entry (None: all of them)."""
-        staging = self.seg.staging
-        ends = np.cumsum(staged_rows)  # each request's staging rows end here
-        # the entries' staging rows end with the last entry's (a round cut to the row cap sends a prefix)
-        rows_staged = self.desc.rows_staged if idx is None else int(ends[idx[-1]])
-        resync_pos = np.flatnonzero(have_win if idx is None else have_win[idx])
-        if resync_pos.shape[0] == 0:
-            return [staging[:rows_staged]]
-        views: list[np.ndarray] = []
-        cur = 0
-        W = self.W
-        for j in resync_pos.tolist():
-            i = j if idx is None else int(idx[j])
-            start = int(ends[i]) - int(staged_rows[i])
-            if start > cur:
-                views.append(staging[cur:start])
-            rows = self.win.rows[int(w_of[i])]
-            f, c = int(e_first[j]) % W, int(e_rows[j])
-            if f + c <= W:
-                views.append(rows[f:f + c])
-            else:
-                views.append(rows[f:])
-                views.append(rows[:f + c - W])
-            cur = int(ends[i])
-        if rows_staged > cur:
-            views.append(staging[cur:rows_staged])
-        return views
 
     # ------------------------------------------------------------------ step 8
 
