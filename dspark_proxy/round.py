@@ -1,9 +1,11 @@
 """The round: what the proxy does for engine step t, from `gathered >= t` to `published = t`.
 
-SPEC §2 steps 1-9, column-wise over the round's requests (no per-request Python loop on the hot path):
+Nine steps, column-wise over the round's requests (no per-request Python loop on the hot path);
+RoundCore keeps their order, and each job lives in its own module:
 
-  read t's descriptor and metadata (stamped copies) -> late? skip -> epoch -> ring model -> breaker
-  -> entries + resync rows -> preempted? -> STEP -> accept reply -> pack page -> publish
+  read t's descriptor and metadata (shm/stamped.py) -> late? skip -> epoch -> ring model (ring.py)
+  -> breaker (breaker.py) -> entries + resync rows (resync_plan.py, cut to the link's row cap:
+  pacing.py) -> preempted? -> STEP (wire/step.py) -> accept reply -> pack page (reply_page.py) -> publish
 
 Invariants kept from the seed (and why):
 - The round only READS the staging and the resync windows. The watchdog can fail round t while we
@@ -49,17 +51,13 @@ from . import wire
 from .breaker import CircuitBreaker
 from .events import EventRing
 from .logthrottle import LogThrottle
-from .ndrafts import leading_drafts, trim_rows
 from .pacing import LinkPacer
+from .reply_page import PagePacker
 from .resync_plan import ResyncPlanner
 from .ring import Advance, SlotTable
 from .shm import hostflag as hf
 from .shm.hostflag import HostFlags
 from .shm.layout import (
-    STATUS_OK,
-    STATUS_ROUND_FAILED,
-    STATUS_SOME_FAILED,
-    SUPPORT_K,
     Word,
     resync_windows_per_enqueue,
 )
@@ -113,20 +111,13 @@ class RoundCore:
         self.resync = ResyncPlanner(self.desc, self.win, self.slots, self.pacer, stats, seg.staging)
         self.want_resync = self.resync.want  # slots whose ring window we asked for
         self._last_epoch: int | None = None
-        self.page = np.zeros(self.lay.reply.size, dtype=np.int32)
+        self.packer = PagePacker(self.lay.reply, self.N, settings.n_out_table)  # the reply page
+        self.page = self.packer.page
         self._no_entry = np.ones(self.M, dtype=np.bool_)
         self._prefix = wire.StepPrefix(self.M, self.sampled)  # the STEP, built in place (wire/step.py)
-        # the reply page's per-request blocks, and how many of their rows may hold an earlier round's
-        # values (the rest are zero): packing zeroes only those rows, not the whole page
-        L, M, N = self.lay.reply, self.M, self.N
-        self._ok = self.page[L.o_ok:L.o_ok + M]
-        self._ids = self.page[L.o_ids:L.o_ids + M * N].reshape(M, N)
-        self._conf = self.page[L.o_conf:L.o_conf + M * N].view(np.float32).reshape(M, N)
-        self._ok_rows = self._ids_rows = 0
         self.rounds = 0  # the last round handled
         self._gathered_ns_off = self.lay.word_off(Word.GATHERED_NS)
         self._advanced = False  # round t's rows reached the ring model (set by _run)
-        self._n_out_table = np.asarray(settings.n_out_table, dtype=np.int64)
 
     # ------------------------------------------------------------------ entry point
 
@@ -149,7 +140,7 @@ class RoundCore:
             self.stats.inc("fallback_bad_descriptor")
             self.stats.inc("rounds_failed")
             self.slots.restart(np.arange(self.M))
-            self._pack_failed(0)
+            self.packer.failed(0)
             log.warning("[round] t=%d bad descriptor: %s", t, e)
         except Exception:  # noqa: BLE001 - the round fails closed, the loop goes on
             self.stats.inc("fallback_internal_error")
@@ -157,7 +148,7 @@ class RoundCore:
             self.slots.mark_all_dirty()
             if not self._advanced:  # the engine's writes of round t never reached the model
                 self.slots.restart(np.arange(self.M))
-            self._pack_failed(self.desc.n_of(t))
+            self.packer.failed(self.desc.n_of(t))
             _ROUND_ERRORS.exception(log, "[round] t=%d failed", t)
         if not self.flags.reply_consumed(t - 1):
             raise RuntimeError(f"round {t}: the engine has not consumed round {t - 1}'s reply "
@@ -251,7 +242,7 @@ class RoundCore:
             flags |= have_win.view(np.uint8) << 2  # RF_RESYNC
         ent["flags"] = flags[sel]
         ent["k_window"] = np.minimum(v.k_window[sel], 255)
-        n_out = self._n_out(n)
+        n_out = self.packer.n_out(n)
         ent["n_out"] = n_out
         if have_win is None:
             rows = [self.seg.staging[:n_rows]]  # the entries' rows: a prefix of the staging
@@ -296,25 +287,7 @@ class RoundCore:
         self.slots.mark_dirty(slots)
         self.stats.inc(f"fallback_{reason}")
         self.stats.inc("rounds_failed")
-        self._pack_failed(n)
-
-    def _pack_failed(self, n: int) -> None:
-        """status ROUND_FAILED, n, and n_drafts 0 for every request: the reader hands the engine its own
-        cleared arrays for a failed status, so nothing past the ok words is read (shm_layout.md)."""
-        b = self.page
-        b[0] = STATUS_ROUND_FAILED
-        b[1] = n
-        self._ok[:self._ok_rows] = 0
-        self._ok_rows = 0
-
-    def _n_out(self, n: int) -> int:
-        """The entries' n_out for a round of n requests: the table's entry min(n, len - 1); 0 (an
-        empty table, an entry of 0 or of N or more) asks for all N, as `--n-out-table` says."""
-        tab = self._n_out_table
-        if tab.shape[0] == 0:
-            return 0
-        c = int(tab[min(n, tab.shape[0] - 1)])
-        return 0 if c >= self.N else max(0, c)
+        self.packer.failed(n)
 
     def _step_timeout(self) -> float:
         s = self.settings
@@ -339,7 +312,7 @@ class RoundCore:
                 plan: Advance, need: np.ndarray, pending: np.ndarray | None, reply: Any) -> None:
         """Step 8. `idx`: the requests with an entry (None: all n, in order); `e_slots` their slots;
         `pending`: requests sent without the window they need (None: no such request)."""
-        st, L = self.stats, self.lay.reply
+        st = self.stats
         sel = slice(None) if idx is None else idx
         k = int(e_slots.shape[0])
         status = reply.status
@@ -369,83 +342,10 @@ class RoundCore:
             for code in np.flatnonzero(counts).tolist():
                 key = _STATUS_KEYS[code] if code < len(_STATUS_KEYS) else f"req_status_{code}"
                 st.inc(key, int(counts[code]))
-        # the page: rows [0, n) are rewritten; rows an earlier round left beyond n are cleared. The ok
-        # word is n_drafts: a request's leading non-negative drafts, at most n_out; past it -1 / 0
-        b, ok, ids, conf = self.page, self._ok, self._ids, self._conf
-        b[1] = n
-        n_need = int(np.count_nonzero(need))
-        e_need = need[sel]
-        n_e_need = n_need if idx is None else int(np.count_nonzero(e_need))
-        cap = self._n_out(n) or self.N
-        nd = None
-        whole = usable is None and idx is None and n_need == n
-        if whole:
-            nd = leading_drafts(reply.draft_ids, cap)
-        if whole and nd is None:  # every request gets all N drafts: slices
-            ok_rows, ids_rows = self._ok_rows, self._ids_rows
-            self._ok_rows = self._ids_rows = n
-            if ok_rows > n:
-                ok[n:ok_rows] = 0
-            if ids_rows > n:
-                ids[n:ids_rows] = -1
-                conf[n:ids_rows] = 0
-            ok[:n] = self.N
-            ids[:n] = reply.draft_ids
-            conf[:n] = reply.confidence
-            give = None
-            n_give = n
-        else:
-            rows = max(self._ids_rows, n)
-            ok[:max(self._ok_rows, n)] = 0
-            ids[:rows] = -1
-            conf[:rows] = 0
-            self._ok_rows = self._ids_rows = n
-            give = e_need.copy() if usable is None else usable & e_need
-            if nd is None:
-                nd = leading_drafts(reply.draft_ids[give], cap)
-            else:
-                nd = nd[give]
-            g_ids, g_conf = reply.draft_ids[give], reply.confidence[give]
-            if nd is not None:  # some request has fewer than N: trim, and no drafts means not given
-                g_ids, g_conf = trim_rows(g_ids, nd, -1), trim_rows(g_conf, nd, 0.0)
-                has = nd > 0
-                if not has.all():
-                    give[np.flatnonzero(give)[~has]] = False
-                    g_ids, g_conf, nd = g_ids[has], g_conf[has], nd[has]
-            gi = give.nonzero()[0] if idx is None else idx[give]
-            ok[gi] = self.N if nd is None else nd
-            ids[gi] = g_ids
-            conf[gi] = g_conf
-            n_give = int(gi.shape[0])
-        if L.sampled:
-            K, N = SUPPORT_K, self.N
-            smask = b[L.o_sample_mask:L.o_sample_mask + n]
-            if reply.sampled_mask is None or reply.support_ids is None or reply.proposal_q is None:
-                raise RuntimeError("sampled reply without its support ids and q")
-            qids = b[L.o_qids:L.o_qids + n * N * K].reshape(n, N, K)
-            q = b[L.o_q:L.o_q + n * N * K].view(np.float32).reshape(n, N, K)
-            if give is None:
-                smask[:] = reply.sampled_mask
-                qids[:] = reply.support_ids
-                q[:] = reply.proposal_q
-            else:  # requests without drafts: every field cleared, whatever an earlier round left
-                smask[:] = 0
-                no = self._no_entry[:n]
-                no[:] = True
-                no[gi] = False
-                qids[no] = -1
-                q[no] = 0
-                g_sup, g_q = reply.support_ids[give], reply.proposal_q[give]
-                if nd is not None:
-                    g_sup, g_q = trim_rows(g_sup, nd, -1), trim_rows(g_q, nd, 0.0)
-                smask[gi] = reply.sampled_mask[give]
-                qids[gi] = g_sup
-                q[gi] = g_q
+        all_ok, e_need, n_e_need = self.packer.pack(n, idx, need, usable, reply)
         if n_failed and np.count_nonzero(status == wire.RS_STALE_GENERATION):
             st.inc("stale_generation_new_sessions")
             self.client.new_session("worker reported STALE_GENERATION")
-        all_ok = n_give == n_need
-        b[0] = STATUS_OK if all_ok else STATUS_SOME_FAILED
         st.inc("rounds_ok")
         if not all_ok:
             st.inc("rounds_some_failed")
