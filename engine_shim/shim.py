@@ -117,6 +117,15 @@ class Shim:
         seg = self._seg
         return seg.deadline_ms if seg is not None else 5.0
 
+    def round_in_flight(self) -> tuple[int, int]:
+        """The last round enqueued and its number of requests (the watchdog reads it unlocked: a
+        round boundary may be passing, and an event may then name the round before)."""
+        return self._t, self._n
+
+    def abandoned(self, incarnation: int) -> bool:
+        """This shim gave up on that incarnation (detached, or refused its claim): never offer it again."""
+        return incarnation in self._abandoned_incarnations
+
     def _move(self, event: AttachEvent) -> None:
         self._state = next_state(self._state, event)
 
@@ -437,7 +446,7 @@ class Shim:
             flags.consume(t)
             return self._reader.failed(t, n, "out_of_order")
         if r == WAIT_FAILED_BY_ME:
-            self._note_watchdog(t, n, "watchdog")
+            self.note_watchdog(t, n, "watchdog")
             reason = "deadline"
         got = flags.read_page(t, self._reader.buf)
         flags.consume(t)
@@ -453,10 +462,10 @@ class Shim:
     def _hung(self, t: int, n: int) -> None:
         """A round claimed but not published by deadline + grace: the proxy hung mid-publish. The page
         is never read again; fail everything ahead and detach at the next boundary."""
-        self._note_watchdog(t, n, "proxy_hung")
+        self.note_watchdog(t, n, "proxy_hung")
         self.lose("proxy_hung")
 
-    def _note_watchdog(self, t: int, n: int, how: str) -> None:
+    def note_watchdog(self, t: int, n: int, how: str) -> None:
         """An event about round t, with round t's own fields (events.py documents each)."""
         self.counters.inc(f"watchdog_{how}")
         seen_t, seen_n, rows, max_q, inc = self._rounds_seen[t % META_SLOTS]

@@ -59,7 +59,7 @@ def test_a_late_rounds_event_carries_that_rounds_fields(seg_name):
         assert (e["phase"], e["n"], e["rows"], e["longest_query"], e["proxy_wait_ms"]) == ("prefill", 3, 12, 7, 0.0)
         assert e["incarnation"] == seg.incarnation and e["time"] > 1.6e9
         shim.enqueue(2, **_round(1, 1))
-        shim._note_watchdog(1, 3, "watchdog")  # the watcher's record of round 1, drained late
+        shim.note_watchdog(1, 3, "watchdog")  # the watcher's record of round 1, drained late
         late = shim.events.dump()[-1]
         assert (late["round"], late["phase"], late["n"], late["rows"], late["longest_query"]) == (1, "prefill", 3, 12, 7)
         assert shim.read_reply(2).status == 2
