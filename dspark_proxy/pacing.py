@@ -94,8 +94,8 @@ class LinkPacer:
             return
         self.learn_rate(n_rows, rtt_us)
         if not self.row_cap:
-            self.apply(LinkEvent.REPLY, n_rows, rtt_us)
-        elif rtt_us <= 0.0:  # no measurable round trip: the cap takes it as a timeout, as it always has
+            return  # (UNCAPPED, REPLY) -> UNCAPPED, no new cap: the usual round skips the lookup
+        if rtt_us <= 0.0:  # no measurable round trip: the cap takes it as a timeout, as it always has
             self.apply(LinkEvent.TIMEOUT, n_rows, 0.0)
         elif 2 * n_rows < self.row_cap:
             self.apply(LinkEvent.FAR_BELOW, n_rows, rtt_us)

@@ -37,6 +37,11 @@ class PagePacker:
         self._ok_rows = self._ids_rows = 0
         self._no = np.ones(M, dtype=np.bool_)  # scratch: the requests given no drafts
         self._n_out_table = np.asarray(n_out_table, dtype=np.int64)
+        self._views: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # [:n] of the three, per n
+
+    def _views_of(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        v = self._views[n] = (self._ok[:n], self._ids[:n], self._conf[:n])
+        return v
 
     def pack(self, n: int, idx: np.ndarray | None, need: np.ndarray, usable: np.ndarray | None,
              reply: Any) -> tuple[bool, np.ndarray, int]:
@@ -66,9 +71,10 @@ class PagePacker:
             if ids_rows > n:
                 ids[n:ids_rows] = -1
                 conf[n:ids_rows] = 0
-            ok[:n] = self.N
-            ids[:n] = reply.draft_ids
-            conf[:n] = reply.confidence
+            v_ok, v_ids, v_conf = self._views.get(n) or self._views_of(n)
+            v_ok[:] = self.N
+            v_ids[:] = reply.draft_ids
+            v_conf[:] = reply.confidence
             give = None
             n_give = n
         else:

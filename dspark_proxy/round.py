@@ -115,6 +115,7 @@ class RoundCore:
         self.page = self.packer.page
         self._no_entry = np.ones(self.M, dtype=np.bool_)
         self._prefix = wire.StepPrefix(self.M, self.sampled)  # the STEP, built in place (wire/step.py)
+        self._entries = self._prefix.entries(self.M)  # a round's k entries are its first k
         self.rounds = 0  # the last round handled
         self._gathered_ns_off = self.lay.word_off(Word.GATHERED_NS)
         self._advanced = False  # round t's rows reached the ring model (set by _run)
@@ -173,7 +174,8 @@ class RoundCore:
     # ------------------------------------------------------------------ the round proper
 
     def _run(self, t: int, n: int, phase: str) -> None:
-        st, v = self.stats, self.desc.v
+        st, d, pacer = self.stats, self.desc, self.pacer
+        v = d.v
         slots, valid, first_pos = v.slots, v.valid, v.first
         # 1. connection epoch, read once: every entry below is built for this connection
         epoch = self.client.connection_epoch()
@@ -188,7 +190,7 @@ class RoundCore:
         if plan.n_new_owner:
             self.want_resync[slots[plan.new_owner]] = False
         w_of = None
-        if plan.n_unknown and self.desc.n_staged:
+        if plan.n_unknown and d.n_staged:
             # the engine's windows of slots whose range we do not know: take the engine's range
             w_of = self.resync.staged_windows(t)[slots]
             plan = self.resync.adopt(t, slots, plan, w_of)
@@ -199,13 +201,13 @@ class RoundCore:
             return self._fail(slots, n, "disabled" if self.client.disabled else "not_ready")
         # 4-5. entries and rows
         staged = v.staged
-        if plan.n_resync or self.desc.n_staged or plan.n_unknown:
+        if plan.n_resync or d.n_staged or plan.n_unknown:
             have_win, pending, n_pending, idx, w_of = self.resync.entries(t, n, slots, plan, w_of)
         else:
             # no window needed or staged (the usual round): the requests with staged rows have entries
             have_win, pending, n_pending = None, None, 0
-            if self.desc.n_misfit:
-                st.inc("requests_not_staged", self.desc.n_misfit)
+            if d.n_misfit:
+                st.inc("requests_not_staged", d.n_misfit)
             if self.win.asked:
                 self.resync.ask(t, None)
             k = int(np.count_nonzero(staged))  # staged is valid or 0 (checked): fits and has rows
@@ -213,11 +215,11 @@ class RoundCore:
         # sel picks the requests with an entry: all of them (a slice: views, no gathers) or idx
         sel = slice(None) if idx is None else idx
         if have_win is None:
-            e_rows, n_rows = valid[sel], self.desc.rows_staged
+            e_rows, n_rows = valid[sel], d.rows_staged
         else:
             e_rows = np.where(have_win, plan.held_rows, valid)[sel]
             n_rows = int(e_rows.sum())
-        if self.pacer.over_cap(n_rows, e_rows.shape[0]):
+        if pacer.row_cap and pacer.over_cap(n_rows, e_rows.shape[0]):
             idx, n_rows = self._within_cap(idx, n, e_rows)
             sel = idx
             e_rows = e_rows[:idx.shape[0]]
@@ -225,7 +227,7 @@ class RoundCore:
         k = int(e_slots.shape[0])
         if k == 0:
             return self._fail(slots, n, "no_rows")
-        ent = self._prefix.entries(k)
+        ent = self._entries[:k]
         if have_win is None:
             e_first = first_pos[sel]
         else:
@@ -268,7 +270,7 @@ class RoundCore:
         if not out.ok:
             reason = out.reason or "unknown"
             if reason == "timeout":
-                self.pacer.on_timeout(n_rows, timeout_s * 1e6)
+                pacer.on_timeout(n_rows, timeout_s * 1e6)
             if reason not in ("not_ready", "disabled", "reconnected"):
                 self._breaker_record(t, False, reason)
             return self._fail(slots, n, reason)
@@ -277,7 +279,7 @@ class RoundCore:
         st.observe(_RTT_KEY[phase], out.rtt_us)
         st.observe("worker_us", out.reply.worker_us)
         st.inc("rows_sent", n_rows)
-        self.pacer.on_reply(n_rows, out.rtt_us)
+        pacer.on_reply(n_rows, out.rtt_us)
         if n_out:
             st.inc("rounds_n_out_cut")
         # 8. accept
