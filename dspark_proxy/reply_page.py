@@ -1,4 +1,4 @@
-"""The reply page: what the engine reads for round t (shm_layout.md §1, `ReplyLayout`).
+"""The reply page: what the engine reads for round t (shm_layout.md §1, `ReplyPageLayout`).
 
 Packing is the round's step 8 on the page side: for the requests that get drafts, their leading
 non-negative drafts (the ok word is n_drafts, at most the round's n_out), -1 / 0 past them, and in a
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .ndrafts import leading_drafts, trim_rows
-from .shm.layout import STATUS_OK, STATUS_ROUND_FAILED, STATUS_SOME_FAILED, SUPPORT_K, ReplyLayout
+from .shm.layout import STATUS_OK, STATUS_ROUND_FAILED, STATUS_SOME_FAILED, SUPPORT_K, ReplyPageLayout
 
 __all__ = ["PagePacker"]
 
@@ -25,7 +25,7 @@ __all__ = ["PagePacker"]
 class PagePacker:
     """The round's private copy of the reply page (`page`), packed here and published by the round."""
 
-    def __init__(self, layout: ReplyLayout, num_spec: int, n_out_table: tuple[int, ...]) -> None:
+    def __init__(self, layout: ReplyPageLayout, num_spec: int, n_out_table: tuple[int, ...]) -> None:
         L, M, N = layout, layout.M, num_spec
         self.L, self.N = L, N
         self.page = np.zeros(L.size, dtype=np.int32)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .pacing import LinkPacer
-from .ring import Advance, SlotTable
+from .ring_model import Advance, SlotTable
 from .shm.resync import WindowAsker
 from .shm.stamped import SlotReader
 from .stats import Stats

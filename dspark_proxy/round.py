@@ -3,7 +3,7 @@
 Nine steps, column-wise over the round's requests (no per-request Python loop on the hot path);
 RoundCore keeps their order, and each job lives in its own module:
 
-  read t's descriptor and metadata (shm/stamped.py) -> late? skip -> epoch -> ring model (ring.py)
+  read t's descriptor and metadata (shm/stamped.py) -> late? skip -> epoch -> ring model (ring_model.py)
   -> breaker (breaker.py) -> entries + resync rows (resync_plan.py, cut to the link's row cap:
   pacing.py) -> preempted? -> STEP (wire/step.py) -> accept reply -> pack page (reply_page.py) -> publish
 
@@ -54,7 +54,7 @@ from .logthrottle import LogThrottle
 from .pacing import LinkPacer
 from .reply_page import PagePacker
 from .resync_plan import ResyncPlanner
-from .ring import Advance, SlotTable
+from .ring_model import Advance, SlotTable
 from .shm import hostflag as hf
 from .shm.hostflag import HostFlags
 from .shm.layout import (

@@ -32,7 +32,7 @@ from dspark_proxy.shm.hostflag import (
     WAIT_PUBLISHED,
     HostFlags,
 )
-from dspark_proxy.shm.layout import META_SLOTS, ReplyLayout, Word
+from dspark_proxy.shm.layout import META_SLOTS, ReplyPageLayout, Word
 from dspark_proxy.shm.resync import WindowStager
 from dspark_proxy.shm.segment import Segment, owner_alive
 from dspark_proxy.shm.stamped import SlotWriter
@@ -41,7 +41,7 @@ from dspark_proxy.stats import Stats
 from .attach import AttachEvent, AttachState, next_state
 from .inputs import EnqueueInputs, ShimError, _as_numpy
 from .reply import Reply, ReplyReader
-from .ring import EngineRing
+from .row_ring import EngineRing
 
 __all__ = ["Shim", "ShimError"]
 
@@ -66,7 +66,7 @@ class Shim:
         self.events = EventRing(events_kept)
         self.ring = EngineRing(max_reqs, window, row_bytes)
         self._inputs = EnqueueInputs(max_reqs, window, row_bytes, sampled)  # validated, as numpy
-        self._reader = ReplyReader(ReplyLayout(max_reqs, num_spec, sampled))
+        self._reader = ReplyReader(ReplyPageLayout(max_reqs, num_spec, sampled))
         self._lock = threading.Lock()
         self._state = AttachState.DETACHED
         self._seg: Segment | None = None

@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
 def _lineprof(n: int, W: int, mix: str, rounds: int, warmup: int, row_bytes: int, max_slots: int) -> int:
     from line_profiler import LineProfiler
 
-    import dspark_proxy.ring as ring
+    import dspark_proxy.ring_model as ring
     import dspark_proxy.round as rnd
 
     lp = LineProfiler()

@@ -36,7 +36,7 @@ from dspark_proxy.shm.layout import (
     WORD_STRIDE,
     Layout,
     LayoutParams,
-    ReplyLayout,
+    ReplyPageLayout,
     State,
     Word,
     derive_sizes,
@@ -447,7 +447,7 @@ def test_regions_are_aligned_sized_and_disjoint(p):
 @settings(deadline=None, max_examples=200)
 @given(st.integers(1, 2048), st.integers(1, 16), st.booleans())
 def test_reply_layout_formula(m, n, sampled):
-    r = ReplyLayout(m, n, sampled)
+    r = ReplyPageLayout(m, n, sampled)
     base = 2 + m + 2 * m * n
     assert (r.o_ok, r.o_ids, r.o_conf) == (2, 2 + m, 2 + m + m * n)
     assert r.size == (base + m + 2 * m * n * SUPPORT_K if sampled else base)
@@ -500,7 +500,7 @@ def test_sampled_segment_carries_its_extra_metadata(seg_name):
                      sampled=True)
     with created(seg_name, p) as seg:
         assert bool(seg.header["sampled"]) and int(seg.header["meta_rows"]) == 6
-        assert seg.page.size == ReplyLayout(4, 3, True).size
+        assert seg.page.size == ReplyPageLayout(4, 3, True).size
         other = Segment.open(seg_name)
         assert other.params == p
         other.close()

@@ -22,7 +22,7 @@ from . import _hostflag
 __all__ = [
     "MAGIC", "LAYOUT_VERSION", "META_SLOTS", "PAGE", "CACHE_LINE", "WORD_STRIDE", "Word", "State",
     "HEADER_DTYPE", "HEADER_BYTES", "STATUS_OK", "STATUS_SOME_FAILED", "STATUS_ROUND_FAILED",
-    "STATUS_NAMES", "SUPPORT_K", "LayoutParams", "Layout", "ReplyLayout", "meta_dtype", "desc_dtype",
+    "STATUS_NAMES", "SUPPORT_K", "LayoutParams", "Layout", "ReplyPageLayout", "meta_dtype", "desc_dtype",
     "window_dtype", "derive_sizes", "RESYNC_ENQUEUE_BYTES", "resync_windows_per_enqueue",
 ]
 
@@ -116,7 +116,7 @@ def _up(x: int, a: int) -> int:
 
 def derive_sizes(max_reqs: int, num_spec: int, window: int, row_bytes: int, staging_budget_mb: float
                  ) -> tuple[int, int]:
-    """Default ``(max_rows, resync_per_round)`` from the staging budget in MiB (SPEC §3).
+    """Default ``(max_rows, resync_per_round)`` from the staging budget in MiB (shm_layout.md §1, "Sizes").
 
     ``max_rows`` never goes below one full decode round (M x (N+1) rows) and never above what a round can
     send at all (M x W, each request sending at most W rows); in between, the budget decides. Resync
@@ -162,8 +162,8 @@ class LayoutParams:
                       for f in fields(cls)})
 
 
-class ReplyLayout:
-    """Offsets (in int32 units) of the reply page.
+class ReplyPageLayout:
+    """Offsets (in int32 units) of the reply page in the segment (the wire's REPLY is wire.ReplyLayout).
 
     [status, n, n_drafts[M], drafts[M*N], conf_bits[M*N]] and in sampled mode
     [sample_mask[M], support_ids[M*N*32], q_bits[M*N*32]]; floats are stored as their bits.
@@ -264,7 +264,7 @@ class Layout:
     def __init__(self, p: LayoutParams) -> None:
         self.params = p
         M, W, R = p.max_slots, p.window, p.resync_per_round
-        self.reply = ReplyLayout(M, p.num_spec, p.sampled)
+        self.reply = ReplyPageLayout(M, p.num_spec, p.sampled)
         self.meta_dtype = meta_dtype(M)
         self.desc_dtype = desc_dtype(M, R)
         self.window_dtype = window_dtype(W, p.row_bytes)
