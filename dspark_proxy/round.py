@@ -96,7 +96,7 @@ class RoundCore:
         p = seg.params
         self.seg, self.client, self.stats, self.events, self.breaker = seg, client, stats, events, breaker
         self.settings = settings
-        self.M, self.N, self.W, self.R = p.max_slots, p.num_spec, p.window, p.resync_per_round
+        self.M, self.N, self.W, self.R = p.max_reqs, p.num_spec, p.window, p.resync_per_round
         self.sampled = p.sampled
         self.lay = seg.layout
         self.flags = HostFlags(seg, peer_pid=seg.word(Word.ENGINE_PID))  # the spin looks at both CPU sets

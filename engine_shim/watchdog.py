@@ -275,7 +275,7 @@ class Watchdog:
             if shim.abandoned(inc):
                 return
             try:
-                seg.check_params(max_slots=shim.max_reqs, num_spec=shim.num_spec, window=shim.window,
+                seg.check_params(max_reqs=shim.max_reqs, num_spec=shim.num_spec, window=shim.window,
                                  row_bytes=shim.row_bytes, sampled=shim.sampled)
             except LayoutMismatch as e:
                 if inc not in self._mismatch_logged:

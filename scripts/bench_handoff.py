@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     a = ap.parse_args(argv)
     total = a.rounds + a.warmup
-    params = LayoutParams(max_slots=a.max_reqs, num_spec=a.num_spec, window=4, row_bytes=64, max_rows=8,
+    params = LayoutParams(max_reqs=a.max_reqs, num_spec=a.num_spec, window=4, row_bytes=64, max_rows=8,
                           resync_per_round=1)
     page_bytes = 4 * (2 + a.max_reqs + 2 * a.max_reqs * a.num_spec)
     result: dict[str, Any] = {

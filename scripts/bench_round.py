@@ -64,7 +64,7 @@ class Bench:
         M = max(n, max_slots)  # the segment's max_reqs; the round uses n of its slots
         self.n, self.W, self.B, self.mix = n, W, row_bytes, mix
         name = f"bench_round_{os.getpid()}_{n}_{W}_{mix}"
-        p = LayoutParams(max_slots=M, num_spec=N_SPEC, window=W, row_bytes=row_bytes, max_rows=n * W,
+        p = LayoutParams(max_reqs=M, num_spec=N_SPEC, window=W, row_bytes=row_bytes, max_rows=n * W,
                          resync_per_round=min(n, R_PER_ROUND))
         self.seg = Segment.create(name, p, deadline_ms=10_000.0)
         self.seg.set_word(Word.STATE, State.READY)

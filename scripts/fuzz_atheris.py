@@ -168,7 +168,7 @@ def target_header(data: bytes) -> None:
     from dspark_proxy.shm.segment import Segment, SegmentError
 
     name = _new_name("hdr")
-    p = LayoutParams(max_slots=8, num_spec=3, window=4, row_bytes=16, max_rows=32, resync_per_round=2)
+    p = LayoutParams(max_reqs=8, num_spec=3, window=4, row_bytes=16, max_rows=32, resync_per_round=2)
     seg = Segment.create(name, p, deadline_ms=50.0)
     try:
         seg.set_word(Word.STATE, State.READY)

@@ -58,7 +58,7 @@ class Rig:
     def __init__(self, name: str, *, M: int = 8, N: int = 3, W: int = 4, B: int = 16, max_rows: int | None = None,
                  R: int = 2, breaker: tuple[int, int] = (3, 5), deadline_ms: float = 10_000.0) -> None:
         self.M, self.N, self.W, self.B = M, N, W, B
-        p = LayoutParams(max_slots=M, num_spec=N, window=W, row_bytes=B, max_rows=max_rows or M * W,
+        p = LayoutParams(max_reqs=M, num_spec=N, window=W, row_bytes=B, max_rows=max_rows or M * W,
                          resync_per_round=R)
         self.seg = Segment.create(name, p, deadline_ms=deadline_ms)
         self.seg.set_word(Word.STATE, State.READY)

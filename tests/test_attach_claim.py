@@ -48,7 +48,7 @@ _OTHER_ENGINE = textwrap.dedent("""
 def test_another_engine_looking_mid_attach_leaves_the_attacher_alone(seg_name, monkeypatch):
     """Another engine's watchdog that looks at the incarnation between the winner's claim and the rest
     of its attach must see it taken by a live engine: neither abandon it nor take it."""
-    p = LayoutParams(max_slots=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W, resync_per_round=2)
+    p = LayoutParams(max_reqs=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W, resync_per_round=2)
     seg = Segment.create(seg_name, p, deadline_ms=1000.0)
     seg.set_word(Word.HEARTBEAT_NS, 1 << 62)
     seg.set_word(Word.STATE, State.READY)

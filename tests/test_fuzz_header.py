@@ -20,7 +20,7 @@ from tests.conftest import new_segment_name
 pytestmark = pytest.mark.timeout(120)
 
 M, N, W, B = 8, 3, 4, 16
-PARAMS = LayoutParams(max_slots=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W, resync_per_round=2)
+PARAMS = LayoutParams(max_reqs=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W, resync_per_round=2)
 ENGINE = dict(max_reqs=M, num_spec=N, window=W, row_bytes=B)
 FIELDS = [(name, HEADER_DTYPE.fields[name][1], HEADER_DTYPE.fields[name][0].itemsize) for name in HEADER_DTYPE.names]
 EXTREMES = [0, 1, 2, 0xFF, 0xFFFF, 1 << 16, 1 << 20, 1 << 26, (1 << 26) + 1, 0x7FFF_FFFF, 0x8000_0000, 0xFFFF_FFFF,
@@ -86,7 +86,7 @@ def _check_engine_side(name: str) -> str:
         pending = shim._pending
         if pending is not None:
             p = pending.params
-            assert (p.max_slots, p.num_spec, p.window, p.row_bytes) == (M, N, W, B)
+            assert (p.max_reqs, p.num_spec, p.window, p.row_bytes) == (M, N, W, B)
     finally:
         shim.close()
     return outcome + "/attached"

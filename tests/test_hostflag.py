@@ -69,7 +69,7 @@ def filled(v: int) -> np.ndarray:
 
 @pytest.fixture
 def seg(seg_name: str) -> Iterator[Segment]:
-    p = LayoutParams(max_slots=4, num_spec=3, window=8, row_bytes=64, max_rows=32, resync_per_round=2)
+    p = LayoutParams(max_reqs=4, num_spec=3, window=8, row_bytes=64, max_rows=32, resync_per_round=2)
     s = Segment.create(seg_name, p, deadline_ms=5.0)
     try:
         yield s
@@ -676,7 +676,7 @@ def test_hostflags_watchdog_side(seg):
     eng.raise_gathered(1)
     assert eng.wait_or_fail(1, 3, hf.monotonic_ns() + 1_000_000) == WAIT_FAILED_BY_ME
     assert seg.page[0] == STATUS_ROUND_FAILED and seg.page[1] == 3
-    assert (seg.page[2:2 + seg.params.max_slots] == 0).all()  # fail_zero_bytes covers ok_mask
+    assert (seg.page[2:2 + seg.params.max_reqs] == 0).all()  # fail_zero_bytes covers ok_mask
     assert prx.taken(1) and prx.publish(1, np.zeros(seg.layout.reply.size, np.int32)) is False
     assert eng.fail(2, 1) == 1 and eng.fail(2, 1) == 0 and eng.fail(4, 1) == -1
     assert eng.wait_or_fail(4, 1, hf.monotonic_ns()) == WAIT_OUT_OF_ORDER

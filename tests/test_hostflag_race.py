@@ -58,7 +58,7 @@ def seed_for(test: str) -> int:
 
 def params(max_slots: int) -> LayoutParams:
     """A page of 2 + M + 2*M*7 int32; the rest of the segment stays small."""
-    return LayoutParams(max_slots=max_slots, num_spec=7, window=4, row_bytes=64, max_rows=8, resync_per_round=1)
+    return LayoutParams(max_reqs=max_slots, num_spec=7, window=4, row_bytes=64, max_rows=8, resync_per_round=1)
 
 
 @contextlib.contextmanager

@@ -140,7 +140,7 @@ class _Sampled(ScriptedClient):
 
 
 def test_sampled_fields_of_requests_without_drafts_are_cleared_every_round(seg_name):
-    p = LayoutParams(max_slots=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W, resync_per_round=2,
+    p = LayoutParams(max_reqs=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W, resync_per_round=2,
                      sampled=True)
     seg = Segment.create(seg_name, p, deadline_ms=10_000.0)
     seg.set_word(Word.STATE, State.READY)

@@ -150,6 +150,6 @@ def test_realistic_shapes_stage_one_window_an_enqueue():
     """At 71,680-byte rows and W = 128 (9.2 MB windows, R = 29 from the default staging budget) one
     enqueue copies one window, not 266 MB."""
     mr, r = shm_layout.derive_sizes(256, 5, 128, 71680, 256)
-    p = shm_layout.LayoutParams(max_slots=256, num_spec=5, window=128, row_bytes=71680, max_rows=mr,
+    p = shm_layout.LayoutParams(max_reqs=256, num_spec=5, window=128, row_bytes=71680, max_rows=mr,
                                 resync_per_round=r)
     assert r == 29 and shm_layout.resync_windows_per_enqueue(p) == 1

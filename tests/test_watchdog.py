@@ -35,7 +35,7 @@ from tests.rig import Rig
 pytestmark = pytest.mark.timeout(60)
 
 M, N, W, B = 8, 3, 4, 16
-PARAMS = LayoutParams(max_slots=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W, resync_per_round=2)
+PARAMS = LayoutParams(max_reqs=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W, resync_per_round=2)
 NEVER_STALE = 1 << 62  # a heartbeat in the far future: never stale
 
 

@@ -107,7 +107,7 @@ def time_bare_handoff(pings: int, other_cpu: int | None) -> tuple[Any, str]:
         from dspark_proxy.shm.layout import LayoutParams
 
         s = HANDOFF_SHAPE
-        params = LayoutParams(max_slots=s["max_reqs"], num_spec=s["num_spec"], window=4, row_bytes=64,
+        params = LayoutParams(max_reqs=s["max_reqs"], num_spec=s["num_spec"], window=4, row_bytes=64,
                               max_rows=8, resync_per_round=1)
         return mod.run_handoff(params, pings, other_cpu, None), ""
     except Exception as e:  # noqa: BLE001 - another helper's script: its absence or change is a note

@@ -69,7 +69,7 @@ class ScaleRig:
         from dspark_proxy.stats import Stats
         from engine_shim.shim import Shim
 
-        p = LayoutParams(max_slots=max_reqs, num_spec=num_spec, window=window, row_bytes=row_bytes,
+        p = LayoutParams(max_reqs=max_reqs, num_spec=num_spec, window=window, row_bytes=row_bytes,
                          max_rows=max_reqs * window, resync_per_round=min(max_reqs, 8))
         self.seg = Segment.create(name, p, deadline_ms=60_000.0)
         self.shim = None

@@ -40,7 +40,7 @@ class WindowAsker:
 
     def __init__(self, seg: Segment) -> None:
         self.seg = seg
-        lay, self.M = seg.layout, seg.params.max_slots
+        lay, self.M = seg.layout, seg.params.max_reqs
         self.req = np.zeros(1, lay.resync_req_dtype)  # the last request written
         self.asked = 0  # windows in the last request written (0: nothing asked for)
         self._seq_off, self._req_off = lay.word_off(Word.RESYNC_SEQ), lay.resync_req
@@ -100,13 +100,13 @@ class WindowStager:
     def __init__(self, seg: Segment, ring: _Ring, counters: _Counters) -> None:
         self.seg, self.ring, self.counters = seg, ring, counters
         p, lay = seg.params, seg.layout
-        self.M, self.window_bytes = p.max_slots, p.window * p.row_bytes
+        self.M, self.window_bytes = p.max_reqs, p.window * p.row_bytes
         self._seq_off, self._req_off = lay.word_off(Word.RESYNC_SEQ), lay.resync_req
         self._req = np.zeros(1, lay.resync_req_dtype)  # private copy of the proxy's request
         self._seen = 0  # its seqlock sequence when last read (unchanged: reuse _want)
         self._want: list[int] = []  # the request read, not yet honoured (it is honoured once)
         self._due = 0  # the round it is for
-        self._in_round = np.zeros(p.max_slots, dtype=np.bool_)  # scratch: the slots of the round enqueued
+        self._in_round = np.zeros(p.max_reqs, dtype=np.bool_)  # scratch: the slots of the round enqueued
         self.bytes_last = 0  # ring-window bytes the last stage() copied
 
     def stage(self, t: int, slots: np.ndarray) -> list[int]:

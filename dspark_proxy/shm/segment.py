@@ -30,6 +30,7 @@ from .layout import (
     LayoutParams,
     State,
     Word,
+    header_name,
 )
 
 __all__ = ["SegmentError", "SegmentBusy", "LayoutMismatch", "Segment", "shm_name", "DEFAULT_NAME",
@@ -286,7 +287,7 @@ class Segment:
         for k, v in expected.items():
             if v is None:
                 continue
-            got = self.header[k].item()
+            got = self.header[header_name(k)].item()
             if isinstance(v, bool):
                 got = bool(got)
             if got != v:

@@ -163,7 +163,7 @@ class SlotReader:
     def __init__(self, seg: Segment, check_slots: Callable[[np.ndarray], str]) -> None:
         p, lay = seg.params, seg.layout
         self.seg, self._check_slots = seg, check_slots
-        self.M, self.W, self.R, self.max_rows = p.max_slots, p.window, p.resync_per_round, p.max_rows
+        self.M, self.W, self.R, self.max_rows = p.max_reqs, p.window, p.resync_per_round, p.max_rows
         self._desc = np.zeros(1, lay.desc_dtype)  # private copies of round t's slots ...
         self._meta = np.zeros(1, lay.meta_dtype)
         d = self.d = self._desc[0]  # ... and views of their fields, made once
