@@ -33,15 +33,14 @@ from dspark_proxy.shm.hostflag import (
     HostFlags,
 )
 from dspark_proxy.shm.layout import META_SLOTS, ReplyPageLayout, Word
-from dspark_proxy.shm.resync import WindowStager
 from dspark_proxy.shm.segment import Segment, owner_alive
-from dspark_proxy.shm.stamped import SlotWriter
 from dspark_proxy.stats import Stats
 
 from .attach import AttachEvent, AttachState, next_state
 from .inputs import EnqueueInputs, ShimError, _as_numpy
 from .reply import Reply, ReplyReader
 from .row_ring import EngineRing
+from .writer import RoundWriter
 
 __all__ = ["Shim", "ShimError"]
 
@@ -79,8 +78,7 @@ class Shim:
         self._round_attached = False  # round _t went through the segment
         self._rejected = ""  # round _t had a bad input: why (read_reply's reason)
         self._awaiting_reply = False  # round _t was enqueued and its read_reply has not come yet
-        self._slots_w: SlotWriter | None = None  # the attached segment's metadata/descriptor writer
-        self._stager: WindowStager | None = None  # ... and its resync-window stager
+        self._writer: RoundWriter | None = None  # the attached segment's round writer
         self._deadline_ns = 0
         # per round t (slot t % 64): (t, n, rows staged, longest query, incarnation), so an event about
         # a round reported rounds later (the watcher's claims are drained later) carries its own fields
@@ -163,8 +161,7 @@ class Shim:
             self._seg, self._flags = seg, flags
             if self.watchdog.started:
                 self.watchdog.watch(seg, flags)  # round t's deadline is watched from now, GIL or not
-            self._slots_w = SlotWriter(seg)
-            self._stager = WindowStager(seg, self.ring, self.counters)
+            self._writer = RoundWriter(seg, self.ring, self.counters, self.sampled)
             self._move(AttachEvent.ATTACH_OK)
             self.counters.inc("attaches")
             self._incarnation = seg.incarnation
@@ -269,39 +266,21 @@ class Shim:
             return
         seg, flags = self._seg, self._flags
         assert seg is not None and flags is not None
-        assert self._slots_w is not None
-        self._slots_w.write_nothing(t)
+        assert self._writer is not None
+        self._writer.write_nothing(t)
         flags.fail(t, n)
         flags.raise_gathered(t, 0)
 
     def _write_round(self, seg: Segment, t: int, n: int, a: dict[str, np.ndarray]) -> None:
-        """Round t into the staging, its metadata slot, the resync windows asked for, its descriptor slot
-        (shm_layout.md §5), in that order. `seg` is the attached segment (chaos hooks this step)."""
-        assert self._slots_w is not None and self._stager is not None
-        p = seg.params
-        valid = a["valid"]
-        total = int(a["rows"].shape[0])
-        if total <= p.max_rows:  # the usual round: every request's rows fit
-            k, rows_staged = n, total
-        else:
-            # requests whose rows do not fit stage none this round (the proxy resyncs them later); the
-            # ends only grow, so those that fit are a prefix
-            ends = np.cumsum(valid)
-            k = int(np.searchsorted(ends, p.max_rows, side="right"))
-            rows_staged = int(ends[k - 1]) if k else 0
-        if rows_staged:
-            seg.staging[:rows_staged] = a["rows"][:rows_staged]
-        self._slots_w.write_meta(t, n, rows_staged, k, a, self.sampled)
-        staged = self._stager.stage(t, a["slots"])  # a bounded number of windows, once per request
-        qsl = a["qsl"]
-        max_q = int((qsl[1:] - qsl[:-1]).max()) if n else 0
+        """Round t into the attached segment (writer.py); `seg` is it (chaos hooks this step)."""
+        assert self._writer is not None and self._writer.seg is seg
+        rows_staged, max_q = self._writer.write(t, n, a)
         self._rounds_seen[t % META_SLOTS] = (t, n, rows_staged, max_q, self._incarnation)
-        self._slots_w.write_desc(t, n, max_q, rows_staged, staged, a)
 
     @property
     def resync_bytes_last(self) -> int:
         """Ring-window bytes the last attached enqueue copied (chaos: the worst enqueue)."""
-        return self._stager.bytes_last if self._stager is not None else 0
+        return self._writer.stager.bytes_last if self._writer is not None else 0
 
     # ------------------------------------------------------------------ read_reply
 
