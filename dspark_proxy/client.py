@@ -46,10 +46,8 @@ from .wire import (
     MSG_WELCOME,
     NONCE_BYTES,
     PROTOCOL_VERSION,
-    SAMPLE_DTYPE,
     SF_ALL,
     SF_SAMPLED,
-    STEP_HDR_SIZE,
     Auth,
     Challenge,
     Decoder,
@@ -66,11 +64,9 @@ from .wire import (
     decode_control,
     decode_reply,
     encode_control,
-    entries_view,
-    fill_step_prefix,
-    sample_view,
     worker_proof,
 )
+from .wire.step import place, seal
 
 __all__ = ["TcpDraftClient", "StepOutcome", "StepReply", "STEP_FAILURE_REASONS"]
 
@@ -132,9 +128,6 @@ class TcpDraftClient:
         self._stop = threading.Event()
         self._lost = threading.Event()
         self._thread: threading.Thread | None = None
-        self._prefix_ref: object = None  # stepping thread only
-        self._prefix_len = -1
-        self._prefix_addr = 0
         reply_max = self.layout.max_reply_payload()
         if reply_max + APP_HEADER_SIZE > max_frame_bytes:
             raise ValueError(f"max_frame_bytes={max_frame_bytes} is below the largest REPLY for these "
@@ -199,7 +192,7 @@ class TcpDraftClient:
     def step(self, prefix: bytearray, entries: np.ndarray, n_rows: int, *, step_id: int, step_flags: int,
              epoch: int, rows: Sequence, sample_meta: np.ndarray | None = None,
              timeout_s: float) -> StepOutcome:
-        """Send one STEP (prefix headers + entries [+ sample meta], then rows, one sendmsg) and wait
+        """Send one STEP (the prefix as wire/step.py builds it, then rows, one sendmsg) and wait
         for its REPLY until timeout_s. Never raises for network or peer problems: the outcome says
         why it failed. Raises LocalProtocolError for arguments that cannot be a valid STEP."""
         t0 = time.perf_counter()
@@ -220,25 +213,16 @@ class TcpDraftClient:
         sampled = bool(step_flags & SF_SAMPLED)
         if sampled and (not lay.sampled or sample_meta is None or sample_meta.shape[0] != n):
             raise LocalProtocolError("SF_SAMPLED needs sampled=True and sample_meta for every entry")
-        addr = self._addr_of(prefix)
-        off = addr + APP_HEADER_SIZE + STEP_HDR_SIZE
-        if entries.ctypes.data != off:  # not the in-place view: copy in
-            entries_view(prefix, n)[:] = entries
-        if sampled:
-            assert sample_meta is not None
-            if sample_meta.dtype != SAMPLE_DTYPE:
-                raise LocalProtocolError(f"sample_meta dtype {sample_meta.dtype}, expected SAMPLE_DTYPE")
-            if sample_meta.ctypes.data != off + n * ENTRY_DTYPE.itemsize:
-                sample_view(prefix, n)[:] = sample_meta
+        place(prefix, entries, sample_meta if sampled else None)
         if int(entries["n_rows"].sum(dtype=np.int64)) != n_rows:
             raise LocalProtocolError("entries' n_rows do not add up to n_rows")
         views = [byte_view(r) for r in rows]
         if sum(len(v) for v in views) != n_rows * lay.row_bytes:
             raise LocalProtocolError(f"rows hold {sum(len(v) for v in views)} bytes, expected "
                                      f"{n_rows} x {lay.row_bytes}")
-        plen = fill_step_prefix(prefix, n_req=n, n_rows=n_rows, row_bytes=lay.row_bytes, step_flags=step_flags,
-                                session=live.session, epoch=epoch, step_id=step_id)
-        parts: list = [memoryview(prefix)[:plen], *views]
+        head = seal(prefix, n_req=n, n_rows=n_rows, row_bytes=lay.row_bytes, step_flags=step_flags,
+                    session=live.session, epoch=epoch, step_id=step_id)
+        parts: list = [head, *views]
         if live.pending is not None:
             parts.insert(0, live.pending)
         deadline = time.monotonic() + timeout_s
@@ -314,15 +298,6 @@ class TcpDraftClient:
             return self._fail("connection_lost", t0)
 
     # ------------------------------------------------------------------ internals (stepping thread)
-
-    def _addr_of(self, prefix) -> int:
-        """The prefix buffer's address, cached per buffer (a reference is kept, so the id stays
-        unique; a bytearray cannot move while the caller holds an entries view into it)."""
-        if prefix is not self._prefix_ref or len(prefix) != self._prefix_len:
-            self._prefix_addr = np.frombuffer(prefix, dtype=np.uint8).ctypes.data
-            self._prefix_ref = prefix
-            self._prefix_len = len(prefix)
-        return self._prefix_addr
 
     def _fail(self, reason: str, t0: float) -> StepOutcome:
         self.counters[f"step_{reason}"] += 1

@@ -47,7 +47,7 @@ from typing import Any, ClassVar, Literal
 import click
 from click.core import ParameterSource
 
-from .shm_layout import derive_sizes
+from .shm.layout import derive_sizes
 from .worker.drafters import DRAFTER_NAMES, DRAFTERS
 
 if sys.version_info >= (3, 11):

@@ -14,8 +14,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from .segment import Segment, SegmentError
-from .shm_layout import State, Word
+from .shm.layout import State, Word
+from .shm.segment import Segment, SegmentError
 
 __all__ = ["Child", "spawn_worker", "spawn_proxy", "wait_proxy_ready"]
 

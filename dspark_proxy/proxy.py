@@ -15,15 +15,15 @@ import os
 import threading
 import time
 
-from . import _hostflag
 from .breaker import CircuitBreaker
 from .config import IN_PROCESS_WORKERS, ProxyConfig, config_to_dict, parse_hostport
 from .draft_client import DraftClient
 from .events import EventRing
-from .hostflag import FAR_AHEAD, HostFlags
 from .round import RoundCore, RoundSettings
-from .segment import Segment
-from .shm_layout import LayoutParams, State, Word
+from .shm import hostflag as hf
+from .shm.hostflag import FAR_AHEAD, HostFlags
+from .shm.layout import LayoutParams, State, Word
+from .shm.segment import Segment
 from .stats import Stats
 
 __all__ = ["Proxy", "run_proxy", "layout_params"]
@@ -37,7 +37,7 @@ STATS_IDLE_EVERY_S = 5.0
 
 def layout_params(cfg: ProxyConfig) -> LayoutParams:
     c = cfg.resolved()
-    return LayoutParams(max_slots=c.max_reqs, num_spec=c.num_spec, window=c.window, row_bytes=c.row_bytes,
+    return LayoutParams(max_reqs=c.max_reqs, num_spec=c.num_spec, window=c.window, row_bytes=c.row_bytes,
                         max_rows=int(c.max_rows), resync_per_round=int(c.resync_per_round), sampled=c.sampled)
 
 
@@ -65,7 +65,7 @@ class _Heartbeat:
             seg = self.proxy.segment
             if seg is not None:
                 try:
-                    seg.set_word(Word.HEARTBEAT_NS, _hostflag.monotonic_ns())
+                    seg.set_word(Word.HEARTBEAT_NS, hf.monotonic_ns())
                     now = time.monotonic()
                     seen = (seg, seg.word(Word.PROXY_ROUND))
                     # a snapshot costs ~1 ms of encoding: only when rounds ran (or now and then, idle)
@@ -211,7 +211,7 @@ class Proxy:
     def _wait_attached(self, seg: Segment) -> int | None:
         off = seg.layout.word_off(Word.ATTACHED)
         while not self._stop.is_set():
-            if _hostflag.wait_ge(seg.mm, off, 1, 0.1, 0):
+            if hf.wait_ge(seg.mm, off, 1, 0.1, 0):
                 return seg.word(Word.ATTACHED)  # engine_pid came first: it is the attach claim
             if seg.word(Word.ABANDONED):  # claimed by an engine that died before storing attached
                 log.info("[proxy] incarnation %d abandoned before its first round: starting a new one",

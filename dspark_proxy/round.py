@@ -1,9 +1,11 @@
 """The round: what the proxy does for engine step t, from `gathered >= t` to `published = t`.
 
-SPEC §2 steps 1-9, column-wise over the round's requests (no per-request Python loop on the hot path):
+Nine steps, column-wise over the round's requests (no per-request Python loop on the hot path);
+RoundCore keeps their order, and each job lives in its own module:
 
-  read t's descriptor and metadata (stamped copies) -> late? skip -> epoch -> ring model -> breaker
-  -> entries + resync rows -> preempted? -> STEP -> accept reply -> pack page -> publish
+  read t's descriptor and metadata (shm/stamped.py) -> late? skip -> epoch -> ring model (ring_model.py)
+  -> breaker (breaker.py) -> entries + resync rows (resync_plan.py, cut to the link's row cap:
+  pacing.py) -> preempted? -> STEP (wire/step.py) -> accept reply -> pack page (reply_page.py) -> publish
 
 Invariants kept from the seed (and why):
 - The round only READS the staging and the resync windows. The watchdog can fail round t while we
@@ -16,7 +18,7 @@ Invariants kept from the seed (and why):
 - A reply is published only if round t-1's was consumed; otherwise the hand-off's order is broken
   and the proxy dies (fail_all) rather than tear the engine's copy.
 - A STEP carries no more rows than the link has shown it moves in half the deadline, once a STEP of
-  that size has timed out (`_learn_cap`): the requests past the cap get no entry, exactly like those
+  that size has timed out (pacing.py): the requests past the cap get no entry, exactly like those
   whose rows did not fit the staging (no drafts, slots dirty, windows resent later).
 
 Cost. At the batch sizes that matter (n up to a few hundred) a round's cost is the number of numpy calls
@@ -39,33 +41,32 @@ heartbeat thread's snapshot.
 from __future__ import annotations
 
 import logging
-import struct
 import time
 from dataclasses import dataclass
-from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _hostflag, wire
+from . import wire
 from .breaker import CircuitBreaker
+from .draft_client import DraftClient, StepReply
 from .events import EventRing
-from .hostflag import HostFlags
 from .logthrottle import LogThrottle
-from .ndrafts import leading_drafts, trim_rows
-from .ring import Advance, SlotTable
-from .segment import Segment
-from .shm_layout import (
-    META_SLOTS,
-    STATUS_OK,
-    STATUS_ROUND_FAILED,
-    STATUS_SOME_FAILED,
-    SUPPORT_K,
+from .pacing import LinkPacer
+from .reply_page import PagePacker
+from .resync_plan import ResyncPlanner
+from .ring_model import Advance, SlotTable
+from .shm import hostflag as hf
+from .shm.hostflag import HostFlags
+from .shm.layout import (
     Word,
     resync_windows_per_enqueue,
 )
+from .shm.resync import WindowAsker
+from .shm.segment import Segment
+from .shm.stamped import BadDescriptor, SlotReader
 from .stats import Stats
 
-__all__ = ["RoundCore", "RoundSettings", "BadDescriptor"]
+__all__ = ["RoundCore", "RoundSettings", "BadDescriptor"]  # BadDescriptor: shm/stamped.py
 
 log = logging.getLogger(__name__)
 _ROUND_ERRORS = LogThrottle(10.0)  # an internal error of every round: one traceback per 10 s, with a count
@@ -79,48 +80,6 @@ _RTT_KEY = {ph: f"rtt_us_{ph}" for ph in _PHASES}
 _PARKED_KEY = {ph: f"proxy_parked_us_{ph}" for ph in _PHASES}
 
 
-def _u32_header(dtype: np.dtype, names: tuple[str, ...]) -> tuple[struct.Struct, int]:
-    """A struct that reads these consecutive little-endian u32 header fields in one call, and its offset
-    (one unpack_from is several times cheaper than as many structured-field reads)."""
-    off = dtype.fields[names[0]][1]
-    for i, name in enumerate(names):
-        ft, o = dtype.fields[name][:2]
-        if ft != np.dtype("<u4") or o != off + 4 * i:
-            raise AssertionError(f"header field {name} is not the u32 at offset {off + 4 * i}")
-    return struct.Struct(f"<{len(names)}I"), off
-
-
-class BadDescriptor(ValueError):
-    """Round t's descriptor or metadata does not hold together: that round fails, never the process."""
-
-
-class _Views(NamedTuple):
-    """Views of one round size n: the private descriptor and metadata copies, the round's int64 and bool
-    scratch, and the reply page's per-request blocks. Made once per n seen (at most max_slots + 1 of
-    them, a few KB each), so a round does one dict lookup instead of ~25 slicings of 0.1 µs each."""
-
-    d_slot: np.ndarray  # int32, as the engine wrote them
-    slots: np.ndarray  # int64 scratch: the round's slots (numpy casts an int32 index before using it)
-    req: np.ndarray
-    qsl_next: np.ndarray  # qsl[1:n + 1]
-    qsl_prev: np.ndarray  # qsl[:n]
-    need_raw: np.ndarray  # u1, as the engine wrote them
-    need: np.ndarray  # bool scratch
-    need_u8: np.ndarray  # the same bytes as u1
-    k_window: np.ndarray
-    valid_raw: np.ndarray  # int32, as the engine wrote them
-    valid_u32: np.ndarray  # the same bytes as uint32 (a negative value is huge)
-    valid: np.ndarray  # int64 scratch (mixed int32/int64 arithmetic costs a cast per call)
-    staged: np.ndarray
-    first: np.ndarray
-    anchor: np.ndarray
-    seed: np.ndarray
-    temperature: np.ndarray
-    ok: np.ndarray  # reply page: n_drafts[n] (the ok word)
-    ids: np.ndarray  # drafts [n, N]
-    conf: np.ndarray  # confidence bits as float32 [n, N]
-
-
 @dataclass(frozen=True)
 class RoundSettings:
     want_margin: bool = False
@@ -132,79 +91,34 @@ class RoundSettings:
 class RoundCore:
     """Rank-0 round logic over one attached segment (a new one per engine attach)."""
 
-    def __init__(self, seg: Segment, client: Any, stats: Stats, events: EventRing, breaker: CircuitBreaker,
+    def __init__(self, seg: Segment, client: DraftClient, stats: Stats, events: EventRing, breaker: CircuitBreaker,
                  settings: RoundSettings) -> None:
         p = seg.params
         self.seg, self.client, self.stats, self.events, self.breaker = seg, client, stats, events, breaker
         self.settings = settings
-        self.M, self.N, self.W, self.R = p.max_slots, p.num_spec, p.window, p.resync_per_round
+        self.M, self.N, self.W, self.R = p.max_reqs, p.num_spec, p.window, p.resync_per_round
         self.sampled = p.sampled
         self.lay = seg.layout
         self.flags = HostFlags(seg, peer_pid=seg.word(Word.ENGINE_PID))  # the spin looks at both CPU sets
         self.slots = SlotTable(self.M, self.W)
-        self.want_resync = np.zeros(self.M, dtype=np.bool_)  # slots whose ring window we asked for
-        self._rows_per_us = 0.0  # learned STEP throughput (0: not yet)
-        # windows asked for per round: what one enqueue stages at most (shm_layout.md §5) until the
-        # throughput is known, then what the link resends in half the deadline (`_learn_rate`)
-        self._resync_max = resync_windows_per_enqueue(p)
-        self._resync_cap = self._resync_max
-        stats.set("resync_windows_per_round", self._resync_cap)
-        self._rate_min_rows = self.W  # rounds with at least a window's rows say something about the rate
-        self._row_cap = 0  # rows a STEP may carry (0: no cap until a STEP of that size timed out)
+        self.deadline_ns = int(seg.deadline_ms * 1e6)
+        self.pacer = LinkPacer(window=self.W, max_rows=p.max_rows, resync_max=resync_windows_per_enqueue(p),
+                               deadline_ns=self.deadline_ns, publish=stats.set)
         self._rtt_us = -1.0
         self._arange = np.arange(self.M, dtype=np.intp)
-        self._resync_req = np.zeros(1, self.lay.resync_req_dtype)
-        self._resync_asked = 0  # windows in the last request written (0: nothing asked for)
+        self.desc = SlotReader(seg, self.slots.check_slots)  # round t's descriptor and metadata
+        self.win = WindowAsker(seg)  # the resync request we write, the windows the engine staged
+        self.resync = ResyncPlanner(self.desc, self.win, self.slots, self.pacer, stats, seg.staging)
+        self.want_resync = self.resync.want  # slots whose ring window we asked for
         self._last_epoch: int | None = None
-        self.page = np.zeros(self.lay.reply.size, dtype=np.int32)
-        self._desc = np.zeros(1, self.lay.desc_dtype)  # private copies of round t's slots ...
-        self._meta = np.zeros(1, self.lay.meta_dtype)
-        d, m = self._d, self._m = self._desc[0], self._meta[0]  # ... and views of their fields, made once
-        # the copies as bytes, and the 64 slots they come from: a structured assignment copies field by
-        # field (~6 µs); a byte copy is one memcpy
-        self._desc_u8, self._meta_u8 = self._desc.view(np.uint8), self._meta.view(np.uint8)
-        self._seg_desc_u8 = seg.desc.view(np.uint8).reshape(META_SLOTS, -1)
-        self._seg_meta_u8 = seg.meta.view(np.uint8).reshape(META_SLOTS, -1)
-        self._desc_offs = [self.lay.desc_off(i) for i in range(META_SLOTS)]
-        self._meta_offs = [self.lay.meta_off(i) for i in range(META_SLOTS)]
-        self._desc_end = self.lay.desc_dtype.fields["stamp_end"][1]
-        self._meta_end = self.lay.meta_dtype.fields["stamp_end"][1]
-        self._desc_hdr, self._desc_hdr_off = _u32_header(self.lay.desc_dtype,
-                                                         ("n", "max_q", "rows_gathered", "n_staged"))
-        self._meta_hdr, self._meta_hdr_off = _u32_header(self.lay.meta_dtype, ("n", "rows_staged"))
-        self._max_q = self._rows_staged = self._n_staged = 0  # round t's header, set by _read_round
-        self._n_misfit = 0  # requests whose rows did not fit the staging (staged_rows 0, valid > 0)
-        self._d_slot, self._d_req, self._d_qsl = d["slot"], d["req_id"], d["qsl"]
-        self._d_need, self._d_k = d["need_draft"], d["k_window"]
-        self._m_valid, self._m_staged, self._m_first = m["valid"], m["staged_rows"], m["first_pos"]
-        self._m_anchor, self._m_seed, self._m_temp = m["anchor"], m["seed"], m["temperature"]
-        # the round's slots and valid as int64, need_draft as bools; _Views holds their [:n] views
-        self._slots = np.zeros(self.M, dtype=np.int64)
-        self._valid = np.zeros(self.M, dtype=np.int64)
-        self._need = np.zeros(self.M, dtype=np.bool_)
-        self._views: dict[int, _Views] = {}
+        self.packer = PagePacker(self.lay.reply, self.N, settings.n_out_table)  # the reply page
+        self.page = self.packer.page
         self._no_entry = np.ones(self.M, dtype=np.bool_)
-        self._prefix = bytearray(wire.step_prefix_bytes(self.M, self.sampled))
-        self._entries = wire.entries_view(self._prefix, self.M)  # a round's k entries are its first k
-        self._slot_of_window = np.full(self.M, -1, dtype=np.int64)  # staged window index per slot
-        win = seg.windows  # the staged windows' header fields and rows, as views made once
-        self._win_stamp, self._win_slot, self._win_lo, self._win_hi = win["stamp"], win["slot"], win["lo"], win["hi"]
-        self._win_rows = [win[i]["rows"] for i in range(self.R)]
-        self._d_staged = d["staged_slots"]
-        # the reply page's per-request blocks, and how many of their rows may hold an earlier round's
-        # values (the rest are zero): packing zeroes only those rows, not the whole page
-        L, M, N = self.lay.reply, self.M, self.N
-        self._ok = self.page[L.o_ok:L.o_ok + M]
-        self._ids = self.page[L.o_ids:L.o_ids + M * N].reshape(M, N)
-        self._conf = self.page[L.o_conf:L.o_conf + M * N].view(np.float32).reshape(M, N)
-        self._ok_rows = self._ids_rows = 0
-        self._v = self._views_of(0)  # round t's views, set by _read_round
+        self._prefix = wire.StepPrefix(self.M, self.sampled)  # the STEP, built in place (wire/step.py)
+        self._entries = self._prefix.entries(self.M)  # a round's k entries are its first k
         self.rounds = 0  # the last round handled
-        self.deadline_ns = int(seg.deadline_ms * 1e6)
         self._gathered_ns_off = self.lay.word_off(Word.GATHERED_NS)
-        self._claimed_off = self.lay.word_off(Word.CLAIMED)
         self._advanced = False  # round t's rows reached the ring model (set by _run)
-        self._n_out_table = np.asarray(settings.n_out_table, dtype=np.int64)
 
     # ------------------------------------------------------------------ entry point
 
@@ -220,14 +134,14 @@ class RoundCore:
         phase = "unknown"
         self._advanced = False
         try:
-            n = self._read_round(t)
+            n = self.desc.read(t)
             phase = self._phase()
             self._run(t, n, phase)
         except BadDescriptor as e:
             self.stats.inc("fallback_bad_descriptor")
             self.stats.inc("rounds_failed")
             self.slots.restart(np.arange(self.M))
-            self._pack_failed(0)
+            self.packer.failed(0)
             log.warning("[round] t=%d bad descriptor: %s", t, e)
         except Exception:  # noqa: BLE001 - the round fails closed, the loop goes on
             self.stats.inc("fallback_internal_error")
@@ -235,7 +149,7 @@ class RoundCore:
             self.slots.mark_all_dirty()
             if not self._advanced:  # the engine's writes of round t never reached the model
                 self.slots.restart(np.arange(self.M))
-            self._pack_failed(int(self._desc["n"][0]) if self._desc["t"][0] == t else 0)
+            self.packer.failed(self.desc.n_of(t))
             _ROUND_ERRORS.exception(log, "[round] t=%d failed", t)
         if not self.flags.reply_consumed(t - 1):
             raise RuntimeError(f"round {t}: the engine has not consumed round {t - 1}'s reply "
@@ -254,74 +168,14 @@ class RoundCore:
 
     # ------------------------------------------------------------------ reading the round
 
-    def _views_of(self, n: int) -> _Views:
-        v = self._views.get(n)
-        if v is None:
-            v = self._views[n] = _Views(
-                self._d_slot[:n], self._slots[:n], self._d_req[:n], self._d_qsl[1:n + 1], self._d_qsl[:n],
-                self._d_need[:n], self._need[:n], self._need[:n].view(np.uint8), self._d_k[:n],
-                self._m_valid[:n], self._m_valid[:n].view(np.uint32), self._valid[:n], self._m_staged[:n],
-                self._m_first[:n], self._m_anchor[:n], self._m_seed[:n], self._m_temp[:n],
-                self._ok[:n], self._ids[:n], self._conf[:n])
-        return v
-
-    def _read_round(self, t: int) -> int:
-        """Copy round t's descriptor and metadata out of their slots under the stamp rule, validate.
-
-        Besides n, leaves the round's header fields and its views (`_v`, slots and valid as int64) in
-        `self`. Checks
-        are counted, not branched on per field: each numpy call costs ~0.5 µs whatever n is; the
-        exact count for the error message is only computed when something is wrong."""
-        slot = t % META_SLOTS
-        if not self._copy_stamped(t, self._desc_offs[slot], self._desc_end, self._seg_desc_u8[slot], self._desc_u8):
-            raise BadDescriptor(f"descriptor slot {slot} is not round {t}'s (stamps)")
-        if not self._copy_stamped(t, self._meta_offs[slot], self._meta_end, self._seg_meta_u8[slot], self._meta_u8):
-            raise BadDescriptor(f"metadata slot {slot} is not round {t}'s (stamps)")
-        n, self._max_q, rows_gathered, n_staged = self._desc_hdr.unpack_from(self._desc_u8, self._desc_hdr_off)
-        meta_n, rows = self._meta_hdr.unpack_from(self._meta_u8, self._meta_hdr_off)
-        if not 0 <= n <= self.M or meta_n != n:
-            raise BadDescriptor(f"n={n} (meta n={meta_n}) outside [0, {self.M}]")
-        v = self._v = self._views.get(n) or self._views_of(n)
-        slots = v.slots
-        slots[:] = v.d_slot
-        why = self.slots.check_slots(slots)
-        if why:
-            raise BadDescriptor(why)
-        valid, staged, first = v.valid_raw, v.staged, v.first
-        # valid in [0, W] in one comparison: a negative int32 viewed as uint32 is huge
-        bad = np.count_nonzero(v.valid_u32 > self.W) + np.count_nonzero(first < 0)
-        # staged_rows is valid (the rows fit) or 0 (they did not)
-        misfit = staged != valid
-        n_misfit = int(np.count_nonzero(misfit))
-        if n_misfit:
-            bad += np.count_nonzero(misfit & (staged != 0))
-        if bad or np.count_nonzero(v.qsl_next < v.qsl_prev):
-            bad = int(np.count_nonzero((valid < 0) | (valid > self.W) | ((staged != 0) & (staged != valid))
-                                       | (first < 0)))
-            bad += int(np.count_nonzero(v.qsl_next < v.qsl_prev))
-            raise BadDescriptor(f"{bad} request fields out of range (valid, staged_rows, first_pos or qsl)")
-        if int(np.add.reduce(staged)) != rows or rows > self.seg.params.max_rows or rows_gathered != rows:
-            raise BadDescriptor(f"rows_staged={rows} disagrees with the per-request counts or max_rows")
-        if not 0 <= n_staged <= self.R:
-            raise BadDescriptor(f"n_staged={n_staged} outside [0, {self.R}]")
-        v.valid[:] = valid
-        self._rows_staged, self._n_staged, self._n_misfit = rows, n_staged, n_misfit
-        return n
-
-    def _copy_stamped(self, t: int, off: int, end_off: int, src: np.ndarray, dst: np.ndarray) -> bool:
-        mm = self.seg.mm
-        if _hostflag.load(mm, off + end_off) != t:
-            return False
-        dst[:] = src
-        return _hostflag.load_after(mm, off) == t
-
     def _phase(self) -> str:
-        return "prefill" if self._max_q > self.N + 1 else "decode"
+        return "prefill" if self.desc.max_q > self.N + 1 else "decode"
 
     # ------------------------------------------------------------------ the round proper
 
     def _run(self, t: int, n: int, phase: str) -> None:
-        st, v = self.stats, self._v
+        st, d, pacer = self.stats, self.desc, self.pacer
+        v = d.v
         slots, valid, first_pos = v.slots, v.valid, v.first
         # 1. connection epoch, read once: every entry below is built for this connection
         epoch = self.client.connection_epoch()
@@ -336,10 +190,10 @@ class RoundCore:
         if plan.n_new_owner:
             self.want_resync[slots[plan.new_owner]] = False
         w_of = None
-        if plan.n_unknown and self._n_staged:
+        if plan.n_unknown and d.n_staged:
             # the engine's windows of slots whose range we do not know: take the engine's range
-            w_of = self._staged_windows(t)[slots]
-            plan = self._adopt(t, slots, plan, w_of)
+            w_of = self.resync.staged_windows(t)[slots]
+            plan = self.resync.adopt(t, slots, plan, w_of)
         # 3. breaker
         if not self.breaker.allow(t):
             return self._fail(slots, n, "cooldown")
@@ -347,25 +201,25 @@ class RoundCore:
             return self._fail(slots, n, "disabled" if self.client.disabled else "not_ready")
         # 4-5. entries and rows
         staged = v.staged
-        if plan.n_resync or self._n_staged or plan.n_unknown:
-            have_win, pending, n_pending, idx, w_of = self._resync_entries(t, n, slots, plan, w_of)
+        if plan.n_resync or d.n_staged or plan.n_unknown:
+            have_win, pending, n_pending, idx, w_of = self.resync.entries(t, n, slots, plan, w_of)
         else:
             # no window needed or staged (the usual round): the requests with staged rows have entries
             have_win, pending, n_pending = None, None, 0
-            if self._n_misfit:
-                st.inc("requests_not_staged", self._n_misfit)
-            if self._resync_asked:
-                self._write_resync_request(t, None)
+            if d.n_misfit:
+                st.inc("requests_not_staged", d.n_misfit)
+            if self.win.asked:
+                self.resync.ask(t, None)
             k = int(np.count_nonzero(staged))  # staged is valid or 0 (checked): fits and has rows
             idx = None if k == n else np.flatnonzero(staged)
         # sel picks the requests with an entry: all of them (a slice: views, no gathers) or idx
         sel = slice(None) if idx is None else idx
         if have_win is None:
-            e_rows, n_rows = valid[sel], self._rows_staged
+            e_rows, n_rows = valid[sel], d.rows_staged
         else:
             e_rows = np.where(have_win, plan.held_rows, valid)[sel]
             n_rows = int(e_rows.sum())
-        if self._row_cap and n_rows > self._row_cap and e_rows.shape[0] > 1:
+        if pacer.row_cap and pacer.over_cap(n_rows, e_rows.shape[0]):
             idx, n_rows = self._within_cap(idx, n, e_rows)
             sel = idx
             e_rows = e_rows[:idx.shape[0]]
@@ -390,12 +244,12 @@ class RoundCore:
             flags |= have_win.view(np.uint8) << 2  # RF_RESYNC
         ent["flags"] = flags[sel]
         ent["k_window"] = np.minimum(v.k_window[sel], 255)
-        n_out = self._n_out(n)
+        n_out = self.packer.n_out(n)
         ent["n_out"] = n_out
         if have_win is None:
             rows = [self.seg.staging[:n_rows]]  # the entries' rows: a prefix of the staging
         else:
-            rows = self._row_views(idx, have_win, w_of, e_first, e_rows, staged)
+            rows = self.resync.row_views(idx, have_win, w_of, e_first, e_rows, staged)
             if np.count_nonzero(have_win):
                 st.inc("resync_rounds")
                 st.inc("resync_rows", int(e_rows[have_win[sel]].sum()))
@@ -403,7 +257,7 @@ class RoundCore:
         step_flags = wire.SF_WANT_MARGIN if self.settings.want_margin else 0
         if self.sampled:
             step_flags |= wire.SF_SAMPLED
-            sample_meta = wire.sample_view(self._prefix, k)
+            sample_meta = self._prefix.sample(k)
             sample_meta["seed"] = v.seed[sel]
             sample_meta["temperature"] = v.temperature[sel]
         # 6. preempted: the watchdog completed t while we built it; the staging may be refilling
@@ -415,9 +269,8 @@ class RoundCore:
                                rows=rows, sample_meta=sample_meta, timeout_s=timeout_s)
         if not out.ok:
             reason = out.reason or "unknown"
-            if reason == "timeout" and n_rows >= self._rate_min_rows:
-                self._learn_rate(n_rows, timeout_s * 1e6, upper_bound=True)
-                self._learn_cap(n_rows, 0.0)
+            if reason == "timeout":
+                pacer.on_timeout(n_rows, timeout_s * 1e6)
             if reason not in ("not_ready", "disabled", "reconnected"):
                 self._breaker_record(t, False, reason)
             return self._fail(slots, n, reason)
@@ -426,241 +279,42 @@ class RoundCore:
         st.observe(_RTT_KEY[phase], out.rtt_us)
         st.observe("worker_us", out.reply.worker_us)
         st.inc("rows_sent", n_rows)
-        if n_rows >= self._rate_min_rows:
-            self._learn_rate(n_rows, out.rtt_us)
-            if self._row_cap:
-                self._learn_cap(n_rows, out.rtt_us)
+        pacer.on_reply(n_rows, out.rtt_us)
         if n_out:
             st.inc("rounds_n_out_cut")
         # 8. accept
         self._accept(t, n, idx, e_slots, slots, plan, need, pending if n_pending else None, out.reply)
 
-    def _resync_entries(self, t: int, n: int, slots: np.ndarray, plan: Advance, w_of: np.ndarray | None,
-                        ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray | None, np.ndarray]:
-        """Step 5 when some request needs its ring window, has a range we do not know, or the engine
-        staged windows with this round: which entries carry a staged window (`have_win`), which still
-        wait for one (`pending`: sent with this round's rows, asked for again), the requests with an
-        entry (`idx`, None = all) and the staged window of each request (`w_of`, -1 = none). Slots of
-        unknown range are asked for too, but their entries go out as planned (the rows we know of)."""
-        st = self.stats
-        if w_of is None:
-            w_of = self._staged_windows(t)[slots]  # staged window index per request, -1 = none
-        wants = plan.resync
-        have_win = wants & (w_of >= 0)
-        if np.count_nonzero(have_win):
-            have_win &= self._window_covers(w_of, plan.held_first, plan.held_rows)
-        pending = wants & ~have_win  # needs its window; goes out with this round's rows only
-        v = self._v
-        fits = v.staged == v.valid_raw
-        has_entry = have_win | ((v.valid_raw > 0) & fits)
-        n_pending, n_win = int(np.count_nonzero(pending)), int(np.count_nonzero(have_win))
-        if n_pending:
-            self.want_resync[slots[pending]] = True
-            st.inc("resync_pending", int(np.count_nonzero(pending & has_entry)))
-        if n_win:
-            self.want_resync[slots[have_win]] = False
-        if self._n_misfit:
-            # rows that did not fit, and no staged window to send instead: no entry this round
-            nofit = int(np.count_nonzero(~fits & ~have_win))
-            if nofit:
-                st.inc("requests_not_staged", nofit)
-        ask, n_ask = pending, n_pending
-        if plan.n_unknown:
-            ask = pending | self.slots.unknown[slots]
-            n_ask = int(np.count_nonzero(ask))
-        if n_ask or self._resync_asked:
-            self._write_resync_request(t, slots[ask] if n_ask else None)
-        idx = np.flatnonzero(has_entry)
-        return have_win, pending, n_pending, (None if idx.shape[0] == n else idx), w_of
-
-    def _adopt(self, t: int, slots: np.ndarray, plan: Advance, w_of: np.ndarray) -> Advance:
-        """Slots of unknown range whose window the engine staged with round t (after writing t's rows)
-        take the engine's range (`SlotTable.adopt`; shm_layout.md §5); a range that grew is resent
-        whole this round: a NEW_GEN RESYNC entry from the staged window. `plan` is updated in place."""
-        i = np.flatnonzero(w_of >= 0)
-        if i.shape[0] == 0:
-            return plan
-        wi = w_of[i]
-        lo, hi = self._win_lo[wi].astype(np.int64), self._win_hi[wi].astype(np.int64)
-        # the headers are round t's only while t is unclaimed (the engine rewrites windows in a later
-        # enqueue, after t was claimed): a wrong range here would stay in the model
-        if _hostflag.load_after(self.seg.mm, self._claimed_off) >= t:
-            return plan
-        ok = self.slots.adopt(slots[i], lo, hi)
-        i = i[ok]
-        if i.shape[0] == 0:
-            return plan
-        new_first = self.slots.lo[slots[i]]
-        grew = i[new_first < plan.held_first[i]]
-        plan.held_first[i] = new_first
-        plan.held_rows[i] = plan.anchor_pos[i] - new_first
-        plan.new_gen[grew] = True
-        plan.resync[grew] = True
-        self.stats.inc("ring_ranges_adopted", int(i.shape[0]))
-        return plan._replace(n_resync=int(np.count_nonzero(plan.resync)), n_unknown=plan.n_unknown - int(i.shape[0]))
-
     def _fail(self, slots: np.ndarray, n: int, reason: str) -> None:
         self.slots.mark_dirty(slots)
         self.stats.inc(f"fallback_{reason}")
         self.stats.inc("rounds_failed")
-        self._pack_failed(n)
-
-    def _pack_failed(self, n: int) -> None:
-        """status ROUND_FAILED, n, and n_drafts 0 for every request: the reader hands the engine its own
-        cleared arrays for a failed status, so nothing past the ok words is read (shm_layout.md)."""
-        b = self.page
-        b[0] = STATUS_ROUND_FAILED
-        b[1] = n
-        self._ok[:self._ok_rows] = 0
-        self._ok_rows = 0
-
-    def _n_out(self, n: int) -> int:
-        """The entries' n_out for a round of n requests: the table's entry min(n, len - 1); 0 (an
-        empty table, an entry of 0 or of N or more) asks for all N, as `--n-out-table` says."""
-        tab = self._n_out_table
-        if tab.shape[0] == 0:
-            return 0
-        c = int(tab[min(n, tab.shape[0] - 1)])
-        return 0 if c >= self.N else max(0, c)
+        self.packer.failed(n)
 
     def _step_timeout(self) -> float:
         s = self.settings
         if s.step_timeout_s is not None:
             return s.step_timeout_s
-        left_ns = (_hostflag.load(self.seg.mm, self._gathered_ns_off) + self.deadline_ns
-                   - _hostflag.monotonic_ns())
+        left_ns = (hf.load(self.seg.mm, self._gathered_ns_off) + self.deadline_ns
+                   - hf.monotonic_ns())
         return max(s.min_step_timeout_s, left_ns / 1e9)
 
-    # ------------------------------------------------------------------ resync windows
-
-    def _staged_windows(self, t: int) -> np.ndarray:
-        """Window index per slot for the windows the engine staged with round t (else -1)."""
-        w = self._slot_of_window
-        w[:] = -1
-        k = self._n_staged
-        if k:
-            staged = self._d_staged[:k].astype(np.int64)
-            ok = (staged >= 0) & (staged < self.M)
-            hdr_ok = (self._win_stamp[:k] == t) & (self._win_slot[:k] == staged)
-            good = np.flatnonzero(ok & hdr_ok)
-            w[staged[good]] = good
-            # a staged slot we no longer need (clean again, or a new owner) stops being asked for
-            self.want_resync[staged[ok]] &= self.slots.dirty[staged[ok]]
-        return w
-
-    def _window_covers(self, w_of: np.ndarray, first: np.ndarray, n_rows: np.ndarray) -> np.ndarray:
-        """The staged window holds every position the entry needs (the engine's ring agrees with ours)."""
-        wi = np.maximum(w_of, 0)
-        lo, hi = self._win_lo[wi], self._win_hi[wi]
-        return (w_of >= 0) & (lo <= first) & (hi >= first + n_rows - 1)
-
-    def _learn_rate(self, n_rows: int, rtt_us: float, upper_bound: bool = False) -> None:
-        """Rows per µs that a STEP round trip has been moving (a slow EWMA over rounds with enough rows
-        to say), and from it how many windows a round can resend within half its deadline. A STEP that
-        timed out only says the rate is below n_rows / timeout: the estimate drops to at most that."""
-        rate = n_rows / max(rtt_us, 1.0)
-        if upper_bound:
-            self._rows_per_us = rate if self._rows_per_us == 0.0 else min(self._rows_per_us, rate)
-        else:
-            self._rows_per_us = rate if self._rows_per_us == 0.0 else 0.9 * self._rows_per_us + 0.1 * rate
-        fit = int(self._rows_per_us * self.deadline_ns / 2e3) // self.W
-        cap = max(1, min(self._resync_max, fit))
-        if cap != self._resync_cap:
-            self._resync_cap = cap
-            self.stats.set("resync_windows_per_round", cap)  # link pacing shows in `status`
-
     def _within_cap(self, idx: np.ndarray | None, n: int, e_rows: np.ndarray) -> tuple[np.ndarray, int]:
-        """The entries that fit `_row_cap`: a prefix in entry order (at least one), so that in the
-        usual round their rows are a prefix of the staging. The rest get no entry this round: no
-        drafts, slots dirty, windows resent later at the paced rate (`_write_resync_request`)."""
-        ends = np.cumsum(e_rows)
-        keep = max(1, int(np.searchsorted(ends, self._row_cap, side="right")))
+        """The entries that fit the link's row cap (pacing.py): a prefix in entry order (at least one),
+        so that in the usual round their rows are a prefix of the staging. The rest get no entry this
+        round: no drafts, slots dirty, windows resent later at the paced rate (`ResyncPlanner.ask`)."""
+        keep, n_rows = self.pacer.keep(e_rows)
         full = self._arange[:n] if idx is None else idx
         self.stats.inc("requests_over_link_cap", int(full.shape[0]) - keep)
-        return full[:keep], int(ends[keep - 1])
-
-    def _learn_cap(self, n_rows: int, rtt_us: float) -> None:
-        """How many rows a STEP may carry. No cap until a STEP of at least a window's rows times out
-        (a link that carries the rounds never pays for this); then half of that STEP's rows, and from
-        every STEP near the cap, what its speed moves in half the deadline (at most twice the cap; the
-        cap goes away once it reaches max_rows). A fixed rows-per-µs rate would misjudge a link whose
-        round trip is mostly fixed cost: it stays the resync pacing's rough guide (`_learn_rate`).
-        `rtt_us` 0: the STEP timed out."""
-        cap, floor = self._row_cap, self.W
-        if rtt_us <= 0.0:
-            half = max(floor, n_rows // 2)
-            new = half if cap == 0 else max(floor, min(cap, half))
-        elif 2 * n_rows < cap:
-            return  # far below the cap: says nothing about what the link carries at the cap
-        else:
-            fit = max(floor, min(int(n_rows * self.deadline_ns / 2e3 / rtt_us), 2 * cap))
-            new = 0 if fit >= self.seg.params.max_rows else fit
-        if new != cap:
-            self._row_cap = new
-            self.stats.set("row_cap", new)  # `status` shows it (0: none)
-
-    def _write_resync_request(self, t: int, want: np.ndarray | None) -> None:
-        """Ask the engine to stage, with round t + 1 and once, the windows of `want` (slots of round t's
-        requests that still need their window; None: nothing), at most as many as fit the round's time
-        (`_learn_rate`) and one enqueue's byte budget: at realistic shapes a window is 9 MB, and a round
-        that resends R of them (29 with the default budget) would outlast its deadline, time out and
-        trip the breaker just when the worker's copies need rebuilding. Only this round's requests are
-        asked for, so a request that left the batch is never staged again; a window asked for and not
-        used (a failed round) is asked for again by the next round that still needs it."""
-        if want is None:
-            k = 0
-        else:
-            k = min(int(want.shape[0]), self._resync_cap)
-            if want.shape[0] > k:
-                self.stats.inc("resync_windows_deferred", int(want.shape[0]) - k)  # paced: a later round
-        r = self._resync_req
-        r["count"][0] = k
-        r["round"][0] = t + 1
-        if k:
-            r["slots"][0, :k] = want[:k]
-        self._resync_asked = k
-        lay = self.lay
-        _hostflag.seq_write(self.seg.mm, lay.word_off(Word.RESYNC_SEQ), lay.resync_req, r.view(np.uint8))
-
-    def _row_views(self, idx: np.ndarray | None, have_win: np.ndarray, w_of: np.ndarray, e_first: np.ndarray,
-                   e_rows: np.ndarray, staged_rows: np.ndarray) -> list[np.ndarray]:
-        """The STEP's rows as views, in entry order: runs of the staging, split where a RESYNC entry
-        takes its rows from a staged window instead. Python loops only over RESYNC entries (<= R).
-        `idx`: the requests with an entry (None: all of them)."""
-        staging = self.seg.staging
-        ends = np.cumsum(staged_rows)  # each request's staging rows end here
-        # the entries' staging rows end with the last entry's (a round cut to the row cap sends a prefix)
-        rows_staged = self._rows_staged if idx is None else int(ends[idx[-1]])
-        resync_pos = np.flatnonzero(have_win if idx is None else have_win[idx])
-        if resync_pos.shape[0] == 0:
-            return [staging[:rows_staged]]
-        views: list[np.ndarray] = []
-        cur = 0
-        W = self.W
-        for j in resync_pos.tolist():
-            i = j if idx is None else int(idx[j])
-            start = int(ends[i]) - int(staged_rows[i])
-            if start > cur:
-                views.append(staging[cur:start])
-            rows = self._win_rows[int(w_of[i])]
-            f, c = int(e_first[j]) % W, int(e_rows[j])
-            if f + c <= W:
-                views.append(rows[f:f + c])
-            else:
-                views.append(rows[f:])
-                views.append(rows[:f + c - W])
-            cur = int(ends[i])
-        if rows_staged > cur:
-            views.append(staging[cur:rows_staged])
-        return views
+        return full[:keep], n_rows
 
     # ------------------------------------------------------------------ step 8
 
     def _accept(self, t: int, n: int, idx: np.ndarray | None, e_slots: np.ndarray, slots: np.ndarray,
-                plan: Advance, need: np.ndarray, pending: np.ndarray | None, reply: Any) -> None:
+                plan: Advance, need: np.ndarray, pending: np.ndarray | None, reply: StepReply) -> None:
         """Step 8. `idx`: the requests with an entry (None: all n, in order); `e_slots` their slots;
         `pending`: requests sent without the window they need (None: no such request)."""
-        st, L = self.stats, self.lay.reply
+        st = self.stats
         sel = slice(None) if idx is None else idx
         k = int(e_slots.shape[0])
         status = reply.status
@@ -690,83 +344,10 @@ class RoundCore:
             for code in np.flatnonzero(counts).tolist():
                 key = _STATUS_KEYS[code] if code < len(_STATUS_KEYS) else f"req_status_{code}"
                 st.inc(key, int(counts[code]))
-        # the page: rows [0, n) are rewritten; rows an earlier round left beyond n are cleared. The ok
-        # word is n_drafts: a request's leading non-negative drafts, at most n_out; past it -1 / 0
-        b, ok, ids, conf, v = self.page, self._ok, self._ids, self._conf, self._v
-        b[1] = n
-        n_need = int(np.count_nonzero(need))
-        e_need = need[sel]
-        n_e_need = n_need if idx is None else int(np.count_nonzero(e_need))
-        cap = self._n_out(n) or self.N
-        nd = None
-        whole = usable is None and idx is None and n_need == n
-        if whole:
-            nd = leading_drafts(reply.draft_ids, cap)
-        if whole and nd is None:  # every request gets all N drafts: slices
-            ok_rows, ids_rows = self._ok_rows, self._ids_rows
-            self._ok_rows = self._ids_rows = n
-            if ok_rows > n:
-                ok[n:ok_rows] = 0
-            if ids_rows > n:
-                ids[n:ids_rows] = -1
-                conf[n:ids_rows] = 0
-            v.ok[:] = self.N
-            v.ids[:] = reply.draft_ids
-            v.conf[:] = reply.confidence
-            give = None
-            n_give = n
-        else:
-            rows = max(self._ids_rows, n)
-            ok[:max(self._ok_rows, n)] = 0
-            ids[:rows] = -1
-            conf[:rows] = 0
-            self._ok_rows = self._ids_rows = n
-            give = e_need.copy() if usable is None else usable & e_need
-            if nd is None:
-                nd = leading_drafts(reply.draft_ids[give], cap)
-            else:
-                nd = nd[give]
-            g_ids, g_conf = reply.draft_ids[give], reply.confidence[give]
-            if nd is not None:  # some request has fewer than N: trim, and no drafts means not given
-                g_ids, g_conf = trim_rows(g_ids, nd, -1), trim_rows(g_conf, nd, 0.0)
-                has = nd > 0
-                if not has.all():
-                    give[np.flatnonzero(give)[~has]] = False
-                    g_ids, g_conf, nd = g_ids[has], g_conf[has], nd[has]
-            gi = give.nonzero()[0] if idx is None else idx[give]
-            ok[gi] = self.N if nd is None else nd
-            ids[gi] = g_ids
-            conf[gi] = g_conf
-            n_give = int(gi.shape[0])
-        if L.sampled:
-            K, N = SUPPORT_K, self.N
-            smask = b[L.o_sample_mask:L.o_sample_mask + n]
-            if reply.sampled_mask is None or reply.support_ids is None or reply.proposal_q is None:
-                raise RuntimeError("sampled reply without its support ids and q")
-            qids = b[L.o_qids:L.o_qids + n * N * K].reshape(n, N, K)
-            q = b[L.o_q:L.o_q + n * N * K].view(np.float32).reshape(n, N, K)
-            if give is None:
-                smask[:] = reply.sampled_mask
-                qids[:] = reply.support_ids
-                q[:] = reply.proposal_q
-            else:  # requests without drafts: every field cleared, whatever an earlier round left
-                smask[:] = 0
-                no = self._no_entry[:n]
-                no[:] = True
-                no[gi] = False
-                qids[no] = -1
-                q[no] = 0
-                g_sup, g_q = reply.support_ids[give], reply.proposal_q[give]
-                if nd is not None:
-                    g_sup, g_q = trim_rows(g_sup, nd, -1), trim_rows(g_q, nd, 0.0)
-                smask[gi] = reply.sampled_mask[give]
-                qids[gi] = g_sup
-                q[gi] = g_q
+        all_ok, e_need, n_e_need = self.packer.pack(n, idx, need, usable, reply)
         if n_failed and np.count_nonzero(status == wire.RS_STALE_GENERATION):
             st.inc("stale_generation_new_sessions")
             self.client.new_session("worker reported STALE_GENERATION")
-        all_ok = n_give == n_need
-        b[0] = STATUS_OK if all_ok else STATUS_SOME_FAILED
         st.inc("rounds_ok")
         if not all_ok:
             st.inc("rounds_some_failed")
@@ -800,14 +381,14 @@ class RoundCore:
         st.inc("watchdog_skipped_rounds")
         phase = "unknown"
         try:
-            self._read_round(t)
+            self.desc.read(t)
         except BadDescriptor:
             self.slots.restart(np.arange(self.M))
             self.want_resync[:] = False
             st.inc("watchdog_skipped_unknown_ring")
         else:
             phase = self._phase()
-            v = self._v
+            v = self.desc.v
             slots = v.slots
             new_owner = self.slots.begin_requests(slots, v.req)
             self.want_resync[slots[new_owner]] = False
@@ -816,7 +397,7 @@ class RoundCore:
         self._event(t, "skipped", phase, waited_us)
 
     def _event(self, t: int, how: str, phase: str, waited_us: float) -> None:
-        d = self._d
+        d = self.desc.d
         same = int(d["t"]) == t
         n = int(d["n"]) if same else 0
         self.events.record(round=t, time=round(time.time(), 3), how=how, phase=phase, n=n,

@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .hostflag import monotonic_ns
-from .segment import Segment, owner_alive
-from .shm_layout import HEADER_DTYPE, State, Word
+from .shm.hostflag import monotonic_ns
+from .shm.layout import HEADER_DTYPE, State, Word
+from .shm.segment import Segment, owner_alive
 
 __all__ = ["read_status", "format_status", "stop_proxy", "StopOutcome"]
 

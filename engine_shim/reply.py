@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dspark_proxy.shm_layout import STATUS_NAMES, STATUS_ROUND_FAILED, SUPPORT_K, ReplyLayout
+from dspark_proxy.shm.layout import STATUS_NAMES, STATUS_ROUND_FAILED, SUPPORT_K, ReplyPageLayout
 
 __all__ = ["Reply", "ReplyReader"]
 
@@ -69,7 +69,7 @@ class Reply:
 class ReplyReader:
     """Turns a copied page into a Reply without allocating: every array is a view of `buf`."""
 
-    def __init__(self, layout: ReplyLayout) -> None:
+    def __init__(self, layout: ReplyPageLayout) -> None:
         self.L = layout
         self.buf = np.zeros(layout.size, dtype=np.int32)
         self._okbool = np.zeros(layout.M, dtype=np.bool_)

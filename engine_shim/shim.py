@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from dspark_proxy import _hostflag
 from dspark_proxy.events import EventRing, watchdog_event
-from dspark_proxy.hostflag import (
+from dspark_proxy.shm import hostflag as hf
+from dspark_proxy.shm.hostflag import (
     FAR_AHEAD,
     PAGE_OK,
     WAIT_CLAIMED_UNPUBLISHED,
@@ -32,14 +32,15 @@ from dspark_proxy.hostflag import (
     WAIT_PUBLISHED,
     HostFlags,
 )
-from dspark_proxy.segment import Segment, owner_alive
-from dspark_proxy.shm_layout import META_SLOTS, ReplyLayout, Word, resync_windows_per_enqueue
+from dspark_proxy.shm.layout import META_SLOTS, ReplyPageLayout, Word
+from dspark_proxy.shm.segment import Segment, owner_alive
 from dspark_proxy.stats import Stats
 
 from .attach import AttachEvent, AttachState, next_state
-from .inputs import ShimError, _as_numpy, _ReqIds
+from .inputs import EnqueueInputs, ShimError, _as_numpy
 from .reply import Reply, ReplyReader
-from .ring import EngineRing
+from .row_ring import EngineRing
+from .writer import RoundWriter
 
 __all__ = ["Shim", "ShimError"]
 
@@ -63,8 +64,8 @@ class Shim:
         self.counters = Stats()  # the shim's own counters and events; stats() is the snapshot
         self.events = EventRing(events_kept)
         self.ring = EngineRing(max_reqs, window, row_bytes)
-        self._req_ids = _ReqIds(limit=16 * max_reqs + 1024)
-        self._reader = ReplyReader(ReplyLayout(max_reqs, num_spec, sampled))
+        self._inputs = EnqueueInputs(max_reqs, window, row_bytes, sampled)  # validated, as numpy
+        self._reader = ReplyReader(ReplyPageLayout(max_reqs, num_spec, sampled))
         self._lock = threading.Lock()
         self._state = AttachState.DETACHED
         self._seg: Segment | None = None
@@ -77,23 +78,13 @@ class Shim:
         self._round_attached = False  # round _t went through the segment
         self._rejected = ""  # round _t had a bad input: why (read_reply's reason)
         self._awaiting_reply = False  # round _t was enqueued and its read_reply has not come yet
-        self._resync_req: np.ndarray | None = None  # private copy of the proxy's resync request
-        self._resync_seen = 0  # its seqlock sequence when last read (unchanged: reuse _resync_want)
-        self._resync_want: list[int] = []  # the request read, not yet honoured (it is honoured once)
-        self._resync_due = 0  # the round it is for
-        self._in_round = np.zeros(max_reqs, dtype=np.bool_)  # scratch: the slots of the round enqueued
-        self.resync_bytes_last = 0  # ring-window bytes the last attached enqueue copied (chaos: worst enqueue)
-        self._views: list = [None] * META_SLOTS  # per meta/desc slot: field views (see _slot_views)
-        self._meta_end_off = self._desc_end_off = 0
-        self._arange = np.arange(max_reqs, dtype=np.int64)
-        self._mark = np.zeros(max_reqs, dtype=np.int64)  # scratch for the duplicate-slot check
+        self._writer: RoundWriter | None = None  # the attached segment's round writer
         self._deadline_ns = 0
         # per round t (slot t % 64): (t, n, rows staged, longest query, incarnation), so an event about
         # a round reported rounds later (the watcher's claims are drained later) carries its own fields
         self._rounds_seen: list[tuple[int, int, int, int, int]] = [(0, 0, 0, 0, 0)] * META_SLOTS
         self._incarnation = 0  # of the last segment attached to (events of later rounds name it)
         self.on_close: list = []  # callables run by close() after detaching (thread mode stops its proxy)
-        self._pinned = None  # CUDA rows: a pinned host bounce buffer (see _rows_from_device)
         self.proxy = None  # thread mode: the in-process Proxy
         from .watchdog import Watchdog  # a cycle only at import time
 
@@ -120,6 +111,15 @@ class Shim:
             return float(self.deadline_override_ms)
         seg = self._seg
         return seg.deadline_ms if seg is not None else 5.0
+
+    def round_in_flight(self) -> tuple[int, int]:
+        """The last round enqueued and its number of requests (the watchdog reads it unlocked: a
+        round boundary may be passing, and an event may then name the round before)."""
+        return self._t, self._n
+
+    def abandoned(self, incarnation: int) -> bool:
+        """This shim gave up on that incarnation (detached, or refused its claim): never offer it again."""
+        return incarnation in self._abandoned_incarnations
 
     def _move(self, event: AttachEvent) -> None:
         self._state = next_state(self._state, event)
@@ -154,18 +154,14 @@ class Shim:
             self._pending = None
         # the claim is the pid itself (CAS engine_pid: 0 -> pid), then attached = t: nobody ever sees
         # an incarnation that is taken while its engine's pid is still 0 (shm_layout.md §7)
-        if _hostflag.cas(seg.mm, seg.layout.word_off(Word.ENGINE_PID), 0, os.getpid()):
-            _hostflag.store(seg.mm, seg.layout.word_off(Word.ATTACHED), t)
+        if hf.cas(seg.mm, seg.layout.word_off(Word.ENGINE_PID), 0, os.getpid()):
+            hf.store(seg.mm, seg.layout.word_off(Word.ATTACHED), t)
             flags = HostFlags(seg, peer_pid=int(seg.header["owner_pid"]))
             flags.rebase(t)  # the handshake: the proxy's first round is t
             self._seg, self._flags = seg, flags
             if self.watchdog.started:
                 self.watchdog.watch(seg, flags)  # round t's deadline is watched from now, GIL or not
-            self._resync_req = np.zeros(1, seg.layout.resync_req_dtype)
-            self._resync_seen, self._resync_want = 0, []
-            self._views = [None] * META_SLOTS
-            self._meta_end_off = seg.layout.meta_dtype.fields["stamp_end"][1]
-            self._desc_end_off = seg.layout.desc_dtype.fields["stamp_end"][1]
+            self._writer = RoundWriter(seg, self.ring, self.counters, self.sampled)
             self._move(AttachEvent.ATTACH_OK)
             self.counters.inc("attaches")
             self._incarnation = seg.incarnation
@@ -223,7 +219,7 @@ class Shim:
         if t < 1:
             raise ShimError(f"enqueue({t}): rounds are numbered from 1")
         try:
-            n, a = self._validate(req_ids, slots, qsl, need_draft, k_window, rows, valid, first_pos, anchor,
+            n, a = self._inputs.check(req_ids, slots, qsl, need_draft, k_window, rows, valid, first_pos, anchor,
                                   sampled, seed, temperature)
         except (TypeError, ValueError, RuntimeError) as e:  # RuntimeError: torch's word for a bad tensor
             err = e if isinstance(e, ShimError) else ShimError(f"bad input: {e}")
@@ -270,250 +266,21 @@ class Shim:
             return
         seg, flags = self._seg, self._flags
         assert seg is not None and flags is not None
-        self._write_nothing(seg, t)
+        assert self._writer is not None
+        self._writer.write_nothing(t)
         flags.fail(t, n)
         flags.raise_gathered(t, 0)
 
-    def _write_nothing(self, seg: Segment, t: int) -> None:
-        """Round t's metadata and descriptor with no requests, no rows and no windows (stamped)."""
-        lay, mm = seg.layout, seg.mm
-        m, d = self._slot_views(seg, t)
-        moff = lay.meta_off(t)
-        _hostflag.begin_write(mm, moff, t)
-        m["t"][...] = t
-        m["n"][...] = 0
-        m["rows_staged"][...] = 0
-        _hostflag.store_release(mm, moff + self._meta_end_off, t)
-        doff = lay.desc_off(t)
-        _hostflag.begin_write(mm, doff, t)
-        d["t"][...] = t
-        for k in ("n", "max_q", "rows_gathered", "n_staged"):
-            d[k][...] = 0
-        d["qsl"][:1] = 0
-        _hostflag.store_release(mm, doff + self._desc_end_off, t)
-
-    def _validate(self, req_ids, slots, qsl, need_draft, k_window, rows, valid, first_pos, anchor, sampled,
-                  seed, temperature) -> tuple[int, dict[str, np.ndarray]]:
-        M, W = self.max_reqs, self.window
-        slots_a = _as_numpy(slots, np.int64, "slots")
-        n = int(slots_a.shape[0]) if slots_a.ndim == 1 else -1
-        if n < 0 or n > M:
-            raise ShimError(f"slots: expected a 1-D array of at most max_reqs={M} requests, got shape "
-                            f"{slots_a.shape}")
-        a: dict[str, np.ndarray] = {"slots": slots_a}
-        for key, val, dt in (("valid", valid, np.int64), ("first_pos", first_pos, np.int64),
-                             ("anchor", anchor, np.int64), ("k_window", k_window, np.int64),
-                             ("need_draft", need_draft, np.bool_)):
-            arr = _as_numpy(val, dt, key)
-            if arr.shape != (n,):
-                raise ShimError(f"{key}: expected shape ({n},), got {arr.shape}")
-            a[key] = arr
-        qsl_a = _as_numpy(qsl, np.int64, "qsl")
-        if qsl_a.shape != (n + 1,):
-            raise ShimError(f"qsl: expected shape ({n + 1},), got {qsl_a.shape}")
-        a["qsl"] = qsl_a
-        if n:
-            # one pass of cheap checks on the hot path; the slow path below only names the culprit
-            # as uint64 a negative int64 is huge: one comparison checks both ends of a range
-            v, k = a["valid"], a["k_window"]
-            bad = np.count_nonzero((slots_a.view(np.uint64) >= M) | (v.view(np.uint64) > W)
-                                   | ((a["first_pos"] | k) < 0))
-            bad += np.count_nonzero(qsl_a[1:] < qsl_a[:-1])
-            if bad:
-                self._explain(slots_a, qsl_a, a)
-            # duplicates: mark each slot with its request index; a slot seen twice keeps only one
-            idx = self._arange[:n]
-            self._mark[slots_a] = idx
-            if np.count_nonzero(self._mark[slots_a] != idx):
-                raise ShimError("slots: a slot appears more than once in the round")
-        a["req_ids"] = self._req_ids(req_ids, n)
-        if a["req_ids"].shape != (n,):
-            raise ShimError(f"req_ids: expected {n} ids, got {a['req_ids'].shape}")
-        if n and np.minimum.reduce(a["req_ids"]) < 0:
-            raise ShimError("req_ids: integer request ids must be >= 0")
-        total = int(a["valid"].sum()) if n else 0
-        a["rows"] = self._rows(rows, total)
-        s = np.zeros(n, np.bool_) if sampled is None else _as_numpy(sampled, np.bool_, "sampled")
-        if s.shape != (n,):
-            raise ShimError(f"sampled: expected shape ({n},), got {s.shape}")
-        a["sampled"] = s
-        if self.sampled:
-            if seed is None or temperature is None:
-                raise ShimError("seed and temperature are required: the proxy was started with --sampled")
-            a["seed"] = _as_numpy(seed, np.int64, "seed")
-            a["temperature"] = _as_numpy(temperature, np.float32, "temperature")
-            for key in ("seed", "temperature"):
-                if a[key].shape != (n,):
-                    raise ShimError(f"{key}: expected shape ({n},), got {a[key].shape}")
-        return n, a
-
-    def _explain(self, slots_a: np.ndarray, qsl_a: np.ndarray, a: dict[str, np.ndarray]) -> None:
-        """The hot-path check failed: raise the error that names the field."""
-        M, W = self.max_reqs, self.window
-        if slots_a.min() < 0 or slots_a.max() >= M:
-            raise ShimError(f"slots: every slot must be in [0, {M}), got {slots_a.min()}..{slots_a.max()}")
-        v = a["valid"]
-        if v.max() > W or v.min() < 0:
-            raise ShimError(f"valid: every value must be in [0, window={W}] (only the last W rows of a "
-                            f"chunk are sent), got {v.min()}..{v.max()}")
-        if a["first_pos"].min() < 0:
-            raise ShimError("first_pos: positions must be >= 0")
-        if a["k_window"].min() < 0:
-            raise ShimError("k_window: must be >= 0")
-        raise ShimError("qsl: must be non-decreasing")
-
-    def _rows(self, rows: Any, total: int) -> np.ndarray:
-        B = self.row_bytes
-        if hasattr(rows, "detach"):  # torch: view the row as bytes without a copy on CPU
-            import torch
-
-            x = rows.detach()
-            if x.dim() != 2 or x.shape[0] != total or x.shape[1] * x.element_size() != B:
-                raise ShimError(f"rows: expected [{total}, H] with H * itemsize == row_bytes={B}, got "
-                                f"{tuple(x.shape)} of {x.dtype}")
-            if x.device.type != "cpu":
-                return self._rows_from_device(x.contiguous(), total)
-            arr = x.contiguous().view(torch.uint8).numpy()
-        else:
-            arr = np.asarray(rows)
-            if arr.ndim != 2 or arr.shape[0] != total or arr.shape[1] * arr.itemsize != B:
-                raise ShimError(f"rows: expected [{total}, H] with H * itemsize == row_bytes={B}, got "
-                                f"{arr.shape} of {arr.dtype}")
-            arr = np.ascontiguousarray(arr).view(np.uint8)
-        return arr.reshape(total, B)
-
-    def _rows_from_device(self, x: Any, total: int) -> np.ndarray:
-        """Rows on a GPU: one copy into a pinned host buffer, ordered on the engine's current stream,
-        which is synchronised before we return, so `gathered` is raised only after the copy has
-        completed. The buffer is the shim's (grown to the largest round seen), reused every round.
-        (Built so; proven only where a GPU is available: CI runs CPU only.)"""
-        import torch
-
-        nbytes = total * self.row_bytes
-        buf = self._pinned
-        if buf is None or buf.numel() < nbytes:
-            buf = self._pinned = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
-        dst = buf[:nbytes].view(total, self.row_bytes)
-        stream = torch.cuda.current_stream(x.device)
-        dst.copy_(x.view(torch.uint8).view(total, self.row_bytes), non_blocking=True)
-        stream.synchronize()
-        return dst.numpy()
-
-    def _slot_views(self, seg: Segment, t: int) -> tuple[dict, dict]:
-        """Field views of meta and desc slot t % 64, made once per segment (a structured-field lookup
-        costs about a microsecond; a round writes a dozen fields)."""
-        i = t % META_SLOTS
-        views = self._views[i]
-        if views is None:
-            m, d = seg.meta[i:i + 1], seg.desc[i:i + 1]
-            views = self._views[i] = tuple({k: arr[k].reshape(arr[k].shape[1:]) for k in arr.dtype.names}
-                                           for arr in (m, d))
-        return views
-
     def _write_round(self, seg: Segment, t: int, n: int, a: dict[str, np.ndarray]) -> None:
-        lay, p = seg.layout, seg.params
-        mm = seg.mm
-        valid = a["valid"]
-        total = int(a["rows"].shape[0])
-        if total <= p.max_rows:  # the usual round: every request's rows fit
-            k, rows_staged = n, total
-        else:
-            # requests whose rows do not fit stage none this round (the proxy resyncs them later); the
-            # ends only grow, so those that fit are a prefix
-            ends = np.cumsum(valid)
-            k = int(np.searchsorted(ends, p.max_rows, side="right"))
-            rows_staged = int(ends[k - 1]) if k else 0
-        if rows_staged:
-            seg.staging[:rows_staged] = a["rows"][:rows_staged]
-        m, d = self._slot_views(seg, t)
-        # metadata slot t % 64: stamp_start, fields, stamp_end (shm_layout.md §5)
-        moff = lay.meta_off(t)
-        _hostflag.begin_write(mm, moff, t)
-        m["t"][...] = t
-        m["n"][...] = n
-        m["rows_staged"][...] = rows_staged
-        m["valid"][:n] = valid
-        m["first_pos"][:n] = a["first_pos"]
-        m["anchor"][:n] = a["anchor"]
-        staged_rows = m["staged_rows"]
-        staged_rows[:k] = valid[:k]
-        staged_rows[k:n] = 0
-        m["sampled"][:n] = a["sampled"]
-        if self.sampled:
-            m["seed"][:n] = a["seed"]
-            m["temperature"][:n] = a["temperature"]
-        _hostflag.store_release(mm, moff + self._meta_end_off, t)
-        # resync windows the proxy asked for (a bounded number)
-        staged = self._stage_windows(seg, t, a["slots"])
-        doff = lay.desc_off(t)
-        _hostflag.begin_write(mm, doff, t)
-        d["t"][...] = t
-        d["n"][...] = n
-        qsl = a["qsl"]
-        max_q = int((qsl[1:] - qsl[:-1]).max()) if n else 0
-        d["max_q"][...] = max_q
+        """Round t into the attached segment (writer.py); `seg` is it (chaos hooks this step)."""
+        assert self._writer is not None and self._writer.seg is seg
+        rows_staged, max_q = self._writer.write(t, n, a)
         self._rounds_seen[t % META_SLOTS] = (t, n, rows_staged, max_q, self._incarnation)
-        d["rows_gathered"][...] = rows_staged
-        d["n_staged"][...] = len(staged)
-        if staged:
-            d["staged_slots"][:len(staged)] = staged
-        d["req_id"][:n] = a["req_ids"]
-        d["slot"][:n] = a["slots"]
-        d["qsl"][:n + 1] = qsl
-        d["need_draft"][:n] = a["need_draft"]
-        d["k_window"][:n] = a["k_window"]
-        _hostflag.store_release(mm, doff + self._desc_end_off, t)
 
-    def _stage_windows(self, seg: Segment, t: int, slots: np.ndarray) -> list[int]:
-        """Stage the ring windows the proxy asked for, once (shm_layout.md §5, "Resync requests"): a
-        request is honoured by the first enqueue of the round it names or later, for the slots of
-        requests in that round, up to one enqueue's byte budget (`resync_windows_per_enqueue`); then it
-        is spent, so a late or hung proxy costs no more copying. The request is re-read only when its
-        seqlock sequence moved (one word load per round otherwise)."""
-        lay, p = seg.layout, seg.params
-        self.resync_bytes_last = 0
-        seq_off = lay.word_off(Word.RESYNC_SEQ)
-        seq = _hostflag.load(seg.mm, seq_off)
-        if seq != self._resync_seen:
-            req = self._resync_req
-            assert req is not None
-            got = _hostflag.seq_read(seg.mm, seq_off, lay.resync_req, req.view(np.uint8), 8)
-            if not got:
-                return []  # being rewritten right now: next round
-            self._resync_seen = got
-            count = min(int(req["count"][0]), p.max_slots)
-            want = req["slots"][0, :count]
-            self._resync_want = want[(want >= 0) & (want < p.max_slots)].tolist()
-            self._resync_due = int(req["round"][0])
-        if not self._resync_want or t < self._resync_due:
-            return []
-        want, self._resync_want = self._resync_want, []  # spent, whatever is staged of it
-        in_round = self._in_round
-        in_round[slots] = True  # slots were validated: in range
-        staged: list[int] = []
-        limit = resync_windows_per_enqueue(p)
-        for s in want:
-            if len(staged) == limit:
-                break
-            if not in_round[s] or s in staged:
-                continue  # a request that left the batch: its window is of no use to anyone
-            w = seg.windows[len(staged)]
-            gen, lo, hi = self.ring.stage_window(s, w["rows"])
-            w["slot"], w["generation"], w["lo"], w["hi"] = s, gen, lo, hi
-            w["stamp"] = t
-            staged.append(s)
-        in_round[slots] = False
-        c = self.counters
-        c.inc("resync_requests_honoured")
-        if len(staged) < len(want):
-            c.inc("resync_windows_not_staged", len(want) - len(staged))
-        if staged:
-            nbytes = self.resync_bytes_last = len(staged) * p.window * p.row_bytes
-            c.inc("resync_windows_staged", len(staged))
-            c.inc("resync_bytes_staged", nbytes)
-            if nbytes > c.gauge("resync_bytes_max_enqueue", 0):
-                c.set("resync_bytes_max_enqueue", nbytes)  # the worst enqueue (chaos reports it)
-        return staged
+    @property
+    def resync_bytes_last(self) -> int:
+        """Ring-window bytes the last attached enqueue copied (chaos: the worst enqueue)."""
+        return self._writer.stager.bytes_last if self._writer is not None else 0
 
     # ------------------------------------------------------------------ read_reply
 
@@ -548,7 +315,7 @@ class Shim:
             flags.consume(t)
             return self._reader.failed(t, n, "out_of_order")
         if r == WAIT_FAILED_BY_ME:
-            self._note_watchdog(t, n, "watchdog")
+            self.note_watchdog(t, n, "watchdog")
             reason = "deadline"
         got = flags.read_page(t, self._reader.buf)
         flags.consume(t)
@@ -564,10 +331,10 @@ class Shim:
     def _hung(self, t: int, n: int) -> None:
         """A round claimed but not published by deadline + grace: the proxy hung mid-publish. The page
         is never read again; fail everything ahead and detach at the next boundary."""
-        self._note_watchdog(t, n, "proxy_hung")
+        self.note_watchdog(t, n, "proxy_hung")
         self.lose("proxy_hung")
 
-    def _note_watchdog(self, t: int, n: int, how: str) -> None:
+    def note_watchdog(self, t: int, n: int, how: str) -> None:
         """An event about round t, with round t's own fields (events.py documents each)."""
         self.counters.inc(f"watchdog_{how}")
         seen_t, seen_n, rows, max_q, inc = self._rounds_seen[t % META_SLOTS]

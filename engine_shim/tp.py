@@ -3,7 +3,7 @@
 The reply travels over the engine's own `torch.distributed` group, not through anything of ours: one
 broadcast of one packed int32 tensor per round (a broadcast costs a latency per call, so per-field
 calls would pay it five or eight times). The payload is the reply page's own layout
-(shm_layout.ReplyLayout) behind a small header, sized for max_reqs so every rank knows its size
+(shm.layout.ReplyPageLayout) behind a small header, sized for max_reqs so every rank knows its size
 before it knows n:
 
     header[16] = [MAGIC, t_lo, t_hi, status, n, has_sample, reason_len, 0, reason bytes (32)]
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from dspark_proxy.shm_layout import STATUS_NAMES, STATUS_ROUND_FAILED, SUPPORT_K, ReplyLayout
+from dspark_proxy.shm.layout import STATUS_NAMES, STATUS_ROUND_FAILED, SUPPORT_K, ReplyPageLayout
 
 from .reply import Reply, ReplyReader
 
@@ -39,7 +39,7 @@ _buffers: dict[tuple[int, int, bool, str], _Buffers] = {}
 
 def payload_words(max_reqs: int, num_spec: int, sampled: bool = False) -> int:
     """Size in int32 words of the tensor one broadcast moves."""
-    return _HDR + ReplyLayout(max_reqs, num_spec, sampled).size
+    return _HDR + ReplyPageLayout(max_reqs, num_spec, sampled).size
 
 
 class _Buffers:
@@ -48,7 +48,7 @@ class _Buffers:
     def __init__(self, M: int, N: int, sampled: bool, device: Any) -> None:
         import torch
 
-        self.L = ReplyLayout(M, N, sampled)
+        self.L = ReplyPageLayout(M, N, sampled)
         size = _HDR + self.L.size
         cuda = torch.device(device).type == "cuda"
         self.host = torch.zeros(size, dtype=torch.int32, pin_memory=cuda)
@@ -223,7 +223,7 @@ def tp_round(t: int, n: int, group: Any = None, src: int = 0, *, num_spec: int, 
         missing = dist.get_rank() == src and mine is None
         if dist.get_rank() == src and (mine is None or err is not None):
             why = "no_reply" if err is None else f"rank{src}: {type(err).__name__}: {err}"
-            mine = ReplyReader(ReplyLayout(int(max_reqs), int(num_spec), bool(sampled))).failed(t, n, why)
+            mine = ReplyReader(ReplyPageLayout(int(max_reqs), int(num_spec), bool(sampled))).failed(t, n, why)
         box.reply = broadcast_reply(mine, group, src, num_spec=num_spec, max_reqs=max_reqs, sampled=sampled,
                                     device=device)
         if missing and err is None:

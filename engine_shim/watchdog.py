@@ -1,4 +1,4 @@
-"""The shim's watchdog thread: late rounds, lost proxies, new incarnations (SPEC §4).
+"""The shim's watchdog thread: late rounds, lost proxies, new incarnations (shm_layout.md §7-§8).
 
 Three jobs, escalating:
 1. The round in flight: from `gathered`, wait (in C, GIL released) until it is published or its
@@ -22,28 +22,55 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from dspark_proxy.hostflag import FAR_AHEAD, WAIT_FAILED_BY_ME, HostFlags, monotonic_ns
-from dspark_proxy.segment import LayoutMismatch, Segment, SegmentError, owner_alive
-from dspark_proxy.shm_layout import State, Word
+from dspark_proxy.events import EventRing
+from dspark_proxy.shm.hostflag import FAR_AHEAD, WAIT_FAILED_BY_ME, HostFlags, monotonic_ns
+from dspark_proxy.shm.layout import State, Word
+from dspark_proxy.shm.segment import LayoutMismatch, Segment, SegmentError, owner_alive
+from dspark_proxy.stats import Stats
 
 from .attach import AttachState
 
-if TYPE_CHECKING:
-    from .shim import Shim
-
-__all__ = ["Watchdog"]
+__all__ = ["WatchedShim", "Watchdog"]
 
 log = logging.getLogger(__name__)
 
 _STATS_EVERY_S = 0.5
 
 
+class WatchedShim(Protocol):
+    """What the watchdog needs of its shim (engine_shim/shim.py), and nothing else. The shim's engine
+    thread owns the rest; what is called here from the watchdog's thread is safe from it: `offer` and
+    `lose` hand over under the shim's lock, `note_watchdog` records an event, the rest is read."""
+
+    name: str | None
+    max_reqs: int
+    num_spec: int
+    window: int
+    row_bytes: int
+    sampled: bool
+    look_every_s: float
+    heartbeat_timeout_ns: int
+    counters: Stats
+    events: EventRing
+
+    @property
+    def state(self) -> AttachState: ...
+    @property
+    def segment(self) -> Segment | None: ...
+    def deadline_ms(self) -> float: ...
+    def round_in_flight(self) -> tuple[int, int]: ...
+    def abandoned(self, incarnation: int) -> bool: ...
+    def offer(self, seg: Segment) -> bool: ...
+    def lose(self, why: str) -> None: ...
+    def note_watchdog(self, t: int, n: int, how: str) -> None: ...
+
+
 class Watchdog:
     """A named daemon thread with start/stop/join; stop() wakes it at once."""
 
-    def __init__(self, shim: Shim, on_dead: Callable[[Segment, str], None] | None = None) -> None:
+    def __init__(self, shim: WatchedShim, on_dead: Callable[[Segment, str], None] | None = None) -> None:
         self.shim = shim
         self.on_dead = on_dead or self._fail_far_ahead
         self._stop = threading.Event()
@@ -153,7 +180,7 @@ class Watchdog:
                 self.claims += 1
                 self.lateness_ns.append(claim_ns - deadline_ns)
                 del self.lateness_ns[:-4096]
-                self.shim._note_watchdog(t, n, "watchdog")
+                self.shim.note_watchdog(t, n, "watchdog")
 
     def _stop_watcher(self) -> None:
         with self._wlock:
@@ -166,7 +193,7 @@ class Watchdog:
         for t, outcome, n, _claim_ns, _deadline_ns in w.drain():
             if outcome == WAIT_FAILED_BY_ME:
                 self.claims += 1
-                self.shim._note_watchdog(t, n, "watchdog")
+                self.shim.note_watchdog(t, n, "watchdog")
 
     def _proxy_lost(self, seg: Segment) -> str | None:
         shim = self.shim
@@ -223,12 +250,12 @@ class Watchdog:
 
     def _fail_far_ahead(self, seg: Segment, why: str) -> None:
         """Every round the engine may still run on this segment is target-only at once."""
-        shim = self.shim
+        t, n = self.shim.round_in_flight()
         if self._flags is not None:
-            self._flags.fail_all(shim._t + FAR_AHEAD)
-        shim._note_watchdog(shim._t, shim._n, why)
+            self._flags.fail_all(t + FAR_AHEAD)
+        self.shim.note_watchdog(t, n, why)
         log.warning("[watchdog] proxy lost why=%s incarnation=%d round=%d: failing ahead, detaching", why,
-                    seg.incarnation, shim._t)
+                    seg.incarnation, t)
 
     # ------------------------------------------------------------------ detached
 
@@ -245,10 +272,10 @@ class Watchdog:
         ok = False
         try:
             inc = seg.incarnation
-            if inc in shim._abandoned_incarnations:
+            if shim.abandoned(inc):
                 return
             try:
-                seg.check_params(max_slots=shim.max_reqs, num_spec=shim.num_spec, window=shim.window,
+                seg.check_params(max_reqs=shim.max_reqs, num_spec=shim.num_spec, window=shim.window,
                                  row_bytes=shim.row_bytes, sampled=shim.sampled)
             except LayoutMismatch as e:
                 if inc not in self._mismatch_logged:
@@ -283,7 +310,7 @@ class Watchdog:
         st = shim.counters
         try:
             st.set("state", shim.state.value)
-            st.set("round", shim._t)
+            st.set("round", shim.round_in_flight()[0])
             st.set("watchdog_events", shim.events.dump())
             st.set("watchdog_claims", self.claims)
             seg.write_block("shim", st.snapshot_bytes(seg.layout.regions["shim_stats"][1] - 8))

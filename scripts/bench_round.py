@@ -34,7 +34,7 @@ import numpy as np
 
 from dspark_proxy.bench.rig import RoundRig, TimedClient
 from dspark_proxy.inproc import InProcessClient
-from dspark_proxy.shm_layout import LayoutParams
+from dspark_proxy.shm.layout import LayoutParams
 
 N_SPEC = 5
 R_PER_ROUND = 4
@@ -47,7 +47,7 @@ class Bench:
         M = max(n, max_slots)  # the segment's max_reqs; the round uses n of its slots
         self.n, self.W, self.B, self.mix = n, W, row_bytes, mix
         name = f"bench_round_{os.getpid()}_{n}_{W}_{mix}"
-        p = LayoutParams(max_slots=M, num_spec=N_SPEC, window=W, row_bytes=row_bytes, max_rows=n * W,
+        p = LayoutParams(max_reqs=M, num_spec=N_SPEC, window=W, row_bytes=row_bytes, max_rows=n * W,
                          resync_per_round=min(n, R_PER_ROUND))
         self.client = TimedClient(InProcessClient(max_reqs=M, num_spec=N_SPEC, window=W, row_bytes=row_bytes,
                                                   null=True))
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 def _lineprof(n: int, W: int, mix: str, rounds: int, warmup: int, row_bytes: int, max_slots: int) -> int:
     from line_profiler import LineProfiler
 
-    import dspark_proxy.ring as ring
+    import dspark_proxy.ring_model as ring
     import dspark_proxy.round as rnd
 
     lp = LineProfiler()

@@ -111,7 +111,7 @@ def _stats(rtts: list[float], rows: int, nbytes: int, worker_us: list[float] | N
 
 def bench_case(client: TcpDraftClient, sink: socket.socket, row_bytes: int, n: int, k: int,
                seconds: float) -> dict:
-    prefix = bytearray(wire.step_prefix_bytes(client.layout.max_reqs, False))
+    prefix = wire.StepPrefix(client.layout.max_reqs, False)
     e = wire.entries_view(prefix, n)
     e["slot"] = np.arange(n)
     e["n_rows"] = k

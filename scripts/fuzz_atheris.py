@@ -112,7 +112,7 @@ def _new_name(tag: str) -> str:
 def _cleanup() -> None:
     import posix_ipc
 
-    from dspark_proxy.segment import shm_name
+    from dspark_proxy.shm.segment import shm_name
 
     for n in _names:
         try:
@@ -131,7 +131,7 @@ def _good_round(rig) -> int:
 
 def target_descriptor(data: bytes) -> None:
     global _rig
-    from dspark_proxy.shm_layout import STATUS_ROUND_FAILED, Word
+    from dspark_proxy.shm.layout import STATUS_ROUND_FAILED, Word
     from tests.rig import Rig
 
     if _rig is None or _rig.t > 1_000_000:
@@ -164,11 +164,11 @@ def target_descriptor(data: bytes) -> None:
 
 def target_header(data: bytes) -> None:
     import engine_shim
-    from dspark_proxy.segment import Segment, SegmentError
-    from dspark_proxy.shm_layout import HEADER_BYTES, LayoutParams, State, Word
+    from dspark_proxy.shm.layout import HEADER_BYTES, LayoutParams, State, Word
+    from dspark_proxy.shm.segment import Segment, SegmentError
 
     name = _new_name("hdr")
-    p = LayoutParams(max_slots=8, num_spec=3, window=4, row_bytes=16, max_rows=32, resync_per_round=2)
+    p = LayoutParams(max_reqs=8, num_spec=3, window=4, row_bytes=16, max_rows=32, resync_per_round=2)
     seg = Segment.create(name, p, deadline_ms=50.0)
     try:
         seg.set_word(Word.STATE, State.READY)

@@ -15,7 +15,7 @@ from dspark_proxy.draft_client import StepOutcome
 from dspark_proxy.inproc import InProcessClient
 from dspark_proxy.integrity import integrity_drafts, integrity_hash
 from dspark_proxy.round import RoundSettings
-from dspark_proxy.shm_layout import LayoutParams
+from dspark_proxy.shm.layout import LayoutParams
 
 
 def row_of(req: int, pos: int, row_bytes: int) -> np.ndarray:
@@ -61,7 +61,7 @@ class Rig(RoundRig):
                  sampled: bool = False, settings: RoundSettings | None = None, client=None) -> None:
         """client: any DraftClient (default: a ScriptedClient of these shapes)."""
         self.M, self.N, self.W, self.B = M, N, W, B
-        p = LayoutParams(max_slots=M, num_spec=N, window=W, row_bytes=B, max_rows=max_rows or M * W,
+        p = LayoutParams(max_reqs=M, num_spec=N, window=W, row_bytes=B, max_rows=max_rows or M * W,
                          resync_per_round=R, sampled=sampled)
         super().__init__(name, p, client or ScriptedClient(max_reqs=M, num_spec=N, window=W, row_bytes=B),
                          deadline_ms=deadline_ms, breaker=breaker, settings=settings)

@@ -11,11 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from dspark_proxy import _hostflag
 from dspark_proxy.config import ProxyConfig
 from dspark_proxy.proxy import Proxy
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import LayoutParams, State, Word
+from dspark_proxy.shm import hostflag as hf
+from dspark_proxy.shm.layout import LayoutParams, State, Word
+from dspark_proxy.shm.segment import Segment
 from engine_shim import api
 from engine_shim import shim as shim_mod
 from engine_shim.attach import AttachState
@@ -48,20 +48,20 @@ _OTHER_ENGINE = textwrap.dedent("""
 def test_another_engine_looking_mid_attach_leaves_the_attacher_alone(seg_name, monkeypatch):
     """Another engine's watchdog that looks at the incarnation between the winner's claim and the rest
     of its attach must see it taken by a live engine: neither abandon it nor take it."""
-    p = LayoutParams(max_slots=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W, resync_per_round=2)
+    p = LayoutParams(max_reqs=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W, resync_per_round=2)
     seg = Segment.create(seg_name, p, deadline_ms=1000.0)
     seg.set_word(Word.HEARTBEAT_NS, 1 << 62)
     seg.set_word(Word.STATE, State.READY)
     seen: list[str] = []
 
     class _PauseAfterClaim:
-        """_hostflag as the shim sees it, but a won claim runs the other engine before returning."""
+        """hostflag as the shim sees it, but a won claim runs the other engine before returning."""
 
         def __getattr__(self, k):
-            return getattr(_hostflag, k)
+            return getattr(hf, k)
 
         def cas(self, mm, off, expected, new):
-            won = _hostflag.cas(mm, off, expected, new)
+            won = hf.cas(mm, off, expected, new)
             if won:
                 out = subprocess.run([sys.executable, "-c", _OTHER_ENGINE, seg_name], capture_output=True,
                                      text=True, timeout=30)
@@ -72,7 +72,7 @@ def test_another_engine_looking_mid_attach_leaves_the_attacher_alone(seg_name, m
     shim = Shim(seg_name, **SHAPES, start_watchdog=False)
     try:
         assert shim.offer(Segment.open(seg_name))
-        monkeypatch.setattr(shim_mod, "_hostflag", _PauseAfterClaim())
+        monkeypatch.setattr(shim_mod, "hf", _PauseAfterClaim())
         shim.enqueue(5, **_batch())
         monkeypatch.undo()
         assert seen == ["detached"], seen  # it looked, found the incarnation taken, offered nothing

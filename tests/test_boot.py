@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import engine_shim
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import LayoutParams, State, Word
+from dspark_proxy.shm.layout import LayoutParams, State, Word
+from dspark_proxy.shm.segment import Segment
 from engine_shim import api
 from engine_shim.attach import AttachState
 
@@ -47,7 +47,7 @@ def clean(monkeypatch):
 
 
 def _segment(name: str, **over) -> Segment:
-    p = LayoutParams(**{"max_slots": M, "num_spec": N, "window": W, "row_bytes": B, "max_rows": M * W,
+    p = LayoutParams(**{"max_reqs": M, "num_spec": N, "window": W, "row_bytes": B, "max_rows": M * W,
                         "resync_per_round": 2, **over})
     seg = Segment.create(name, p, deadline_ms=20.0)
     seg.set_word(Word.HEARTBEAT_NS, 1 << 62)

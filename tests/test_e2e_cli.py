@@ -15,7 +15,7 @@ import pytest
 
 import engine_shim
 from dspark_proxy.launch import spawn_proxy, spawn_worker, wait_proxy_ready
-from dspark_proxy.segment import Segment, SegmentError
+from dspark_proxy.shm.segment import Segment, SegmentError
 from dspark_proxy.sim import SimConfig, SimEngine
 
 pytestmark = pytest.mark.timeout(120)

@@ -66,7 +66,7 @@ def test_an_engine_restarted_while_the_breaker_is_open_drafts_within_the_cooldow
         def old_engine(batch, reply):
             if batch.t == 200:
                 client.fail_reason = "timeout"  # the worker fails from here: the breaker trips
-            caps["old"] = (proxy.core._row_cap, proxy.core._resync_cap)
+            caps["old"] = (proxy.core.pacer.row_cap, proxy.core.pacer.resync_cap)
             return batch.t >= 205
 
         _run_engine(seg_name, 300, old_engine)
@@ -78,7 +78,7 @@ def test_an_engine_restarted_while_the_breaker_is_open_drafts_within_the_cooldow
             if reply.ok_mask.any() and not first_usable:
                 first_usable.append(batch.t)
             if batch.t == 1:
-                caps["new"] = (proxy.core._row_cap, proxy.core._resync_cap)
+                caps["new"] = (proxy.core.pacer.row_cap, proxy.core.pacer.resync_cap)
             return batch.t >= (40 if first_usable else 300)
 
         _run_engine(seg_name, 300, new_engine)
@@ -87,7 +87,7 @@ def test_an_engine_restarted_while_the_breaker_is_open_drafts_within_the_cooldow
         assert proxy.breaker.state == "closed"
         # the row cap and the resync pacing the timeouts taught the old engine's round start afresh
         assert caps["old"][0] > 0 and caps["old"][1] == 1, caps
-        assert caps["new"] == (0, proxy.core._resync_max), caps
+        assert caps["new"] == (0, proxy.core.pacer.resync_max), caps
     finally:
         proxy.stop()
         th.join(10.0)

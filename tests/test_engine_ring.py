@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dspark_proxy.ring import SlotTable
-from engine_shim.ring import EngineRing
+from dspark_proxy.ring_model import SlotTable
+from engine_shim.row_ring import EngineRing
 
 I64 = np.int64
 RB = 8  # row bytes: one little-endian int64 counter per row

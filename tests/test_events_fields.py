@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from dspark_proxy import events
 from dspark_proxy.commands import control
 from dspark_proxy.round import _PHASES
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import LayoutParams, State, Word
+from dspark_proxy.shm.layout import LayoutParams, State, Word
+from dspark_proxy.shm.segment import Segment
 from engine_shim.attach import AttachState
 from engine_shim.shim import Shim
 from tests.rig import Rig
@@ -23,7 +23,7 @@ from tests.rig import Rig
 pytestmark = pytest.mark.timeout(60)
 
 M, N, W, B = 8, 3, 4, 16
-PARAMS = LayoutParams(max_slots=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W, resync_per_round=2)
+PARAMS = LayoutParams(max_reqs=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W, resync_per_round=2)
 
 
 def _round(n: int, q: int) -> dict:
@@ -59,7 +59,7 @@ def test_a_late_rounds_event_carries_that_rounds_fields(seg_name):
         assert (e["phase"], e["n"], e["rows"], e["longest_query"], e["proxy_wait_ms"]) == ("prefill", 3, 12, 7, 0.0)
         assert e["incarnation"] == seg.incarnation and e["time"] > 1.6e9
         shim.enqueue(2, **_round(1, 1))
-        shim._note_watchdog(1, 3, "watchdog")  # the watcher's record of round 1, drained late
+        shim.note_watchdog(1, 3, "watchdog")  # the watcher's record of round 1, drained late
         late = shim.events.dump()[-1]
         assert (late["round"], late["phase"], late["n"], late["rows"], late["longest_query"]) == (1, "prefill", 3, 12, 7)
         assert shim.read_reply(2).status == 2

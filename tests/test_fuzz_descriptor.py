@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from dspark_proxy.chaos import CORRUPTION_MODES, corrupt_round
-from dspark_proxy.shm_layout import STATUS_ROUND_FAILED, Word
+from dspark_proxy.shm.layout import STATUS_ROUND_FAILED, Word
 from tests.conftest import new_segment_name
 from tests.rig import Rig
 

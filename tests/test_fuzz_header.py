@@ -13,15 +13,15 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import engine_shim
-from dspark_proxy.segment import LayoutMismatch, Segment, SegmentError
-from dspark_proxy.shm_layout import HEADER_BYTES, HEADER_DTYPE, LayoutParams, State, Word
+from dspark_proxy.shm.layout import HEADER_BYTES, HEADER_DTYPE, LayoutParams, State, Word
+from dspark_proxy.shm.segment import LayoutMismatch, Segment, SegmentError
 from engine_shim.shim import Shim
 from tests.conftest import new_segment_name
 
 pytestmark = pytest.mark.timeout(120)
 
 M, N, W, B = 8, 3, 4, 16
-PARAMS = LayoutParams(max_slots=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W, resync_per_round=2)
+PARAMS = LayoutParams(max_reqs=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W, resync_per_round=2)
 ENGINE = dict(max_reqs=M, num_spec=N, window=W, row_bytes=B)
 FIELDS = [(name, HEADER_DTYPE.fields[name][1], HEADER_DTYPE.fields[name][0].itemsize) for name in HEADER_DTYPE.names]
 EXTREMES = [0, 1, 2, 0xFF, 0xFFFF, 1 << 16, 1 << 20, 1 << 26, (1 << 26) + 1, 0x7FFF_FFFF, 0x8000_0000, 0xFFFF_FFFF,
@@ -87,7 +87,7 @@ def _check_engine_side(name: str) -> str:
         pending = shim._pending
         if pending is not None:
             p = pending.params
-            assert (p.max_slots, p.num_spec, p.window, p.row_bytes) == (M, N, W, B)
+            assert (p.max_reqs, p.num_spec, p.window, p.row_bytes) == (M, N, W, B)
     finally:
         shim.close()
     return outcome + "/attached"
@@ -139,7 +139,7 @@ def test_random_header(data):
 
 def test_truncated_segment_is_refused(seg_name):
     """A segment smaller than its header (a creator caught mid-ftruncate) is refused with a message."""
-    from dspark_proxy.segment import shm_name
+    from dspark_proxy.shm.segment import shm_name
 
     shm = posix_ipc.SharedMemory(shm_name(seg_name), posix_ipc.O_CREX, mode=0o600, size=100)
     shm.close_fd()
@@ -178,7 +178,7 @@ def test_owner_pid_outside_pid_t(seg_name, pid):
     """Found by test_mutated_header: an owner_pid beyond pid_t made os.kill raise OverflowError out of
     owner_alive(), so attach() raised, the watchdog's ticks failed, `status` crashed and the proxy could
     not reclaim the segment. Such a pid belongs to nobody."""
-    from dspark_proxy.segment import owner_alive
+    from dspark_proxy.shm.segment import owner_alive
     from dspark_proxy.status import read_status
 
     assert owner_alive(pid, 0) is False

@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dspark_proxy import _hostflag as hf
-from dspark_proxy import hostflag
-from dspark_proxy.hostflag import (
+from dspark_proxy.shm import _hostflag as hf
+from dspark_proxy.shm import hostflag
+from dspark_proxy.shm.hostflag import (
     PAGE_NOT_PUBLISHED,
     PAGE_NOT_THIS_ROUND,
     PAGE_OK,
@@ -37,8 +37,8 @@ from dspark_proxy.hostflag import (
     HostFlags,
     OutOfOrder,
 )
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import STATUS_ROUND_FAILED, LayoutParams, Word
+from dspark_proxy.shm.layout import STATUS_ROUND_FAILED, LayoutParams, Word
+from dspark_proxy.shm.segment import Segment
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -69,7 +69,7 @@ def filled(v: int) -> np.ndarray:
 
 @pytest.fixture
 def seg(seg_name: str) -> Iterator[Segment]:
-    p = LayoutParams(max_slots=4, num_spec=3, window=8, row_bytes=64, max_rows=32, resync_per_round=2)
+    p = LayoutParams(max_reqs=4, num_spec=3, window=8, row_bytes=64, max_rows=32, resync_per_round=2)
     s = Segment.create(seg_name, p, deadline_ms=5.0)
     try:
         yield s
@@ -468,7 +468,7 @@ def test_read_only_and_wrong_buffers_are_refused(mm):
 
 _GUARD_PAGE_CHILD = """
     import ctypes, mmap, sys
-    from dspark_proxy import _hostflag as hf
+    from dspark_proxy.shm import _hostflag as hf
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     mm = mmap.mmap(-1, 8192)
@@ -500,7 +500,7 @@ def test_word_store_at_buffer_end_never_reads_past_it(call):
 
 _NEG_ZERO_CHILD = """
     import mmap
-    from dspark_proxy import _hostflag as hf
+    from dspark_proxy.shm import _hostflag as hf
     mm = mmap.mmap(-1, 3 * 4096)
     try:
         {call}
@@ -546,7 +546,7 @@ long syscall(long nr, ...) {
 
 _LOST_WAKE_CHILD = """
     import mmap, multiprocessing as mp, time
-    from dspark_proxy import _hostflag as hf
+    from dspark_proxy.shm import _hostflag as hf
     mm = mmap.mmap(-1, 4096)
     def poker():
         while hf.load(mm, 8) & 0xFFFFFFFF == 0:  # the sleeper registered: between its check and FUTEX_WAIT
@@ -676,7 +676,7 @@ def test_hostflags_watchdog_side(seg):
     eng.raise_gathered(1)
     assert eng.wait_or_fail(1, 3, hf.monotonic_ns() + 1_000_000) == WAIT_FAILED_BY_ME
     assert seg.page[0] == STATUS_ROUND_FAILED and seg.page[1] == 3
-    assert (seg.page[2:2 + seg.params.max_slots] == 0).all()  # fail_zero_bytes covers ok_mask
+    assert (seg.page[2:2 + seg.params.max_reqs] == 0).all()  # fail_zero_bytes covers ok_mask
     assert prx.taken(1) and prx.publish(1, np.zeros(seg.layout.reply.size, np.int32)) is False
     assert eng.fail(2, 1) == 1 and eng.fail(2, 1) == 0 and eng.fail(4, 1) == -1
     assert eng.wait_or_fail(4, 1, hf.monotonic_ns()) == WAIT_OUT_OF_ORDER

@@ -26,8 +26,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from dspark_proxy import _hostflag as hf
-from dspark_proxy.hostflag import (
+from dspark_proxy.shm import _hostflag as hf
+from dspark_proxy.shm.hostflag import (
     FAR_AHEAD,
     PAGE_NOT_THIS_ROUND,
     PAGE_OK,
@@ -37,8 +37,8 @@ from dspark_proxy.hostflag import (
     AdaptiveSpin,
     HostFlags,
 )
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import STATUS_ROUND_FAILED, LayoutParams, Word
+from dspark_proxy.shm.layout import STATUS_ROUND_FAILED, LayoutParams, Word
+from dspark_proxy.shm.segment import Segment
 
 CTX = mp.get_context("fork")  # children open the segment by name; fork only saves interpreter start-up
 PROXY_ID, WATCHDOG_ID = 1, 2  # writer ids: a proxy page holds t*4+1 everywhere, a failed page n = t*4+2
@@ -58,7 +58,7 @@ def seed_for(test: str) -> int:
 
 def params(max_slots: int) -> LayoutParams:
     """A page of 2 + M + 2*M*7 int32; the rest of the segment stays small."""
-    return LayoutParams(max_slots=max_slots, num_spec=7, window=4, row_bytes=64, max_rows=8, resync_per_round=1)
+    return LayoutParams(max_reqs=max_slots, num_spec=7, window=4, row_bytes=64, max_rows=8, resync_per_round=1)
 
 
 @contextlib.contextmanager

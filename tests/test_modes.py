@@ -16,7 +16,7 @@ import pytest
 
 import engine_shim
 from dspark_proxy.launch import spawn_proxy, spawn_worker
-from dspark_proxy.segment import Segment
+from dspark_proxy.shm.segment import Segment
 from dspark_proxy.sim import SimConfig, SimEngine
 
 pytestmark = pytest.mark.timeout(120)

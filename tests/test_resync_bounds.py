@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from dspark_proxy import shm_layout
-from dspark_proxy.hostflag import HostFlags
-from dspark_proxy.shm_layout import META_SLOTS
+from dspark_proxy.shm import layout as shm_layout
+from dspark_proxy.shm.hostflag import HostFlags
+from dspark_proxy.shm.layout import META_SLOTS
 from tests.rig import Rig
 
 pytestmark = pytest.mark.timeout(60)
@@ -52,7 +52,7 @@ def test_finished_requests_are_never_asked_for_and_live_windows_come_back(seg_na
         reply, b = rig.round(everyone)  # the first round that reaches a healthy worker: 4 dirty slots
         first_healthy = rig.t
         assert rig.check_drafts(reply, b) == int(reply.ok_mask.sum())
-        paced = [rig.core._resync_cap]
+        paced = [rig.core.pacer.resync_cap]
         full_at = None
         staged: list[int] = []
         for _ in range(200):  # the requests in slots 0 and 1 have finished
@@ -60,7 +60,7 @@ def test_finished_requests_are_never_asked_for_and_live_windows_come_back(seg_na
             assert rig.check_drafts(reply, b) == int(reply.ok_mask.sum())  # every draft right meanwhile
             staged += staged_slots(rig, rig.t)
             if full_at is None:
-                paced.append(rig.core._resync_cap)
+                paced.append(rig.core.pacer.resync_cap)
                 if all(full_windows(rig, reply, b)):
                     full_at = rig.t
             else:
@@ -93,8 +93,8 @@ def test_a_hung_proxy_costs_each_requested_window_one_copy(seg_name):
         reqs = [(1, 0, 1), (2, 1, 1), (3, 2, 1)]
         _lose_every_window(rig, reqs)
         reply, _ = rig.round(reqs)  # asks for 2 windows (R), for the next round
-        asked = int(rig.core._resync_req["count"][0])
-        named = int(rig.core._resync_req[0]["round"]) if "round" in rig.core._resync_req.dtype.names else None
+        asked = int(rig.core.win.req["count"][0])
+        named = int(rig.core.win.req[0]["round"]) if "round" in rig.core.win.req.dtype.names else None
         assert asked == 2
         written_at = rig.t
         before = rig.shim.counters.counter("resync_windows_staged")
@@ -126,10 +126,10 @@ def test_enqueue_copies_at_most_its_byte_budget_whatever_the_proxy_asks(seg_name
     monkeypatch.setattr(shm_layout, "RESYNC_ENQUEUE_BYTES", 2 * 4 * 16, raising=False)  # 2 windows of 4 x 16 B
     rig = Rig(seg_name, M=8, W=4, B=16, R=4)
     try:
-        first_cap = rig.core._resync_cap  # the proxy's first request after a (re)connect fits the budget
+        first_cap = rig.core.pacer.resync_cap  # the proxy's first request after a (re)connect fits the budget
         reqs = [(1, 0, 1), (2, 1, 1), (3, 2, 1), (4, 3, 1), (5, 4, 1)]
         _lose_every_window(rig, reqs)
-        rig.core._resync_cap = rig.core._resync_max = 4  # a proxy that asks for more than the budget
+        rig.core.pacer.resync_cap = rig.core.pacer.resync_max = 4  # a proxy that asks for more than the budget
         worst = 0
         for _ in range(6):
             reply, b = rig.round(reqs)
@@ -150,6 +150,6 @@ def test_realistic_shapes_stage_one_window_an_enqueue():
     """At 71,680-byte rows and W = 128 (9.2 MB windows, R = 29 from the default staging budget) one
     enqueue copies one window, not 266 MB."""
     mr, r = shm_layout.derive_sizes(256, 5, 128, 71680, 256)
-    p = shm_layout.LayoutParams(max_slots=256, num_spec=5, window=128, row_bytes=71680, max_rows=mr,
+    p = shm_layout.LayoutParams(max_reqs=256, num_spec=5, window=128, row_bytes=71680, max_rows=mr,
                                 resync_per_round=r)
     assert r == 29 and shm_layout.resync_windows_per_enqueue(p) == 1

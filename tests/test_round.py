@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from dspark_proxy import wire
-from dspark_proxy.hostflag import HostFlags
-from dspark_proxy.shm_layout import META_SLOTS, STATUS_OK, STATUS_ROUND_FAILED, STATUS_SOME_FAILED
+from dspark_proxy.shm.hostflag import HostFlags
+from dspark_proxy.shm.layout import META_SLOTS, STATUS_OK, STATUS_ROUND_FAILED, STATUS_SOME_FAILED
 from tests.rig import Rig
 
 pytestmark = pytest.mark.timeout(60)
@@ -234,12 +234,12 @@ def test_resync_requests_are_capped_by_the_learned_round_rate(rig):
         rig.round([(1, 0, 1), (2, 1, 1)])
     rig.client.epoch += 1  # the worker lost everything: both slots need their whole window back
     rig.client.new_session("reconnect")
-    assert rig.core._resync_cap == rig.core.R == 2
-    rig.core._learn_rate(1, 1e6, upper_bound=True)  # 1 row per second: half the 10 s deadline fits 5 rows
-    assert rig.core._resync_cap == 1
+    assert rig.core.pacer.resync_cap == rig.core.R == 2
+    rig.core.pacer.learn_rate(1, 1e6, upper_bound=True)  # 1 row per second: half the 10 s deadline fits 5 rows
+    assert rig.core.pacer.resync_cap == 1
     rig.round([(1, 0, 1), (2, 1, 1)])
     assert rig.core.want_resync[[0, 1]].all()
-    req = rig.core._resync_req
+    req = rig.core.win.req
     assert int(req["count"][0]) == 1 and int(req["slots"][0, 0]) == 0
     reply, b = rig.round([(1, 0, 1), (2, 1, 1)])  # slot 0's window comes back; slot 1 is asked for next
     assert rig.check_drafts(reply, b) == 2
@@ -255,13 +255,13 @@ def test_a_step_that_timed_out_caps_the_rows_of_the_next_rounds(rig):
     timed out): later STEPs carry at most half of that, a prefix of the entries, until STEPs near the
     cap show the link carries more; the requests left out get no drafts and are resent later."""
     rig.round([(1, 0, 1)])
-    assert rig.core._row_cap == 0  # a link that carries its rounds is never capped
+    assert rig.core.pacer.row_cap == 0  # a link that carries its rounds is never capped
     rig.client.fail_reason = "timeout"
     rig.round([(2, 1, 2)])  # 2 rows < W = 4: says nothing about the link
-    assert rig.core._row_cap == 0
+    assert rig.core.pacer.row_cap == 0
     reply, _ = rig.round([(3, 2, 4), (4, 3, 4), (5, 4, 4), (6, 5, 4)])  # 16 rows
     failed_with(rig, reply, "timeout", [2, 3, 4, 5])
-    assert rig.core._row_cap == 8 and rig.stats.gauge("row_cap") == 8
+    assert rig.core.pacer.row_cap == 8 and rig.stats.gauge("row_cap") == 8
     rig.client.fail_reason = None
     reply, b = rig.round([(7, 4, 4), (8, 5, 4), (9, 6, 4), (10, 7, 4)])  # 16 rows, 8 fit
     e, sent = rig.client.sent_entries[-1], rig.client.sent_rows[-1]
@@ -271,10 +271,10 @@ def test_a_step_that_timed_out_caps_the_rows_of_the_next_rounds(rig):
     assert rig.check_drafts(reply, b) == 2
     assert rig.core.slots.dirty[[6, 7]].all() and not rig.core.slots.dirty[[4, 5]].any()
     assert rig.stats.counter("requests_over_link_cap") == 2
-    assert rig.core._row_cap == 16  # that STEP was quick: at most twice the cap
+    assert rig.core.pacer.row_cap == 16  # that STEP was quick: at most twice the cap
     reply, b = rig.round([(11, 0, 4), (12, 1, 4), (13, 2, 4), (14, 3, 4)])  # 16 rows: all fit
     assert reply.status == STATUS_OK and rig.check_drafts(reply, b) == 4
-    assert rig.core._row_cap == 0 == rig.stats.gauge("row_cap")  # twice 16 reaches max_rows (M x W): gone
+    assert rig.core.pacer.row_cap == 0 == rig.stats.gauge("row_cap")  # twice 16 reaches max_rows (M x W): gone
 
 
 def test_the_row_cap_cuts_a_round_with_resync_windows(rig):
@@ -288,7 +288,7 @@ def test_the_row_cap_cuts_a_round_with_resync_windows(rig):
     rig.client.new_session("reconnect")
     rig.round([(1, 0, 1), (2, 1, 2), (3, 2, 2)])  # slot 0 asks for its window
     assert rig.core.want_resync[0]
-    rig.core._row_cap = 6
+    rig.core.pacer.row_cap = 6
     reply, b = rig.round([(1, 0, 1), (2, 1, 2), (3, 2, 2)])  # window 4 + 2 + 2 rows: 6 fit
     e, sent = rig.client.sent_entries[-1], rig.client.sent_rows[-1]
     assert e["slot"].tolist() == [0, 1] and e["flags"][0] & wire.RF_RESYNC and e["n_rows"].tolist() == [4, 2]
@@ -299,4 +299,4 @@ def test_the_row_cap_cuts_a_round_with_resync_windows(rig):
     for _ in range(4):  # the request left out catches up; every draft on the way is right
         reply, b = rig.round([(1, 0, 1), (2, 1, 2), (3, 2, 2)])
         rig.check_drafts(reply, b)
-    assert reply.status == STATUS_OK and rig.core._row_cap == 24  # rounds far below it leave it be
+    assert reply.status == STATUS_OK and rig.core.pacer.row_cap == 24  # rounds far below it leave it be

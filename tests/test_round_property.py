@@ -102,7 +102,7 @@ class _Engine:
         every usable draft is full again within ceil(live / windows a round) + 1 rounds of the first
         round whose reply is not ROUND_FAILED (its STEP reached the worker)."""
         rig.client.fail_reason = None
-        rig.core._row_cap = 0
+        rig.core.pacer.row_cap = 0
         owned = sorted(self.owner)
         live = data.draw(st.lists(st.sampled_from(owned), min_size=1, max_size=len(owned), unique=True),
                          label="live slots") if owned else []
@@ -150,9 +150,9 @@ def test_every_usable_draft_is_the_oracles(data):
                 rig.client.epoch += 1
                 rig.client.new_session("test: the worker lost every window")
             elif ev == "cap":
-                rig.core._row_cap = data.draw(st.integers(1, 2 * W), label="cap")
+                rig.core.pacer.row_cap = data.draw(st.integers(1, 2 * W), label="cap")
             elif ev == "uncap":
-                rig.core._row_cap = 0
+                rig.core.pacer.row_cap = 0
             b = eng.batch(_draw_plan(data))
             rig.t += 1
             rig.shim.enqueue(rig.t, **b)
@@ -199,9 +199,9 @@ def test_every_usable_draft_is_the_oracles_through_the_real_worker(worker, data)
             if ev == "lose":
                 client.new_session("test: the worker forgets every window")
             elif ev == "cap":
-                rig.core._row_cap = data.draw(st.integers(1, 2 * W), label="cap")
+                rig.core.pacer.row_cap = data.draw(st.integers(1, 2 * W), label="cap")
             elif ev == "uncap":
-                rig.core._row_cap = 0
+                rig.core.pacer.row_cap = 0
             b = eng.batch(_draw_plan(data))
             rig.t += 1
             rig.shim.enqueue(rig.t, **b)

@@ -24,18 +24,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dspark_proxy import _hostflag as hf
-from dspark_proxy.segment import (
-    DEFAULT_NAME,
-    LayoutMismatch,
-    Segment,
-    SegmentBusy,
-    SegmentError,
-    owner_alive,
-    process_start_ticks,
-    shm_name,
-)
-from dspark_proxy.shm_layout import (
+from dspark_proxy.shm import _hostflag as hf
+from dspark_proxy.shm.layout import (
     CACHE_LINE,
     HEADER_BYTES,
     LAYOUT_VERSION,
@@ -46,16 +36,27 @@ from dspark_proxy.shm_layout import (
     WORD_STRIDE,
     Layout,
     LayoutParams,
-    ReplyLayout,
+    ReplyPageLayout,
     State,
     Word,
     derive_sizes,
+    header_name,
+)
+from dspark_proxy.shm.segment import (
+    DEFAULT_NAME,
+    LayoutMismatch,
+    Segment,
+    SegmentBusy,
+    SegmentError,
+    owner_alive,
+    process_start_ticks,
+    shm_name,
 )
 
 pytestmark = pytest.mark.timeout(60)
 
 CTX = mp.get_context("fork")
-SMALL = LayoutParams(max_slots=4, num_spec=3, window=8, row_bytes=64, max_rows=32, resync_per_round=2)
+SMALL = LayoutParams(max_reqs=4, num_spec=3, window=8, row_bytes=64, max_rows=32, resync_per_round=2)
 
 
 def dev_shm(name: str) -> Path:
@@ -123,8 +124,9 @@ def test_create_writes_a_complete_header(seg_name):
         h = seg.header
         assert int(h["magic"]) == MAGIC and int(h["layout_version"]) == LAYOUT_VERSION
         assert int(h["header_bytes"]) == HEADER_BYTES and int(h["total_bytes"]) == seg.layout.total_bytes
-        for k in ("max_slots", "num_spec", "window", "row_bytes", "max_rows", "resync_per_round"):
-            assert int(h[k]) == getattr(SMALL, k)
+        for k in ("max_reqs", "num_spec", "window", "row_bytes", "max_rows", "resync_per_round"):
+            assert int(h[header_name(k)]) == getattr(SMALL, k)
+        assert int(h["max_slots"]) == SMALL.max_reqs  # the header keeps its on-disk name
         assert bool(h["sampled"]) is False and int(h["meta_rows"]) == SMALL.meta_rows == 4
         assert float(h["deadline_ms"]) == 7.5 == seg.deadline_ms
         assert int(h["owner_pid"]) == os.getpid()
@@ -199,9 +201,9 @@ def test_open_missing_says_what_to_run(seg_name):
     ("magic", 0x1234, "bad magic"),
     ("layout_version", LAYOUT_VERSION + 1, "layout version"),
     ("total_bytes", 1 << 30, "does not match its parameters"),
-    ("max_slots", SMALL.max_slots + 1, "does not match its parameters"),  # size no longer fits the params
+    ("max_slots", SMALL.max_reqs + 1, "does not match its parameters"),  # size no longer fits the params
     ("window", 0, "corrupt header"),
-    ("resync_per_round", SMALL.max_slots + 1, "corrupt header"),
+    ("resync_per_round", SMALL.max_reqs + 1, "corrupt header"),
 ])
 def test_open_refuses_a_bad_header(seg_name, field, value, message):
     with created(seg_name) as seg:
@@ -219,7 +221,7 @@ def test_open_refuses_a_segment_smaller_than_its_header(seg_name):
 
 @pytest.mark.parametrize("damage", ["magic", "version", "tiny", "empty"])
 def test_create_reclaims_an_unreadable_leftover(seg_name, damage, monkeypatch):
-    from dspark_proxy import segment as segmod
+    from dspark_proxy.shm import segment as segmod
 
     monkeypatch.setattr(segmod, "CREATING_GRACE_S", 0.0)  # old enough to be a leftover, not mid-create
     if damage in ("tiny", "empty"):
@@ -236,7 +238,7 @@ def test_create_reclaims_an_unreadable_leftover(seg_name, damage, monkeypatch):
 
 
 @pytest.mark.parametrize("field,expected", [
-    ("max_slots", 8), ("num_spec", 5), ("window", 16), ("row_bytes", 128), ("max_rows", 64),
+    ("max_reqs", 8), ("num_spec", 5), ("window", 16), ("row_bytes", 128), ("max_rows", 64),
     ("resync_per_round", 1), ("sampled", True),
 ])
 def test_parameter_mismatch_names_the_field(seg_name, field, expected):
@@ -255,9 +257,9 @@ def test_parameter_mismatch_names_the_field(seg_name, field, expected):
 
 def test_parameter_check_reports_the_first_mismatch(seg_name):
     with created(seg_name) as seg:
-        seg.check_params(max_slots=4, num_spec=3, window=8, row_bytes=64, sampled=False)
+        seg.check_params(max_reqs=4, num_spec=3, window=8, row_bytes=64, sampled=False)
         with pytest.raises(LayoutMismatch) as ei:
-            seg.check_params(max_slots=4, num_spec=9, window=99)
+            seg.check_params(max_reqs=4, num_spec=9, window=99)
         assert ei.value.field == "num_spec"
 
 
@@ -359,9 +361,9 @@ def test_close_is_idempotent_and_keeps_the_name(seg_name):
 
 def test_close_with_views_still_held(seg_name):
     code = f"""
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import LayoutParams
-p = LayoutParams(max_slots=4, num_spec=3, window=8, row_bytes=64, max_rows=32, resync_per_round=2)
+from dspark_proxy.shm.segment import Segment
+from dspark_proxy.shm.layout import LayoutParams
+p = LayoutParams(max_reqs=4, num_spec=3, window=8, row_bytes=64, max_rows=32, resync_per_round=2)
 seg = Segment.create({seg_name!r}, p, deadline_ms=5.0)
 page, rows = seg.page, seg.staging[2]  # a caller keeps views
 seg.unlink()
@@ -396,7 +398,7 @@ def test_unlink_never_removes_a_newer_incarnation(seg_name):
 
 layout_params = st.builds(
     lambda m, n, w, rb, rows_frac, r_frac, sampled: LayoutParams(
-        max_slots=m, num_spec=n, window=w, row_bytes=rb, max_rows=max(1, int(m * w * rows_frac)),
+        max_reqs=m, num_spec=n, window=w, row_bytes=rb, max_rows=max(1, int(m * w * rows_frac)),
         resync_per_round=max(1, int(m * r_frac)), sampled=sampled),
     st.integers(1, 1024), st.integers(1, 16), st.integers(1, 512), st.integers(1, 80_000),
     st.floats(0, 1), st.floats(0, 1), st.booleans())
@@ -447,7 +449,7 @@ def test_regions_are_aligned_sized_and_disjoint(p):
 @settings(deadline=None, max_examples=200)
 @given(st.integers(1, 2048), st.integers(1, 16), st.booleans())
 def test_reply_layout_formula(m, n, sampled):
-    r = ReplyLayout(m, n, sampled)
+    r = ReplyPageLayout(m, n, sampled)
     base = 2 + m + 2 * m * n
     assert (r.o_ok, r.o_ids, r.o_conf) == (2, 2 + m, 2 + m + m * n)
     assert r.size == (base + m + 2 * m * n * SUPPORT_K if sampled else base)
@@ -476,31 +478,31 @@ def test_derive_sizes_formula(m, n, w, rb, budget_mb):
     assert rows == min(m * w, max(m * (n + 1), budget // rb))
     assert r == min(m, max(4, budget // (w * rb)))
     assert 1 <= rows <= m * w and 1 <= r <= m
-    LayoutParams(max_slots=m, num_spec=n, window=w, row_bytes=rb, max_rows=rows, resync_per_round=r)
+    LayoutParams(max_reqs=m, num_spec=n, window=w, row_bytes=rb, max_rows=rows, resync_per_round=r)
 
 
 @pytest.mark.parametrize("field,value", [
-    ("max_slots", 0), ("num_spec", 0), ("num_spec", 256), ("window", 0), ("row_bytes", 0),
-    ("max_rows", 0), ("resync_per_round", 0), ("max_slots", 1.5),
+    ("max_reqs", 0), ("num_spec", 0), ("num_spec", 256), ("window", 0), ("row_bytes", 0),
+    ("max_rows", 0), ("resync_per_round", 0), ("max_reqs", 1.5),
 ])
 def test_layout_params_are_validated(field, value):
-    kw = dict(max_slots=4, num_spec=3, window=8, row_bytes=64, max_rows=32, resync_per_round=2)
+    kw = dict(max_reqs=4, num_spec=3, window=8, row_bytes=64, max_rows=32, resync_per_round=2)
     kw[field] = value
     with pytest.raises(ValueError, match=field):
         LayoutParams(**kw)
 
 
 def test_more_resync_windows_than_slots_is_refused():
-    with pytest.raises(ValueError, match="resync_per_round=5 > max_slots=4"):
-        LayoutParams(max_slots=4, num_spec=3, window=8, row_bytes=64, max_rows=32, resync_per_round=5)
+    with pytest.raises(ValueError, match="resync_per_round=5 > max_reqs=4"):
+        LayoutParams(max_reqs=4, num_spec=3, window=8, row_bytes=64, max_rows=32, resync_per_round=5)
 
 
 def test_sampled_segment_carries_its_extra_metadata(seg_name):
-    p = LayoutParams(max_slots=4, num_spec=3, window=8, row_bytes=64, max_rows=32, resync_per_round=2,
+    p = LayoutParams(max_reqs=4, num_spec=3, window=8, row_bytes=64, max_rows=32, resync_per_round=2,
                      sampled=True)
     with created(seg_name, p) as seg:
         assert bool(seg.header["sampled"]) and int(seg.header["meta_rows"]) == 6
-        assert seg.page.size == ReplyLayout(4, 3, True).size
+        assert seg.page.size == ReplyPageLayout(4, 3, True).size
         other = Segment.open(seg_name)
         assert other.params == p
         other.close()
@@ -563,8 +565,8 @@ def test_a_segment_being_created_is_not_reclaimed(seg_name, monkeypatch):
     never unlink it from under that proxy. Old and headerless: a leftover, reclaimed."""
     import posix_ipc
 
-    from dspark_proxy import segment as segmod
-    from dspark_proxy.segment import SegmentBusy, shm_name
+    from dspark_proxy.shm import segment as segmod
+    from dspark_proxy.shm.segment import SegmentBusy, shm_name
 
     shm = posix_ipc.SharedMemory(shm_name(seg_name), posix_ipc.O_CREX, mode=0o600, size=8192)
     shm.close_fd()

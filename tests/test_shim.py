@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import META_SLOTS, LayoutParams, State, Word
+from dspark_proxy.shm.layout import META_SLOTS, LayoutParams, State, Word
+from dspark_proxy.shm.segment import Segment
 from engine_shim import Reply, Shim, ShimError
 from engine_shim.attach import AttachState
 from tests.rig import Rig, row_of
@@ -173,7 +173,7 @@ class _FakeRig:
 
 
 def test_sampled_segment_needs_seed_and_temperature(seg_name):
-    p = LayoutParams(max_slots=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W, resync_per_round=2,
+    p = LayoutParams(max_reqs=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W, resync_per_round=2,
                      sampled=True)
     seg = Segment.create(seg_name, p, deadline_ms=1000.0)
     seg.set_word(Word.STATE, State.READY)
@@ -368,7 +368,7 @@ def test_context_manager_stops_the_watchdog(seg_name):
 def test_close_with_a_round_in_flight_is_prompt(seg_name):
     """An engine shutting down between enqueue and read_reply: close() must not sit out the round's
     deadline in the watchdog's join, nor leave the watchdog thread running."""
-    seg = Segment.create(seg_name, LayoutParams(max_slots=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W,
+    seg = Segment.create(seg_name, LayoutParams(max_reqs=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W,
                                                 resync_per_round=2), deadline_ms=5_000.0)
     seg.set_word(Word.HEARTBEAT_NS, 1 << 62)
     seg.set_word(Word.STATE, State.READY)

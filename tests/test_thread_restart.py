@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import Word
+from dspark_proxy.shm.layout import Word
+from dspark_proxy.shm.segment import Segment
 from dspark_proxy.status import format_status as _table
 from dspark_proxy.status import read_status
 from engine_shim import api

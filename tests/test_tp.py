@@ -15,7 +15,7 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from dspark_proxy.shm_layout import SUPPORT_K, ReplyLayout
+from dspark_proxy.shm.layout import SUPPORT_K, ReplyPageLayout
 from engine_shim.reply import Reply, ReplyReader
 from engine_shim.tp import payload_words
 
@@ -31,7 +31,7 @@ def _reply(case: str):
         return Reply(7, 1, 3, np.array([True, False, True]), np.arange(9, dtype=np.int32).reshape(3, N),
                      np.linspace(0, 1, 9, dtype=np.float32).reshape(3, N)), 0, False
     if case == "failed":
-        return ReplyReader(ReplyLayout(M, N)).failed(8, 5, "deadline"), 0, False
+        return ReplyReader(ReplyPageLayout(M, N)).failed(8, 5, "deadline"), 0, False
     if case == "smaller":  # after "ok": the buffer is reused, nothing of the larger round shows
         return Reply(9, 0, 1, np.array([True]), np.array([[11, 12, 13]], np.int32),
                      np.array([[0.5, 0.25, 0.125]], np.float32)), 0, False
@@ -46,7 +46,7 @@ def _reply(case: str):
                      rng.integers(0, 150_000, (n, N, SUPPORT_K), dtype=np.int32),
                      rng.random((n, N, SUPPORT_K), dtype=np.float32)), 0, True
     if case == "sampled_failed":
-        return ReplyReader(ReplyLayout(M, N, True)).failed(11, 2, "proxy_hung"), 0, True
+        return ReplyReader(ReplyPageLayout(M, N, True)).failed(11, 2, "proxy_hung"), 0, True
     if case == "full":
         return Reply(12, 0, M, np.ones(M, bool), rng.integers(-1, 99, (M, N), dtype=np.int32),
                      rng.random((M, N), dtype=np.float32)), 0, False

@@ -13,7 +13,7 @@ import pytest
 
 from dspark_proxy.events import EventRing
 from dspark_proxy.round import RoundCore, RoundSettings
-from dspark_proxy.shm_layout import META_SLOTS, STATUS_ROUND_FAILED
+from dspark_proxy.shm.layout import META_SLOTS, STATUS_ROUND_FAILED
 from tests.rig import Rig
 from tests.test_resync_bounds import full_windows, staged_slots
 
@@ -59,7 +59,7 @@ def test_whole_windows_come_back_after_the_proxy_forgot_the_ring(seg_name, fault
             reply, b = rig.round(LIVE)
             assert rig.check_drafts(reply, b) == int(reply.ok_mask.sum())  # every draft right meanwhile
             if full_at is None:
-                paced.append(rig.core._resync_cap)
+                paced.append(rig.core.pacer.resync_cap)
                 if all(full_windows(rig, reply, b)):
                     full_at = rig.t
             else:

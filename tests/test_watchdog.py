@@ -21,11 +21,11 @@ import numpy as np
 import posix_ipc
 import pytest
 
-from dspark_proxy import _hostflag
-from dspark_proxy.hostflag import FAR_AHEAD, HostFlags
 from dspark_proxy.launch import spawn_proxy, wait_proxy_ready
-from dspark_proxy.segment import Segment
-from dspark_proxy.shm_layout import LayoutParams, State, Word
+from dspark_proxy.shm import _hostflag
+from dspark_proxy.shm.hostflag import FAR_AHEAD, HostFlags
+from dspark_proxy.shm.layout import LayoutParams, State, Word
+from dspark_proxy.shm.segment import Segment
 from dspark_proxy.sim import SimConfig, SimEngine
 from engine_shim import Shim
 from engine_shim.attach import AttachState
@@ -35,7 +35,7 @@ from tests.rig import Rig
 pytestmark = pytest.mark.timeout(60)
 
 M, N, W, B = 8, 3, 4, 16
-PARAMS = LayoutParams(max_slots=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W, resync_per_round=2)
+PARAMS = LayoutParams(max_reqs=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W, resync_per_round=2)
 NEVER_STALE = 1 << 62  # a heartbeat in the far future: never stale
 
 

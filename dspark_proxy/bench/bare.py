@@ -41,10 +41,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import _hostflag
-from ..hostflag import PAGE_OK, AdaptiveSpin, HostFlags
-from ..segment import Segment
-from ..shm_layout import LayoutParams
+from ..shm import hostflag as hf
+from ..shm.hostflag import PAGE_OK, AdaptiveSpin, HostFlags
+from ..shm.layout import LayoutParams
+from ..shm.segment import Segment
 
 __all__ = ["run_handoff", "run_words", "run_pipe", "main"]
 
@@ -106,11 +106,11 @@ def _proxy_words(mm: mmap.mmap, cpu: int | None, total: int, force_ns: int | Non
     spin = _spin(force_ns, os.getppid())
     for t in range(1, total + 1):
         t0 = time.perf_counter_ns()
-        ok = _hostflag.wait_ge(mm, 0, t, WAIT_S, spin.spin_ns)
+        ok = hf.wait_ge(mm, 0, t, WAIT_S, spin.spin_ns)
         spin.update(time.perf_counter_ns() - t0, ok)
         if not ok:
             os._exit(3)
-        _hostflag.store(mm, 128, t)
+        hf.store(mm, 128, t)
 
 
 def _proxy_pipe(conn, cpu: int | None, total: int) -> None:
@@ -177,9 +177,9 @@ def run_words(total: int, prx_cpu: int | None, force_ns: int | None) -> np.ndarr
         spin = _spin(force_ns, p.pid, prx_cpu)
 
         def one_round(t: int) -> None:
-            _hostflag.store(mm, 0, t)
+            hf.store(mm, 0, t)
             t0 = time.perf_counter_ns()
-            ok = _hostflag.wait_ge(mm, 128, t, WAIT_S, spin.spin_ns)
+            ok = hf.wait_ge(mm, 128, t, WAIT_S, spin.spin_ns)
             spin.update(time.perf_counter_ns() - t0, ok)
             if not ok:
                 raise RuntimeError(f"words: no pong {t} (peer exit {p.exitcode})")
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     a = ap.parse_args(argv)
     total = a.rounds + a.warmup
-    params = LayoutParams(max_slots=a.max_reqs, num_spec=a.num_spec, window=4, row_bytes=64, max_rows=8,
+    params = LayoutParams(max_reqs=a.max_reqs, num_spec=a.num_spec, window=4, row_bytes=64, max_rows=8,
                           resync_per_round=1)
     page_bytes = 4 * (2 + a.max_reqs + 2 * a.max_reqs * a.num_spec)
     result: dict[str, Any] = {

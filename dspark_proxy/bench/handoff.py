@@ -84,12 +84,12 @@ def time_handoff(name: str, rounds: int, warmup: int, other_cpu: int | None,
 def time_bare_handoff(pings: int, other_cpu: int | None) -> tuple[Any, str]:
     """The bare hand-off (bench/bare.py): raw ns, or None and why not."""
     try:
-        from dspark_proxy.shm_layout import LayoutParams
+        from dspark_proxy.shm.layout import LayoutParams
 
         from .bare import run_handoff as bare_handoff
 
         s = HANDOFF_SHAPE
-        params = LayoutParams(max_slots=s["max_reqs"], num_spec=s["num_spec"], window=4, row_bytes=64,
+        params = LayoutParams(max_reqs=s["max_reqs"], num_spec=s["num_spec"], window=4, row_bytes=64,
                               max_rows=8, resync_per_round=1)
         return bare_handoff(params, pings, other_cpu, None), ""
     except Exception as e:  # noqa: BLE001 - the floor is a comparison: its failure is a note, not the section's

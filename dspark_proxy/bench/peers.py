@@ -6,7 +6,7 @@
     python -m dspark_proxy.bench.peers sink                # loopback TCP: read a sized message, answer
 
 Each prints one `ready ...` line on stdout once it can be timed. The futex peer goes through our own
-hostflag words (`_hostflag.store` / `wait_ge`, the same C calls as the hand-off) in a small file in
+hostflag words (`hostflag.store` / `wait_ge`, the same C calls as the hand-off) in a small file in
 /dev/shm; SPIN is `adaptive` (the product's `AdaptiveSpin` policy) or `0` (sleep in the futex at once).
 """
 
@@ -25,8 +25,8 @@ from multiprocessing.connection import Connection, Pipe
 
 import numpy as np
 
-from .. import _hostflag
-from ..hostflag import AdaptiveSpin
+from ..shm import hostflag as hf
+from ..shm.hostflag import AdaptiveSpin
 from .procs import on_cpu
 
 __all__ = ["Peer", "spawn_peer", "time_futex", "time_pipe", "time_tcp", "RawSink", "recv_exact"]
@@ -46,16 +46,16 @@ def _futex_child(path: str, spin: str) -> None:
     print("ready", flush=True)
     i = 1
     while True:
-        t0 = _hostflag.monotonic_ns()
-        ok = _hostflag.wait_ge(mm, PING_OFF, i, 1.0, policy.spin_ns if policy else 0)
+        t0 = hf.monotonic_ns()
+        ok = hf.wait_ge(mm, PING_OFF, i, 1.0, policy.spin_ns if policy else 0)
         if policy:
-            policy.update(_hostflag.monotonic_ns() - t0, ok)
+            policy.update(hf.monotonic_ns() - t0, ok)
         if not ok:
             continue
-        v = _hostflag.load(mm, PING_OFF)
+        v = hf.load(mm, PING_OFF)
         if v >= STOP:
             return
-        _hostflag.store(mm, PONG_OFF, v)
+        hf.store(mm, PONG_OFF, v)
         i = v + 1
 
 
@@ -199,22 +199,22 @@ def time_futex(n: int, spin: str, other_cpu: int | None = None) -> np.ndarray:
     peer = spawn_peer("futex", path, spin, cpu=other_cpu)
     try:
         policy = AdaptiveSpin(peer_pid=peer.pid) if spin == "adaptive" else None  # as the product does
-        mono = _hostflag.monotonic_ns
+        mono = hf.monotonic_ns
 
         def one(i: int) -> None:
-            _hostflag.store(mm, PING_OFF, i)
+            hf.store(mm, PING_OFF, i)
             if policy is None:
-                ok = _hostflag.wait_ge(mm, PONG_OFF, i, 5.0, 0)
+                ok = hf.wait_ge(mm, PONG_OFF, i, 5.0, 0)
             else:
                 t0 = mono()
-                ok = _hostflag.wait_ge(mm, PONG_OFF, i, 5.0, policy.spin_ns)
+                ok = hf.wait_ge(mm, PONG_OFF, i, 5.0, policy.spin_ns)
                 policy.update(mono() - t0, ok)
             if not ok:
                 raise RuntimeError("futex peer did not answer within 5 s")
 
         return _rounds(one, n)
     finally:
-        _hostflag.store(mm, PING_OFF, STOP)
+        hf.store(mm, PING_OFF, STOP)
         peer.close()
         mm.close()
         os.unlink(path)

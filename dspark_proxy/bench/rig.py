@@ -17,8 +17,8 @@ from ..breaker import CircuitBreaker
 from ..draft_client import DraftClient
 from ..events import EventRing
 from ..round import RoundCore, RoundSettings
-from ..segment import Segment
-from ..shm_layout import LayoutParams, State, Word
+from ..shm.layout import LayoutParams, State, Word
+from ..shm.segment import Segment
 from ..stats import Stats
 
 __all__ = ["RoundRig", "TimedClient"]
@@ -59,7 +59,7 @@ class RoundRig:
             self.breaker = CircuitBreaker(*breaker)
             self.core = RoundCore(self.seg, client, self.stats, EventRing(64), self.breaker,
                                   settings or RoundSettings())
-            self.shim = Shim(name, max_reqs=params.max_slots, num_spec=params.num_spec, window=params.window,
+            self.shim = Shim(name, max_reqs=params.max_reqs, num_spec=params.num_spec, window=params.window,
                              row_bytes=params.row_bytes, sampled=params.sampled, start_watchdog=False)
             if not self.shim.offer(Segment.open(name)):
                 raise RuntimeError("round rig: the shim refused the segment")

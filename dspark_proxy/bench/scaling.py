@@ -46,11 +46,11 @@ class ScaleRig:
                  row_bytes: int = ROW_BYTES) -> None:
         from dspark_proxy.inproc import InProcessClient
         from dspark_proxy.round import RoundSettings
-        from dspark_proxy.shm_layout import LayoutParams
+        from dspark_proxy.shm.layout import LayoutParams
 
         from .rig import RoundRig, TimedClient
 
-        p = LayoutParams(max_slots=max_reqs, num_spec=num_spec, window=window, row_bytes=row_bytes,
+        p = LayoutParams(max_reqs=max_reqs, num_spec=num_spec, window=window, row_bytes=row_bytes,
                          max_rows=max_reqs * window, resync_per_round=min(max_reqs, 8))
         self.client = TimedClient(InProcessClient(null=True, max_reqs=max_reqs, num_spec=num_spec, window=window,
                                                   row_bytes=row_bytes))

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..segment import Segment
+from ..shm.segment import Segment
 
 __all__ = ["CORRUPTION_MODES", "corrupt_round", "DescriptorCorruptor"]
 
@@ -38,7 +38,7 @@ def _slot_bytes(seg: Segment, region: str, t: int) -> tuple[np.ndarray, np.dtype
 def corrupt_round(seg: Segment, t: int, mode: str, rng: np.random.Generator) -> str:
     """Damage round t's slot in `seg` so that it is malformed; returns the mode actually applied
     (a mode that needs requests falls back to `desc_n_over_max` on an empty round)."""
-    M = seg.params.max_slots
+    M = seg.params.max_reqs
     slot = t % len(seg.desc)
     d, m = seg.desc[slot], seg.meta[slot]
     n = int(d["n"])

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..segment import SegmentError
+from ..shm.segment import SegmentError
 from ..status import read_status
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..launch import Child, spawn_proxy, spawn_worker
-from ..segment import Segment, SegmentError, shm_name
+from ..shm.segment import Segment, SegmentError, shm_name
 
 __all__ = ["ChaosSystem", "Layout4", "free_fixed_port"]
 

@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from ..segment import SegmentError
+from ..shm.segment import SegmentError
 from ..status import read_status
 
 __all__ = ["ProxyTally", "ShimEventLog", "counter_delta"]

@@ -9,7 +9,7 @@ import time
 import click
 
 from ..exitcodes import EXIT_FAILURE
-from ..segment import DEFAULT_NAME, SegmentError
+from ..shm.segment import DEFAULT_NAME, SegmentError
 from ..status import format_status, read_status, stop_proxy
 
 __all__ = ["stop", "status", "read_status"]  # read_status: re-exported for older callers

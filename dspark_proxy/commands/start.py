@@ -10,7 +10,7 @@ import click
 from ..config import ProxyConfig, build_config, click_options, format_settings
 from ..exitcodes import EXIT_STARTUP_FAILURE
 from ..runtime import TokenFileError, read_token, setup_logging
-from ..segment import SegmentError
+from ..shm.segment import SegmentError
 
 __all__ = ["start", "setup_logging", "read_token", "token_or_bad_parameter"]
 

@@ -94,12 +94,15 @@ from .messages import (
     reply_layout,
     worker_proof,
 )
+from .step import StepPrefix
 
 __all__ = [
     # codec
     "NEED_DATA", "Decoder", "Frame", "ReplyWriter", "bad_entry_mask", "decode_control", "decode_reply",
     "decode_step", "encode_control", "encode_step", "fill_step_prefix", "pack_app_header",
     "parse_app_header",
+    # a STEP's prefix, built in place (step.py)
+    "StepPrefix",
     # layouts and constants
     "APP_HEADER_DTYPE", "APP_HEADER_SIZE", "APP_HEADER_STRUCT", "CONTROL_TYPES", "ENTRY_DTYPE", "ENTRY_SIZE",
     "MAGIC", "MSG_AUTH", "MSG_CHALLENGE", "MSG_ERROR", "MSG_HELLO", "MSG_NAMES", "MSG_NEW_SESSION",

@@ -15,12 +15,12 @@ import os
 import numpy as np
 
 from . import _hostflag
+from .layout import Word
 from .segment import Segment
-from .shm_layout import Word
 
 __all__ = ["FAR_AHEAD", "HostFlags", "AdaptiveSpin", "spin_useful", "OutOfOrder", "WAIT_PUBLISHED", "WAIT_FAILED_BY_ME",
            "WAIT_CLAIMED_UNPUBLISHED", "WAIT_OUT_OF_ORDER", "PAGE_OK", "PAGE_NOT_THIS_ROUND",
-           "PAGE_NOT_PUBLISHED", "monotonic_ns"]
+           "PAGE_NOT_PUBLISHED", "monotonic_ns", "load", "load_after", "store", "cas", "wait_ge"]
 
 FAR_AHEAD = 1 << 40  # fail_all(rounds + FAR_AHEAD): every round the engine can still run is target-only
 
@@ -34,7 +34,15 @@ PAGE_OK = 1
 PAGE_NOT_THIS_ROUND = 0
 PAGE_NOT_PUBLISHED = -1
 
-monotonic_ns = _hostflag.monotonic_ns
+# The bare word operations, for the few callers outside this package that use a word of their own
+# (the attach claim, the proxy's stop word, the deadline's clock, the hand-off benches): each is the
+# C call itself (no wrapper to pay for), with the memory order shm_layout.md §2 gives it.
+monotonic_ns = _hostflag.monotonic_ns  # CLOCK_MONOTONIC in ns, the clock of every *_NS word
+load = _hostflag.load  # (mm, off) -> int: acquire load of a word
+load_after = _hostflag.load_after  # (mm, off) -> int: an acquire fence, then the load (after a copy)
+store = _hostflag.store  # (mm, off, v): release store (then a seq_cst fence), wakes futex waiters
+cas = _hostflag.cas  # (mm, off, expected, new) -> bool: seq_cst compare-and-swap
+wait_ge = _hostflag.wait_ge  # (mm, off, target, timeout_s, spin_ns) -> bool: futex wait until >= target
 
 
 class OutOfOrder(RuntimeError):

@@ -20,7 +20,7 @@ import numpy as np
 import posix_ipc
 
 from . import _hostflag
-from .shm_layout import (
+from .layout import (
     HEADER_BYTES,
     HEADER_DTYPE,
     LAYOUT_VERSION,
@@ -30,6 +30,7 @@ from .shm_layout import (
     LayoutParams,
     State,
     Word,
+    header_name,
 )
 
 __all__ = ["SegmentError", "SegmentBusy", "LayoutMismatch", "Segment", "shm_name", "DEFAULT_NAME",
@@ -286,7 +287,7 @@ class Segment:
         for k, v in expected.items():
             if v is None:
                 continue
-            got = self.header[k].item()
+            got = self.header[header_name(k)].item()
             if isinstance(v, bool):
                 got = bool(got)
             if got != v:

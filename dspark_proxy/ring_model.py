@@ -1,4 +1,4 @@
-"""Rank 0's exact model of the engine's ring: the last W rows of each slot (SPEC §2, steps 2, 4, 5, 8).
+"""Rank 0's exact model of the engine's ring: the last W rows of each slot (round.py: steps 2, 4, 5, 8).
 
 The engine keeps, per slot (request-state index), the hidden-state rows of the last W positions it
 finalised. The proxy never sees that ring, yet it must know, every round and for every request, which
@@ -7,7 +7,7 @@ window from the ring (``RESYNC``), and to judge whether a ``PARTIAL_WINDOW`` rep
 replays the engine's writes on position ranges only: an owner, a generation, and an inclusive range
 ``[lo, hi]`` per slot, plus two flags about the worker's copy (``dirty``, ``announced``).
 
-The rules (the same ones the engine side applies to its rows, engine_shim.ring):
+The rules (the same ones the engine side applies to its rows, engine_shim.row_ring):
 
 * A slot whose owner (request id) changes starts a new generation: generation += 1 (generations only
   grow), range cleared, dirty, not announced.

@@ -17,13 +17,13 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from ..limits import SUPPORT_K
 from . import _hostflag
-from .limits import SUPPORT_K
 
 __all__ = [
     "MAGIC", "LAYOUT_VERSION", "META_SLOTS", "PAGE", "CACHE_LINE", "WORD_STRIDE", "Word", "State",
     "HEADER_DTYPE", "HEADER_BYTES", "STATUS_OK", "STATUS_SOME_FAILED", "STATUS_ROUND_FAILED",
-    "STATUS_NAMES", "SUPPORT_K", "LayoutParams", "Layout", "ReplyLayout", "meta_dtype", "desc_dtype",
+    "STATUS_NAMES", "SUPPORT_K", "LayoutParams", "Layout", "header_name", "ReplyPageLayout", "meta_dtype", "desc_dtype",
     "window_dtype", "derive_sizes", "RESYNC_ENQUEUE_BYTES", "resync_windows_per_enqueue",
 ]
 
@@ -107,7 +107,13 @@ HEADER_DTYPE = np.dtype(
 HEADER_BYTES = PAGE
 assert HEADER_DTYPE.itemsize <= HEADER_BYTES
 
-_LAYOUT_FIELDS = ("max_slots", "num_spec", "window", "row_bytes", "max_rows", "resync_per_round", "sampled")
+_LAYOUT_FIELDS = ("max_reqs", "num_spec", "window", "row_bytes", "max_rows", "resync_per_round", "sampled")
+_HEADER_NAMES = {"max_reqs": "max_slots"}  # a parameter whose header field keeps its on-disk name
+
+
+def header_name(param: str) -> str:
+    """The header field of a LayoutParams field (the header's names are on disk and in `status --json`)."""
+    return _HEADER_NAMES.get(param, param)
 
 
 def _up(x: int, a: int) -> int:
@@ -116,7 +122,7 @@ def _up(x: int, a: int) -> int:
 
 def derive_sizes(max_reqs: int, num_spec: int, window: int, row_bytes: int, staging_budget_mb: float
                  ) -> tuple[int, int]:
-    """Default ``(max_rows, resync_per_round)`` from the staging budget in MiB (SPEC §3).
+    """Default ``(max_rows, resync_per_round)`` from the staging budget in MiB (shm_layout.md §1, "Sizes").
 
     ``max_rows`` never goes below one full decode round (M x (N+1) rows) and never above what a round can
     send at all (M x W, each request sending at most W rows); in between, the budget decides. Resync
@@ -133,7 +139,7 @@ def derive_sizes(max_reqs: int, num_spec: int, window: int, row_bytes: int, stag
 class LayoutParams:
     """Every parameter the layout depends on; both sides must agree on all of them."""
 
-    max_slots: int  # M: requests per round, and slot ids are < M
+    max_reqs: int  # M: requests per round, and slot ids are < M (header field max_slots)
     num_spec: int  # N: draft positions per request
     window: int  # W: rows the drafter keeps per request
     row_bytes: int
@@ -142,14 +148,14 @@ class LayoutParams:
     sampled: bool = False
 
     def __post_init__(self) -> None:
-        for name, lo, hi in (("max_slots", 1, 1 << 20), ("num_spec", 1, 255), ("window", 1, 1 << 16),
+        for name, lo, hi in (("max_reqs", 1, 1 << 20), ("num_spec", 1, 255), ("window", 1, 1 << 16),
                              ("row_bytes", 1, 1 << 26), ("max_rows", 1, 1 << 26),
                              ("resync_per_round", 1, 1 << 20)):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
                 raise ValueError(f"layout parameter {name}={v!r} outside [{lo}, {hi}]")
-        if self.resync_per_round > self.max_slots:
-            raise ValueError(f"resync_per_round={self.resync_per_round} > max_slots={self.max_slots}")
+        if self.resync_per_round > self.max_reqs:
+            raise ValueError(f"resync_per_round={self.resync_per_round} > max_reqs={self.max_reqs}")
 
     @property
     def meta_rows(self) -> int:
@@ -158,12 +164,12 @@ class LayoutParams:
 
     @classmethod
     def from_header(cls, h: np.void) -> LayoutParams:
-        return cls(**{f.name: (bool(h[f.name]) if f.name == "sampled" else int(h[f.name]))
+        return cls(**{f.name: (bool(h[f.name]) if f.name == "sampled" else int(h[header_name(f.name)]))
                       for f in fields(cls)})
 
 
-class ReplyLayout:
-    """Offsets (in int32 units) of the reply page.
+class ReplyPageLayout:
+    """Offsets (in int32 units) of the reply page in the segment (the wire's REPLY is wire.ReplyLayout).
 
     [status, n, n_drafts[M], drafts[M*N], conf_bits[M*N]] and in sampled mode
     [sample_mask[M], support_ids[M*N*32], q_bits[M*N*32]]; floats are stored as their bits.
@@ -263,8 +269,8 @@ class Layout:
 
     def __init__(self, p: LayoutParams) -> None:
         self.params = p
-        M, W, R = p.max_slots, p.window, p.resync_per_round
-        self.reply = ReplyLayout(M, p.num_spec, p.sampled)
+        M, W, R = p.max_reqs, p.window, p.resync_per_round
+        self.reply = ReplyPageLayout(M, p.num_spec, p.sampled)
         self.meta_dtype = meta_dtype(M)
         self.desc_dtype = desc_dtype(M, R)
         self.window_dtype = window_dtype(W, p.row_bytes)
@@ -306,7 +312,7 @@ class Layout:
         p = self.params
         return {"magic": MAGIC, "layout_version": LAYOUT_VERSION, "header_bytes": HEADER_BYTES,
                 "total_bytes": self.total_bytes, "meta_rows": p.meta_rows,
-                **{k: int(getattr(p, k)) for k in _LAYOUT_FIELDS}}
+                **{header_name(k): int(getattr(p, k)) for k in _LAYOUT_FIELDS}}
 
     def region_table(self) -> list[tuple[str, int, int]]:
         """(name, offset, bytes) for status displays and the memory benchmark."""

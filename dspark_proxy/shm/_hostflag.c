@@ -8,9 +8,9 @@
  *  - the Watcher: the watchdog's deadline claims on a pthread that never takes the GIL.
  *
  * Everything else (names, sizes, deadlines, who calls what) is policy and lives in Python
- * (hostflag.py, shm_layout.py). Every function takes a writable buffer (the mapped segment) and
- * byte offsets into it; offsets are checked against the buffer and for 8-byte (words: 64-byte)
- * alignment before any access.
+ * (dspark_proxy/shm/: hostflag.py, layout.py, stamped.py, resync.py). Every function takes a
+ * writable buffer (the mapped segment) and byte offsets into it; offsets are checked against the
+ * buffer and for 8-byte (words: 64-byte) alignment before any access.
  *
  * Words (each on its own 128-byte line, index * WORD_STRIDE from the words region; shm_layout.md
  * is the reference and has the full table):
@@ -56,7 +56,7 @@
 _Static_assert(sizeof(_Atomic uint64_t) == 8, "64-bit atomics must be 8 bytes");
 _Static_assert(sizeof(_Atomic uint32_t) == 4, "32-bit atomics must be 4 bytes");
 
-/* Word indices; shm_layout.py reads these from the module so the two cannot disagree. */
+/* Word indices; layout.py reads these from the module so the two cannot disagree. */
 enum {
     W_GATHERED = 0,
     W_CLAIMED = 1,
@@ -1018,7 +1018,7 @@ static PyType_Slot Watcher_slots[] = {
 };
 
 static PyType_Spec Watcher_spec = {
-    .name = "dspark_proxy._hostflag.Watcher",
+    .name = "dspark_proxy.shm._hostflag.Watcher",
     .basicsize = sizeof(Watcher),
     .flags = Py_TPFLAGS_DEFAULT,
     .slots = Watcher_slots,
@@ -1084,7 +1084,7 @@ static PyModuleDef_Slot hf_slots[] = {
 
 static struct PyModuleDef hf_module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "dspark_proxy._hostflag",
+    .m_name = "dspark_proxy.shm._hostflag",
     .m_doc = "Hostflag atomics, futex waits and the claim-copy-release publish (see shm_layout.md).",
     .m_size = 0,
     .m_methods = hf_methods,

@@ -1,0 +1,53 @@
+"""The engine's writes of one round into the attached segment, in the order the proxy relies on:
+the staging rows, the metadata slot, the resync windows asked for, the descriptor slot; `gathered` is
+raised by the shim after all of them (shm_layout.md §5). The protocols themselves are shm/stamped.py
+(the slots) and shm/resync.py (the windows); this is the engine thread's, one per attached segment.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dspark_proxy.shm.resync import WindowStager
+from dspark_proxy.shm.segment import Segment
+from dspark_proxy.shm.stamped import SlotWriter
+from dspark_proxy.stats import Stats
+
+from .row_ring import EngineRing
+
+__all__ = ["RoundWriter"]
+
+
+class RoundWriter:
+    """Writes round t of validated inputs (EnqueueInputs) into one attached segment."""
+
+    def __init__(self, seg: Segment, ring: EngineRing, counters: Stats, sampled: bool) -> None:
+        self.seg, self.sampled = seg, sampled
+        self.slots = SlotWriter(seg)
+        self.stager = WindowStager(seg, ring, counters)
+
+    def write(self, t: int, n: int, a: dict[str, np.ndarray]) -> tuple[int, int]:
+        """Round t of n requests; returns (rows staged, longest query) for the round's events."""
+        seg, p = self.seg, self.seg.params
+        valid = a["valid"]
+        total = int(a["rows"].shape[0])
+        if total <= p.max_rows:  # the usual round: every request's rows fit
+            k, rows_staged = n, total
+        else:
+            # requests whose rows do not fit stage none this round (the proxy resyncs them later); the
+            # ends only grow, so those that fit are a prefix
+            ends = np.cumsum(valid)
+            k = int(np.searchsorted(ends, p.max_rows, side="right"))
+            rows_staged = int(ends[k - 1]) if k else 0
+        if rows_staged:
+            seg.staging[:rows_staged] = a["rows"][:rows_staged]
+        self.slots.write_meta(t, n, rows_staged, k, a, self.sampled)
+        staged = self.stager.stage(t, a["slots"])  # a bounded number of windows, once per request
+        qsl = a["qsl"]
+        max_q = int((qsl[1:] - qsl[:-1]).max()) if n else 0
+        self.slots.write_desc(t, n, max_q, rows_staged, staged, a)
+        return rows_staged, max_q
+
+    def write_nothing(self, t: int) -> None:
+        """Round t with no requests, no rows and no windows (a rejected round)."""
+        self.slots.write_nothing(t)
