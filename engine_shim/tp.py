@@ -1,4 +1,4 @@
-"""Tensor-parallel engines: rank 0 reads the reply, every rank needs it (SPEC §7).
+"""Tensor-parallel engines: rank 0 reads the reply, every rank needs it (README, "In the engine").
 
 The reply travels over the engine's own `torch.distributed` group, not through anything of ours: one
 broadcast of one packed int32 tensor per round (a broadcast costs a latency per call, so per-field

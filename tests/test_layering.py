@@ -75,7 +75,8 @@ def test_every_fault_plan_field_has_its_config_flag():
 
 
 def test_support_size_is_one_constant():
-    from dspark_proxy import shm_layout, wire
+    from dspark_proxy import wire
+    from dspark_proxy.shm import layout as shm_layout
 
     assert shm_layout.SUPPORT_K is wire.TOP_K  # the reply page and the wire carry the same top-k support
 
