@@ -40,12 +40,9 @@ import ipaddress
 import math
 import sys
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
-
-import click
-from click.core import ParameterSource
 
 from .shm.layout import derive_sizes
 from .worker.drafters import DRAFTER_NAMES, DRAFTERS
@@ -64,8 +61,6 @@ __all__ = [
     "LayoutConfig",
     "ProxyConfig",
     "WorkerConfig",
-    "build_config",
-    "click_options",
     "config_to_dict",
     "derive_sizes",
     "env_var",
@@ -85,12 +80,6 @@ LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 Drafter = Literal[DRAFTER_NAMES]  # the drafters table (worker/drafters.py)
 
 Source = Literal["cli", "env", "file", "default"]
-_SOURCE_NAMES: dict[ParameterSource, Source] = {
-    ParameterSource.COMMANDLINE: "cli",
-    ParameterSource.ENVIRONMENT: "env",
-    ParameterSource.DEFAULT_MAP: "file",
-    ParameterSource.DEFAULT: "default",
-}
 
 
 IN_PROCESS_WORKERS = ("inproc", "null")  # ProxyConfig.worker values that need no network
@@ -424,148 +413,6 @@ def load_toml(path: str, cls: type[_Base]) -> dict[str, Any]:
 def _flag_only(cls: type[_Base], name: str) -> bool:
     """Fault hooks are set by an explicit flag only: never by an env var or a config file."""
     return any(f.name == name and f.metadata.get("flag_only") for f in dataclasses.fields(cls))
-
-
-# ---------------------------------------------------------------------------------------------- click
-
-
-class _IntList(click.ParamType):
-    """A comma list of integers on the command line or in an env var; a list in a TOML file."""
-
-    name = "INT,INT,..."
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...]:
-        if isinstance(value, (tuple, list)):
-            if all(isinstance(x, int) and not isinstance(x, bool) for x in value):
-                return tuple(value)
-            self.fail(f"{value!r} is not a list of integers", param, ctx)
-        text = str(value).strip()
-        try:
-            return tuple(int(s.strip(), 10) for s in text.split(",")) if text else ()
-        except ValueError:
-            self.fail(f"{value!r} is not a comma-separated list of integers", param, ctx)
-
-
-def _click_type(tp: Any) -> tuple[Any, bool]:
-    """(click type, is_flag) for a field type."""
-    args = typing.get_args(tp)
-    if type(None) in args:
-        (tp,) = (a for a in args if a is not type(None))
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return click.Choice([str(a) for a in typing.get_args(tp)], case_sensitive=False), False
-    if origin is tuple:
-        return _IntList(), False
-    if tp is bool:
-        return click.BOOL, True
-    return {int: click.INT, float: click.FLOAT, str: click.STRING}[tp], False
-
-
-def _config_callback(cls: type[_Base]) -> Callable[[click.Context, click.Parameter, Any], str | None]:
-    def load(ctx: click.Context, param: click.Parameter, path: str | None) -> str | None:
-        if not path:
-            return path
-        try:
-            values = load_toml(path, cls)
-        except ConfigError as e:
-            raise click.BadParameter(str(e), ctx=ctx, param=param) from None
-        by_name = {p.name: p for p in ctx.command.params}
-        for key, value in values.items():
-            p = by_name[key]
-            try:  # type errors in the file name the file and key, not just the flag
-                values[key] = p.type.convert(value, p, ctx)
-            except click.BadParameter as e:
-                raise click.BadParameter(f"config file {path}: key {key!r}: {e.message}",
-                                         ctx=ctx, param=param) from None
-        ctx.default_map = {**(ctx.default_map or {}), **values}
-        return path
-
-    return load
-
-
-def click_options(cls: type[_Base]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: one click option per field of ``cls`` (``--max-reqs``, ``--sampled/--no-sampled``, Choices
-    for Literal fields, comma lists for tuples, each also read from ``DSPARK_PROXY_<FIELD>``) plus an eager
-    ``--config FILE.toml``. The command receives every field as a keyword (and ``config``); turn them into a
-    config with ``build_config(cls, click.get_current_context())``."""
-    hints = typing.get_type_hints(cls)
-    opts: list[Callable[[Any], Any]] = [
-        click.option("--config", "config", type=click.Path(dir_okay=False), default=None, is_eager=True,
-                     expose_value=True, envvar=env_var("config"), show_envvar=True,
-                     callback=_config_callback(cls),
-                     help="TOML file: top-level keys for every command, "
-                          f"[{cls.SECTION}] for this one. Flags and env vars override it."),
-    ]
-    for f in dataclasses.fields(cls):
-        if f.name == "config":  # pragma: no cover - a schema bug
-            raise TypeError("a config field may not be called 'config'")
-        ctype, is_flag = _click_type(hints[f.name])
-        decl = f"{_flag(f.name)}/--no-{f.name.replace('_', '-')}" if is_flag else _flag(f.name)
-        default = f.default
-        if isinstance(default, tuple):
-            default = ",".join(map(str, default))
-        env = None if f.metadata.get("flag_only") else env_var(f.name)
-        opts.append(click.option(decl, f.name, type=None if is_flag else ctype, default=default,
-                                 envvar=env, show_envvar=env is not None, show_default=default is not None
-                                 and default != "", help=f.metadata["help"]))
-
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        for opt in reversed(opts):
-            fn = opt(fn)
-        return fn
-
-    return decorate
-
-
-def build_config(cls: type[_C], ctx_or_params: click.Context | Mapping[str, Any]) -> tuple[_C, dict[str, Source]]:
-    """Build and validate a ``cls`` from a click context (after ``click_options``) or from a plain mapping.
-
-    Returns ``(cfg, sources)``: ``sources[field]`` is "cli", "env", "file" or "default". From a mapping,
-    the keys given count as "cli" and the rest as "default" (no env var or file is consulted). A
-    ``ProxyConfig`` comes back ``resolved()``: derived sizes filled, their source "default".
-
-    From a context, an invalid value raises ``click.BadParameter`` naming the option and where the value
-    came from (so the CLI prints a usage error, exit code 2); from a mapping, ``ConfigError``.
-    """
-    names = [f.name for f in dataclasses.fields(cls)]
-    if isinstance(ctx_or_params, click.Context):
-        ctx = ctx_or_params
-        values = {n: ctx.params[n] for n in names if n in ctx.params}
-        sources: dict[str, Source] = {}
-        for n in names:
-            src = ctx.get_parameter_source(n)
-            sources[n] = _SOURCE_NAMES.get(src, "cli") if src is not None else "default"
-        try:
-            cfg = _construct(cls, values)
-        except ConfigError as e:
-            param = next((p for p in ctx.command.params if p.name == e.field), None)
-            raise click.BadParameter(f"{e}; {_origin(ctx, e.field, sources)}", ctx=ctx, param=param) from None
-    else:
-        unknown = set(ctx_or_params) - set(names) - {"config"}
-        if unknown:
-            raise ConfigError(f"unknown settings for {cls.__name__}: {', '.join(sorted(unknown))}")
-        values = {n: ctx_or_params[n] for n in names if n in ctx_or_params}
-        sources = {n: ("cli" if n in values else "default") for n in names}
-        cfg = _construct(cls, values)
-    return cfg, sources
-
-
-def _origin(ctx: click.Context, name: str | None, sources: Mapping[str, Source]) -> str:
-    """Where the offending value came from, in words, so the user knows which layer to fix."""
-    src = sources.get(name or "", "default")
-    if src == "cli":
-        return "value from the command line"
-    if src == "env":
-        return f"value from environment variable {env_var(name or '')}"
-    if src == "file":
-        return f"value from config file {ctx.params.get('config')}"
-    return "value is the default (check the settings it depends on)"
-
-
-def _construct(cls: type[_C], values: dict[str, Any]) -> _C:
-    cfg = cls(**values)
-    resolved = getattr(cfg, "resolved", None)
-    return resolved() if resolved is not None else cfg
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

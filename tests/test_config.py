@@ -15,14 +15,13 @@ from dspark_proxy.config import (
     LayoutConfig,
     ProxyConfig,
     WorkerConfig,
-    build_config,
-    click_options,
     config_to_dict,
     derive_sizes,
     env_var,
     format_settings,
     parse_hostport,
 )
+from dspark_proxy.config_flags import build_config, click_options
 
 pytestmark = pytest.mark.timeout(30)
 

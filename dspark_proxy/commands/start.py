@@ -7,7 +7,8 @@ import sys
 
 import click
 
-from ..config import ProxyConfig, build_config, click_options, format_settings
+from ..config import ProxyConfig, format_settings
+from ..config_flags import build_config, click_options
 from ..exitcodes import EXIT_STARTUP_FAILURE
 from ..runtime import TokenFileError, read_token, setup_logging
 from ..shm.segment import SegmentError

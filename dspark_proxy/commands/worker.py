@@ -11,7 +11,8 @@ import sys
 
 import click
 
-from ..config import WorkerConfig, build_config, click_options, format_settings
+from ..config import WorkerConfig, format_settings
+from ..config_flags import build_config, click_options
 from ..exitcodes import EXIT_STARTUP_FAILURE
 from ..runtime import setup_logging
 from .start import token_or_bad_parameter
