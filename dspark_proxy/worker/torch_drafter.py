@@ -46,6 +46,18 @@ class SlotCache:
         self.ref = ref
 
 
+def _take(segments: list[np.ndarray], idx: np.ndarray) -> np.ndarray:
+    """Rows idx (ascending, window order) of a window held as consecutive segments."""
+    if len(segments) == 1:
+        return segments[0][idx]
+    parts, o = [], 0
+    for sg in segments:
+        k = sg.shape[0]
+        parts.append(sg[idx[(idx >= o) & (idx < o + k)] - o])
+        o += k
+    return np.concatenate(parts)
+
+
 class TorchDrafter:
     name = "torch"
 
@@ -107,16 +119,17 @@ class TorchDrafter:
         W, B = self.window, len(items)
         caches, slots, misses = [], [], []
         for it in items:
-            rows = it.segments[0] if len(it.segments) == 1 else np.concatenate(it.segments)
-            c = self._cache_for(it.segments[0])
+            segs = it.segments
+            c = self._cache_for(segs[0])
             pos = np.arange(it.anchor_pos - it.w, it.anchor_pos, dtype=np.int64)
             at = pos % W
-            sample = rows[:, self._sample_at]
+            sample = (segs[0][:, self._sample_at] if len(segs) == 1
+                      else np.concatenate([sg[:, self._sample_at] for sg in segs]))  # never the whole rows
             miss = (c.pos[at] != pos) | (c.sample[at] != sample).any(axis=1)
             caches.append(c)
             slots.append(at)
-            misses.append((rows, miss, at, pos, sample))
-        need = [m[0][m[1]] for m in misses if m[1].any()]
+            misses.append((segs, miss, at, pos, sample))
+        need = [_take(m[0], np.flatnonzero(m[1])) for m in misses if m[1].any()]
         if need:
             raw = np.concatenate(need)
             proj = self.head.project(self._to_float(raw).to(self.device)).float().cpu().numpy()
