@@ -9,6 +9,7 @@ each epoch checkpoints head, optimiser and sampler, so `--resume` continues wher
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,14 +200,20 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.01)
     steps_per_epoch = (len(toks) + cfg.batch - 1) // cfg.batch
     total = steps_per_epoch * cfg.epochs
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=total, pct_start=0.05)
+    warm = max(1, total // 20)
+
+    def lr_at(step: int) -> float:  # warm-up, then cosine to 5%; a function of the step, so a resumed
+        # run (even with more epochs) just continues the curve
+        if step < warm:
+            return cfg.lr * (step + 1) / warm
+        return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm)))))
+
     epoch0, history = 0, []
     ckpt = work / "checkpoint.pt"
     if resume and ckpt.is_file():
         st = torch.load(ckpt, weights_only=False)
         head.load_state_dict(st["head"])
         opt.load_state_dict(st["opt"])
-        sched.load_state_dict(st["sched"])
         epoch0, history = st["epoch"], st["history"]
         log(f"resumed after epoch {epoch0}")
     t0 = time.time()
@@ -216,19 +223,20 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
         tot, cnt = 0.0, 0
         bar = _progress(range(steps_per_epoch), steps_per_epoch, f"epoch {epoch + 1}/{cfg.epochs}")
         for i in bar:
+            for g in opt.param_groups:
+                g["lr"] = lr_at(epoch * steps_per_epoch + i)
             b = order[i * cfg.batch:(i + 1) * cfg.batch]
             loss = _loss(head, toks[b], rows[b], cfg.prompt_len)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
             opt.step()
-            sched.step()
             tot, cnt = tot + loss.item(), cnt + 1
             if hasattr(bar, "set_postfix"):
-                bar.set_postfix(loss=f"{tot / cnt:.3f}")
+                bar.set_postfix(loss=f"{tot / cnt:.3f}", refresh=False)
         history.append(round(tot / max(1, cnt), 4))
         log(f"epoch {epoch + 1}/{cfg.epochs} loss {history[-1]:.4f} ({time.time() - t0:.0f}s)")
-        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+        torch.save({"head": head.state_dict(), "opt": opt.state_dict(),
                     "epoch": epoch + 1, "history": history}, ckpt)
     man = HeadManifest(target_id=tid, target_name=target.name, tap_layers=list(cfg.layers), tap_point=TAP_POINT,
                        hidden=head.hidden, row_dtype=cfg.row_dtype, window=cfg.window, num_spec=cfg.num_spec,
