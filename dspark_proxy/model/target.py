@@ -22,7 +22,7 @@ import torch
 from .corpus import stdlib_corpus
 from .hf import greedy_generate, load_causal_lm
 
-__all__ = ["train_tokenizer", "encode_corpus", "make_target", "held_out_loss", "distinct_4gram_rate"]
+__all__ = ["train_tokenizer", "encode_corpus", "make_target", "make_portable", "held_out_loss", "distinct_4gram_rate"]
 
 EOS = "<|endoftext|>"
 
@@ -78,6 +78,19 @@ def distinct_4gram_rate(gen: np.ndarray) -> float:
     return float(np.mean(rates))
 
 
+def make_portable(out: Path) -> None:
+    """Add the keys older readers expect (transformers 4.x, and vLLM on it): rope_theta and torch_dtype
+    beside 5.x's rope_parameters and dtype, and a tokenizer class both major versions know."""
+    cfg_p, tok_p = out / "config.json", out / "tokenizer_config.json"
+    cfg = json.loads(cfg_p.read_text())
+    cfg.setdefault("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+    cfg.setdefault("torch_dtype", cfg.get("dtype", "bfloat16"))
+    cfg_p.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    tk = json.loads(tok_p.read_text())
+    tk["tokenizer_class"] = "PreTrainedTokenizerFast"
+    tok_p.write_text(json.dumps(tk, indent=2, sort_keys=True) + "\n")
+
+
 def make_target(out: Path, *, steps: int, vocab: int = 4096, hidden: int = 192, layers: int = 4,
                 heads: int = 6, ffn: int = 512, seq: int = 256, batch: int = 16, lr: float = 3e-3,
                 seed: int = 0, threads: int = 1, log_every: int = 25) -> dict:
@@ -122,6 +135,7 @@ def make_target(out: Path, *, steps: int, vocab: int = 4096, hidden: int = 192, 
     out.mkdir(parents=True, exist_ok=True)
     model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
+    make_portable(out)
     model, tok = load_causal_lm(out)  # every figure from the weights as shipped
     loss = held_out_loss(model, held_ids)
     gen = greedy_generate(model, held_out_prompts(held_ids, 16, 32), 64)[:, 32:].numpy()
