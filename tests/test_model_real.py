@@ -53,7 +53,7 @@ def test_head_was_made_for_the_shipped_target():
 def test_worker_drafter_accepts_the_targets_greedy_continuation(generations):
     """Round by round as a speculative decoder would: the anchor's window from a SlotWindow that gets
     the accepted rows, drafts from the worker's TorchDrafter, accepted = prefix match. Chance is about
-    1/4096 per draft; the shipped head averages 1.85 of 5 on these 8 prompts (n-gram 1.12) and must
+    1/4096 per draft; the shipped head averages 2.04 of 5 on these 8 prompts (n-gram 1.12) and must
     keep at least 1.2, with its first draft right in at least 40% of rounds."""
     import dspark_proxy.wire as wire
     from dspark_proxy.model.accept import ngram_drafts
