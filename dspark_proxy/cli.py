@@ -27,9 +27,10 @@ def _register() -> None:
     from .commands.control import status, stop
     from .commands.demo import demo
     from .commands.start import start
+    from .commands.train_drafter import train_drafter
     from .commands.worker import worker
 
-    for cmd in (start, stop, status, worker, demo, chaos, bench):
+    for cmd in (start, stop, status, worker, demo, chaos, bench, train_drafter):
         cli.add_command(cmd)
 
 

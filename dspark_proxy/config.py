@@ -349,7 +349,7 @@ class WorkerConfig(LayoutConfig):
                                  "refused with a clear error (0: room for 8 sessions of --max-reqs).",
                                  _Range(0, 1 << 30))
     device: str = _opt("cpu", "Torch device for the torch drafter (cpu, cuda, cuda:1, ...).")
-    weights: str | None = _opt(None, "Torch drafter weights file (default: seeded random weights).")
+    weights: str | None = _opt(None, "Torch drafter head: a train-drafter directory (head.safetensors + manifest.json) or its .safetensors file (default: seeded random weights).")
     seed: int = _opt(0, "Seed of the torch drafter's random weights.", _Range(0, 2**63 - 1))
     log_level: LogLevel = _opt("INFO", "Logging level.")
 

@@ -1,5 +1,6 @@
 """The torch drafter: deterministic drafts from seeded weights, the n_out cut, sampled-mode support
-and q, a weights file round trip, service through the worker, and torch never imported otherwise."""
+and q, a saved head with its manifest (dtype from the manifest, mismatches refused by field), the
+per-slot caches, service through the worker, and torch never imported otherwise."""
 
 from __future__ import annotations
 
@@ -67,15 +68,154 @@ def test_sampled_support_and_q():
     assert np.array_equal(r.draft_ids, r2.draft_ids)  # seeded sampling replays
 
 
-def test_weights_file_round_trip(tmp_path):
+def _saved_head(tmp_path, row_dtype="float32", n_taps=2, seed=7, **over):
+    """A small random head saved with its manifest: 2 taps x 8 float32 values = RB bytes a row."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    from dspark_proxy.model.head import DraftHead
+    from dspark_proxy.model.manifest import ROW_DTYPES, HeadManifest
+    from dspark_proxy.model.train_head import save_head
+
+    hidden = RB // n_taps // ROW_DTYPES[row_dtype]
+    torch.manual_seed(seed)
+    head = DraftHead(n_taps=n_taps, hidden=hidden, window=W, num_spec=N, vocab=64, d_model=32, n_heads=4)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn(p.shape) * 0.5)
+    man = HeadManifest(target_id="sha256:test", target_name="t", tap_layers=list(range(n_taps)), tap_point="p",
+                       hidden=hidden, row_dtype=row_dtype, window=W, num_spec=N, vocab_size=64, d_model=32,
+                       n_heads=4)
+    for k, v in over.items():
+        setattr(man, k, v)
+    d = tmp_path / f"head-{row_dtype}-{seed}"
+    d.mkdir()
+    save_head(head, d, man)
+    return d
+
+
+def _reference(weights, item, row_dtype, n):
+    """Drafts straight from the saved head on the item's window read as row_dtype: no cache, no cut."""
     import torch
 
-    a = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, seed=7)
-    path = tmp_path / "head.pt"
-    torch.save(a.state_dict(), path)
-    b = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, seed=99, weights=str(path))
-    items = _items(np.random.default_rng(1))
-    assert np.array_equal(_run(a, items).draft_ids, _run(b, items).draft_ids)
+    from dspark_proxy.model.train_head import load_head
+
+    head, _ = load_head(weights)
+    rows = np.concatenate(item.segments)
+    x = torch.from_numpy(rows.copy()).view(getattr(torch, row_dtype)).float()
+    proj = head.project(x)
+    cache = torch.zeros(W, proj.shape[-1])
+    cache[W - item.w:] = proj
+    mask = torch.arange(W) >= W - item.w
+    prev = torch.tensor([item.anchor_token % 64])
+    with torch.no_grad():
+        ctx = head.backbone(cache[None], mask[None], prev, n)
+        out = []
+        for j in range(n):
+            prev = head.step_logits(ctx[:, j], prev).argmax(-1)
+            out.append(int(prev))
+    return out
+
+
+def _float_items(rng, dtype, n=3):
+    out = []
+    for i in range(n):
+        w = int(rng.integers(1, W + 1))
+        rows = rng.standard_normal((w, RB // np.dtype(dtype).itemsize)).astype(dtype).view(np.uint8)
+        out.append(DraftItem(i, int(rng.integers(0, 64)), 100 + i, w, 0, [rows[: w // 2], rows[w // 2:]]))
+    return out
+
+
+def test_weights_and_manifest_round_trip(tmp_path):
+    d = _saved_head(tmp_path)
+    a = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, weights=str(d))
+    b = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, weights=str(d / "head.safetensors"))
+    assert a.row_dtype == "float32" and a.manifest.target_id == "sha256:test"
+    items = _float_items(np.random.default_rng(1), np.float32)
+    ra = _run(a, items)
+    assert np.array_equal(ra.draft_ids, _run(b, items).draft_ids)
+    for it in items:  # the drafter (cached, batched) drafts what the head itself drafts
+        assert ra.draft_ids[it.index].tolist() == _reference(d, it, "float32", N)
+
+
+def test_row_dtype_comes_from_the_manifest(tmp_path):
+    """fp16 rows (even row_bytes) are read as fp16, not guessed bf16; fp32 rows as fp32."""
+    d16 = _saved_head(tmp_path, "float16", seed=3)
+    dr = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, weights=str(d16))
+    assert dr.row_dtype == "float16"
+    items = _float_items(np.random.default_rng(2), np.float16)
+    r = _run(dr, items)
+    for it in items:
+        assert r.draft_ids[it.index].tolist() == _reference(d16, it, "float16", N)
+    wrong = [_reference(d16, it, "bfloat16", N) for it in items]
+    assert wrong != [r.draft_ids[it.index].tolist() for it in items]  # the dtype matters to the drafts
+
+
+@pytest.mark.parametrize("field,kw", [("row_bytes", dict(row_bytes=2 * RB)), ("window", dict(window=W + 1)),
+                                      ("num_spec", dict(num_spec=N - 1))])
+def test_manifest_mismatch_refused_naming_the_field(tmp_path, field, kw):
+    from dspark_proxy.model.manifest import ManifestMismatch
+
+    d = _saved_head(tmp_path)
+    args = dict(num_spec=N, window=W, row_bytes=RB) | kw
+    with pytest.raises(ManifestMismatch, match=field) as ei:
+        make_drafter("torch", weights=str(d), **args)
+    assert ei.value.field == field
+
+
+def test_worker_refuses_a_mismatched_head_at_start(tmp_path):
+    d = _saved_head(tmp_path)
+    srv = WorkerServer("127.0.0.1", 0, num_spec=N, window=W + 2, row_bytes=RB, max_reqs=4, drafter="torch",
+                       weights=str(d))
+    with pytest.raises(ValueError, match="window"):
+        srv.start()
+    srv.stop()
+
+
+def test_slot_cache_projects_only_new_rows_and_sees_restarts(tmp_path):
+    """Rounds on one slot's window buffer: each costs its new rows; drafts equal an uncached drafter's;
+    a restart that rewrites the same positions with other rows is re-projected."""
+    from dspark_proxy.worker.session import SlotWindow
+
+    d = _saved_head(tmp_path)
+    cached = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, weights=str(d))
+    rng = np.random.default_rng(4)
+    stream = rng.standard_normal((40, RB // 4)).astype(np.float32).view(np.uint8)
+    sw = SlotWindow(W, RB, chains=False)
+
+    def round_(hi, restart=False):
+        if restart:
+            sw.lo = 0
+        sw.hi = hi
+        w = min(W, sw.hi - sw.lo)
+        it = DraftItem(0, 7, hi, w, 0, sw.segments(w))
+        fresh = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, weights=str(d))
+        assert np.array_equal(_run(cached, [it]).draft_ids, _run(fresh, [it]).draft_ids)
+
+    sw.write(0, stream[:5], True)
+    round_(5, restart=True)
+    assert cached.rows_projected == 5
+    for hi in range(6, 30):  # one new row a round, wrapping the W-row buffer
+        sw.write(hi - 1, stream[hi - 1:hi], False)
+        sw.lo = max(0, hi - W)
+        round_(hi)
+    assert cached.rows_projected == 5 + 24
+    other = rng.standard_normal((5, RB // 4)).astype(np.float32).view(np.uint8)
+    sw.write(0, other, True)  # a new request in the slot: positions 0..4 again, other rows
+    round_(5, restart=True)
+    assert cached.rows_projected == 5 + 24 + 5
+
+
+def test_only_n_out_positions_are_computed(tmp_path):
+    d = _saved_head(tmp_path)
+    dr = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, weights=str(d))
+    calls = []
+    step = dr.head.step_logits
+    dr.head.step_logits = lambda *a: calls.append(1) or step(*a)
+    items = _float_items(np.random.default_rng(3), np.float32)
+    for it in items:
+        it.n_out = 2
+    r = _run(dr, items)
+    assert len(calls) == 2 and (r.draft_ids[:, 2:] == -1).all() and (r.draft_ids[:, :2] >= 0).all()
 
 
 def test_served_by_the_worker():

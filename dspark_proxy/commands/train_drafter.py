@@ -1,0 +1,64 @@
+"""`dspark-proxy train-drafter`: train the `torch` drafter's head for a local HF causal LM (the `model`
+extra), save head.safetensors + manifest.json, and report acceptance on held-out text beside
+prompt-lookup (n-gram) drafting."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+__all__ = ["train_drafter"]
+
+
+def _layers(_ctx, _param, value: str) -> tuple[int, ...]:
+    try:
+        got = tuple(int(x) for x in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: comma-separated layer numbers, e.g. 1,2,4") from None
+    if not got:
+        raise click.BadParameter("at least one layer")
+    return got
+
+
+@click.command("train-drafter")
+@click.option("--target", "target", required=True, type=click.Path(exists=True, file_okay=False),
+              help="Local Hugging Face causal-LM directory (e.g. models/stdlib-llama).")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Head directory to write.")
+@click.option("--layers", default="1,2,4", callback=_layers, show_default=True,
+              help="Tapped layers: input of decoder layer i (num_layers = last output, before the final norm).")
+@click.option("--row-dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16",
+              show_default=True)
+@click.option("--window", default=16, show_default=True, help="W: rows before the anchor the head reads.")
+@click.option("--num-spec", default=5, show_default=True, help="N: drafts per anchor.")
+@click.option("--d-model", default=192, show_default=True)
+@click.option("--heads", "n_heads", default=4, show_default=True)
+@click.option("--sequences", default=1200, show_default=True, help="Greedy generations to train on.")
+@click.option("--eval-sequences", default=48, show_default=True, help="Held-out generations to measure on.")
+@click.option("--prompt-len", default=32, show_default=True)
+@click.option("--gen-len", default=96, show_default=True)
+@click.option("--epochs", default=4, show_default=True)
+@click.option("--batch", default=8, show_default=True)
+@click.option("--lr", default=2e-3, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--threads", default=1, show_default=True, help="torch CPU threads.")
+@click.option("--resume", is_flag=True, help="Continue from <out>/.work/checkpoint.pt.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object (last line).")
+def train_drafter(target: str, out: str, layers: tuple[int, ...], row_dtype: str, window: int, num_spec: int,
+                  d_model: int, n_heads: int, sequences: int, eval_sequences: int, prompt_len: int,
+                  gen_len: int, epochs: int, batch: int, lr: float, seed: int, threads: int, resume: bool,
+                  as_json: bool) -> None:
+    """Train a DSpark head on TARGET's own greedy generations of stdlib prompts."""
+    try:
+        from dspark_proxy.model.train_head import HeadConfig, train_head
+    except ImportError as e:
+        raise click.ClickException(f"{e}; install the model extra: pip install -e '.[model]'") from None
+    cfg = HeadConfig(layers=layers, row_dtype=row_dtype, window=window, num_spec=num_spec, d_model=d_model,
+                     n_heads=n_heads, sequences=sequences, eval_sequences=eval_sequences, prompt_len=prompt_len,
+                     gen_len=gen_len, epochs=epochs, batch=batch, lr=lr, seed=seed, threads=threads)
+    res = train_head(target, out, cfg, resume=resume, log=lambda m: click.echo(m, err=True))
+    if as_json:
+        click.echo(json.dumps(res))
+    else:
+        click.echo(f"head saved to {out}: mean accepted {res['mean_accepted']:.2f} of {num_spec} "
+                   f"(n-gram {res['mean_accepted_ngram']:.2f}) over {res['rounds']} held-out rounds")

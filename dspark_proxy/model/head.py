@@ -1,0 +1,97 @@
+"""The DSpark-style draft head: a window of the target's tapped rows and the anchor → N drafts.
+
+Split so that serving pays for each row once (the worker caches `project`'s output per slot):
+- `project(rows)`: each row alone → [d (the "last row" term), key, value], RMS-normed per tapped layer
+  first (layers differ in scale by orders of magnitude);
+- `backbone(cache, dist, mask, anchor, n)`: the first n of N learned queries (shifted by the anchor's
+  embedding) attend over the window at once (the parallel backbone; position = distance from the
+  anchor, added to the cached keys and values), plus the row next to the anchor and the anchor's
+  embedding, then an MLP → [B, n, d];
+- `step_logits(ctx_j, prev)`: the cheap Markov term, position j conditioned on draft j - 1 (the anchor
+  for j = 0) through its embedding and a small MLP, → logits over the target's vocabulary. The output
+  matrix is tied to the token embedding.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["DraftHead"]
+
+
+def _rms(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+class _Norm(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _rms(x) * self.weight
+
+
+class DraftHead(nn.Module):
+    def __init__(self, *, n_taps: int, hidden: int, window: int, num_spec: int, vocab: int,
+                 d_model: int = 192, n_heads: int = 4) -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
+        self.n_taps, self.hidden, self.window, self.num_spec = n_taps, hidden, window, num_spec
+        self.vocab, self.d, self.h = vocab, d_model, n_heads
+        d = d_model
+        self.tap_norm = nn.Parameter(torch.ones(n_taps, hidden))
+        self.in_proj = nn.Linear(n_taps * hidden, d)
+        self.cache_proj = nn.Linear(d, 3 * d, bias=False)  # → last-row term, key, value
+        self.pos = nn.Embedding(window, 2 * d)  # key and value offsets by distance from the anchor
+        self.queries = nn.Parameter(torch.randn(num_spec, d) * 0.02)
+        self.q_tok = nn.Linear(d, d, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        self.norm1 = _Norm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.tok = nn.Embedding(vocab, d)
+        self.markov = nn.Linear(d, d, bias=False)
+        self.norm2 = _Norm(d)
+        self.mlp2 = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.out_norm = _Norm(d)
+
+    @property
+    def cache_width(self) -> int:
+        return 3 * self.d
+
+    def project(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [..., n_taps * hidden] float → [..., 3d], one row at a time (what a slot caches)."""
+        x = rows.unflatten(-1, (self.n_taps, self.hidden))
+        x = (_rms(x) * self.tap_norm).flatten(-2)
+        return self.cache_proj(self.in_proj(x))
+
+    def backbone(self, cache: torch.Tensor, mask: torch.Tensor, anchor: torch.Tensor, n: int) -> torch.Tensor:
+        """cache [B, W, 3d] right-aligned (index W-1 next to the anchor), mask [B, W] true where a row
+        exists (at least the last), anchor [B] token ids → [B, n, d] for draft positions 0..n-1."""
+        B, L, _ = cache.shape
+        d, H = self.d, self.h
+        last, kv = cache[:, -1, :d], cache[:, :, d:]
+        kv = kv + self.pos.weight[:L].flip(0)[None]  # distance L-1 .. 0
+        k, v = kv[..., :d], kv[..., d:]
+        e = self.tok(anchor)
+        q = self.queries[:n][None] + self.q_tok(e)[:, None]  # [B, n, d]
+        qh = q.unflatten(-1, (H, d // H)).transpose(1, 2)  # [B, H, n, dh]
+        kh = k.unflatten(-1, (H, d // H)).transpose(1, 2)
+        vh = v.unflatten(-1, (H, d // H)).transpose(1, 2)
+        att = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask[:, None, None, :])
+        ctx = self.o(att.transpose(1, 2).flatten(-2)) + (last + e)[:, None]
+        return ctx + self.mlp(self.norm1(ctx))
+
+    def step_logits(self, ctx_j: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """ctx_j [..., d], prev [...] token ids (draft j - 1) → logits [..., vocab]."""
+        z = ctx_j + self.markov(self.tok(prev))
+        z = z + self.mlp2(self.norm2(z))
+        return self.out_norm(z) @ self.tok.weight.T
+
+    def init_from_target(self, embed: torch.Tensor) -> None:
+        """Start the tied embedding from the target's (same vocabulary, same width only)."""
+        if tuple(embed.shape) == tuple(self.tok.weight.shape):
+            with torch.no_grad():
+                self.tok.weight.copy_(embed)

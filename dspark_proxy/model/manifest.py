@@ -1,0 +1,96 @@
+"""The head manifest: what a trained head was made for, checked before it serves (no torch needed).
+
+A head is only right for the target, tap and shapes it was trained on; a head of the right byte size
+made for another target or tap drafts garbage without any error. So the manifest records them, and
+`check` refuses a mismatch at start, naming the field. Row layout: the tapped layers' vectors
+concatenated in `tap_layers` order, each `hidden` values of `row_dtype`, little-endian.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+__all__ = ["HeadManifest", "ManifestMismatch", "ROW_DTYPES", "MANIFEST_NAME", "WEIGHTS_NAME", "head_paths"]
+
+FORMAT = "dspark-head/1"
+MANIFEST_NAME = "manifest.json"
+WEIGHTS_NAME = "head.safetensors"
+ROW_DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+class ManifestMismatch(ValueError):
+    """The head's manifest disagrees with the settings it is asked to serve under."""
+
+    def __init__(self, field_name: str, manifest_value, expected) -> None:
+        super().__init__(f"head manifest {field_name}={manifest_value!r} but the worker has {expected!r}")
+        self.field = field_name
+
+
+@dataclass
+class HeadManifest:
+    target_id: str  # dspark_proxy.model.hf.target_id of the target the head was trained on
+    target_name: str
+    tap_layers: list[int]
+    tap_point: str
+    hidden: int
+    row_dtype: str
+    window: int
+    num_spec: int
+    vocab_size: int
+    d_model: int
+    n_heads: int
+    format: str = FORMAT
+    training: dict = field(default_factory=dict)
+
+    @property
+    def row_bytes(self) -> int:
+        return len(self.tap_layers) * self.hidden * ROW_DTYPES[self.row_dtype]
+
+    def validate(self) -> None:
+        if self.format != FORMAT:
+            raise ValueError(f"head manifest format {self.format!r}; this version reads {FORMAT!r}")
+        if self.row_dtype not in ROW_DTYPES:
+            raise ValueError(f"head manifest row_dtype={self.row_dtype!r}; one of {sorted(ROW_DTYPES)}")
+        for name in ("hidden", "window", "num_spec", "vocab_size", "d_model", "n_heads"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"head manifest {name}={getattr(self, name)!r} must be positive")
+        if not self.tap_layers:
+            raise ValueError("head manifest tap_layers is empty")
+
+    def check(self, *, row_bytes: int, window: int, num_spec: int, target_id: str | None = None) -> None:
+        """Refuse to serve under other shapes (or another target, when one is named)."""
+        if self.row_bytes != row_bytes:
+            raise ManifestMismatch("row_bytes", self.row_bytes, row_bytes)
+        if self.window != window:
+            raise ManifestMismatch("window", self.window, window)
+        if self.num_spec != num_spec:
+            raise ManifestMismatch("num_spec", self.num_spec, num_spec)
+        if target_id is not None and self.target_id != target_id:
+            raise ManifestMismatch("target_id", self.target_id, target_id)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self) | {"row_bytes": self.row_bytes}, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> HeadManifest:
+        d = json.loads(Path(path).read_text())
+        rb = d.pop("row_bytes", None)
+        known = set(cls.__dataclass_fields__)
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"{path}: unknown manifest fields {sorted(unknown)}")
+        m = cls(**d)
+        m.validate()
+        if rb is not None and rb != m.row_bytes:
+            raise ValueError(f"{path}: row_bytes={rb} disagrees with tap_layers x hidden x row_dtype = {m.row_bytes}")
+        return m
+
+
+def head_paths(weights: str | Path) -> tuple[Path, Path]:
+    """(weights file, manifest) from a head directory or its .safetensors file (manifest beside it)."""
+    p = Path(weights)
+    if p.is_dir():
+        return p / WEIGHTS_NAME, p / MANIFEST_NAME
+    return p, p.parent / MANIFEST_NAME

@@ -1,0 +1,253 @@
+"""Train a DSpark head to predict the target's own next N greedy tokens from its tapped rows.
+
+The training text is the target's own greedy generations from corpus prompts (self-distillation):
+along a greedy generation, "the next N tokens" are exactly what verification will accept, which
+teacher-forced corpus text is not. Rows come from one forward over each generated sequence with the
+tap on, the same rows an engine finalises. Generation is cached in `<out>/.work/` (ignored by git);
+each epoch checkpoints head, optimiser and sampler, so `--resume` continues where a run stopped.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .accept import AcceptStats, ngram_drafts, walk_rounds
+from .corpus import stdlib_corpus
+from .head import DraftHead
+from .hf import TAP_POINT, Tap, greedy_generate, load_causal_lm, target_id
+from .manifest import MANIFEST_NAME, WEIGHTS_NAME, HeadManifest
+
+__all__ = ["HeadConfig", "train_head", "make_sequences", "evaluate", "head_drafts"]
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass
+class HeadConfig:
+    layers: tuple[int, ...] = (1, 2, 4)
+    row_dtype: str = "bfloat16"
+    window: int = 16
+    num_spec: int = 5
+    d_model: int = 192
+    n_heads: int = 4
+    sequences: int = 1200
+    eval_sequences: int = 48
+    prompt_len: int = 32
+    gen_len: int = 96
+    epochs: int = 4
+    batch: int = 8
+    lr: float = 2e-3
+    seed: int = 0
+    threads: int = 1
+
+
+def _progress(it, total: int, desc: str):
+    try:
+        from tqdm import tqdm
+
+        return tqdm(it, total=total, desc=desc, mininterval=5.0)
+    except ImportError:  # tqdm comes with transformers; without it, no bar
+        return it
+
+
+@torch.no_grad()
+def make_sequences(model, stream: np.ndarray, cfg: HeadConfig, n: int, *, held_out: bool,
+                   gen_batch: int = 48) -> tuple[torch.Tensor, torch.Tensor]:
+    """n greedy generations from prompts of the token stream, and their tapped rows:
+    (tokens [n, P + G] int64, rows [n, P + G, taps x hidden] in the row dtype)."""
+    P, G = cfg.prompt_len, cfg.gen_len
+    if held_out:
+        starts = np.linspace(0, len(stream) - P - 1, n).astype(np.int64)
+    else:
+        starts = np.random.default_rng(cfg.seed + 1).integers(0, len(stream) - P - 1, n)
+    prompts = torch.from_numpy(np.stack([stream[s:s + P] for s in starts]).astype(np.int64))
+    toks, rows = [], []
+    tap = Tap(model, list(cfg.layers))
+    for b in _progress(range(0, n, gen_batch), (n + gen_batch - 1) // gen_batch, "generate"):
+        seq = greedy_generate(model, prompts[b:b + gen_batch], G)
+        with tap:
+            model(seq)
+        toks.append(seq)
+        rows.append(tap.rows(_DTYPES[cfg.row_dtype]))
+    return torch.cat(toks), torch.cat(rows)
+
+
+def _windows(head: DraftHead, rows: torch.Tensor, anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Projected windows of rows a-W .. a-1 for each anchor a: ([B, A, W, 3d], mask [B, A, W])."""
+    W = head.window
+    B, T, _ = rows.shape
+    proj = head.project(rows.float())
+    pad = torch.cat([proj.new_zeros(B, W, proj.shape[-1]), proj], 1)  # row t at t + W
+    have = torch.cat([torch.zeros(B, W, dtype=torch.bool), torch.ones(B, T, dtype=torch.bool)], 1)
+    win = pad.unfold(1, W, 1)[:, anchors].transpose(-1, -2)  # start a: padded a .. a+W-1 = rows a-W .. a-1
+    mask = have.unfold(1, W, 1)[:, anchors]
+    return win, mask
+
+
+def _loss(head: DraftHead, toks: torch.Tensor, rows: torch.Tensor, start: int) -> torch.Tensor:
+    N = head.num_spec
+    T = toks.shape[1]
+    anchors = torch.arange(start, T - N)
+    win, mask = _windows(head, rows, anchors)
+    B, A = win.shape[:2]
+    ctx = head.backbone(win.flatten(0, 1), mask.flatten(0, 1), toks[:, anchors].flatten(), N)
+    idx = anchors[:, None] + torch.arange(N + 1)[None]  # anchor, then its N next tokens
+    seq = toks[:, idx].flatten(0, 1)  # [B*A, N+1]
+    logits = head.step_logits(ctx, seq[:, :N])  # teacher forced: prev = the true draft j-1
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), seq[:, 1:].flatten())
+
+
+@torch.no_grad()
+def head_drafts(head: DraftHead, toks: torch.Tensor, rows: torch.Tensor, start: int) -> np.ndarray:
+    """Greedy drafts (the Markov term fed the head's own drafts) for every anchor ≥ start: [S, T, N]
+    (-1 before start and where fewer than N tokens follow)."""
+    N = head.num_spec
+    S, T = toks.shape
+    out = np.full((S, T, N), -1, dtype=np.int64)
+    anchors = torch.arange(start, T - N)
+    for b in range(0, S, 8):
+        win, mask = _windows(head, rows[b:b + 8], anchors)
+        ctx = head.backbone(win.flatten(0, 1), mask.flatten(0, 1), toks[b:b + 8, anchors].flatten(), N)
+        prev = toks[b:b + 8, anchors].flatten()
+        ds = []
+        for j in range(N):
+            prev = head.step_logits(ctx[:, j], prev).argmax(-1)
+            ds.append(prev)
+        out[b:b + 8, start:T - N] = torch.stack(ds, -1).unflatten(0, (-1, len(anchors))).numpy()
+    return out
+
+
+def evaluate(head: DraftHead, toks: torch.Tensor, rows: torch.Tensor, start: int) -> dict:
+    """Head and prompt-lookup acceptance along the same held-out greedy generations."""
+    N = head.num_spec
+    seqs = toks.numpy()
+    drafts = head_drafts(head, toks, rows, start)
+    hs, ns = AcceptStats(N), AcceptStats(N)
+    walk_rounds(seqs, start, N, lambda s, a: drafts[s, a], hs)
+    walk_rounds(seqs, start, N, lambda s, a: ngram_drafts(seqs[s, :a + 1], N), ns)
+    gen = seqs[:, start:]
+    grams = [len({tuple(r[i:i + 4]) for i in range(len(r) - 3)}) / (len(r) - 3) for r in gen]
+    return {**hs.as_dict(), "mean_accepted_ngram": round(ns.mean, 4),
+            "accept_by_position_ngram": ns.as_dict()["accept_by_position"],
+            "num_spec": N, "eval_sequences": int(len(seqs)),
+            "greedy_distinct_4gram_rate": round(float(np.mean(grams)), 4)}
+
+
+def _load_or_make(path: Path, make):
+    if path.is_file():
+        return torch.load(path, weights_only=True)
+    data = make()
+    torch.save(data, path)
+    return data
+
+
+def save_head(head: DraftHead, out: Path, manifest: HeadManifest) -> None:
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in head.state_dict().items()}
+    save_file(state, str(out / WEIGHTS_NAME))
+    manifest.save(out / MANIFEST_NAME)
+
+
+def load_head(weights: str | Path) -> tuple[DraftHead, HeadManifest]:
+    """A saved head (directory or .safetensors with manifest.json beside it), as float32."""
+    from safetensors.torch import load_file
+
+    from .manifest import head_paths
+
+    wpath, mpath = head_paths(weights)
+    man = HeadManifest.load(mpath)
+    head = DraftHead(n_taps=len(man.tap_layers), hidden=man.hidden, window=man.window, num_spec=man.num_spec,
+                     vocab=man.vocab_size, d_model=man.d_model, n_heads=man.n_heads)
+    state = {k: v.float() for k, v in load_file(str(wpath)).items()}
+    head.load_state_dict(state, strict=True)
+    return head.eval(), man
+
+
+def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: bool = False,
+               log=print) -> dict:
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    out, target = Path(out), Path(target)
+    work = out / ".work"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / ".gitignore").write_text("*\n")
+    model, tok = load_causal_lm(target)
+    tid = target_id(target)
+    corpus = stdlib_corpus()
+    from .target import encode_corpus
+
+    def data(which: str, n: int, held: bool):
+        key = f"{which}-{tid[7:19]}-{'-'.join(map(str, cfg.layers))}-{cfg.row_dtype}-{n}-{cfg.prompt_len}-{cfg.gen_len}.pt"
+
+        def make():
+            log(f"generating {n} {which} sequences with the target ...")
+            return make_sequences(model, encode_corpus(tok, corpus.read(which)), cfg, n, held_out=held)
+        return _load_or_make(work / key, make)
+
+    toks, rows = data("train", cfg.sequences, False)
+    etoks, erows = data("held_out", cfg.eval_sequences, True)
+    head = DraftHead(n_taps=len(cfg.layers), hidden=int(model.config.hidden_size), window=cfg.window,
+                     num_spec=cfg.num_spec, vocab=int(model.config.vocab_size), d_model=cfg.d_model,
+                     n_heads=cfg.n_heads)
+    head.init_from_target(model.get_input_embeddings().weight.detach().float())
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.01)
+    steps_per_epoch = (len(toks) + cfg.batch - 1) // cfg.batch
+    total = steps_per_epoch * cfg.epochs
+    warm = max(1, total // 20)
+
+    def lr_at(step: int) -> float:  # warm-up, then cosine to 5%; a function of the step, so a resumed
+        # run (even with more epochs) just continues the curve
+        if step < warm:
+            return cfg.lr * (step + 1) / warm
+        return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm)))))
+
+    epoch0, history = 0, []
+    ckpt = work / "checkpoint.pt"
+    if resume and ckpt.is_file():
+        st = torch.load(ckpt, weights_only=False)
+        head.load_state_dict(st["head"])
+        opt.load_state_dict(st["opt"])
+        epoch0, history = st["epoch"], st["history"]
+        log(f"resumed after epoch {epoch0}")
+    t0 = time.time()
+    for epoch in range(epoch0, cfg.epochs):
+        head.train()
+        order = torch.randperm(len(toks), generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch))
+        tot, cnt = 0.0, 0
+        bar = _progress(range(steps_per_epoch), steps_per_epoch, f"epoch {epoch + 1}/{cfg.epochs}")
+        for i in bar:
+            for g in opt.param_groups:
+                g["lr"] = lr_at(epoch * steps_per_epoch + i)
+            b = order[i * cfg.batch:(i + 1) * cfg.batch]
+            loss = _loss(head, toks[b], rows[b], cfg.prompt_len)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            opt.step()
+            tot, cnt = tot + loss.item(), cnt + 1
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(loss=f"{tot / cnt:.3f}", refresh=False)
+        history.append(round(tot / max(1, cnt), 4))
+        log(f"epoch {epoch + 1}/{cfg.epochs} loss {history[-1]:.4f} ({time.time() - t0:.0f}s)")
+        torch.save({"head": head.state_dict(), "opt": opt.state_dict(),
+                    "epoch": epoch + 1, "history": history}, ckpt)
+    man = HeadManifest(target_id=tid, target_name=target.name, tap_layers=list(cfg.layers), tap_point=TAP_POINT,
+                       hidden=head.hidden, row_dtype=cfg.row_dtype, window=cfg.window, num_spec=cfg.num_spec,
+                       vocab_size=head.vocab, d_model=cfg.d_model, n_heads=cfg.n_heads,
+                       training={"sequences": cfg.sequences, "prompt_len": cfg.prompt_len, "gen_len": cfg.gen_len,
+                                 "epochs": cfg.epochs, "batch": cfg.batch, "lr": cfg.lr, "seed": cfg.seed,
+                                 "loss_per_epoch": history,
+                                 "params": sum(p.numel() for p in head.parameters())})
+    save_head(head, out, man)
+    shipped, _ = load_head(out)  # measure the weights as saved
+    res = evaluate(shipped, etoks, erows, cfg.prompt_len)
+    man.training["held_out"] = res
+    man.save(out / MANIFEST_NAME)
+    return {**res, "loss_per_epoch": history, "out": str(out), "target_id": tid}
