@@ -122,11 +122,7 @@ class Attachment:
             self.pending = None
         if seg is not None:
             self._abandoned_incarnations.add(seg.incarnation)
-            try:
-                seg.set_word(Word.ABANDONED, 1)
-            except ValueError:
-                pass
-            seg.close()
+            _abandon(seg)
         self.seg = self.flags = None
         self._move(AttachEvent.LOST)
         self._counters.inc(f"detach_{why}")
@@ -139,10 +135,16 @@ class Attachment:
             pending, self.pending = self.pending, None
         for s in (seg, pending):
             if s is not None:
-                try:
-                    s.set_word(Word.ABANDONED, 1)
-                except ValueError:
-                    pass
-                s.close()
+                _abandon(s)
         self.seg = self.flags = None
         self._move(AttachEvent.CLOSE)
+
+
+def _abandon(seg: Segment) -> None:
+    """Tell the proxy to make a fresh incarnation (best effort: an already unmapped segment raises
+    ValueError), then unmap."""
+    try:
+        seg.set_word(Word.ABANDONED, 1)
+    except ValueError:
+        pass
+    seg.close()

@@ -128,18 +128,6 @@ class WorkerServer:
         return self._port
 
     @property
-    def max_connections(self) -> int:
-        return self.admission.max_connections
-
-    @property
-    def max_handshakes(self) -> int:
-        return self.admission.max_handshakes
-
-    @property
-    def handshake_timeout_s(self) -> float:
-        return self.admission.handshake_timeout_s
-
-    @property
     def drafter_identity(self) -> str:
         a = self._drafter_args
         extra = f" weights={a['weights']}" if a["weights"] else f" seed={a['seed']}"
