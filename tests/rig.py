@@ -151,3 +151,12 @@ def rounds_until_full(rig: Rig, reqs: list[tuple[int, int, int]], rounds: int, p
         else:
             assert all(full_windows(rig, reply, b)), f"round {rig.t} lost its whole window again"
     return full_at
+
+
+def decode_batch(t: int, row_bytes: int, n: int = 2) -> dict:
+    """Round t of n requests in slots 0..n-1, one decode row each at position t: the enqueue
+    arguments of an engine that only keeps decoding (thread-mode tests drive whole proxies with it)."""
+    return dict(req_ids=np.arange(n, dtype=np.int64), slots=np.arange(n), qsl=np.arange(n + 1),
+                need_draft=np.ones(n, bool), k_window=np.zeros(n, np.int64),
+                rows=np.full((n, row_bytes), t % 251, np.uint8), valid=np.ones(n, np.int64),
+                first_pos=np.full(n, t, np.int64), anchor=np.full(n, t, np.int64))
