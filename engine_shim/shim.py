@@ -95,7 +95,7 @@ class Shim:
         return self._att.seg
 
     @property
-    def _seg(self) -> Segment | None:
+    def _seg(self) -> Segment | None:  # the attached segment and its flags: the engine thread's reads
         return self._att.seg
 
     @property
