@@ -4,25 +4,21 @@ past the deadline.
 The engine calls `enqueue(t, ...)` then `read_reply(t)` once per step, on one thread. Everything that
 can take time without the engine asking (finding a proxy, noticing it died, claiming late rounds,
 publishing our statistics) is the watchdog thread's (watchdog.py). Attaching and detaching happen
-only at a round boundary, on the engine thread (attach.py has the table).
+only at a round boundary, on the engine thread (attachment.py; attach.py has the table).
 
-Thread ownership: `_seg`, `_flags`, `_state`, the ring and the staging are the engine thread's;
-`_pending` and `_lost` are handed over by the watchdog under `_lock` (held for a few instructions,
-never across a wait).
+Thread ownership: the ring, the staging and the attachment's segment are the engine thread's; what
+the watchdog hands over goes through the attachment's lock (attachment.py).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from dspark_proxy.events import EventRing, watchdog_event
-from dspark_proxy.shm import hostflag as hf
 from dspark_proxy.shm.hostflag import (
     FAR_AHEAD,
     PAGE_OK,
@@ -33,14 +29,14 @@ from dspark_proxy.shm.hostflag import (
     HostFlags,
 )
 from dspark_proxy.shm.layout import META_SLOTS, ReplyPageLayout, Word
-from dspark_proxy.shm.segment import Segment, owner_alive
+from dspark_proxy.shm.segment import Segment
 from dspark_proxy.stats import Stats
 
-from .attach import AttachEvent, AttachState, next_state
+from .attach import AttachState
+from .attachment import Attachment
 from .inputs import EnqueueInputs, ShimError, _as_numpy
 from .reply import Reply, ReplyReader
 from .row_ring import EngineRing
-from .writer import RoundWriter
 
 __all__ = ["Shim", "ShimError"]
 
@@ -66,24 +62,16 @@ class Shim:
         self.ring = EngineRing(max_reqs, window, row_bytes)
         self._inputs = EnqueueInputs(max_reqs, window, row_bytes, sampled)  # validated, as numpy
         self._reader = ReplyReader(ReplyPageLayout(max_reqs, num_spec, sampled))
-        self._lock = threading.Lock()
-        self._state = AttachState.DETACHED
-        self._seg: Segment | None = None
-        self._flags: HostFlags | None = None
-        self._pending: Segment | None = None  # found by the watchdog, attached by the engine thread
-        self._lost: str | None = None  # set by the watchdog: detach at the next round boundary
-        self._abandoned_incarnations: set[int] = set()
+        self._att = Attachment(self.ring, self.counters, self.events, sampled, self._watch, self.deadline_ms)
         self._t = 0  # last round enqueued
         self._n = 0  # its number of requests
         self._round_attached = False  # round _t went through the segment
         self._rejected = ""  # round _t had a bad input: why (read_reply's reason)
         self._awaiting_reply = False  # round _t was enqueued and its read_reply has not come yet
-        self._writer: RoundWriter | None = None  # the attached segment's round writer
         self._deadline_ns = 0
         # per round t (slot t % 64): (t, n, rows staged, longest query, incarnation), so an event about
         # a round reported rounds later (the watcher's claims are drained later) carries its own fields
         self._rounds_seen: list[tuple[int, int, int, int, int]] = [(0, 0, 0, 0, 0)] * META_SLOTS
-        self._incarnation = 0  # of the last segment attached to (events of later rounds name it)
         self.on_close: list = []  # callables run by close() after detaching (thread mode stops its proxy)
         self.proxy = None  # thread mode: the in-process Proxy
         from .watchdog import Watchdog  # a cycle only at import time
@@ -96,20 +84,28 @@ class Shim:
 
     @property
     def state(self) -> AttachState:
-        return self._state
+        return self._att.state
 
     @property
     def attached(self) -> bool:
-        return self._state is AttachState.ATTACHED
+        return self._att.state is AttachState.ATTACHED
 
     @property
     def segment(self) -> Segment | None:
-        return self._seg
+        return self._att.seg
+
+    @property
+    def _seg(self) -> Segment | None:  # the attached segment and its flags: the engine thread's reads
+        return self._att.seg
+
+    @property
+    def _flags(self) -> HostFlags | None:
+        return self._att.flags
 
     def deadline_ms(self) -> float:
         if self.deadline_override_ms is not None:
             return float(self.deadline_override_ms)
-        seg = self._seg
+        seg = self._att.seg
         return seg.deadline_ms if seg is not None else 5.0
 
     def round_in_flight(self) -> tuple[int, int]:
@@ -119,88 +115,20 @@ class Shim:
 
     def abandoned(self, incarnation: int) -> bool:
         """This shim gave up on that incarnation (detached, or refused its claim): never offer it again."""
-        return incarnation in self._abandoned_incarnations
-
-    def _move(self, event: AttachEvent) -> None:
-        self._state = next_state(self._state, event)
+        return self._att.abandoned(incarnation)
 
     def offer(self, seg: Segment) -> bool:
         """Watchdog: a ready incarnation with our parameters; attached at the next round boundary."""
-        with self._lock:
-            if self._state is not AttachState.DETACHED or self._pending is not None:
-                return False
-            self._pending = seg
-            self._move(AttachEvent.FOUND)
-            return True
+        return self._att.offer(seg)
 
     def lose(self, why: str) -> None:
         """Watchdog: the attached (or pending) proxy is gone; detach at the next round boundary."""
-        with self._lock:
-            if self._lost is None:
-                self._lost = why
+        self._att.lose(why)
 
-    def _boundary(self, t: int) -> None:
-        """Engine thread, start of enqueue(t): apply what the watchdog handed over."""
-        with self._lock:
-            lost, self._lost = self._lost, None
-            pending = self._pending
-        if lost is not None and self._state in (AttachState.ATTACHED, AttachState.PENDING):
-            self._detach(lost)
-        if self._state is AttachState.PENDING and pending is not None:
-            self._try_attach(pending, t)
-
-    def _try_attach(self, seg: Segment, t: int) -> None:
-        with self._lock:
-            self._pending = None
-        # the claim is the pid itself (CAS engine_pid: 0 -> pid), then attached = t: nobody ever sees
-        # an incarnation that is taken while its engine's pid is still 0 (shm_layout.md §7)
-        if hf.cas(seg.mm, seg.layout.word_off(Word.ENGINE_PID), 0, os.getpid()):
-            hf.store(seg.mm, seg.layout.word_off(Word.ATTACHED), t)
-            flags = HostFlags(seg, peer_pid=int(seg.header["owner_pid"]))
-            flags.rebase(t)  # the handshake: the proxy's first round is t
-            self._seg, self._flags = seg, flags
-            if self.watchdog.started:
-                self.watchdog.watch(seg, flags)  # round t's deadline is watched from now, GIL or not
-            self._writer = RoundWriter(seg, self.ring, self.counters, self.sampled)
-            self._move(AttachEvent.ATTACH_OK)
-            self.counters.inc("attaches")
-            self._incarnation = seg.incarnation
-            self.events.record(**watchdog_event(round=t, how="attached", incarnation=seg.incarnation))
-            log.info("[shim] attached name=%s incarnation=%d at round %d deadline_ms=%.3f", seg.name,
-                     seg.incarnation, t, self.deadline_ms())
-        else:
-            # someone attached first. A live engine (two engines given one name): its proxy is left
-            # alone, or the two would abandon each other's incarnations for ever. A gone one (or
-            # this process, earlier): the incarnation cannot be re-based backwards, so it is abandoned
-            # and the proxy starts afresh. The CAS failed, so the pid is the winner's, never 0.
-            engine = seg.word(Word.ENGINE_PID)
-            live_other = engine != os.getpid() and owner_alive(engine, 0)
-            if live_other:
-                log.error("[shim] %s is attached to engine pid %d: two engines share this name; this one "
-                          "stays target-only until a new proxy incarnation appears", seg.name, engine)
-                self.counters.inc("attach_refused_live_engine")
-            else:
-                seg.set_word(Word.ABANDONED, 1)
-            self._abandoned_incarnations.add(seg.incarnation)
-            seg.close()
-            self._move(AttachEvent.ATTACH_REFUSED)
-            self.counters.inc("attach_refused")
-
-    def _detach(self, why: str) -> None:
-        seg = self._seg if self._seg is not None else self._pending
-        with self._lock:
-            self._pending = None
-        if seg is not None:
-            self._abandoned_incarnations.add(seg.incarnation)
-            try:
-                seg.set_word(Word.ABANDONED, 1)
-            except ValueError:
-                pass
-            seg.close()
-        self._seg = self._flags = None
-        self._move(AttachEvent.LOST)
-        self.counters.inc(f"detach_{why}")
-        log.warning("[shim] detached why=%s: target-only until a new proxy incarnation appears", why)
+    def _watch(self, seg: Segment, flags: HostFlags) -> None:
+        """Just attached: round t's deadline is watched from now, GIL or not."""
+        if self.watchdog.started:
+            self.watchdog.watch(seg, flags)
 
     # ------------------------------------------------------------------ enqueue
 
@@ -210,7 +138,7 @@ class Shim:
         """Copy round t's rows into the engine ring and the staging, write its metadata and descriptor,
         stage the resync windows the proxy asked for, and raise `gathered`. Validates everything first:
         bad input raises ShimError (a ValueError) with nothing written."""
-        if self._state is AttachState.CLOSED:
+        if self._att.state is AttachState.CLOSED:
             raise ShimError("enqueue on a closed shim")
         if t != self._t + 1 and self._t != 0:
             raise ShimError(f"enqueue({t}): the next round is {self._t + 1}")
@@ -225,13 +153,13 @@ class Shim:
             err = e if isinstance(e, ShimError) else ShimError(f"bad input: {e}")
             self._reject(t, slots, err)
             raise err from (None if err is e else e)
-        self._boundary(t)
+        self._att.boundary(t)
         self.ring.write(a["slots"], a["req_ids"], a["first_pos"], a["valid"], a["rows"])
         self._t, self._n = t, n
         self._rejected = ""
         self._round_attached = False
         self._awaiting_reply = True
-        if self._state is not AttachState.ATTACHED:
+        if self._att.state is not AttachState.ATTACHED:
             self.counters.inc("rounds_detached")
             return
         seg, flags = self._seg, self._flags
@@ -252,7 +180,7 @@ class Shim:
             n = int(sa.shape[0]) if sa.ndim == 1 and sa.shape[0] <= self.max_reqs else 0
         except (TypeError, ValueError, RuntimeError):
             n = 0
-        self._boundary(t)
+        self._att.boundary(t)
         self._t, self._n = t, n
         self._rejected = f"bad_input: {err}"
         self._round_attached = False
@@ -262,25 +190,27 @@ class Shim:
         (log.warning if self.counters.counter("rounds_rejected") == 1 else log.debug)(
             "[shim] enqueue(%d) rejected, the round is target-only (logged once; counted as rounds_rejected): %s",
             t, err)
-        if self._state is not AttachState.ATTACHED:
+        if self._att.state is not AttachState.ATTACHED:
             return
         seg, flags = self._seg, self._flags
         assert seg is not None and flags is not None
-        assert self._writer is not None
-        self._writer.write_nothing(t)
+        assert self._att.writer is not None
+        self._att.writer.write_nothing(t)
         flags.fail(t, n)
         flags.raise_gathered(t, 0)
 
     def _write_round(self, seg: Segment, t: int, n: int, a: dict[str, np.ndarray]) -> None:
         """Round t into the attached segment (writer.py); `seg` is it (chaos hooks this step)."""
-        assert self._writer is not None and self._writer.seg is seg
-        rows_staged, max_q = self._writer.write(t, n, a)
-        self._rounds_seen[t % META_SLOTS] = (t, n, rows_staged, max_q, self._incarnation)
+        writer = self._att.writer
+        assert writer is not None and writer.seg is seg
+        rows_staged, max_q = writer.write(t, n, a)
+        self._rounds_seen[t % META_SLOTS] = (t, n, rows_staged, max_q, self._att.incarnation)
 
     @property
     def resync_bytes_last(self) -> int:
         """Ring-window bytes the last attached enqueue copied (chaos: the worst enqueue)."""
-        return self._writer.stager.bytes_last if self._writer is not None else 0
+        writer = self._att.writer
+        return writer.stager.bytes_last if writer is not None else 0
 
     # ------------------------------------------------------------------ read_reply
 
@@ -343,7 +273,7 @@ class Shim:
             ev = watchdog_event(round=t, how=how, phase=phase, n=seen_n, rows=rows, longest_query=max_q,
                                 incarnation=inc)
         else:  # not a round that went through a segment, or 64 rounds ago
-            ev = watchdog_event(round=t, how=how, n=n, incarnation=self._incarnation)
+            ev = watchdog_event(round=t, how=how, n=n, incarnation=self._att.incarnation)
         self.events.record(**ev)
 
     # ------------------------------------------------------------------ lifecycle
@@ -351,14 +281,14 @@ class Shim:
     def stats(self) -> dict:
         """The shim's statistics: counters, latencies, attach state, the round, the last 64 events."""
         snap = self.counters.snapshot()
-        snap["state"] = self._state.value
+        snap["state"] = self._att.state.value
         snap["round"] = self._t
         snap["watchdog_events"] = self.events.dump()
         return snap
 
     def close(self) -> None:
         """Stop the watchdog, abandon the segment (the proxy then makes a fresh one), unmap. Idempotent."""
-        if self._state is AttachState.CLOSED:
+        if self._att.state is AttachState.CLOSED:
             return
         if self._flags is not None:
             # every round ahead is target-only: wakes the watchdog if it waits on a round in flight
@@ -369,18 +299,7 @@ class Shim:
                 pass
         self.watchdog.stop()
         self.watchdog.join(timeout=2.0)
-        seg = self._seg
-        with self._lock:
-            pending, self._pending = self._pending, None
-        for s in (seg, pending):
-            if s is not None:
-                try:
-                    s.set_word(Word.ABANDONED, 1)
-                except ValueError:
-                    pass
-                s.close()
-        self._seg = self._flags = None
-        self._move(AttachEvent.CLOSE)
+        self._att.close()
         for fn in self.on_close:
             fn()
 
@@ -392,7 +311,7 @@ class Shim:
 
     def __del__(self) -> None:  # pragma: no cover - best effort; close() is the real path
         try:
-            if self._state is not AttachState.CLOSED:
+            if self._att.state is not AttachState.CLOSED:
                 self.watchdog.stop()
         except Exception:
             pass

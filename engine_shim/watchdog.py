@@ -42,7 +42,8 @@ _STATS_EVERY_S = 0.5
 class WatchedShim(Protocol):
     """What the watchdog needs of its shim (engine_shim/shim.py), and nothing else. The shim's engine
     thread owns the rest; what is called here from the watchdog's thread is safe from it: `offer` and
-    `lose` hand over under the shim's lock, `note_watchdog` records an event, the rest is read."""
+    `lose` hand over under its attachment's lock (attachment.py), `note_watchdog` records an event, the
+    rest is read."""
 
     name: str | None
     max_reqs: int

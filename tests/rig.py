@@ -8,6 +8,8 @@ publish, seqlock read) while staying deterministic.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from dspark_proxy.bench.rig import RoundRig
@@ -15,7 +17,7 @@ from dspark_proxy.draft_client import StepOutcome
 from dspark_proxy.inproc import InProcessClient
 from dspark_proxy.integrity import integrity_drafts, integrity_hash
 from dspark_proxy.round import RoundSettings
-from dspark_proxy.shm.layout import LayoutParams
+from dspark_proxy.shm.layout import META_SLOTS, LayoutParams
 
 
 def row_of(req: int, pos: int, row_bytes: int) -> np.ndarray:
@@ -67,6 +69,12 @@ class Rig(RoundRig):
                          deadline_ms=deadline_ms, breaker=breaker, settings=settings)
         self.pos: dict[int, int] = {}  # request -> next position (its rows so far)
 
+    def __enter__(self) -> Rig:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # ------------------------------------------------------------------ rounds
 
     def batch(self, reqs: list[tuple[int, int, int]], *, first_pos: dict[int, int] | None = None) -> dict:
@@ -105,3 +113,50 @@ class Rig(RoundRig):
             assert np.array_equal(reply.draft_ids[i], ids), f"request {r}: wrong drafts"
             checked += 1
         return checked
+
+
+def staged_slots(rig: Rig, t: int) -> list[int]:
+    """The windows the engine staged with round t, from round t's descriptor."""
+    d = rig.seg.desc[t % META_SLOTS]
+    return d["staged_slots"][: int(d["n_staged"])].tolist()
+
+
+def full_windows(rig: Rig, reply, b) -> list[bool]:
+    """Per request: a usable draft computed from every row the engine holds for it (up to W), counted
+    from the rig's own record of the rows written (the inproc worker reports rows used / W as the
+    first confidence)."""
+    out = []
+    for i, r in enumerate(b["req_ids"].tolist()):
+        held = min(rig.W, rig.pos[r])
+        used = int(round(float(reply.confidence[i][0]) * rig.W)) if reply.ok_mask[i] else 0
+        out.append(used == held)
+    return out
+
+
+def rounds_until_full(rig: Rig, reqs: list[tuple[int, int, int]], rounds: int, paced: list[int], *,
+                      each: Callable[[], None] | None = None) -> int | None:
+    """Run `rounds` rounds of reqs after a fault, every draft checked right meanwhile; until every live
+    window is full, record each round's pacing (the resync cap) in `paced`; after, assert it stays
+    full. Returns the round it got full, None if never. `each` runs after every round."""
+    full_at = None
+    for _ in range(rounds):
+        reply, b = rig.round(reqs)
+        assert rig.check_drafts(reply, b) == int(reply.ok_mask.sum())  # every draft right meanwhile
+        if each is not None:
+            each()
+        if full_at is None:
+            paced.append(rig.core.pacer.resync_cap)
+            if all(full_windows(rig, reply, b)):
+                full_at = rig.t
+        else:
+            assert all(full_windows(rig, reply, b)), f"round {rig.t} lost its whole window again"
+    return full_at
+
+
+def decode_batch(t: int, row_bytes: int, n: int = 2) -> dict:
+    """Round t of n requests in slots 0..n-1, one decode row each at position t: the enqueue
+    arguments of an engine that only keeps decoding (thread-mode tests drive whole proxies with it)."""
+    return dict(req_ids=np.arange(n, dtype=np.int64), slots=np.arange(n), qsl=np.arange(n + 1),
+                need_draft=np.ones(n, bool), k_window=np.zeros(n, np.int64),
+                rows=np.full((n, row_bytes), t % 251, np.uint8), valid=np.ones(n, np.int64),
+                first_pos=np.full(n, t, np.int64), anchor=np.full(n, t, np.int64))

@@ -17,7 +17,7 @@ from dspark_proxy.shm import hostflag as hf
 from dspark_proxy.shm.layout import LayoutParams, State, Word
 from dspark_proxy.shm.segment import Segment
 from engine_shim import api
-from engine_shim import shim as shim_mod
+from engine_shim import attachment as attachment_mod
 from engine_shim.attach import AttachState
 from engine_shim.shim import Shim
 
@@ -72,7 +72,7 @@ def test_another_engine_looking_mid_attach_leaves_the_attacher_alone(seg_name, m
     shim = Shim(seg_name, **SHAPES, start_watchdog=False)
     try:
         assert shim.offer(Segment.open(seg_name))
-        monkeypatch.setattr(shim_mod, "hf", _PauseAfterClaim())
+        monkeypatch.setattr(attachment_mod, "hf", _PauseAfterClaim())
         shim.enqueue(5, **_batch())
         monkeypatch.undo()
         assert seen == ["detached"], seen  # it looked, found the incarnation taken, offered nothing

@@ -84,7 +84,7 @@ def _check_engine_side(name: str) -> str:
     try:
         # the watchdog thread's search, run here: offers only a segment with the engine's parameters
         shim.watchdog._look_for_proxy()
-        pending = shim._pending
+        pending = shim._att.pending
         if pending is not None:
             p = pending.params
             assert (p.max_reqs, p.num_spec, p.window, p.row_bytes) == (M, N, W, B)
@@ -149,7 +149,7 @@ def test_truncated_segment_is_refused(seg_name):
         shim = engine_shim.attach(seg_name, **ENGINE)  # the engine starts detached, never fails
         try:
             shim.watchdog._look_for_proxy()
-            assert shim._pending is None
+            assert shim._att.pending is None
         finally:
             shim.close()
     finally:
@@ -165,7 +165,7 @@ def test_mismatch_names_the_field(seg_name):
         shim = Shim(seg_name, max_reqs=M, num_spec=N, window=W * 2, row_bytes=B, start_watchdog=False)
         try:
             shim.watchdog._look_for_proxy()
-            assert shim._pending is None and shim.counters.counter("attach_mismatch") == 1
+            assert shim._att.pending is None and shim.counters.counter("attach_mismatch") == 1
         finally:
             shim.close()
     finally:
@@ -188,7 +188,7 @@ def test_owner_pid_outside_pid_t(seg_name, pid):
         shim = engine_shim.attach(seg_name, **ENGINE)
         try:
             shim.watchdog._look_for_proxy()  # a dead owner: not offered
-            assert shim._pending is None
+            assert shim._att.pending is None
             assert shim.watchdog._proxy_lost(seg) == "proxy_dead"
         finally:
             shim.close()

@@ -144,9 +144,9 @@ def test_worker_survives_mutated_steps(worker, data):
 def test_worker_connections_are_released(worker):
     """After the fuzzing above, no connection thread is left (each mutated frame's connection closed)."""
     end = time.monotonic() + 5.0
-    while worker._conns and time.monotonic() < end:
+    while worker.admission.conns and time.monotonic() < end:
         time.sleep(0.01)
-    assert not worker._conns
+    assert not worker.admission.conns
     _worker_serves_a_good_step(worker.port)
 
 

@@ -35,31 +35,24 @@ def _usable_prefix_ok(reply) -> None:
 
 @pytest.mark.parametrize("n_out", [1, 2, 3])
 def test_n_out_below_n_gives_n_drafts_n_out_and_minus_one_beyond(seg_name, n_out):
-    rig = Rig(seg_name, M=M, N=N, W=W, B=B, settings=RoundSettings(n_out_table=(n_out,)))
-    try:
+    with Rig(seg_name, M=M, N=N, W=W, B=B, settings=RoundSettings(n_out_table=(n_out,))) as rig:
         for _ in range(3):
             reply, b = rig.round([(1, 0, 1), (2, 3, 2)])
             assert reply.status == STATUS_OK
             assert reply.n_drafts.tolist() == [n_out, n_out] and reply.ok_mask.all()
             assert (reply.draft_ids[:, n_out:] == -1).all() and (reply.confidence[:, n_out:] == 0).all()
             _usable_prefix_ok(reply)
-    finally:
-        rig.close()
 
 
 def test_all_n_by_default(seg_name):
-    rig = Rig(seg_name, M=M, N=N, W=W, B=B)
-    try:
+    with Rig(seg_name, M=M, N=N, W=W, B=B) as rig:
         reply, b = rig.round([(1, 0, 1), (2, 3, 2)])
         assert reply.n_drafts.tolist() == [N, N] and rig.check_drafts(reply, b) == 2
         _usable_prefix_ok(reply)
-    finally:
-        rig.close()
 
 
 def test_a_request_without_drafts_carries_minus_one(seg_name):
-    rig = Rig(seg_name, M=M, N=N, W=W, B=B)
-    try:
+    with Rig(seg_name, M=M, N=N, W=W, B=B) as rig:
         rig.round([(1, 0, 2), (2, 1, 2), (3, 2, 2)])
         reply, b = rig.round([(1, 0, 1), (2, 1, 0), (3, 2, 1)])  # request 2 sends no rows: no entry
         assert reply.status == STATUS_SOME_FAILED
@@ -73,8 +66,6 @@ def test_a_request_without_drafts_carries_minus_one(seg_name):
         reply = rig.shim.read_reply(rig.t)
         assert reply.n_drafts.tolist() == [N, 0, N] and (reply.draft_ids[1] == -1).all()
         _usable_prefix_ok(reply)
-    finally:
-        rig.close()
 
 
 class _Edited(ScriptedClient):
@@ -132,9 +123,8 @@ class _Sampled(ScriptedClient):
 
 def test_sampled_fields_of_requests_without_drafts_are_cleared_every_round(seg_name):
     client = _Sampled(max_reqs=M, num_spec=N, window=W, row_bytes=B)
-    rig = Rig(seg_name, M=M, N=N, W=W, B=B, R=2, sampled=True, settings=RoundSettings(n_out_table=(3,)),
-              client=client)
-    try:
+    with Rig(seg_name, M=M, N=N, W=W, B=B, R=2, sampled=True, settings=RoundSettings(n_out_table=(3,)),
+             client=client) as rig:
         reqs = [(1, 0, 1), (2, 1, 1), (3, 2, 1)]
         seeds = dict(seed=np.array([1, 2, 3]), temperature=np.ones(3, np.float32))
         for t, fail, expect in ((1, (), [3, 3, 3]), (2, (1,), [3, 0, 3]), (3, (0, 2), [0, 3, 0]),
@@ -148,13 +138,10 @@ def test_sampled_fields_of_requests_without_drafts_are_cleared_every_round(seg_n
             assert (reply.support_ids[~none][:, 3:] == -1).all() and (reply.proposal_q[~none][:, 3:] == 0).all()
             assert (reply.proposal_q[~none][:, :3, 0] == 1).all()
             _usable_prefix_ok(reply)
-    finally:
-        rig.close()
 
 
 def test_a_page_with_n_drafts_over_n_is_not_trusted(seg_name):
-    rig = Rig(seg_name, M=M, N=N, W=W, B=B)
-    try:
+    with Rig(seg_name, M=M, N=N, W=W, B=B) as rig:
         rig.round([(1, 0, 1)])
         b = rig.batch([(1, 0, 1)])
         rig.t += 1
@@ -169,8 +156,6 @@ def test_a_page_with_n_drafts_over_n_is_not_trusted(seg_name):
         rig.core.handle(rig.t, 0.0)
         reply = rig.shim.read_reply(rig.t)
         assert reply.status == 2 and reply.reason == "bad_page" and reply.n_drafts.tolist() == [0]
-    finally:
-        rig.close()
 
 
 def test_leading_drafts():

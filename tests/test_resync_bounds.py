@@ -10,28 +10,9 @@ import pytest
 
 from dspark_proxy.shm import layout as shm_layout
 from dspark_proxy.shm.hostflag import HostFlags
-from dspark_proxy.shm.layout import META_SLOTS
-from tests.rig import Rig
+from tests.rig import Rig, full_windows, rounds_until_full, staged_slots
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def staged_slots(rig: Rig, t: int) -> list[int]:
-    """The windows the engine staged with round t, from round t's descriptor."""
-    d = rig.seg.desc[t % META_SLOTS]
-    return d["staged_slots"][: int(d["n_staged"])].tolist()
-
-
-def full_windows(rig: Rig, reply, b) -> list[bool]:
-    """Per request: a usable draft computed from every row the engine holds for it (up to W), counted
-    from the rig's own record of the rows written (the inproc worker reports rows used / W as the
-    first confidence)."""
-    out = []
-    for i, r in enumerate(b["req_ids"].tolist()):
-        held = min(rig.W, rig.pos[r])
-        used = int(round(float(reply.confidence[i][0]) * rig.W)) if reply.ok_mask[i] else 0
-        out.append(used == held)
-    return out
 
 
 def test_finished_requests_are_never_asked_for_and_live_windows_come_back(seg_name):
@@ -53,18 +34,9 @@ def test_finished_requests_are_never_asked_for_and_live_windows_come_back(seg_na
         first_healthy = rig.t
         assert rig.check_drafts(reply, b) == int(reply.ok_mask.sum())
         paced = [rig.core.pacer.resync_cap]
-        full_at = None
         staged: list[int] = []
-        for _ in range(200):  # the requests in slots 0 and 1 have finished
-            reply, b = rig.round(live)
-            assert rig.check_drafts(reply, b) == int(reply.ok_mask.sum())  # every draft right meanwhile
-            staged += staged_slots(rig, rig.t)
-            if full_at is None:
-                paced.append(rig.core.pacer.resync_cap)
-                if all(full_windows(rig, reply, b)):
-                    full_at = rig.t
-            else:
-                assert all(full_windows(rig, reply, b)), f"round {rig.t} lost its whole window again"
+        # the requests in slots 0 and 1 have finished
+        full_at = rounds_until_full(rig, live, 200, paced, each=lambda: staged.extend(staged_slots(rig, rig.t)))
         assert 0 not in staged and 1 not in staged, f"idle slots staged {staged.count(0) + staged.count(1)} times"
         eff = min(paced)  # the fewest windows a round it took asked for (link pacing says so)
         assert rig.stats.gauge("resync_windows_per_round") is not None

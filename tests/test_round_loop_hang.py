@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
 
 from engine_shim import api
+from tests.rig import decode_batch
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -15,14 +15,6 @@ M, N, W, B = 8, 3, 4, 16
 DEADLINE_MS = 20.0
 HB_TIMEOUT_S = 0.5
 HANG_MS = 2500.0
-
-
-def _batch(t: int) -> dict:
-    n = 2
-    return dict(req_ids=np.arange(n, dtype=np.int64), slots=np.arange(n), qsl=np.arange(n + 1),
-                need_draft=np.ones(n, bool), k_window=np.zeros(n, np.int64),
-                rows=np.full((n, B), t % 251, np.uint8), valid=np.ones(n, np.int64),
-                first_pos=np.full(n, t, np.int64), anchor=np.full(n, t, np.int64))
 
 
 def test_round_loop_hang_detaches_within_the_bound_and_drafts_resume(seg_name):
@@ -37,7 +29,7 @@ def test_round_loop_hang_detaches_within_the_bound_and_drafts_resume(seg_name):
             nonlocal t, worst_ms
             t += 1
             t0 = time.perf_counter()
-            shim.enqueue(t, **_batch(t))
+            shim.enqueue(t, **decode_batch(t, B))
             r = shim.read_reply(t)
             worst_ms = max(worst_ms, (time.perf_counter() - t0) * 1e3)
             time.sleep(0.002)  # the engine's forward

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import time
 
-import numpy as np
 import pytest
 
 from dspark_proxy.shm.layout import Word
@@ -14,18 +13,11 @@ from dspark_proxy.shm.segment import Segment
 from dspark_proxy.status import format_status as _table
 from dspark_proxy.status import read_status
 from engine_shim import api
+from tests.rig import decode_batch
 
 pytestmark = pytest.mark.timeout(60)
 
 M, N, W, B = 8, 3, 4, 16
-
-
-def _batch(t: int) -> dict:
-    n = 2
-    return dict(req_ids=np.arange(n, dtype=np.int64), slots=np.arange(n), qsl=np.arange(n + 1),
-                need_draft=np.ones(n, bool), k_window=np.zeros(n, np.int64),
-                rows=np.full((n, B), t % 251, np.uint8), valid=np.ones(n, np.int64),
-                first_pos=np.full(n, t, np.int64), anchor=np.full(n, t, np.int64))
 
 
 def test_a_dead_proxy_thread_is_restarted_logged_counted_and_shown(seg_name, monkeypatch, caplog):
@@ -38,7 +30,7 @@ def test_a_dead_proxy_thread_is_restarted_logged_counted_and_shown(seg_name, mon
         end = time.monotonic() + limit_s
         while time.monotonic() < end:
             t += 1
-            shim.enqueue(t, **_batch(t))
+            shim.enqueue(t, **decode_batch(t, B))
             if shim.read_reply(t).ok_mask.any() and shim.attached:
                 return True
             time.sleep(0.002)
@@ -63,7 +55,7 @@ def test_a_dead_proxy_thread_is_restarted_logged_counted_and_shown(seg_name, mon
         end = time.monotonic() + 5
         while shim.attached and time.monotonic() < end:
             t += 1
-            shim.enqueue(t, **_batch(t))
+            shim.enqueue(t, **decode_batch(t, B))
             shim.read_reply(t)
             time.sleep(0.002)
         assert not shim.attached

@@ -14,8 +14,7 @@ import pytest
 from dspark_proxy.events import EventRing
 from dspark_proxy.round import RoundCore, RoundSettings
 from dspark_proxy.shm.layout import META_SLOTS, STATUS_ROUND_FAILED
-from tests.rig import Rig
-from tests.test_resync_bounds import full_windows, staged_slots
+from tests.rig import Rig, full_windows, rounds_until_full, staged_slots
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -54,16 +53,8 @@ def test_whole_windows_come_back_after_the_proxy_forgot_the_ring(seg_name, fault
         fresh_unknown = getattr(rig.core.slots, "n_unknown", None)
         _forget(rig, fault)
         first_healthy = rig.t + 1  # the next round reaches the worker
-        paced, full_at = [], None
-        for _ in range(3 * W):
-            reply, b = rig.round(LIVE)
-            assert rig.check_drafts(reply, b) == int(reply.ok_mask.sum())  # every draft right meanwhile
-            if full_at is None:
-                paced.append(rig.core.pacer.resync_cap)
-                if all(full_windows(rig, reply, b)):
-                    full_at = rig.t
-            else:
-                assert all(full_windows(rig, reply, b)), f"round {rig.t} lost its whole window again"
+        paced: list[int] = []
+        full_at = rounds_until_full(rig, LIVE, 3 * W, paced)
         bound = math.ceil(len(LIVE) / min(paced)) + 1
         assert full_at is not None, "the live requests never got their whole windows back"
         assert full_at - first_healthy <= bound, (full_at, first_healthy, bound)

@@ -43,7 +43,7 @@ def test_an_authenticated_proxy_connects_and_reconnects_through_an_idle_socket_f
             s.check(*s.step(new_gen=True))  # a fresh session on the new connection
         assert flood.open_now >= 100  # the flood was still on throughout
         assert srv.counters["handshakes_evicted"] > 0 and srv.counters["auth_refused"] == 0
-        assert len(srv._pending) <= srv.max_handshakes
+        assert len(srv.admission.pending) <= srv.admission.max_handshakes
         print(f"connected after {connect_s * 1e3:.0f} ms; flood opened {flood.opened}, the worker closed "
               f"{flood.closed_by_peer}; evicted {srv.counters['handshakes_evicted']}")
     finally:

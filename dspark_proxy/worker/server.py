@@ -4,13 +4,10 @@ One thread per connection (a worker serves a handful of proxies); sessions are s
 connections in a `SessionTable` and each session's steps are serialised by its own lock. The STEP
 path decodes the frame into views (no copy of the rows until they are written into the slot
 windows), applies entries in batch order, drafts for the usable requests, and sends one REPLY
-buffer. Thread ownership: `_conns` is guarded by `_lock`; `counters` is incremented from
-connection threads (single dict ops under the GIL) and read by anyone.
+buffer. Thread ownership: the connection table is admission.py's, under its lock; `counters` is
+incremented from connection threads (single dict ops under the GIL) and read by anyone.
 
-Connections still in the handshake (`_pending`) have their own small budget (`max_handshakes`) and a
-short timeout; when it is full, a new socket displaces the oldest one that has not sent a byte, so
-idle unauthenticated sockets cannot keep a proxy out. `max_connections` counts only connections that
-passed the handshake.
+Who gets in (the handshake, its budget and the connection limit) is admission.py's.
 """
 
 from __future__ import annotations
@@ -30,36 +27,24 @@ from ..crc import CrcOp, CrcOpSet
 from ..wire import (
     APP_HEADER_SIZE,
     MAX_CONTROL_PAYLOAD,
-    MSG_AUTH,
-    MSG_HELLO,
     MSG_NEW_SESSION,
     MSG_PING,
     MSG_REPLY,
     MSG_STEP,
-    NONCE_BYTES,
-    PROTOCOL_VERSION,
-    Auth,
-    Challenge,
-    Decoder,
-    ErrorMsg,
     Frame,
-    Hello,
     NewSession,
     Ping,
     Pong,
     RemoteProtocolError,
     ReplyWriter,
     StepView,
-    Welcome,
     WireLayout,
-    check_proof,
-    client_proof,
     decode_control,
     decode_step,
     encode_control,
     pack_app_header,
-    worker_proof,
 )
+from .admission import Admission, send_error
 from .drafters import make_drafter
 from .faults import FaultAction, FaultCounter, FaultPlan
 from .serve import serve_step
@@ -114,13 +99,12 @@ class WorkerServer:
                          if drafter == "integrity" else None)
         self.token = token
         self.faults = faults or FaultPlan()
-        self.max_connections = max_connections
         self.max_frame_bytes = max_frame_bytes or (APP_HEADER_SIZE + self.layout.max_step_payload())
-        self.handshake_timeout_s = handshake_timeout_s
-        if max_handshakes < 1:
-            raise ValueError(f"max_handshakes={max_handshakes}: at least 1")
-        self.max_handshakes = max_handshakes
         self.worker_id = f"dspark-worker/{__version__} pid={os.getpid()}"
+        self.counters: Counter[str] = Counter()
+        self.admission = Admission(self.layout, token=token, worker_id=self.worker_id,
+                                   max_connections=max_connections, max_handshakes=max_handshakes,
+                                   handshake_timeout_s=handshake_timeout_s, counters=self.counters)
         one = min(max_slots, max_reqs) * window * row_bytes  # a session of this worker's max_reqs
         budget = memory_budget_bytes if memory_budget_bytes else DEFAULT_BUDGET_SESSIONS * one
         if budget < one:
@@ -130,18 +114,12 @@ class WorkerServer:
         self.sessions = SessionTable(window, row_bytes, min(max_slots, max_reqs), max_sessions,
                                      chains=drafter == "integrity",
                                      per_conn=max_sessions_per_conn, budget_bytes=budget)
-        self.counters: Counter[str] = Counter()
         self._drafter_args = dict(num_spec=num_spec, window=window, row_bytes=row_bytes, device=torch_device,
                                   weights=weights, seed=seed)
         self.drafter = None
         self._draft_lock = threading.Lock()
         self._fault_counter = FaultCounter(self.faults)
         self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._conns: dict[int, FramedConnection] = {}
-        self._pending: dict[int, FramedConnection] = {}  # still in the handshake, oldest first
-        self._threads: dict[int, threading.Thread] = {}
-        self._next_conn = 0
         self._listener: socket.socket | None = None
         self._accept_thread: threading.Thread | None = None
 
@@ -193,9 +171,7 @@ class WorkerServer:
             except OSError:
                 pass
             lst.close()
-        with self._lock:
-            conns = list(self._conns.values())
-            threads = list(self._threads.values())
+        conns, threads = self.admission.live()
         for c in conns:
             c.shutdown()
         if self._accept_thread is not None and self._accept_thread is not threading.current_thread():
@@ -224,43 +200,14 @@ class WorkerServer:
                 self.counters["accept_errors"] += 1
                 self._stop.wait(0.05)
                 continue
-            with self._lock:
-                if len(self._pending) >= self.max_handshakes:
-                    self._evict_handshake()
-                cid = self._next_conn = self._next_conn + 1
-                conn = FramedConnection(sock, Decoder({MSG_HELLO: MAX_CONTROL_PAYLOAD},
-                                                      max_frame_bytes=APP_HEADER_SIZE + MAX_CONTROL_PAYLOAD,
-                                                      reuse_payload=True))
-                self._conns[cid] = conn
-                self._pending[cid] = conn
-                t = threading.Thread(target=self._conn_main, args=(cid, conn, peer),
-                                     name=f"dspark-worker-conn-{cid}", daemon=True)
-                self._threads[cid] = t
-            self.counters["connections"] += 1
+            t = self.admission.add(sock, peer, self._conn_main)
             t.start()
-
-    def _evict_handshake(self) -> None:
-        """The handshake budget is full (under _lock): make room by closing the oldest connection
-        that has not sent a byte (a proxy sends its HELLO at once), else the oldest of all. Idle
-        sockets can so delay, never lock out, a peer that speaks."""
-        victim = next((k for k, c in self._pending.items() if c.idle()), None)
-        if victim is None:
-            victim = next(iter(self._pending))
-        self._pending.pop(victim).shutdown()
-        self.counters["handshakes_evicted"] += 1
-
-    def _admit(self, cid: int) -> bool:
-        """The handshake passed: leave the handshake budget for the connection limit, which counts
-        only connections that passed theirs."""
-        with self._lock:
-            if self._pending.pop(cid, None) is None:
-                return False  # evicted meanwhile: its socket is shut down
-            return len(self._conns) - len(self._pending) <= self.max_connections
 
     def _conn_main(self, cid: int, conn: FramedConnection, peer) -> None:
         self.sessions.open_conn(cid)
         try:
-            layout = self._handshake(cid, conn, peer)
+            layout = self.admission.handshake(cid, conn, peer, drafter=self.drafter_identity,
+                                              vocab_size=int(getattr(self.drafter, "vocab_size", 0)))
             if layout is None:
                 return
             conn.decoder.set_limits({MSG_STEP: layout.max_step_payload(),
@@ -280,83 +227,8 @@ class WorkerServer:
         finally:
             dropped = self.sessions.close_conn(cid)  # first: a peer that saw the close finds them gone
             conn.close()
-            with self._lock:
-                self._conns.pop(cid, None)
-                self._pending.pop(cid, None)
-                self._threads.pop(cid, None)
+            self.admission.forget(cid)
             log.info("[worker] conn=%d peer=%s closed sessions_dropped=%d", cid, peer, dropped)
-
-    def _send_error(self, conn: FramedConnection, code: str, message: str, *, field: str | None = None,
-                    session: int = 0, epoch: int = 0, step_id: int = 0) -> None:
-        try:
-            conn.send_parts([encode_control(ErrorMsg(code=code, message=message[:4000], field=field),
-                                            session=session, epoch=epoch, step_id=step_id)],
-                            time.monotonic() + 1.0)
-        except OSError:
-            pass
-
-    def _handshake(self, cid: int, conn: FramedConnection, peer) -> WireLayout | None:
-        deadline = time.monotonic() + self.handshake_timeout_s
-        f = conn.recv_frame(deadline)
-        if f is None:
-            self.counters["handshake_timeout"] += 1
-            return None
-        hello = decode_control(f)
-        assert isinstance(hello, Hello)  # the decoder only accepts HELLO frames here
-        if hello.protocol_version != PROTOCOL_VERSION:
-            self.counters["handshake_mismatch"] += 1
-            self._send_error(conn, "mismatch", f"protocol version {hello.protocol_version}, worker speaks "
-                             f"{PROTOCOL_VERSION}", field="protocol_version")
-            return None
-        if self.token is not None:
-            wn = secrets.token_bytes(NONCE_BYTES)
-            conn.decoder.set_limits({MSG_AUTH: MAX_CONTROL_PAYLOAD},
-                                    max_frame_bytes=APP_HEADER_SIZE + MAX_CONTROL_PAYLOAD)
-            conn.send_parts([encode_control(Challenge(nonce=wn, proof=worker_proof(self.token, hello.nonce, wn)))],
-                            deadline)
-            f = conn.recv_frame(deadline)
-            if f is None:
-                self.counters["handshake_timeout"] += 1
-                return None
-            auth = decode_control(f)
-            assert isinstance(auth, Auth)
-            if not check_proof(client_proof(self.token, hello.nonce, wn), auth.proof):
-                self.counters["auth_refused"] += 1
-                log.warning("[worker] peer=%s refused: wrong token", peer)
-                self._send_error(conn, "auth_refused", "wrong token")
-                return None
-        mine = self.layout
-        for field in ("num_spec", "window", "row_bytes"):
-            if getattr(hello, field) != getattr(mine, field):
-                self.counters["handshake_mismatch"] += 1
-                msg = f"{field}: client {getattr(hello, field)}, worker {getattr(mine, field)}"
-                log.warning("[worker] peer=%s mismatch %s", peer, msg)
-                self._send_error(conn, "mismatch", msg, field=field)
-                return None
-        if hello.max_reqs > mine.max_reqs or hello.max_reqs < 1:
-            self.counters["handshake_mismatch"] += 1
-            self._send_error(conn, "mismatch", f"max_reqs: client {hello.max_reqs}, worker serves at most "
-                             f"{mine.max_reqs}", field="max_reqs")
-            return None
-        if hello.sampled and not mine.sampled:
-            self.counters["handshake_mismatch"] += 1
-            self._send_error(conn, "mismatch", "sampled: client wants sampled mode, worker started without "
-                             "--sampled", field="sampled")
-            return None
-        if not self._admit(cid):
-            self.counters["connections_refused"] += 1
-            self._send_error(conn, "busy", f"the worker serves {self.max_connections} connections already")
-            return None
-        conn.send_parts([encode_control(Welcome(protocol_version=PROTOCOL_VERSION, num_spec=mine.num_spec,
-                                                window=mine.window, row_bytes=mine.row_bytes,
-                                                max_reqs=mine.max_reqs, sampled=mine.sampled,
-                                                worker_id=self.worker_id, drafter=self.drafter_identity,
-                                                vocab_size=int(getattr(self.drafter, "vocab_size", 0))))],
-                        deadline)
-        self.counters["handshakes"] += 1
-        log.info("[worker] peer=%s client=%s ready max_reqs=%d sampled=%s", peer, hello.client_id,
-                 hello.max_reqs, hello.sampled)
-        return WireLayout(mine.num_spec, mine.window, mine.row_bytes, hello.max_reqs, hello.sampled)
 
     # ------------------------------------------------------------------ frames
 
@@ -369,7 +241,7 @@ class WorkerServer:
             msg = decode_control(f)
         except RemoteProtocolError as e:
             self.counters[e.counter] += 1
-            self._send_error(conn, e.counter, str(e), session=h.session, epoch=h.epoch, step_id=h.step_id)
+            send_error(conn, e.counter, str(e), session=h.session, epoch=h.epoch, step_id=h.step_id)
             return True
         if isinstance(msg, NewSession):
             self.sessions.drop(msg.previous, cid)
@@ -400,7 +272,7 @@ class WorkerServer:
             sv = decode_step(f, layout)
         except RemoteProtocolError as e:
             self.counters[e.counter] += 1
-            self._send_error(conn, e.counter, str(e), session=h.session, epoch=h.epoch, step_id=h.step_id)
+            send_error(conn, e.counter, str(e), session=h.session, epoch=h.epoch, step_id=h.step_id)
             return True
         try:
             session = self.sessions.get(h.session, cid, layout.max_reqs)
@@ -408,7 +280,7 @@ class WorkerServer:
             self.counters[f"session_refused_{e.code}"] += 1
             (log.warning if self.counters[f"session_refused_{e.code}"] == 1 else log.debug)(
                 "[worker] conn=%d session=%d refused (%s): %s", cid, h.session, e.code, e)
-            self._send_error(conn, e.code, str(e), session=h.session, epoch=h.epoch, step_id=h.step_id)
+            send_error(conn, e.code, str(e), session=h.session, epoch=h.epoch, step_id=h.step_id)
             return True
         out = ReplyWriter(sv.n_req, layout.num_spec, sv.step_flags)
         with session.lock:
