@@ -84,6 +84,8 @@ class Injection:
     idx_resume: int | None = None
     idx_end: int = -1
     t_end: int = 0
+    wall_start: float = 0.0  # time.time() at the start and the end: the span its proxy events fall in
+    wall_end: float = 0.0
     notes: dict[str, Any] = field(default_factory=dict)
     shim_counters: dict[str, int] = field(default_factory=dict)  # deltas over the injection
     proxy_counters: dict[str, int] = field(default_factory=dict)  # deltas, summed over proxy incarnations
@@ -191,6 +193,7 @@ class Controller:
         idx = p.count
         inj = self.current = Injection(kind=kind, n=n, idx_start=idx, t_start=p.t[idx - 1] + 1 if idx else 1,
                                        clock_start_s=round(time.monotonic() - clock0, 3))
+        inj.wall_start = round(time.time(), 3)  # events carry time rounded to the ms
         log.info("[chaos] inject %s #%d at round %d", kind, n, inj.t_start)
         try:
             INJECTORS[kind](self)
@@ -218,7 +221,8 @@ class Controller:
         ev_hi = self.events.poll()
         inj.shim_events = self.events.between(ev_lo, ev_hi)
         inj.shim_events_lost = self.events.lost(ev_lo, ev_hi)
-        inj.proxy_events = self.tally.events_between(inj.t_start, inj.t_end)
+        inj.wall_end = round(time.time(), 3)
+        inj.proxy_events = self.tally.events_between(inj.t_start, inj.t_end, inj.wall_start, inj.wall_end)
         self.current = None
         return inj
 

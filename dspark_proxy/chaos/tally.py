@@ -76,9 +76,15 @@ class ProxyTally:
     def counters(self) -> dict[int, dict[str, int]]:
         return {pid: dict(c) for pid, c in self.latest.items()}
 
-    def events_between(self, t_lo: int, t_hi: int) -> list[dict[str, Any]]:
-        """Proxy events about rounds t_lo..t_hi (round numbers only grow across incarnations)."""
-        evs = [e for e in self.events.values() if t_lo <= int(e.get("round", -1)) <= t_hi]
+    def events_between(self, t_lo: int, t_hi: int, wall_lo: float = 0.0, wall_hi: float = 0.0) -> list[dict[str, Any]]:
+        """Proxy events of one injection: those stamped within its wall-clock span [wall_lo, wall_hi]
+        (each event's `time`), or, without a span, those about rounds t_lo..t_hi. Round numbers alone
+        do not tell: a new engine (engine_restart) numbers its rounds from 1 again, so a round range
+        would also take in events of an earlier engine's rounds with the same numbers."""
+        if wall_hi > 0.0:
+            evs = [e for e in self.events.values() if wall_lo <= float(e.get("time", -1.0)) <= wall_hi]
+        else:
+            evs = [e for e in self.events.values() if t_lo <= int(e.get("round", -1)) <= t_hi]
         return sorted(evs, key=lambda e: (int(e.get("round", 0)), float(e.get("time", 0.0))))
 
 
