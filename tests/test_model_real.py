@@ -73,7 +73,7 @@ def test_worker_drafter_accepts_the_targets_greedy_continuation(generations):
         sw.lo = max(0, a - W)
         w = min(W, a)
         out = wire.ReplyWriter(1, N, 0)
-        dr.draft([DraftItem(0, int(seqs[s, a]), a, w, 0, sw.segments(w))], out)
+        dr.draft([DraftItem(0, int(seqs[s, a]), a, w, 0, sw.segments(w), written=sw.write_ids(w))], out)
         return out.draft_ids[0]
 
     head, ngram = AcceptStats(N), AcceptStats(N)

@@ -187,7 +187,7 @@ def test_slot_cache_projects_only_new_rows_and_sees_restarts(tmp_path):
             sw.lo = 0
         sw.hi = hi
         w = min(W, sw.hi - sw.lo)
-        it = DraftItem(0, 7, hi, w, 0, sw.segments(w))
+        it = DraftItem(0, 7, hi, w, 0, sw.segments(w), written=sw.write_ids(w))
         fresh = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, weights=str(d))
         assert np.array_equal(_run(cached, [it]).draft_ids, _run(fresh, [it]).draft_ids)
 
@@ -203,6 +203,34 @@ def test_slot_cache_projects_only_new_rows_and_sees_restarts(tmp_path):
     sw.write(0, other, True)  # a new request in the slot: positions 0..4 again, other rows
     round_(5, restart=True)
     assert cached.rows_projected == 5 + 24 + 5
+
+
+def test_a_row_rewritten_in_place_is_projected_again_whatever_bytes_changed(tmp_path):
+    """The cache reuses a projection only for the write that produced it: a rewrite of the same
+    positions that changes a single byte (one a byte sample would not look at) is re-projected."""
+    from dspark_proxy.worker.session import SlotWindow
+
+    d = _saved_head(tmp_path)
+    cached = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, weights=str(d))
+    rows = np.random.default_rng(8).standard_normal((W, RB // 4)).astype(np.float32).view(np.uint8)
+    sw = SlotWindow(W, RB, chains=False)
+    sw.write(0, rows, True)
+    sw.hi = W
+
+    def drafts() -> np.ndarray:
+        it = DraftItem(0, 7, W, W, 0, sw.segments(W), written=sw.write_ids(W))
+        fresh = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, weights=str(d))
+        got = _run(cached, [it]).draft_ids.copy()
+        assert np.array_equal(got, _run(fresh, [it]).draft_ids)
+        return got
+
+    drafts()
+    assert cached.rows_projected == W
+    changed = rows.copy()
+    changed[:, 1] ^= 0x40  # one byte of every row: the float's low mantissa
+    sw.write(0, changed, True)
+    drafts()
+    assert cached.rows_projected == 2 * W  # every rewritten row projected again
 
 
 def test_only_n_out_positions_are_computed(tmp_path):

@@ -35,6 +35,7 @@ class DraftItem:
     seed: int = 0
     temperature: float = 0.0
     crc: int | None = None  # the integrity hash, when the worker assembled it from its CRC chains
+    written: np.ndarray | None = None  # the rows' write ids (SlotWindow.write_ids): per-row caches key on them
 
 
 class Drafter(Protocol):

@@ -48,6 +48,7 @@ def serve_step(session: Session, entries: np.ndarray, rows: np.ndarray, sample_m
     tokens, anchors = e["anchor_token"].tolist(), e["anchor_pos"].tolist()
     meta = sample_meta
     items: list[DraftItem] = []
+    want_ids = bool(getattr(drafter, "caches_rows", False))  # a drafter that caches per-row work
     ends_crc: list[tuple[int, int]] = []  # per item: (A(a - 1), A(hi - 1)) of its slot's CRC chain
     for i in range(n):
         if bad[i]:
@@ -64,7 +65,8 @@ def serve_step(session: Session, entries: np.ndarray, rows: np.ndarray, sample_m
             sw = session.slots[slots[i]]
             items.append(DraftItem(i, tokens[i], anchors[i], w, n_outs[i], sw.segments(w),
                                    int(meta["seed"][i]) if meta is not None else 0,
-                                   float(meta["temperature"][i]) if meta is not None else 0.0))
+                                   float(meta["temperature"][i]) if meta is not None else 0.0,
+                                   written=sw.write_ids(w) if want_ids else None))
             if shift_w is not None:
                 ends_crc.append(sw.chain_ends(w))
     if not items:

@@ -13,6 +13,7 @@ against, so it is written for clarity, not speed.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import zlib
 from collections import OrderedDict
@@ -29,19 +30,24 @@ from ..wire import (
     RS_UNKNOWN_SLOT,
 )
 
+_WRITE_IDS = itertools.count(1)  # one id per SlotWindow.write, unique in the process
+
 __all__ = ["SlotWindow", "Session", "SessionTable", "SessionRefused"]
 
 
 class SlotWindow:
     """One slot's window: rows of positions [lo, hi) (hi - lo <= W) at index position % W."""
 
-    __slots__ = ("generation", "lo", "hi", "rows", "chain", "chain_start", "chains")
+    __slots__ = ("generation", "lo", "hi", "rows", "written", "chain", "chain_start", "chains")
 
     def __init__(self, window: int, row_bytes: int, chains: bool = True) -> None:
         self.generation = 0
         self.lo = 0
         self.hi = 0
         self.rows = np.empty((window, row_bytes), dtype=np.uint8)
+        # which write put each row there (0: none): a drafter that caches per-row work (the torch
+        # drafter's projections) reuses it only while the id is unchanged, i.e. for exactly those bytes
+        self.written = np.zeros(window, dtype=np.int64)
         self.chain = [0] * (window + 1)  # A(p) at p % (W + 1)
         self.chain_start = 0
         self.chains = chains  # only the integrity drafter reads them: a torch drafter pays no CRC
@@ -60,13 +66,17 @@ class SlotWindow:
             for j in range(k):  # each row hashed once, as it arrives
                 prev = zlib.crc32(rows[j], prev)
                 chain[(first_pos + j) % R] = prev
+        wid = next(_WRITE_IDS)
         start = first_pos % w
         if start + k <= w:
             self.rows[start:start + k] = rows
+            self.written[start:start + k] = wid
         else:
             cut = w - start
             self.rows[start:] = rows[:cut]
             self.rows[:k - cut] = rows[cut:]
+            self.written[start:] = wid
+            self.written[:k - cut] = wid
 
     def chain_ends(self, w: int) -> tuple[int, int]:
         """(A(a - 1), A(hi - 1)) for the window of the last w rows, a = hi - w; A(a - 1) is 0 when the
@@ -75,6 +85,11 @@ class SlotWindow:
         a = self.hi - w
         before = self.chain[(a - 1) % R] if a > self.chain_start else 0
         return before, self.chain[(self.hi - 1) % R]
+
+    def write_ids(self, w: int) -> np.ndarray:
+        """The write ids of the last w rows (positions hi-w .. hi-1), in order (a small gather)."""
+        size = self.rows.shape[0]
+        return self.written[(np.arange(self.hi - w, self.hi) % size)]
 
     def segments(self, w: int) -> list[np.ndarray]:
         """The last w rows (positions hi-w .. hi-1) in order, as at most two contiguous views."""

@@ -8,8 +8,9 @@ and plumbing tests only, and reads rows as `row_dtype` (default: raw bytes); the
 
 Each round pays for its new rows only: every slot keeps the projected rows of its window (the head's
 `project`, 3d floats a row) between rounds, keyed by the slot's window buffer (the segments' base
-array, held by weak reference) and each row's position, and checked against a 32-byte sample of the
-row so a slot restarted over the same positions is re-projected. Only the first n_out draft positions
+array, held by weak reference) and each row's position, and reused only while the row's write id
+(`DraftItem.written`, from the worker's SlotWindow) is the one it was projected from: a slot restarted
+or rewritten over the same positions is re-projected, and a caller that gives no ids gets no reuse. Only the first n_out draft positions
 are computed. Greedy drafts with their softmax probability as confidence; margin is top1 - top2; in
 sampled mode, for requests with temperature > 0, the top-32 support of the tempered distribution and
 its renormalised probabilities q, with the draft drawn from q by a generator seeded from
@@ -31,18 +32,17 @@ from .drafters import DraftItem
 __all__ = ["TorchDrafter", "SlotCache"]
 
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-_SAMPLE = 32  # bytes of each row compared to tell a cached row from a new one at the same position
 
 
 class SlotCache:
-    """One slot's projected window: projected row, position and byte sample at index position % W."""
+    """One slot's projected window: projected row, position and write id at index position % W."""
 
-    __slots__ = ("proj", "pos", "sample", "ref")
+    __slots__ = ("proj", "pos", "wid", "ref")
 
     def __init__(self, window: int, width: int, ref: weakref.ref) -> None:
         self.proj = np.zeros((window, width), dtype=np.float32)
         self.pos = np.full(window, -1, dtype=np.int64)
-        self.sample = np.zeros((window, _SAMPLE), dtype=np.uint8)
+        self.wid = np.zeros(window, dtype=np.int64)  # 0: never a valid write id
         self.ref = ref
 
 
@@ -60,6 +60,7 @@ def _take(segments: list[np.ndarray], idx: np.ndarray) -> np.ndarray:
 
 class TorchDrafter:
     name = "torch"
+    caches_rows = True  # the serve loop passes each row's write id (DraftItem.written)
 
     def __init__(self, *, num_spec: int, window: int, row_bytes: int, device: str = "cpu",
                  weights: str | None = None, seed: int = 0, d_model: int = 64, vocab: int = 4096,
@@ -90,7 +91,6 @@ class TorchDrafter:
         self.vocab_size = int(head.vocab)  # told to the client in WELCOME: it checks support ids against it
         self._width = self.head.cache_width
         self._caches: dict[int, SlotCache] = {}
-        self._sample_at = np.linspace(0, row_bytes - 1, min(_SAMPLE, row_bytes)).astype(np.intp)
         self.rows_projected = 0  # rows that went through `project` (the rest came from the caches)
 
     def state_dict(self) -> dict:
@@ -124,24 +124,23 @@ class TorchDrafter:
             c = self._cache_for(segs[0])
             pos = np.arange(it.anchor_pos - it.w, it.anchor_pos, dtype=np.int64)
             at = pos % W
-            sample = (segs[0][:, self._sample_at] if len(segs) == 1
-                      else np.concatenate([sg[:, self._sample_at] for sg in segs]))  # never the whole rows
-            miss = (c.pos[at] != pos) | (c.sample[at] != sample).any(axis=1)
+            wid = it.written if it.written is not None else np.zeros(len(at), dtype=np.int64)
+            miss = (c.pos[at] != pos) | (c.wid[at] != wid) | (wid == 0)
             caches.append(c)
             slots.append(at)
-            misses.append((segs, miss, at, pos, sample))
+            misses.append((segs, miss, at, pos, wid))
         need = [_take(m[0], np.flatnonzero(m[1])) for m in misses if m[1].any()]
         if need:
             raw = np.concatenate(need)
             proj = self.head.project(self._to_float(raw).to(self.device)).float().cpu().numpy()
             self.rows_projected += len(raw)
             o = 0
-            for c, (_rows, miss, at, pos, sample) in zip(caches, misses, strict=True):
+            for c, (_rows, miss, at, pos, wid) in zip(caches, misses, strict=True):
                 k = int(miss.sum())
                 if k:
                     c.proj[at[miss]] = proj[o:o + k]
                     c.pos[at[miss]] = pos[miss]
-                    c.sample[at[miss]] = sample[miss]
+                    c.wid[at[miss]] = wid[miss]
                     o += k
         win = np.zeros((B, W, self._width), dtype=np.float32)
         mask = np.zeros((B, W), dtype=bool)
