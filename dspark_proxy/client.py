@@ -128,6 +128,10 @@ class TcpDraftClient:
         self._stop = threading.Event()
         self._lost = threading.Event()
         self._thread: threading.Thread | None = None
+        self._inflight: tuple | None = None  # the sent STEP whose reply collect() reads (stepping thread)
+        # the link as `status` shows it (links.py), written by the connect thread
+        self.link_error: str | None = None  # why the last connect failed (None after a success)
+        self.next_try_at: float | None = None  # monotonic time of the next connect attempt while backing off
         reply_max = self.layout.max_reply_payload()
         if reply_max + APP_HEADER_SIZE > max_frame_bytes:
             raise ValueError(f"max_frame_bytes={max_frame_bytes} is below the largest REPLY for these "
@@ -165,6 +169,10 @@ class TcpDraftClient:
         live = self._live
         return None if live is None else live.session
 
+    def moved_slots(self) -> None:
+        """One worker: no slot ever moves (the round marks every slot dirty on a new epoch instead)."""
+        return None
+
     def wait_ready(self, timeout_s: float) -> int | None:
         """Tests and tools: wait (polling lightly) until connected or disabled; the epoch or None."""
         deadline = time.monotonic() + timeout_s
@@ -195,7 +203,21 @@ class TcpDraftClient:
         """Send one STEP (the prefix as wire/step.py builds it, then rows, one sendmsg) and wait
         for its REPLY until timeout_s. Never raises for network or peer problems: the outcome says
         why it failed. Raises LocalProtocolError for arguments that cannot be a valid STEP."""
+        out = self.send_step(prefix, entries, n_rows, step_id=step_id, step_flags=step_flags, epoch=epoch,
+                             rows=rows, sample_meta=sample_meta, timeout_s=timeout_s)
+        if out is not None:
+            return out
+        out = self.collect(True)
+        assert out is not None
+        return out
+
+    def send_step(self, prefix: bytearray, entries: np.ndarray, n_rows: int, *, step_id: int, step_flags: int,
+                  epoch: int, rows: Sequence, sample_meta: np.ndarray | None = None,
+                  timeout_s: float) -> StepOutcome | None:
+        """step()'s first half: send the STEP; None when it went out (its reply is then `collect`ed),
+        else the failed outcome. A pool (pool.py) sends to every worker first and collects after."""
         t0 = time.perf_counter()
+        self._inflight = None
         if self.disabled:
             return _DISABLED
         live = self._live
@@ -240,10 +262,28 @@ class TcpDraftClient:
         live.pending = None
         live.owed += 1
         self.counters["steps_sent"] += 1
+        self._inflight = (live, step_id, n, step_flags, epoch, deadline, t0)
+        return None
+
+    def inflight(self) -> tuple[int, float] | None:
+        """The sent STEP's socket (its fileno) and deadline (None: nothing in flight); a pool polls it."""
+        f = self._inflight
+        return None if f is None else (f[0].conn.sock.fileno(), f[5])
+
+    def collect(self, wait: bool) -> StepOutcome | None:
+        """step()'s second half: the sent STEP's outcome. wait=False reads only what has arrived and
+        returns None while the reply is incomplete and its deadline has not passed."""
+        assert self._inflight is not None, "collect() without a STEP in flight"
+        live, step_id, n, step_flags, epoch, deadline, t0 = self._inflight
+        conn = live.conn
+        lay = self.layout
         try:
             while True:
-                f = conn.recv_frame(deadline)
+                f = conn.recv_frame(deadline if wait else 0.0)
                 if f is None:
+                    if not wait and time.monotonic() < deadline:
+                        return None  # still in flight
+                    self._inflight = None
                     self.counters["timeouts"] += 1
                     live.timeouts += 1
                     if live.timeouts >= self.max_consecutive_timeouts:
@@ -267,6 +307,7 @@ class TcpDraftClient:
                     live.owed = 1
                     self.counters["extra_replies_dropped"] += 1
                     continue
+                self._inflight = None
                 live.owed = 0
                 if h.step_id != step_id:
                     self.counters["bad_replies"] += 1
@@ -289,11 +330,13 @@ class TcpDraftClient:
                 return StepOutcome(True, None, reply, (time.perf_counter() - t0) * 1e6)
         except RemoteProtocolError as e:
             # a bad frame header: the stream cannot be trusted any more
+            self._inflight = None
             self.counters["bad_frames"] += 1
             self.counters[e.counter] += 1
             self._drop(live, f"bad frame: {e}")
             return self._fail("bad_reply", t0)
         except OSError as e:
+            self._inflight = None
             self._drop(live, f"receive failed: {e}")
             return self._fail("connection_lost", t0)
 
@@ -342,15 +385,21 @@ class TcpDraftClient:
                 self.disabled_reason = str(e)
                 self.disabled = True
                 self.counters["disabled"] += 1
+                self.link_error = str(e)
+                self.next_try_at = time.monotonic() + self.disabled_retry_s
                 self._stop.wait(self.disabled_retry_s)  # the worker may be fixed and restarted
                 continue
             except (OSError, RemoteProtocolError, TimeoutError) as e:
                 self.counters["connect_failures"] += 1
                 log.debug("[client] connect to %s:%d failed: %s (retry in %.3fs)", self.host, self.port, e, delay)
-                self._stop.wait(delay * (0.5 + random.random() / 2))
+                wait = delay * (0.5 + random.random() / 2)
+                self.link_error = str(e) or type(e).__name__
+                self.next_try_at = time.monotonic() + wait
+                self._stop.wait(wait)
                 delay = min(hi, delay * 2)
                 continue
             delay = lo
+            self.link_error = self.next_try_at = None
             if self._stop.is_set():
                 live.conn.close()
                 return

@@ -1,7 +1,8 @@
 """The round's view of a draft worker: the `DraftClient` protocol and the outcome of one STEP.
 
-Two implementations: `client.TcpDraftClient` (a remote worker over TCP) and `inproc.InProcessClient`
-(a worker inside the proxy, for `--worker inproc|null`, benchmarks and tests). The round and the
+Three implementations: `client.TcpDraftClient` (a remote worker over TCP), `pool.client.PoolClient`
+(several of them, README "Running a pool of workers") and `inproc.InProcessClient` (a worker inside the
+proxy, for `--worker inproc|null`, benchmarks and tests). The round and the
 proxy depend only on this protocol; both clients return the same types (`StepOutcome` holding a
 `wire.StepReply`), so nothing downstream can tell them apart except by what they measure.
 """
@@ -60,6 +61,12 @@ class DraftClient(Protocol):
 
     def new_session(self, reason: str) -> None:
         """Steps from now on go under a fresh session: the worker drops every window it held."""
+        ...
+
+    def moved_slots(self) -> np.ndarray | None:
+        """Called by the round once a round, before it builds entries: the slots whose worker changed
+        since the last call (a pool's failover or rebalance, pool/client.py), whose windows must be
+        resent; None when none did (always, for a single worker)."""
         ...
 
     def step(self, prefix: Any, entries: np.ndarray, n_rows: int, *, step_id: int, step_flags: int, epoch: int,

@@ -65,6 +65,10 @@ class InProcessClient:
     def connection_epoch(self) -> int | None:
         return None if self.disabled else self.epoch
 
+    def moved_slots(self) -> None:
+        """One worker: no slot ever moves."""
+        return None
+
     def new_session(self, reason: str) -> None:
         self.counters["sessions"] += 1
         self._session = Session(self.counters["sessions"], self.W, self.row_bytes, self.M, chains=False)

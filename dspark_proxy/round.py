@@ -183,6 +183,10 @@ class RoundCore:
             self._last_epoch = epoch
             self.slots.mark_all_dirty()
             self.want_resync[:] = False
+        moved = self.client.moved_slots()  # a pool's failover or rebalance: those windows are resent
+        if moved is not None:
+            self.slots.mark_dirty(moved)
+            st.inc("pool_slots_resent", int(moved.shape[0]))
         st.inc(_ROUNDS_KEY[phase])
         # 2. ring model: always, so it stays exact (and step 4's flags, from the same pass)
         plan = self.slots.advance(slots, v.req, first_pos, valid)
