@@ -260,7 +260,8 @@ class ProxyConfig(LayoutConfig):
     SECTION: ClassVar[str] = "proxy"
 
     name: str = _opt("dspark", "Shared-memory segment name (one proxy per name; the shim attaches by it).")
-    worker: str = _opt("127.0.0.1:7470", "Draft worker address, HOST:PORT; 'inproc' (an integrity worker "
+    worker: str = _opt("127.0.0.1:7470", "Draft worker address, HOST:PORT; several, HOST:PORT,HOST:PORT,... (a "
+                       "pool); @FILE, a file listing them, re-read on SIGHUP; 'inproc' (an integrity worker "
                        "inside the proxy, no network) or 'null' (fixed drafts, no windows) for benchmarks.")
     want_margin: bool = _opt(False, "Ask the worker for the top-1/top-2 logit margin per draft.")
     deadline_ms: float = _opt(5.0, "Round deadline in ms: the shim fails a round not published by then.",
@@ -294,7 +295,9 @@ class ProxyConfig(LayoutConfig):
 
     def _validate(self) -> None:
         if self.worker not in IN_PROCESS_WORKERS:
-            parse_hostport(self.worker, field="worker")
+            from .pool.addresses import parse_worker_spec  # several addresses or @FILE (a pool)
+
+            parse_worker_spec(self.worker, field="worker")
         if not self.name or "/" in self.name:
             raise ConfigError(f"name={self.name!r}: a segment name must be non-empty and have no '/' "
                               f"{_where('name')}", "name")

@@ -59,6 +59,7 @@ def snapshot_to_families(snap: Mapping[str, Any], namespace: str = "dspark_proxy
         yield c
     for key, value in sorted(snap.get("gauges", {}).items()):
         yield from _gauge_families(_name(namespace, key), key, value, GaugeMetricFamily, depth=0)
+    yield from worker_families(snap.get("workers", snap.get("gauges", {}).get("workers")), namespace)
     for key, s in sorted(snap.get("latency", {}).items()):
         if not s.get("count"):
             continue
@@ -73,6 +74,49 @@ def snapshot_to_families(snap: Mapping[str, Any], namespace: str = "dspark_proxy
         g = GaugeMetricFamily(_name(namespace, base, "max_seconds"), f"largest {key} observed")
         g.add_metric([], s["max_us"] / 1e6)
         yield g
+
+
+_LINK_STATES = ("connected", "connecting", "backing_off", "refused")
+_BREAKER_STATES = ("closed", "open", "half_open")
+
+
+def worker_families(links: Any, namespace: str = "dspark_proxy") -> Iterator[Any]:
+    """Each worker's link (proxy.worker_links), labelled ``worker="HOST:PORT"``: ``worker_link_state`` and
+    ``worker_breaker_state`` (one sample per state, 1 for the current one), ``worker_next_try_seconds``
+    while not connected, ``worker_refused_info{reason}`` while refused, and for a pool's workers
+    ``worker_slots`` and the counters ``worker_entries_total``, ``worker_usable_total``,
+    ``worker_missed_total``."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    links = [w for w in links if isinstance(w, Mapping)] if isinstance(links, (list, tuple)) else []
+    if not links:
+        return
+    state = GaugeMetricFamily(_name(namespace, "worker_link_state"), "the link to each worker",
+                              labels=["worker", "state"])
+    brk = GaugeMetricFamily(_name(namespace, "worker_breaker_state"), "each worker's circuit breaker",
+                            labels=["worker", "state"])
+    nxt = GaugeMetricFamily(_name(namespace, "worker_next_try_seconds"), "seconds to the next connect attempt",
+                            labels=["worker"])
+    why = GaugeMetricFamily(_name(namespace, "worker_refused_info"), "why the worker refused the handshake",
+                            labels=["worker", "reason"])
+    slots = GaugeMetricFamily(_name(namespace, "worker_slots"), "slots a pool's worker serves", labels=["worker"])
+    counters = {k: CounterMetricFamily(_name(namespace, f"worker_{k}"), f"a pool worker's {k}", labels=["worker"])
+                for k in ("entries", "usable", "missed")}
+    for w in links:
+        a = str(w.get("address", "?"))
+        for s in _LINK_STATES:
+            state.add_metric([a, s], float(w.get("state") == s))
+        for s in _BREAKER_STATES:
+            brk.add_metric([a, s], float(w.get("breaker") == s))
+        if w.get("next_try_s") is not None:
+            nxt.add_metric([a], float(w["next_try_s"]))
+        if w.get("state") == "refused":
+            why.add_metric([a, str(w.get("reason"))], 1.0)
+        if "pool_state" in w:
+            slots.add_metric([a], float(w.get("slots", 0)))
+            for k, c in counters.items():
+                c.add_metric([a], float(w.get(k, 0)))
+    yield from (state, brk, nxt, why, slots, *counters.values())
 
 
 def _gauge_families(name: str, key: str, value: Any, family: Any, depth: int) -> Iterator[Any]:

@@ -99,12 +99,7 @@ class Proxy:
                                      window=self.cfg.window, row_bytes=self.cfg.row_bytes,
                                      null=self.cfg.worker == "null")
         if client is None:
-            from .client import TcpDraftClient
-
-            host, port = parse_hostport(self.cfg.worker, field="worker")
-            client = TcpDraftClient(host, port, max_reqs=self.cfg.max_reqs, num_spec=self.cfg.num_spec,
-                                    window=self.cfg.window, row_bytes=self.cfg.row_bytes,
-                                    sampled=self.cfg.sampled, token=token)
+            client = _remote_client(self.cfg, self.params, token)
         self.client: DraftClient = client
         self.segment: Segment | None = None
         self.core: RoundCore | None = None
@@ -267,6 +262,7 @@ class Proxy:
         snap["breaker"] = self.breaker.snapshot()
         snap["watchdog_events"] = self.events.dump()
         snap["client"] = dict(getattr(self.client, "counters", {}))
+        snap["workers"] = worker_links(self.client, self.breaker)
         snap["incarnations"] = self.incarnations
         snap["pid"] = os.getpid()
         return snap
@@ -280,6 +276,7 @@ class Proxy:
             st.set("breaker", self.breaker.snapshot())
             st.set("watchdog_events", self.events.dump())
             st.set("client", dict(getattr(self.client, "counters", {})))
+            st.set("workers", worker_links(self.client, self.breaker))
             st.set("incarnations", self.incarnations)
             seg.write_block("proxy", st.snapshot_bytes(seg.layout.regions["proxy_stats"][1] - 8))
 
@@ -301,6 +298,41 @@ class Proxy:
         self.write_stats_file()
 
 
+def _remote_client(cfg: ProxyConfig, params: LayoutParams, token: bytes | None) -> DraftClient:
+    """One address: the plain client (today's path); several, or @FILE: a pool of them (pool/)."""
+    from .client import TcpDraftClient
+    from .pool.addresses import parse_worker_spec
+
+    spec = parse_worker_spec(cfg.worker)
+
+    def make(host: str, port: int) -> TcpDraftClient:
+        return TcpDraftClient(host, port, max_reqs=cfg.max_reqs, num_spec=cfg.num_spec, window=cfg.window,
+                              row_bytes=cfg.row_bytes, sampled=cfg.sampled, token=token)
+
+    if not spec.is_pool:
+        host, port = parse_hostport(spec.addresses[0], field="worker")
+        return make(host, port)
+    from .pool.client import PoolClient
+
+    return PoolClient(spec.addresses, max_reqs=cfg.max_reqs, num_spec=cfg.num_spec, window=cfg.window,
+                      row_bytes=cfg.row_bytes, max_rows=params.max_rows, deadline_ms=cfg.deadline_ms,
+                      sampled=cfg.sampled, make_client=make, file=spec.file,
+                      breaker=(cfg.breaker_threshold, cfg.breaker_cooldown))
+
+
+def worker_links(client: object, breaker: CircuitBreaker) -> list[dict]:
+    """Each worker's link for `status` (pool/member.py: link_of): a pool's own list; one remote worker's
+    with the round's breaker; none for an in-process worker."""
+    links = getattr(client, "links", None)
+    if links is not None:
+        return links()
+    if hasattr(client, "link_error"):
+        from .pool.member import link_of
+
+        return [link_of(client, breaker)]
+    return []
+
+
 def run_proxy(cfg: ProxyConfig, token: bytes | None = None, sources: dict[str, str] | None = None) -> Proxy:
     """Run a proxy in the foreground until SIGTERM/SIGINT (the signal handlers only set stop)."""
     import signal
@@ -312,6 +344,8 @@ def run_proxy(cfg: ProxyConfig, token: bytes | None = None, sources: dict[str, s
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    if hasattr(proxy.client, "reload"):  # a pool given as @FILE re-reads it (pool/addresses.py)
+        signal.signal(signal.SIGHUP, lambda signum, frame: proxy.client.reload())
     if cfg.fault_round_hang_ms > 0:
         signal.signal(signal.SIGUSR1, lambda signum, frame: proxy.hang_round_loop())
     metrics = None

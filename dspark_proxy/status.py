@@ -18,7 +18,7 @@ from .shm.hostflag import monotonic_ns
 from .shm.layout import HEADER_DTYPE, State, Word
 from .shm.segment import Segment, owner_alive
 
-__all__ = ["read_status", "format_status", "stop_proxy", "StopOutcome"]
+__all__ = ["read_status", "format_status", "stop_proxy", "StopOutcome", "worker_lines"]
 
 
 def read_status(name: str | None) -> dict[str, Any]:
@@ -78,6 +78,7 @@ def format_status(st: dict[str, Any]) -> str:
         if g.get("thread_death"):
             lines.append(f"  thread   proxy thread restarted {c.get('thread_restarts', 0)} times; last death: "
                          f"{g['thread_death']}")
+        lines += worker_lines(g.get("workers"))
         if g.get("row_cap"):
             lines.append(f"  row cap  {g['row_cap']} rows a STEP (a STEP that size timed out)")
         for key, lat in sorted(snap.get("latency", {}).items()):
@@ -87,6 +88,30 @@ def format_status(st: dict[str, Any]) -> str:
         for ev in events[-8:]:
             lines.append(f"    event {ev}")
     return "\n".join(lines)
+
+
+def worker_lines(links: Any) -> list[str]:
+    """One line per worker link (proxy.worker_links): connected, refused (why: the field and both values
+    of a mismatch), backing off (why, next try in ...), its breaker; for a pool, its share and misses."""
+    out: list[str] = []
+    for w in links if isinstance(links, list) else []:
+        if not isinstance(w, dict):
+            continue
+        state = w.get("state", "?")
+        text = {"connected": f"connected (epoch {w.get('epoch')}, {w.get('drafter', '?')})",
+                "refused": f"REFUSED: {w.get('reason')}",
+                "backing_off": f"backing off, next try in {w.get('next_try_s', 0):.2f} s ({w.get('reason')})",
+                }.get(state, state)
+        if state == "refused" and w.get("next_try_s") is not None:
+            text += f" (next try in {w['next_try_s']:.2f} s)"
+        line = f"  worker   {w.get('address')}: {text}; breaker {w.get('breaker', '?')}"
+        if "pool_state" in w:
+            line += (f"; pool {w['pool_state']}, {w.get('slots', 0)} slots, entries {w.get('entries', 0)} "
+                     f"usable {w.get('usable', 0)} missed {w.get('missed', 0)}")
+            if w.get("row_cap"):
+                line += f", row cap {w['row_cap']}"
+        out.append(line)
+    return out
 
 
 @dataclass(frozen=True)
