@@ -86,6 +86,27 @@ def test_connected_then_backing_off_with_next_try():
         c.stop()
 
 
+def test_a_worker_whose_memory_is_taken_refuses_and_status_says_why():
+    one = M * W * B
+    srv = WorkerServer("127.0.0.1", 0, num_spec=N, window=W, row_bytes=B, max_reqs=M, memory_budget_bytes=one)
+    srv.start()
+    first, second = _client(srv.port), _client(srv.port)
+    first.start()
+    try:
+        _until(lambda: first.connection_epoch() is not None)
+        second.start()
+        _until(lambda: second.link_error is not None)
+        link = link_of(second)
+        assert link["state"] == "refused" and "memory_budget" in link["reason"], link
+        assert f"need {one} bytes" in link["reason"]
+        first.stop()  # a proxy that goes away frees its share: the other gets in
+        _until(lambda: second.connection_epoch() is not None)
+    finally:
+        first.stop()
+        second.stop()
+        srv.stop()
+
+
 def test_prometheus_worker_families():
     links = [{"address": "a:1", "state": "connected", "breaker": "closed", "pool_state": "up", "slots": 3,
               "entries": 10, "usable": 9, "missed": 1},

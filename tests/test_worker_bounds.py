@@ -81,19 +81,34 @@ def test_sessions_per_connection_are_bounded(make):
 
 
 def test_memory_budget_refuses_new_sessions_clearly(make):
+    """Many proxies, one worker: each connection's shapes are charged at HELLO (refused past the budget,
+    naming the bytes), its live session uses that charge, another session must fit its fair share (the
+    budget over the proxies connected), and a proxy that goes away frees its windows."""
     server, peer = make
     srv = server(memory_budget_bytes=2 * ONE_SESSION)
-    a, b, c = peer(srv, 1), peer(srv, 2), peer(srv, 3)
+    a, b = peer(srv, 1), peer(srv, 2)
+    assert srv.sessions.reserved_bytes == 2 * ONE_SESSION  # charged at HELLO, before any STEP
+    c = RawPeer(srv.port, LAYOUT, session=3)
+    try:
+        refused = c.handshake()
+        assert isinstance(refused, wire.ErrorMsg) and refused.code == "memory_budget", refused
+        assert refused.field == "max_reqs" and "--memory-budget-mb" in refused.message
+        assert f"need {ONE_SESSION} bytes" in refused.message and srv.counters["handshake_memory_refused"] == 1
+    finally:
+        c.close()
     assert isinstance(step_new(a, [0, 1, 2, 3], 1), wire.StepReply)
     assert isinstance(step_new(b, [0], 1), wire.StepReply)
-    refused = step_new(c, [0], 1)
-    assert isinstance(refused, wire.ErrorMsg) and refused.code == "memory_budget", refused
-    assert "--memory-budget-mb" in refused.message
-    assert srv.sessions.reserved_bytes <= 2 * ONE_SESSION
+    assert srv.sessions.reserved_bytes == 2 * ONE_SESSION  # the sessions took the HELLO charges
+    over = step_new(a, [0], 1, session=11)  # a second session: past a's fair share (one of two)
+    assert isinstance(over, wire.ErrorMsg) and over.code == "memory_fair_share", over
+    a.send(wire.encode_control(wire.NewSession(previous=1, reason="test"), session=12))
+    assert isinstance(step_new(a, [0], 1, session=12), wire.StepReply)  # its charge holds the new one
     b.close()
     deadline = time.monotonic() + 5
     while 2 in srv.sessions and time.monotonic() < deadline:
         time.sleep(0.01)
+    assert srv.sessions.reserved_bytes == ONE_SESSION  # b's charge went with it
+    c = peer(srv, 3)
     assert isinstance(step_new(c, [0], 2), wire.StepReply)  # b's windows are free again
     with pytest.raises(ValueError, match="below one session"):
         WorkerServer("127.0.0.1", 0, num_spec=N, window=W, row_bytes=RB, max_reqs=M,

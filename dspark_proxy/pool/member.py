@@ -74,6 +74,8 @@ def link_of(client: Any, breaker: CircuitBreaker | None = None) -> dict[str, Any
             out.update(worker_id=w.worker_id, drafter=w.drafter)
     elif getattr(client, "disabled", False):
         out.update(state="refused", reason=getattr(client, "disabled_reason", None) or err)
+    elif err is not None and err.startswith("worker refused the handshake"):  # busy, memory_budget: retried
+        out.update(state="refused", reason=err)
     elif err is not None:
         out.update(state="backing_off", reason=err)
     else:

@@ -62,7 +62,8 @@ class Admission:
     from the first to the second."""
 
     def __init__(self, layout: WireLayout, *, token: bytes | None, worker_id: str, max_connections: int,
-                 max_handshakes: int, handshake_timeout_s: float, counters: Counter[str]) -> None:
+                 max_handshakes: int, handshake_timeout_s: float, counters: Counter[str],
+                 charge: Callable[[int, int], str | None] | None = None) -> None:
         if max_handshakes < 1:
             raise ValueError(f"max_handshakes={max_handshakes}: at least 1")
         self.layout = layout
@@ -72,6 +73,7 @@ class Admission:
         self.max_handshakes = max_handshakes
         self.handshake_timeout_s = handshake_timeout_s
         self.counters = counters
+        self.charge = charge  # (connection, bytes of one session's windows) -> refusal or None (session.py)
         self.lock = threading.Lock()
         self.conns: dict[int, FramedConnection] = {}
         self.pending: dict[int, FramedConnection] = {}  # still in the handshake, oldest first
@@ -166,6 +168,8 @@ class Admission:
             send_error(conn, "mismatch", "sampled: client wants sampled mode, worker started without "
                        "--sampled", field="sampled")
             return None
+        if not self._charge_memory(cid, conn, hello.max_reqs * mine.window * mine.row_bytes):
+            return None
         if not self._admit(cid):
             self.counters["connections_refused"] += 1
             send_error(conn, "busy", f"the worker serves {self.max_connections} connections already")
@@ -180,6 +184,17 @@ class Admission:
         log.info("[worker] peer=%s client=%s ready max_reqs=%d sampled=%s", peer, hello.client_id,
                  hello.max_reqs, hello.sampled)
         return WireLayout(mine.num_spec, mine.window, mine.row_bytes, hello.max_reqs, hello.sampled)
+
+    def _charge_memory(self, cid: int, conn: FramedConnection, need: int) -> bool:
+        """The shapes adopted at HELLO are charged to the worker's memory budget now, shared fairly by the
+        proxies connected (SessionTable.charge_conn): past it, the handshake is refused naming the bytes."""
+        refusal = self.charge(cid, need) if self.charge is not None else None
+        if refusal is None:
+            return True
+        self.counters["handshake_memory_refused"] += 1
+        log.warning("[worker] conn=%d refused: %s", cid, refusal)
+        send_error(conn, "memory_budget", refusal, field="max_reqs")
+        return False
 
     def _authenticate(self, conn: FramedConnection, peer, hello: Hello, deadline: float) -> bool:
         """The HMAC challenge-response: nothing else is read from a peer before it passes."""

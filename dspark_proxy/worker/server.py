@@ -104,7 +104,8 @@ class WorkerServer:
         self.counters: Counter[str] = Counter()
         self.admission = Admission(self.layout, token=token, worker_id=self.worker_id,
                                    max_connections=max_connections, max_handshakes=max_handshakes,
-                                   handshake_timeout_s=handshake_timeout_s, counters=self.counters)
+                                   handshake_timeout_s=handshake_timeout_s, counters=self.counters,
+                                   charge=lambda cid, need: self.sessions.charge_conn(cid, need))
         one = min(max_slots, max_reqs) * window * row_bytes  # a session of this worker's max_reqs
         budget = memory_budget_bytes if memory_budget_bytes else DEFAULT_BUDGET_SESSIONS * one
         if budget < one:

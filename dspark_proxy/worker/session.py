@@ -162,7 +162,11 @@ class SessionTable:
       agreed max_reqs x W x row_bytes); past `budget_bytes` a new session is refused, so the
       windows never outgrow the budget;
     - past `max_sessions`, only sessions whose connection is gone are evicted (least recently used
-      first); a session of an open connection never is.
+      first); a session of an open connection never is;
+    - several proxies share the budget (`charge_conn`): a connection is charged one session's windows at
+      its HELLO (refused past the budget), which its live session uses; a session beyond that one is
+      charged too, and refused past the connection's fair share, the budget divided by the connections
+      charged; a connection that closes frees its charge with its sessions.
     """
 
     def __init__(self, window: int, row_bytes: int, max_slots: int, max_sessions: int,
@@ -180,6 +184,9 @@ class SessionTable:
         self._open: set[int] = set()  # connections open now
         self.reserved_bytes = 0
         self.evicted = 0
+        self._charge: dict[int, int] = {}  # connection -> bytes charged at its HELLO
+        self._covered: dict[int, int | None] = {}  # connection -> the session its HELLO charge holds
+        self._extra: dict[int, int] = {}  # connection -> bytes of its sessions beyond the charged one
 
     def session_bytes(self, max_slots: int) -> int:
         """What a session with max_slots slots reserves: every slot's whole window."""
@@ -190,13 +197,42 @@ class SessionTable:
             self._open.add(owner)
 
     def close_conn(self, owner: int) -> int:
-        """The connection closed: its sessions are dropped (their reservation freed); returns how many."""
+        """The connection closed: its sessions are dropped (their reservation freed) and its HELLO
+        charge with them; returns how many sessions."""
         with self._lock:
             self._open.discard(owner)
             ids = [k for k, s in self._sessions.items() if s.owner == owner]
             for k in ids:
                 self._remove(k)
+            self.reserved_bytes -= self._charge.pop(owner, 0)
+            self._covered.pop(owner, None)
+            self._extra.pop(owner, None)
             return len(ids)
+
+    def charge_conn(self, owner: int, need: int) -> str | None:
+        """At HELLO: charge the connection one session's windows of the shapes it adopted (`need` bytes).
+        None when charged; past the budget (after evicting sessions of closed connections), the
+        refusal's message, naming the bytes asked, held and budgeted."""
+        with self._lock:
+            while self._over(need):
+                victim = next((k for k, v in self._sessions.items() if v.owner not in self._open), None)
+                if victim is None:
+                    break
+                self._remove(victim)
+                self.evicted += 1
+            if self._over(need):
+                return (f"this proxy's shapes need {need} bytes of windows; {self.reserved_bytes} of the "
+                        f"worker's {self.budget_bytes} bytes (--memory-budget-mb) are held by "
+                        f"{len(self._charge)} other proxies")
+            self._charge[owner] = need
+            self.reserved_bytes += need
+            return None
+
+    def fair_share(self) -> int | None:
+        """The budget divided by the connections charged at HELLO (None: no budget)."""
+        if self.budget_bytes is None:
+            return None
+        return self.budget_bytes // max(1, len(self._charge))
 
     def get(self, session_id: int, owner: int, max_slots: int | None = None) -> Session:
         """The session to step, created if new (with max_slots slots: the connection's agreed
@@ -216,6 +252,16 @@ class SessionTable:
                                      "(the most one connection may); send NEW_SESSION to drop one")
             slots = min(self._max_slots, max_slots if max_slots is not None else self._max_slots)
             need = self.session_bytes(slots)
+            if owner in self._charge:
+                if self._covered.get(owner) is None:  # its HELLO charge holds this one
+                    return self._new(session_id, owner, slots, 0, covered=True)
+                share = self.fair_share()
+                held = self._charge[owner] + self._extra.get(owner, 0)
+                if share is not None and held + need > share:
+                    raise SessionRefused("memory_fair_share", f"another session needs {need} bytes; this "
+                                         f"connection holds {held} of its fair share of {share} bytes (the "
+                                         f"budget over {len(self._charge)} proxies); send NEW_SESSION to "
+                                         "drop one")
             while self._sessions and (len(self._sessions) >= self._max_sessions or self._over(need)):
                 victim = next((k for k, v in self._sessions.items() if v.owner not in self._open), None)
                 if victim is None:
@@ -229,13 +275,19 @@ class SessionTable:
                 raise SessionRefused("memory_budget", f"a new session needs {need} bytes of windows; "
                                      f"{self.reserved_bytes} of the worker's {self.budget_bytes} bytes "
                                      "(--memory-budget-mb) are held by other sessions")
-            s = self._sessions[session_id] = Session(session_id, self._window, self._row_bytes, slots,
-                                                     self._chains)
-            s.reserved = need
-            self.reserved_bytes += need
-            s.owner = owner
-            self._owned[owner] = self._owned.get(owner, 0) + 1
-            return s
+            if owner in self._charge:
+                self._extra[owner] = self._extra.get(owner, 0) + need
+            return self._new(session_id, owner, slots, need)
+
+    def _new(self, session_id: int, owner: int, slots: int, need: int, covered: bool = False) -> Session:
+        s = self._sessions[session_id] = Session(session_id, self._window, self._row_bytes, slots, self._chains)
+        s.reserved = need
+        self.reserved_bytes += need
+        s.owner = owner
+        self._owned[owner] = self._owned.get(owner, 0) + 1
+        if covered:
+            self._covered[owner] = session_id
+        return s
 
     def drop(self, session_id: int, owner: int | None = None) -> bool:
         """NEW_SESSION's `previous`: dropped only by its own connection (or by anyone once that
@@ -263,6 +315,10 @@ class SessionTable:
     def _remove(self, session_id: int) -> None:
         s = self._sessions.pop(session_id)
         self.reserved_bytes -= s.reserved
+        if s.owner is not None and self._covered.get(s.owner) == session_id:
+            self._covered[s.owner] = None  # the charge is free for its next session
+        elif s.owner in self._extra:
+            self._extra[s.owner] -= s.reserved
         n = self._owned.get(s.owner, 0) - 1
         if n > 0:
             self._owned[s.owner] = n
