@@ -25,6 +25,7 @@ from .injectors import (
     worker_stall_long,
     worker_stall_short,
 )
+from .pool_faults import pool_worker_kill, pool_worker_stall
 from .rogue import connection_flood, worker_memory
 
 if TYPE_CHECKING:
@@ -94,6 +95,12 @@ FAULT_KINDS: tuple[FaultKind, ...] = (
     FaultKind("worker_memory", "rogue peers ask the worker for slots past max_reqs and sessions past its limits "
                                "while the proxy drafts",
               worker_memory, Effect("notes", "rogue_refused")),
+    FaultKind("pool_worker_kill", "a second worker joins the proxy's pool (SIGHUP), then is SIGKILLed: its requests "
+                                  "move to the first, whose own keep >= 99% usable drafts",
+              pool_worker_kill, Effect("proxy", "pool_slots_resent")),
+    FaultKind("pool_worker_stall", "a second worker joins the proxy's pool (SIGHUP), then is SIGSTOPped: its breaker "
+                                   "opens, its requests move to the first, whose own keep >= 99% usable drafts",
+              pool_worker_stall, Effect("proxy", "pool_slots_resent")),
 )
 KIND_NAMES: tuple[str, ...] = tuple(k.name for k in FAULT_KINDS)
 INJECTORS: dict[str, Callable[[Controller], None]] = {k.name: k.inject for k in FAULT_KINDS}

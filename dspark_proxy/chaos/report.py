@@ -228,6 +228,10 @@ def _checks(cfg: dict[str, Any], kinds: dict[str, dict[str, Any]], wrong_total: 
                                 f"the proxy counted no fallback_bad_descriptor")
             if pc.get("deaths", 0):
                 failures.append(f"bad_descriptor #{r['n']}: the proxy's round loop died")
+        rate = r["notes"].get("healthy_usable_rate")
+        if r["kind"].startswith("pool_") and (rate is None or rate < 0.99):
+            failures.append(f"{r['kind']} #{r['n']}: the healthy worker's requests got usable drafts at {rate} "
+                            f"(< 0.99; notes {r['notes']})")
         if r["kind"] == "worker_layout" and not r["notes"].get("refusal"):
             failures.append(f"worker_layout #{r['n']}: no '[client] disabled: ...' message in the proxy's log")
     for left in leftovers:
@@ -241,12 +245,15 @@ def _short_counters(c: dict[str, int], limit: int = 7) -> str:
 
 
 def _merge_notes(notes: list[dict[str, Any]]) -> str:
-    """Numbers summed over the injections (bools counted), anything else as the first one said it."""
+    """Numbers summed over the injections (bools counted; rates: the lowest), anything else as the first
+    one said it."""
     merged: dict[str, Any] = {}
     for n in notes:
         for k, v in n.items():
             if isinstance(v, bool):
                 merged[k] = merged.get(k, 0) + int(v)
+            elif isinstance(v, (int, float)) and k.endswith("_rate"):
+                merged[k] = min(merged.get(k, v), v)  # a rate: the worst injection's
             elif isinstance(v, (int, float)) and not k.endswith("_ms"):
                 merged[k] = merged.get(k, 0) + v
             else:

@@ -62,7 +62,7 @@ class ChaosSystem:
     """Owns every child it starts and the shim; `close()` stops them all and reports what was left."""
 
     def __init__(self, name: str, layout: Layout4, *, deadline_ms: float, heartbeat_timeout_s: float,
-                 log_dir: Path, rng: random.Random) -> None:
+                 log_dir: Path, rng: random.Random, pool: bool = False) -> None:
         self.name = name
         self.layout = layout
         self.deadline_ms = deadline_ms
@@ -81,6 +81,18 @@ class ChaosSystem:
         self._n_logs = 0
         self.proxy_logs: list[Path] = []
         self.actions: list[tuple[int, int, str]] = []  # (start ns, end ns, what): to set beside slow rounds
+        # the pool_* kinds: the proxy reads its workers from a file (`--worker @FILE`, re-read on SIGHUP)
+        # that lists the worker alone except while such a kind adds a second one on its own fixed port
+        self.pool_file: Path | None = None
+        self.pool_port = self.pool_address = None
+        if pool:
+            self.pool_file = log_dir / "workers.txt"
+            self.pool_file.write_text(self.address + "\n")
+            self.pool_port = free_fixed_port(rng)
+            while self.pool_port == self.port:
+                self.pool_port = free_fixed_port(rng)
+            self.pool_address = f"127.0.0.1:{self.pool_port}"
+        self.pool_worker: Child | None = None
 
     def _act(self, what: str, fn, *args, **kw):
         t0 = time.perf_counter_ns()
@@ -154,13 +166,44 @@ class ChaosSystem:
 
     def spawn_proxy(self) -> Child:
         f, path = self._log_file("proxy")
-        p = self._act("spawn_proxy", spawn_proxy, self.name, self.address, *layout_args(self.layout),
+        worker = self.address if self.pool_file is None else f"@{self.pool_file}"
+        p = self._act("spawn_proxy", spawn_proxy, self.name, worker, *layout_args(self.layout),
                       "--deadline-ms", str(self.deadline_ms), "--log-every", "0",
                       "--fault-round-hang-ms", str(self.round_hang_ms), stderr=f)
         self.proxy = p
         self.children.append(p)
         self.proxy_logs.append(path)
         return p
+
+    # ------------------------------------------------------------------ the second worker (pool_* kinds)
+
+    def spawn_pool_worker(self, *extra: str) -> Child:
+        """A second worker on its own fixed port (not yet in the proxy's list: `set_pool`)."""
+        assert self.pool_address is not None, "the system was not started for the pool kinds"
+        f, _path = self._log_file("worker2")
+        w = self._act("spawn_worker2", spawn_worker, *layout_args(self.layout), *extra, listen=self.pool_address,
+                      stderr=f)
+        self.pool_worker = w
+        self.children.append(w)
+        return w
+
+    def set_pool(self, addresses: list[str]) -> None:
+        """The proxy's workers: rewrite its file and SIGHUP it (it re-reads the file)."""
+        assert self.pool_file is not None
+        tmp = self.pool_file.with_suffix(".tmp")
+        tmp.write_text("".join(a + "\n" for a in addresses))
+        tmp.replace(self.pool_file)  # atomic: the proxy never reads a half-written list
+        self.signal_proxy(signal.SIGHUP)
+
+    def stop_pool_worker(self) -> None:
+        w, self.pool_worker = self.pool_worker, None
+        if w is not None:
+            try:
+                w.signal(signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            self._act("stop_worker2", w.kill)
+            w.stop()
 
     # ------------------------------------------------------------------ faults
 

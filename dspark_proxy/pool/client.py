@@ -67,8 +67,8 @@ class PoolClient:
     def __init__(self, addresses: Sequence[str], *, max_reqs: int, num_spec: int, window: int, row_bytes: int,
                  max_rows: int, deadline_ms: float, sampled: bool = False,
                  make_client: Callable[[str, int], TcpDraftClient] | None = None,
-                 breaker: tuple[int, int] = (3, 50), rebalance_per_round: int = 4, margin: float = 0.2,
-                 max_margin_s: float = 0.003, file: str | None = None) -> None:
+                 breaker: tuple[int, int] = (3, 50), rebalance_per_round: int = 4, margin: float = 0.25,
+                 max_margin_s: float = 0.01, file: str | None = None) -> None:
         self.M, self.N, self.W, self.B = max_reqs, num_spec, window, row_bytes
         self.max_rows, self.sampled = max_rows, sampled
         self.deadline_ns = int(deadline_ms * 1e6)
@@ -228,8 +228,9 @@ class PoolClient:
         reloaded = self._apply_pending()
         lost: list[int] = []
         fresh: list[int] = []
+        several = len(self.members) > 1  # a pool of one is guarded by the round's breaker alone
         for i, m in enumerate(self.members):
-            ev = m.observe(t)
+            ev = m.observe(t, several)
             if ev is MemberEvent.LINK_LOST:
                 lost.append(i)
                 log.warning("[pool] worker %s down (%s): its slots move to the others", m.address,

@@ -103,11 +103,13 @@ class Member:
         self.prefix = StepPrefix(max_reqs, sampled)  # its STEPs are built here when a round is split
         self.counters: Counter[str] = Counter()
 
-    def observe(self, t: int) -> MemberEvent | None:
+    def observe(self, t: int, use_breaker: bool = True) -> MemberEvent | None:
         """At the start of pool round t: what the link and the breaker say, applied. The breaker is
-        asked only for a connected link (an open breaker's probe goes to a worker that answers)."""
+        asked only for a connected link (an open breaker's probe goes to a worker that answers), and
+        only in a pool of several (`use_breaker`): alone, a worker has nowhere to move its slots to, and
+        the round's own breaker keeps it off the critical path as for the plain client."""
         e = self.client.connection_epoch()
-        avail = e is not None and self.breaker.allow(t)
+        avail = e is not None and (not use_breaker or self.breaker.allow(t))
         ev: MemberEvent | None = None
         if self.state is MemberState.DOWN:
             if avail:
@@ -140,7 +142,7 @@ class Member:
         if reason in ("not_ready", "reconnected", "disabled"):
             return None
         if self.breaker.current.value == "open":
-            return None  # tripped earlier: nothing more to learn this round
+            return None  # tripped earlier (or a pool of one, which never asks it): nothing to learn
         return self.breaker.record(reason is None, t)
 
     def link(self) -> dict[str, Any]:
