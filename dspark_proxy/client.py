@@ -129,6 +129,7 @@ class TcpDraftClient:
         self._lost = threading.Event()
         self._thread: threading.Thread | None = None
         self._inflight: tuple | None = None  # the sent STEP whose reply collect() reads (stepping thread)
+        self._sending: tuple | None = None  # a deferred send still going (PartialSend, the NEW_SESSION held)
         # the link as `status` shows it (links.py), written by the connect thread
         self.link_error: str | None = None  # why the last connect failed (None after a success)
         self.next_try_at: float | None = None  # monotonic time of the next connect attempt while backing off
@@ -213,11 +214,12 @@ class TcpDraftClient:
 
     def send_step(self, prefix: bytearray, entries: np.ndarray, n_rows: int, *, step_id: int, step_flags: int,
                   epoch: int, rows: Sequence, sample_meta: np.ndarray | None = None,
-                  timeout_s: float) -> StepOutcome | None:
+                  timeout_s: float, defer: bool = False) -> StepOutcome | None:
         """step()'s first half: send the STEP; None when it went out (its reply is then `collect`ed),
-        else the failed outcome. A pool (pool.py) sends to every worker first and collects after."""
+        else the failed outcome. `defer`: send only what the socket takes now, the rest from
+        `collect(False)` (a pool, pool/client.py, sends to every worker at once and collects after)."""
         t0 = time.perf_counter()
-        self._inflight = None
+        self._inflight = self._sending = None
         if self.disabled:
             return _DISABLED
         live = self._live
@@ -249,6 +251,8 @@ class TcpDraftClient:
             parts.insert(0, live.pending)
         deadline = time.monotonic() + timeout_s
         conn = live.conn
+        if defer:
+            return self._send_deferred(live, parts, (live, step_id, n, step_flags, epoch, deadline, t0), t0)
         try:
             conn.send_parts(parts, deadline)
         except SendTimeout as e:
@@ -265,15 +269,57 @@ class TcpDraftClient:
         self._inflight = (live, step_id, n, step_flags, epoch, deadline, t0)
         return None
 
-    def inflight(self) -> tuple[int, float] | None:
-        """The sent STEP's socket (its fileno) and deadline (None: nothing in flight); a pool polls it."""
+    def _send_deferred(self, live: _Live, parts: list, inflight: tuple, t0: float) -> StepOutcome | None:
+        ps = live.conn.begin_send(parts)
+        try:
+            done = live.conn.send_some(ps)
+        except OSError as e:
+            self._drop(live, f"send failed: {e}")
+            return self._fail("connection_lost", t0)
+        self._sending = None if done else (ps, live.pending)
+        live.pending = None
+        live.owed += 1
+        self.counters["steps_sent"] += 1
+        self._inflight = inflight
+        return None
+
+    def inflight(self) -> tuple[int, float, bool] | None:
+        """The STEP in flight: its socket's fileno, its deadline, and whether it is still being sent
+        (None: nothing in flight); a pool polls the socket."""
         f = self._inflight
-        return None if f is None else (f[0].conn.sock.fileno(), f[5])
+        return None if f is None else (f[0].conn.sock.fileno(), f[5], self._sending is not None)
+
+    def _pump(self) -> StepOutcome | None:
+        """A deferred send goes on (collect(False)); the failed outcome if it cannot finish."""
+        ps, pending = self._sending
+        live, deadline, t0 = self._inflight[0], self._inflight[5], self._inflight[6]
+        try:
+            if live.conn.send_some(ps):
+                self._sending = None
+                return None
+        except OSError as e:
+            self._sending = self._inflight = None
+            self._drop(live, f"send failed: {e}")
+            return self._fail("connection_lost", t0)
+        if time.monotonic() < deadline:
+            return None
+        self._sending = self._inflight = None
+        self.counters["send_timeouts"] += 1
+        if ps.sent_any:
+            self._drop(live, "send timed out mid-frame")
+        else:  # nothing went: the connection is whole, and the NEW_SESSION still to send
+            live.owed -= 1
+            live.pending = pending
+        return self._fail("timeout", t0)
 
     def collect(self, wait: bool) -> StepOutcome | None:
         """step()'s second half: the sent STEP's outcome. wait=False reads only what has arrived and
         returns None while the reply is incomplete and its deadline has not passed."""
         assert self._inflight is not None, "collect() without a STEP in flight"
+        if self._sending is not None:
+            out = self._pump()
+            if out is not None or self._sending is not None:
+                return out  # failed, or still sending
         live, step_id, n, step_flags, epoch, deadline, t0 = self._inflight
         conn = live.conn
         lay = self.layout

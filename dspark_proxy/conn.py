@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from .wire import NEED_DATA, Decoder, Frame, LocalProtocolError
 
-__all__ = ["FramedConnection", "SendTimeout", "byte_view", "connect_tcp", "listen_tcp", "IOV_MAX"]
+__all__ = ["FramedConnection", "PartialSend", "SendTimeout", "byte_view", "connect_tcp", "listen_tcp", "IOV_MAX"]
 
 IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024)
 
@@ -79,6 +79,18 @@ def _timeout_ms(deadline: float | None) -> int | None:
     return 0 if rem <= 0 else max(1, math.ceil(rem * 1000.0))
 
 
+class PartialSend:
+    """The views of a send in progress, the next one to send, and whether any byte went (a send cut
+    short after some bytes tears the stream)."""
+
+    __slots__ = ("views", "i", "sent_any")
+
+    def __init__(self, views: list[memoryview]) -> None:
+        self.views = views
+        self.i = 0
+        self.sent_any = False
+
+
 class FramedConnection:
     """One connected socket plus its frame decoder. Not thread-safe: one owner thread at a time
     (the client hands it from its connect thread to the stepping thread once; the worker has one
@@ -99,30 +111,40 @@ class FramedConnection:
     def send_parts(self, parts: Sequence, deadline: float | None = None) -> None:
         """Send the concatenation of parts (bytes-like buffers) completely, or raise SendTimeout /
         OSError. One sendmsg for up to IOV_MAX parts at a time; a short send resumes mid-buffer."""
-        views = [v for v in (byte_view(p) for p in parts) if len(v)]
-        i = 0
-        sent_any = False
+        ps = self.begin_send(parts)
+        while not self.send_some(ps):
+            ms = _timeout_ms(deadline)
+            if ms == 0:
+                raise SendTimeout("send deadline passed", partial=ps.sent_any)
+            self._poll_out.poll(ms)
+
+    @staticmethod
+    def begin_send(parts: Sequence) -> PartialSend:
+        """A send in progress (`send_some` advances it): a pool sends to several workers at once."""
+        return PartialSend([v for v in (byte_view(p) for p in parts) if len(v)])
+
+    def send_some(self, ps: PartialSend) -> bool:
+        """Send what the socket takes now, without waiting; True once all of `ps` went. OSError on
+        socket errors."""
+        views = ps.views
         sock = self.sock
-        while i < len(views):
+        while ps.i < len(views):
             try:
-                n = sock.sendmsg(views[i:i + IOV_MAX])
+                n = sock.sendmsg(views[ps.i:ps.i + IOV_MAX])
             except BlockingIOError:
-                ms = _timeout_ms(deadline)
-                if ms == 0:
-                    raise SendTimeout("send deadline passed", partial=sent_any) from None
-                self._poll_out.poll(ms)
-                continue
+                return False
             if n:
-                sent_any = True
+                ps.sent_any = True
                 self.bytes_sent += n
             while n:
-                k = len(views[i])
+                k = len(views[ps.i])
                 if n >= k:
                     n -= k
-                    i += 1
+                    ps.i += 1
                 else:
-                    views[i] = views[i][n:]
+                    views[ps.i] = views[ps.i][n:]
                     n = 0
+        return True
 
     def recv_frame(self, deadline: float | None = None) -> Frame | None:
         """The next frame, or None once the deadline passed (a partial frame stays buffered for

@@ -194,20 +194,63 @@ def two():
         s.stop()
 
 
-def test_pool_uses_both_workers_and_every_draft_is_right(two):
-    a, b = two
-    pool = _pool([a.port, b.port])
+def test_runs_merge_consecutive_rows():
+    from dspark_proxy.pool.client import _runs
+
+    flat = np.arange(20, dtype=np.uint8).reshape(10, 2)
+    views = _runs(flat, np.array([0, 2, 5, 6, 9]), np.array([2, 4, 6, 8, 10]))
+    assert [v[:, 0].tolist() for v in views] == [[0, 2, 4, 6], [10, 12, 14], [18]]
+    assert all(np.shares_memory(v, flat) for v in views)  # views, not copies
+
+
+@pytest.mark.parametrize("row_bytes", [B, 8192])  # rows gathered per worker / sent straight (zero copy)
+def test_pool_uses_both_workers_and_every_draft_is_right(row_bytes):
+    a, b = (WorkerServer("127.0.0.1", 0, num_spec=N, window=W, row_bytes=row_bytes, max_reqs=M) for _ in range(2))
+    a.start()
+    b.start()
+
+    def make(h: str, p: int) -> TcpDraftClient:
+        return TcpDraftClient(h, p, max_reqs=M, num_spec=N, window=W, row_bytes=row_bytes, backoff_s=(0.01, 0.05))
+
+    pool = PoolClient([f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"], max_reqs=M, num_spec=N, window=W,
+                      row_bytes=row_bytes, max_rows=M * W, deadline_ms=10_000.0, make_client=make)
     pool.start()
     try:
         _wait_connected(pool, 2)
-        with Rig("dsp-pool-both", M=M, N=N, W=W, B=B, client=pool) as rig:
-            ok = _run(rig, 12)
+        with Rig(f"dsp-pool-both-{row_bytes}", M=M, N=N, W=W, B=row_bytes, client=pool) as rig:
+            ok = []
+            for _ in range(12):
+                reply, bt = rig.round([(100 + s, s, 1 + s % 2) for s in range(M)])
+                assert rig.check_drafts(reply, bt) == int(reply.ok_mask.sum())
+                ok.append(np.asarray(reply.ok_mask, bool).copy())
         assert all(o.all() for o in ok[2:]), ok  # after the first rounds (new windows) every request drafts
         links = pool.links()
         assert [x["state"] for x in links] == ["connected", "connected"]
         assert all(x["entries"] > 0 and x["usable"] > 0 for x in links), links
         assert a.counters["steps"] > 0 and b.counters["steps"] > 0
         assert sum(x["slots"] for x in links) == M
+    finally:
+        pool.stop()
+        a.stop()
+        b.stop()
+
+
+def test_each_worker_has_its_own_row_cap(two):
+    a, b = two
+    pool = _pool([a.port, b.port])
+    pool.start()
+    try:
+        _wait_connected(pool, 2)
+        with Rig("dsp-pool-cap", M=M, N=N, W=W, B=B, client=pool) as rig:
+            assert _run(rig, 4)[-1].all()
+            own = _owners(pool)
+            capped = pool.members[1]
+            capped.pacer.row_cap = 1  # as after a timeout: one entry a round (at least one goes)
+            masks = _run(rig, 6)
+            for o in masks:
+                assert o[own == 0].all()  # the other worker's requests are not cut
+                assert o[own == 1].sum() <= 1
+            assert capped.counters["over_row_cap"] >= 6 * (int((own == 1).sum()) - 1)
     finally:
         pool.stop()
 

@@ -74,7 +74,7 @@ class RoundGen:
         return int(kw["rows"].nbytes)
 
 
-def wait_connected(name: str, timeout_s: float = 20.0) -> None:
+def wait_connected(name: str, timeout_s: float = 20.0, workers: int = 1) -> None:
     """Wait until the proxy `name` has connected to its worker (its published client counters say so).
 
     The proxy connects in the background; rounds before that fail at once ("not_ready") and would
@@ -89,7 +89,7 @@ def wait_connected(name: str, timeout_s: float = 20.0) -> None:
             client = read_status(name)["proxy"].get("gauges", {}).get("client") or {}
         except Exception:  # noqa: BLE001 - a segment being created or a snapshot not yet written
             client = {}
-        if client.get("connects", 0) >= 1:
+        if client.get("connects", 0) >= workers:
             return
         time.sleep(0.05)
     raise RuntimeError(f"proxy {name} did not connect to its worker within {timeout_s} s")

@@ -106,7 +106,7 @@ def _rows(r: dict[str, Any]) -> list[str]:
            f"  {'':<44} {_HEAD}"]
     for c in r["cases"]:
         out.append(f" [{c['n']} requests x {c['rows_per_request']} rows of {c['row_bytes']} B = "
-                   f"{c['row_mb_per_round']:.1f} MB a round, {c['rounds']} rounds"
+                   f"{c['row_mb_per_round']:.1f} MB a round, {c.get('workers', 1)} worker(s), {c['rounds']} rounds"
                    + (f", {c['failed_rounds']} failed]" if c["failed_rounds"] else "]"))
         for key, label in (("proxy_round", "proxy round (us)"), ("rtt", "  STEP round trip (us)"),
                            ("worker", "  worker's own time (us)"), ("engine_round", "engine round (us)"),

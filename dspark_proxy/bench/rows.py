@@ -6,6 +6,10 @@ sends per round, so the `integrity` worker stores and hashes each byte it receiv
 engine `enqueue` (rows -> engine ring and staging) -> proxy: STEP sent straight from the staging
 (scatter-gather, no copy) -> worker (receive, store in the windows, CRC, drafts) -> REPLY -> page.
 
+Each case runs with one worker and with two (a pool, `--worker A,B`: each round's requests split
+between them by rendezvous hashing, their rows gathered into one STEP per worker, both sent before
+either reply is read).
+
 Figures per case, all p50, as MB/s of row bytes:
 - proxy round (`rank0_round_us`, gathered seen -> published): what the proxy sustains;
 - proxy path (`rank0_round_us - worker_us`): the proxy round without the worker's own work (the
@@ -38,7 +42,7 @@ QUICK_CASES = ((43008, 256, 1), (71680, 256, 1))
 
 
 def _case(row_bytes: int, n: int, k: int, rounds: int, warmup: int, sink: RawSink,
-          name: str) -> dict[str, Any]:
+          name: str, workers: int = 1) -> dict[str, Any]:
     import engine_shim
     from dspark_proxy import wire
     from dspark_proxy.launch import spawn_proxy, spawn_worker
@@ -46,11 +50,13 @@ def _case(row_bytes: int, n: int, k: int, rounds: int, warmup: int, sink: RawSin
 
     layout = ["--max-reqs", str(n), "--num-spec", str(NUM_SPEC), "--window", str(k),
               "--row-bytes", str(row_bytes)]
-    worker = spawn_worker(*layout)
+    procs = [spawn_worker(*layout)]
     proxy = shim = None
     try:
-        proxy = spawn_proxy(name, worker.address, *layout, "--deadline-ms", "10000", "--log-every", "0")
-        wait_connected(name)
+        procs += [spawn_worker(*layout) for _ in range(workers - 1)]
+        proxy = spawn_proxy(name, ",".join(w.address for w in procs), *layout, "--deadline-ms", "10000",
+                            "--log-every", "0")
+        wait_connected(name, workers=workers)
         shim = engine_shim.attach(name, max_reqs=n, num_spec=NUM_SPEC, window=k, row_bytes=row_bytes,
                                   timeout_s=10.0)
         gen = RoundGen(n, num_spec=NUM_SPEC, window=k, row_bytes=row_bytes, fixed_valid=k)
@@ -75,7 +81,8 @@ def _case(row_bytes: int, n: int, k: int, rounds: int, warmup: int, sink: RawSin
             shim.close()
         if proxy is not None:
             proxy.stop()
-        worker.stop()
+        for w in procs:
+            w.stop()
     # the raw floor: the same bytes, the same reply size
     row_data = gen.rows_buf[:n * k]
     prefix = bytearray(wire.step_prefix_bytes(n, False))
@@ -85,7 +92,7 @@ def _case(row_bytes: int, n: int, k: int, rounds: int, warmup: int, sink: RawSin
     e, r = np.asarray(enq, np.int64), np.asarray(read, np.int64)
     nbytes = int(row_data.nbytes)
     res: dict[str, Any] = {
-        "row_bytes": row_bytes, "n": n, "rows_per_request": k, "rows": n * k,
+        "row_bytes": row_bytes, "n": n, "rows_per_request": k, "rows": n * k, "workers": workers,
         "row_mb_per_round": nbytes / 1e6,
         "rounds": rounds, "failed_rounds": int(failed),
         "proxy_round": from_stats(lat.get("rank0_round_us")), "rtt": from_stats(lat.get("rtt_us")),
@@ -117,9 +124,10 @@ def run_rows(quick: bool = False, say: Callable[[str], None] = lambda s: None,
     sink = RawSink()
     try:
         for i, (row_bytes, n, k) in enumerate(cases):
-            say(f"rows: {n} x {k} rows of {row_bytes} bytes")
-            name = f"{prefix or default_prefix()}-rows-{i}"
-            out["cases"].append(_case(row_bytes, n, k, rounds, warmup, sink, name))
+            for workers in (1, 2):
+                say(f"rows: {n} x {k} rows of {row_bytes} bytes, {workers} worker(s)")
+                name = f"{prefix or default_prefix()}-rows-{i}-{workers}"
+                out["cases"].append(_case(row_bytes, n, k, rounds, warmup, sink, name, workers))
     finally:
         sink.close()
     return out, samples

@@ -56,6 +56,22 @@ _RECONNECTED = StepOutcome(False, "reconnected", None, 0.0)
 _MISSED = wire.RS_INTERNAL  # the status of an entry whose worker did not answer
 
 
+# a split round sends its rows straight from the round's buffer (one iovec per run of a worker's
+# consecutive rows) when its requests carry this many bytes each on average; below, gathering them into
+# one buffer per worker (a numpy take) costs less than building the iovecs
+_ZERO_COPY_BYTES = 4096
+
+
+def _runs(flat: np.ndarray, start: np.ndarray, end: np.ndarray) -> list[np.ndarray]:
+    """Views of flat's rows [start[j], end[j]) for every j, consecutive ranges merged: the iovecs of a
+    zero-copy send (the only Python iteration, over runs, is making the views sendmsg needs)."""
+    brk = np.ones(start.shape[0], dtype=np.bool_)
+    np.not_equal(start[1:], end[:-1], out=brk[1:])
+    first = np.flatnonzero(brk)
+    last = np.append(first[1:] - 1, start.shape[0] - 1)
+    return [flat[a:b] for a, b in zip(start[first].tolist(), end[last].tolist(), strict=True)]
+
+
 class PoolClient:
     """A `DraftClient` over the workers at `addresses` (see the module docstring).
 
@@ -275,7 +291,7 @@ class PoolClient:
         nz = np.flatnonzero(counts)
         if nz.shape[0] == 1:
             m = self.members[int(nz[0])]
-            if not m.pacer.over_cap(n_rows, k):  # the whole round to one worker, as it is
+            if len(self.members) == 1 or not m.pacer.over_cap(n_rows, k):  # the whole round to one worker, as it is
                 out = m.client.step(prefix, entries, n_rows, step_id=step_id, step_flags=step_flags, epoch=m.epoch,
                                     rows=rows, sample_meta=sample_meta, timeout_s=timeout_s)
                 self._account(m, out, k, n_rows, timeout_s)
@@ -296,13 +312,16 @@ class PoolClient:
         s_rows = e_rows[order]
         ends = np.cumsum(e_rows)
         s_ends = np.cumsum(s_rows)
-        # row r of the grouped rows is row src[r] of the round's: one gather for every worker
-        src = np.repeat(ends[order] - s_ends, s_rows) + np.arange(n_rows, dtype=np.int64)
         flat = self._rows_2d(rows, n_rows)
-        if self._scratch.shape[0] < n_rows:
-            self._scratch = np.empty((max(n_rows, self._scratch.shape[0] * 2), self.B), np.uint8)
-        grouped = self._scratch[:n_rows]
-        np.take(flat, src, axis=0, out=grouped)
+        s_start = (ends - e_rows)[order]
+        zero_copy = len(rows) == 1 and n_rows * self.B >= _ZERO_COPY_BYTES * k
+        if not zero_copy:
+            # row r of the grouped rows is row src[r] of the round's: one gather for every worker
+            src = np.repeat(s_start - (s_ends - s_rows), s_rows) + np.arange(n_rows, dtype=np.int64)
+            if self._scratch.shape[0] < n_rows:
+                self._scratch = np.empty((max(n_rows, self._scratch.shape[0] * 2), self.B), np.uint8)
+            grouped = self._scratch[:n_rows]
+            np.take(flat, src, axis=0, out=grouped)
         e_off = np.concatenate(([0], np.cumsum(counts)))
         r_off = np.concatenate(([0], s_ends))
         sampled = bool(step_flags & wire.SF_SAMPLED)
@@ -328,8 +347,12 @@ class PoolClient:
             if sampled and sample_meta is not None:
                 sm = m.prefix.sample(kk)
                 np.take(sample_meta, pos, out=sm)
+            if zero_copy:
+                m_views = _runs(flat, s_start[a:a + kk], s_start[a:a + kk] + s_rows[a:a + kk])
+            else:
+                m_views = [grouped[ra:ra + m_rows]]
             out = m.client.send_step(m.prefix, ent, m_rows, step_id=step_id, step_flags=step_flags, epoch=m.epoch,
-                                     rows=[grouped[ra:ra + m_rows]], sample_meta=sm, timeout_s=tmo)
+                                     rows=m_views, sample_meta=sm, timeout_s=tmo, defer=True)
             if out is None:
                 sent.append((i, pos, m_rows))
             else:
@@ -391,7 +414,8 @@ class PoolClient:
         return np.concatenate(parts) if parts else np.zeros((n_rows, self.B), np.uint8)
 
     def _collect(self, idx: list[int]) -> list[StepOutcome]:
-        """Every sent STEP's outcome, read as the replies arrive; each member's own deadline bounds it."""
+        """Every sent STEP's outcome: the sends still going go on as the sockets take them, the replies
+        are read as they arrive; each member's own deadline bounds it."""
         outs: dict[int, StepOutcome] = {}
         waiting = list(idx)
         while waiting:
@@ -400,7 +424,7 @@ class PoolClient:
             for i in waiting:
                 f = self.members[i].client.inflight()
                 if f is not None:
-                    p.register(f[0], select.POLLIN)
+                    p.register(f[0], select.POLLOUT if f[2] else select.POLLIN)
                     first = min(first, f[1])
             left = first - time.monotonic()
             if left > 0:
@@ -419,15 +443,17 @@ class PoolClient:
         c = m.counters
         c["steps"] += 1
         c["entries"] += k
+        several = len(self.members) > 1  # alone, a worker's link is paced by the round's own row cap
         if out.ok:
             usable = int(np.count_nonzero(wire.USABLE_STATUS_TABLE[out.reply.status]))
             c["usable"] += usable
-            m.pacer.on_reply(n_rows, out.rtt_us)
+            if several:
+                m.pacer.on_reply(n_rows, out.rtt_us)
         else:
             c["steps_failed"] += 1
             c["missed"] += k
             c[f"fallback_{out.reason}"] += 1
-            if out.reason == "timeout":
+            if out.reason == "timeout" and several:
                 m.pacer.on_timeout(n_rows, timeout_s * 1e6)
         change = m.record(self._t, None if out.ok else out.reason)
         if change == "tripped":
