@@ -345,3 +345,20 @@ def test_reload_adds_and_removes_workers(two, tmp_path):
             assert pool.members[0].address.endswith(str(b.port))
     finally:
         pool.stop()
+
+
+def test_a_pool_of_one_is_paced_by_the_round_alone():
+    """Alone, a worker's timeouts must not set a second row cap under the round's own (a pool of one
+    from a file, as the chaos campaign runs: its windows took 7 rounds to be whole after engine_restart,
+    bound 5, while both caps cut the resends)."""
+    from dspark_proxy.draft_client import StepOutcome
+
+    timeout = StepOutcome(False, "timeout", None, 0.0)
+    one = PoolClient(["127.0.0.1:1"], max_reqs=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W,
+                     deadline_ms=10.0)
+    one._account(one.members[0], timeout, M, 100, 0.01)  # noqa: SLF001
+    assert one.members[0].pacer.row_cap == 0
+    two = PoolClient(["127.0.0.1:1", "127.0.0.1:2"], max_reqs=M, num_spec=N, window=W, row_bytes=B,
+                     max_rows=M * W, deadline_ms=10.0)
+    two._account(two.members[0], timeout, M, 100, 0.01)  # noqa: SLF001
+    assert two.members[0].pacer.row_cap == 50  # in a pool, each worker has its own
