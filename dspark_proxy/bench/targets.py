@@ -64,6 +64,10 @@ def _rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     for c in _get(res, "rows", "cases") or []:
         r = c["ratios_vs_raw"]
         shape = f"{c['n']}x{c['rows_per_request']} rows of {c['row_bytes']} B"
+        if c.get("workers", 1) > 1:  # a pool: what the split costs or gains, measured beside one worker
+            out.append(_line(f"rows through a pool of {c['workers']} workers ({shape})",
+                             f"proxy path {r['proxy_path']}x, proxy round {r['proxy_round']}x raw", None))
+            continue
         # the path is the proxy's; the integrity worker's hashing of every byte is the drafter's
         out.append(_line(f"rows throughput >= 0.8x raw socket ({shape}), proxy path (round - worker)",
                          f"proxy path {r['proxy_path']}x, transport {r['transport']}x",
