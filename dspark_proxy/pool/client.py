@@ -395,9 +395,15 @@ class PoolClient:
         if header is None:
             return StepOutcome(False, reason or "timeout", None, rtt)
         missed = status == _MISSED
-        if np.count_nonzero(missed):
+        if np.count_nonzero(missed):  # cleared as a fresh REPLY's are (ids -1, the rest 0)
             ids[missed] = -1
             conf[missed] = 0.0
+            if want_margin:
+                self._margin[:k][missed] = 0.0
+            if self._smask is not None:
+                self._smask[:k][missed] = 0
+                self._sup[:k][missed] = -1
+                self._q[:k][missed] = 0.0
         smask = sup = q = None
         if sampled and self._smask is not None:
             smask, sup, q = self._smask[:k], self._sup[:k], self._q[:k]
