@@ -62,3 +62,35 @@ def test_two_worker_processes_one_killed(seg_name):
             proxy.stop()
         a.stop()
         b.stop()
+
+
+def test_two_engines_share_two_workers(make_seg_name):
+    """Many engines, one pool: two proxies (one per engine, taking turns) given the same two workers
+    both draft through both, with no wrong draft (the worker's budget split between them is
+    tests/test_worker_bounds.py's)."""
+    a, b = spawn_worker(*LAYOUT), spawn_worker(*LAYOUT)
+    names = [make_seg_name("pool-e1"), make_seg_name("pool-e2")]
+    proxies, shims = [], []
+    try:
+        for nm in names:
+            proxies.append(spawn_proxy(nm, f"{a.address},{b.address}", *LAYOUT, "--deadline-ms", "50",
+                                       "--log-every", "0"))
+            shims.append(engine_shim.attach(nm, max_reqs=M, num_spec=N, window=W, row_bytes=B, timeout_s=5.0))
+        sims = [SimEngine(SimConfig(seed=7 + i, max_reqs=M, num_spec=N, window=W, row_bytes=B)) for i in range(2)]
+        for _ in range(3):  # the two engines take turns
+            for sim, shim in zip(sims, shims, strict=True):
+                res = sim.run(shim, rounds=150)
+                assert res.wrong_drafts == 0, res.first_wrong
+        time.sleep(0.4)
+        for nm in names:
+            st = _status(nm)
+            assert st["proxy"]["counters"]["rounds_ok"] >= 400
+            links = st["proxy"]["gauges"]["workers"]
+            assert [w["state"] for w in links] == ["connected", "connected"] and all(w["usable"] > 0 for w in links)
+    finally:
+        for shim in shims:
+            shim.close()
+        for p in proxies:
+            p.stop()
+        a.stop()
+        b.stop()
