@@ -325,7 +325,7 @@ def worker_links(client: object, breaker: CircuitBreaker) -> list[dict]:
     with the round's breaker; none for an in-process worker."""
     links = getattr(client, "links", None)
     if links is not None:
-        return links()
+        return links(breaker)
     if hasattr(client, "link_error"):
         from .pool.member import link_of
 

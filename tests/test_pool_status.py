@@ -187,3 +187,18 @@ def test_reload_of_the_worker_file(tmp_path):
         assert len(pool.members) == 2
     finally:
         pool.stop()
+
+
+def test_a_pool_of_one_shows_the_rounds_breaker():
+    from dspark_proxy.breaker import CircuitBreaker
+    from dspark_proxy.draft_client import StepOutcome
+
+    pool = PoolClient(["127.0.0.1:1"], max_reqs=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W,
+                      deadline_ms=10.0, breaker=(2, 5))
+    for _ in range(4):
+        pool._account(pool.members[0], StepOutcome(False, "timeout", None, 0.0), M, 4, 0.01)  # noqa: SLF001
+    assert pool.members[0].breaker.state == "closed"  # alone, its own breaker is never used
+    rb = CircuitBreaker(1, 5)
+    rb.record(False, 1)
+    (link,) = pool.links(rb)
+    assert link["breaker"] == "open" and link["breaker_trips"] == 1

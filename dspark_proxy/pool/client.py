@@ -166,8 +166,9 @@ class PoolClient:
             if not stale or i in stale:
                 m.client.new_session(reason)
 
-    def links(self) -> list[dict[str, Any]]:
-        """Each worker's link for `status` (member.link_of), in `--worker` order."""
+    def links(self, round_breaker: CircuitBreaker | None = None) -> list[dict[str, Any]]:
+        """Each worker's link for `status` (member.link_of), in `--worker` order; a pool of one shows
+        `round_breaker`, the one that guards it."""
         members = list(self.members)
         owner = self.router.owner.copy()
         counts = np.bincount(owner[(owner >= 0) & (owner < len(members))], minlength=len(members))
@@ -175,6 +176,8 @@ class PoolClient:
         for i, m in enumerate(members):
             link = m.link()
             link["slots"] = int(counts[i])
+            if len(members) == 1 and round_breaker is not None:
+                link["breaker"], link["breaker_trips"] = round_breaker.state, round_breaker.trips
             out.append(link)
         return out
 
@@ -461,6 +464,8 @@ class PoolClient:
             c[f"fallback_{out.reason}"] += 1
             if out.reason == "timeout" and several:
                 m.pacer.on_timeout(n_rows, timeout_s * 1e6)
+        if not several:
+            return  # alone, the round's breaker is the worker's
         change = m.record(self._t, None if out.ok else out.reason)
         if change == "tripped":
             self.pool_counters["pool_breaker_trips"] += 1
