@@ -436,7 +436,7 @@ class PoolClient:
                     p.register(f[0], select.POLLOUT if f[2] else select.POLLIN)
                     first = min(first, f[1])
             left = first - time.monotonic()
-            if left > 0:
+            if 0 < left < math.inf:
                 p.poll(math.ceil(left * 1000.0))
             still = []
             for i in waiting:
