@@ -345,8 +345,11 @@ class WorkerConfig(LayoutConfig):
                                   _Range(0, math.inf))
     fault_duplicate_reply_every: int = _opt(0, "Fault injection: send every k-th reply twice (0: off).",
                                             _Range(0, math.inf))
+    adopt_shapes: bool = _opt(True, "Serve each proxy under the max_reqs, window, N and row_bytes of its HELLO "
+                              "where the drafter allows (a trained head fixes its own); off: only this "
+                              "worker's, others refused naming the field.")
     memory_budget_mb: int = _opt(0, "MiB of slot windows for all sessions together; past it a new session is "
-                                 "refused with a clear error (0: room for 8 sessions of --max-reqs).",
+                                 "refused with a clear error (0: room for 8 sessions of --max-reqs, at least 1 GiB with --adopt-shapes).",
                                  _Range(0, 1 << 30))
     device: str = _opt("cpu", "Torch device for the torch drafter (cpu, cuda, cuda:1, ...).")
     weights: str | None = _opt(None, "Torch drafter head: a train-drafter directory (head.safetensors + manifest.json) or its .safetensors file (default: seeded random weights).")

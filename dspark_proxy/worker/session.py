@@ -181,9 +181,10 @@ class SessionTable:
         self.reserved_bytes = 0
         self.evicted = 0
 
-    def session_bytes(self, max_slots: int) -> int:
-        """What a session with max_slots slots reserves: every slot's whole window."""
-        return min(max_slots, self._max_slots) * self._window * self._row_bytes
+    def session_bytes(self, max_slots: int, window: int | None = None, row_bytes: int | None = None) -> int:
+        """What a session with max_slots slots reserves: every slot's whole window (of the table's shapes
+        unless its connection agreed others)."""
+        return (min(max_slots, self._max_slots) * (window or self._window) * (row_bytes or self._row_bytes))
 
     def open_conn(self, owner: int) -> None:
         with self._lock:
@@ -198,11 +199,17 @@ class SessionTable:
                 self._remove(k)
             return len(ids)
 
-    def get(self, session_id: int, owner: int, max_slots: int | None = None) -> Session:
+    def get(self, session_id: int, owner: int, max_slots: int | None = None, *, window: int | None = None,
+            row_bytes: int | None = None) -> Session:
         """The session to step, created if new (with max_slots slots: the connection's agreed
-        max_reqs). Raises SessionRefused past a bound, naming which."""
+        max_reqs; window and row_bytes: its agreed shapes, default the table's). Raises SessionRefused
+        past a bound, naming which."""
+        window, row_bytes = window or self._window, row_bytes or self._row_bytes
         with self._lock:
             s = self._sessions.get(session_id)
+            if s is not None and (s.window, s.row_bytes) != (window, row_bytes) and s.owner not in self._open:
+                self._remove(session_id)  # a closed connection's session of other shapes: not this one's
+                s = None
             if s is not None:
                 if s.owner != owner:
                     if s.owner in self._open:
@@ -215,7 +222,7 @@ class SessionTable:
                 raise SessionRefused("session_limit", f"this connection already holds {self._per_conn} sessions "
                                      "(the most one connection may); send NEW_SESSION to drop one")
             slots = min(self._max_slots, max_slots if max_slots is not None else self._max_slots)
-            need = self.session_bytes(slots)
+            need = self.session_bytes(slots, window, row_bytes)
             while self._sessions and (len(self._sessions) >= self._max_sessions or self._over(need)):
                 victim = next((k for k, v in self._sessions.items() if v.owner not in self._open), None)
                 if victim is None:
@@ -229,8 +236,7 @@ class SessionTable:
                 raise SessionRefused("memory_budget", f"a new session needs {need} bytes of windows; "
                                      f"{self.reserved_bytes} of the worker's {self.budget_bytes} bytes "
                                      "(--memory-budget-mb) are held by other sessions")
-            s = self._sessions[session_id] = Session(session_id, self._window, self._row_bytes, slots,
-                                                     self._chains)
+            s = self._sessions[session_id] = Session(session_id, window, row_bytes, slots, self._chains)
             s.reserved = need
             self.reserved_bytes += need
             s.owner = owner
