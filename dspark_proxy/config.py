@@ -262,6 +262,9 @@ class ProxyConfig(LayoutConfig):
     name: str = _opt("dspark", "Shared-memory segment name (one proxy per name; the shim attaches by it).")
     worker: str = _opt("127.0.0.1:7470", "Draft worker address, HOST:PORT; 'inproc' (an integrity worker "
                        "inside the proxy, no network) or 'null' (fixed drafts, no windows) for benchmarks.")
+    target_id: str = _opt("", "The target model the worker's head must be made for (its HELLO names it; "
+                          "e.g. 'sha256:...' of dspark_proxy.model.hf.target_id); an engine that names one "
+                          "at attach is used instead. Empty: not checked.")
     want_margin: bool = _opt(False, "Ask the worker for the top-1/top-2 logit margin per draft.")
     deadline_ms: float = _opt(5.0, "Round deadline in ms: the shim fails a round not published by then.",
                               _Range(0, 60_000, lo_open=True))
@@ -295,6 +298,9 @@ class ProxyConfig(LayoutConfig):
     def _validate(self) -> None:
         if self.worker not in IN_PROCESS_WORKERS:
             parse_hostport(self.worker, field="worker")
+        if self.target_id and (len(self.target_id) > 254 or not all(" " < c <= "~" for c in self.target_id)):
+            raise ConfigError(f"target_id={self.target_id[:40]!r}: at most 254 printable ASCII characters, no "
+                              f"spaces {_where('target_id')}", "target_id")
         if not self.name or "/" in self.name:
             raise ConfigError(f"name={self.name!r}: a segment name must be non-empty and have no '/' "
                               f"{_where('name')}", "name")

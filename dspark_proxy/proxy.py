@@ -24,6 +24,7 @@ from .shm import hostflag as hf
 from .shm.hostflag import FAR_AHEAD, HostFlags
 from .shm.layout import LayoutParams, State, Word
 from .shm.segment import Segment
+from .shm.target import read_engine_target
 from .stats import Stats
 
 __all__ = ["Proxy", "run_proxy", "layout_params"]
@@ -104,7 +105,7 @@ class Proxy:
             host, port = parse_hostport(self.cfg.worker, field="worker")
             client = TcpDraftClient(host, port, max_reqs=self.cfg.max_reqs, num_spec=self.cfg.num_spec,
                                     window=self.cfg.window, row_bytes=self.cfg.row_bytes,
-                                    sampled=self.cfg.sampled, token=token)
+                                    sampled=self.cfg.sampled, token=token, target_id=self.cfg.target_id)
         self.client: DraftClient = client
         self.segment: Segment | None = None
         self.core: RoundCore | None = None
@@ -174,6 +175,7 @@ class Proxy:
             return
         core = self.core = RoundCore(seg, self.client, self.stats, self.events, self.breaker, self.settings)
         self._rebase(t0)
+        self._name_target(seg)
         self.client.new_session(f"engine attached at round {t0}")
         self.stats.inc("attaches")
         log.info("[proxy] engine attached incarnation=%d pid=%d round=%d", seg.incarnation,
@@ -207,6 +209,20 @@ class Proxy:
                          "(opened at round %s of them)", self.breaker.state, self.breaker.opened_round)
             self.stats.set("breaker", self.breaker.snapshot())
         self._last_log = t0
+
+    def _name_target(self, seg: Segment) -> None:
+        """The attached engine's target (shm/target.py), else --target-id, goes into the client's
+        HELLO: a client whose last HELLO named another handshakes again (a worker whose head was made
+        for another target then refuses it, naming the field)."""
+        named = read_engine_target(seg.mm)
+        if named and self.cfg.target_id and named != self.cfg.target_id:
+            log.warning("[proxy] the engine names target_id=%s, --target-id is %s: the engine's is used", named,
+                        self.cfg.target_id)
+        tid = named or self.cfg.target_id
+        self.stats.set("target_id", tid)
+        retarget = getattr(self.client, "set_target_id", None)
+        if retarget is not None:
+            retarget(tid)
 
     def _wait_attached(self, seg: Segment) -> int | None:
         off = seg.layout.word_off(Word.ATTACHED)
