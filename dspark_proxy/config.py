@@ -290,6 +290,16 @@ class ProxyConfig(LayoutConfig):
     step_timeout_ms: float | None = _opt(None, "Timeout of one worker round trip in ms (default: what is "
                                          "left of the deadline when the STEP goes out).",
                                          _Range(0, 60_000, lo_open=True))
+    accept_break_even: float = _opt(0.3, "Accepted drafts per verified round below which a request (or the "
+                                    "whole batch) stops asking drafts for a while (0: always ask).", _Range(0, 255))
+    accept_patience: int = _opt(16, "Verified rounds of a request (or the batch) before it may be paused.",
+                                _Range(1, 1 << 20))
+    accept_pause: int = _opt(64, "Rounds a paused request (or batch) goes without drafts before a probe.",
+                             _Range(1, 1 << 30))
+    accept_pause_max: int = _opt(1024, "Longest pause: each failed probe doubles the pause up to this.",
+                                 _Range(1, 1 << 30))
+    accept_probe: int = _opt(2, "Verified rounds a probe lasts before it resumes drafting or pauses again.",
+                             _Range(1, 1 << 20))
     log_level: LogLevel = _opt("INFO", "Logging level.")
     fault_round_hang_ms: float = _opt(0.0, "Fault injection (flag only): on SIGUSR1 the round loop blocks for "
                                       "this many ms before its next round, the heartbeat going on (0: off).",
@@ -311,6 +321,9 @@ class ProxyConfig(LayoutConfig):
         if self.max_rows is not None and self.max_rows > self.max_reqs * self.window:
             raise ConfigError(f"max_rows={self.max_rows} is out of range: must be in [1, max_reqs*window="
                               f"{self.max_reqs * self.window}] {_where('max_rows')}", "max_rows")
+        if self.accept_pause_max < self.accept_pause:
+            raise ConfigError(f"accept_pause_max={self.accept_pause_max} is below accept_pause={self.accept_pause} "
+                              f"{_where('accept_pause_max')}", "accept_pause_max")
         if self.resync_per_round is not None and self.resync_per_round > self.max_reqs:
             raise ConfigError(f"resync_per_round={self.resync_per_round} is out of range: must be in "
                               f"[1, max_reqs={self.max_reqs}] {_where('resync_per_round')}", "resync_per_round")

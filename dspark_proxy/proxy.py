@@ -15,6 +15,7 @@ import os
 import threading
 import time
 
+from .acceptance import GateSettings
 from .breaker import CircuitBreaker
 from .config import IN_PROCESS_WORKERS, ProxyConfig, config_to_dict, parse_hostport
 from .draft_client import DraftClient
@@ -92,7 +93,10 @@ class Proxy:
         self.breaker = CircuitBreaker(self.cfg.breaker_threshold, self.cfg.breaker_cooldown)
         self.settings = RoundSettings(
             want_margin=self.cfg.want_margin, n_out_table=tuple(self.cfg.n_out_table),
-            step_timeout_s=None if self.cfg.step_timeout_ms is None else self.cfg.step_timeout_ms / 1e3)
+            step_timeout_s=None if self.cfg.step_timeout_ms is None else self.cfg.step_timeout_ms / 1e3,
+            gate=GateSettings(break_even=self.cfg.accept_break_even, patience=self.cfg.accept_patience,
+                              pause=self.cfg.accept_pause, pause_max=self.cfg.accept_pause_max,
+                              probe=self.cfg.accept_probe))
         if client is None and self.cfg.worker in IN_PROCESS_WORKERS:
             from .inproc import InProcessClient
 
@@ -195,6 +199,7 @@ class Proxy:
                 t += 1
         except Exception as e:  # noqa: BLE001 - the hand-off is broken: die for this incarnation
             self._die(seg, core.flags, t, repr(e))
+        core.accept.flush()  # the engine's last rounds' accepted drafts into the counters
         self._last_round = t - 1
         self._finish_segment(State.DEAD)
 
@@ -297,6 +302,9 @@ class Proxy:
             st.set("watchdog_events", self.events.dump())
             st.set("client", dict(getattr(self.client, "counters", {})))
             st.set("incarnations", self.incarnations)
+            core = self.core
+            if core is not None:
+                st.set("accept_gate", core.accept.gate.snapshot())
             seg.write_block("proxy", st.snapshot_bytes(seg.layout.regions["proxy_stats"][1] - 8))
 
     def write_stats_file(self) -> None:
