@@ -20,6 +20,7 @@ from .breaker import CircuitBreaker
 from .config import IN_PROCESS_WORKERS, ProxyConfig, config_to_dict, parse_hostport
 from .draft_client import DraftClient
 from .events import EventRing
+from .metrics import LATENCY_BOUNDS_US  # the bounds only: prometheus-client is imported at start
 from .round import RoundCore, RoundSettings
 from .shm import hostflag as hf
 from .shm.hostflag import FAR_AHEAD, HostFlags
@@ -290,6 +291,10 @@ class Proxy:
         snap["client"] = dict(getattr(self.client, "counters", {}))
         snap["incarnations"] = self.incarnations
         snap["pid"] = os.getpid()
+        snap["histograms"] = self.stats.histograms(LATENCY_BOUNDS_US)  # Prometheus's latency buckets
+        core = self.core
+        if core is not None:
+            snap["gauges"]["accept_gate"] = core.accept.gate.snapshot()
         return snap
 
     def publish_stats(self, seg: Segment) -> None:
