@@ -173,3 +173,26 @@ def test_boot_takes_the_target_from_the_environment(monkeypatch, seg_name):
     monkeypatch.setenv("DSPARK_PROXY_TARGET_ID", A)
     engine_shim.boot(max_reqs=M, num_spec=N, window=W, row_bytes=B)
     assert _wait(lambda: "target_id" in got, 5.0) and got["target_id"] == A and got["name"] == seg_name
+
+
+def test_a_head_worker_takes_its_shapes_from_the_manifest():
+    """`worker --drafter torch --weights DIR` with no shape flags: the manifest's N, window and row bytes
+    (before: refused at start, "head manifest row_bytes=1152 but the worker has 256")."""
+    pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    from dspark_proxy.launch import spawn_worker
+    from dspark_proxy.model.manifest import HeadManifest
+
+    man = HeadManifest.load(HEAD / "manifest.json")
+    w = spawn_worker("--drafter", "torch", "--weights", str(HEAD), timeout_s=60.0)
+    try:
+        port = int(w.address.rsplit(":", 1)[1])
+        lay = wire.WireLayout(num_spec=man.num_spec, window=man.window, row_bytes=man.row_bytes, max_reqs=16)
+        peer = RawPeer(port, lay)
+        try:
+            msg = peer.handshake(target_id=man.target_id)
+            assert isinstance(msg, wire.Welcome) and msg.row_bytes == man.row_bytes and msg.max_reqs == 16, msg
+        finally:
+            peer.close()
+    finally:
+        w.stop()

@@ -28,9 +28,11 @@ log = logging.getLogger("dspark_proxy.worker")
 @click.pass_context
 def worker(ctx: click.Context, **_: object) -> None:
     """Run the draft worker (foreground; SIGTERM/SIGINT stop it cleanly)."""
+    from ..worker.run import head_shapes
     from ..worker.run import run_worker as run
 
     cfg, sources = build_config(WorkerConfig, ctx)
+    cfg = head_shapes(cfg, sources)
     setup_logging(cfg.log_level)
     log.info("[worker] settings %s", format_settings(cfg, sources))
     try:
