@@ -35,11 +35,12 @@ class Refused(Exception):
         self.field = field
 
 
-def drafter_fixes(drafter: Any) -> dict[str, int]:
+def drafter_fixes(drafter: Any, own: WireLayout) -> dict[str, int]:
     """The shapes `drafter` fixes, field -> value. A drafter says which with a `fixes` tuple of
-    SHAPE_FIELDS names (the integrity drafter: none); one that does not say fixes all three."""
+    SHAPE_FIELDS names (the integrity drafter: none); one that does not say fixes all three, at its
+    own values where it has them, else at the worker's (what it was made with)."""
     names = getattr(drafter, "fixes", SHAPE_FIELDS)
-    return {k: int(getattr(drafter, k)) for k in names}
+    return {k: int(getattr(drafter, k, getattr(own, k))) for k in names}
 
 
 def drafter_target(drafter: Any) -> str | None:
@@ -53,7 +54,7 @@ def agree(hello: Hello, own: WireLayout, *, drafter: Any, adopt: bool = True,
           budget_bytes: int | None = None, peer: object = None) -> WireLayout:
     """The layout this connection is served under (the protocol version already checked), or Refused
     naming the field."""
-    fixed = drafter_fixes(drafter)
+    fixed = drafter_fixes(drafter, own)
     for field in SHAPE_FIELDS:
         got = getattr(hello, field)
         want = fixed.get(field, None if adopt else getattr(own, field))
