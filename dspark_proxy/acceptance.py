@@ -18,9 +18,8 @@ machine over its verified rounds:
 
 The mean is over the slot's block: the verified rounds since it was last judged (ACTIVE slots are
 judged together every `patience` rounds once they have `patience` verified rounds; a probe when its
-`probe` rounds are verified). A PAUSED slot's
-entry goes out without NEED_DRAFT: its rows are still sent, so its window stays whole, and drafting
-resumes at once when a probe succeeds. The whole batch has the same machine over its mean accepted
+`probe` rounds are verified). A PAUSED slot's entry goes out without NEED_DRAFT: its rows are still
+sent, so its window stays whole, and drafting resumes at once when a probe succeeds. The whole batch has the same machine over its mean accepted
 per request-round: paused, no entry asks for drafts. The gate only ever clears NEED_DRAFT; the
 engine's own "no drafts" always wins. Everything is per-slot numpy over the round's requests: no
 per-request Python.
