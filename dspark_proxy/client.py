@@ -84,10 +84,12 @@ class _Disable(Exception):
 class _Live:
     """A published connection. `session` and `pending` belong to the stepping thread."""
 
-    __slots__ = ("conn", "epoch", "session", "pending", "timeouts", "welcome", "owed")
+    __slots__ = ("conn", "epoch", "session", "pending", "timeouts", "welcome", "owed", "target_id")
 
-    def __init__(self, conn: FramedConnection, epoch: int, session: int, welcome: Welcome) -> None:
+    def __init__(self, conn: FramedConnection, epoch: int, session: int, welcome: Welcome,
+                 target_id: str = "") -> None:
         self.conn = conn
+        self.target_id = target_id  # what its HELLO named
         self.epoch = epoch
         self.session = session
         self.pending: bytes | None = None  # a NEW_SESSION frame to send before the next STEP
@@ -107,7 +109,7 @@ class TcpDraftClient:
     def __init__(self, host: str, port: int, *, max_reqs: int, num_spec: int, window: int, row_bytes: int,
                  sampled: bool = False, token: bytes | None = None, connect_timeout_s: float = 1.0,
                  max_frame_bytes: int = 64 << 20, backoff_s: tuple[float, float] = (0.05, 1.0),
-                 max_consecutive_timeouts: int = 3, client_id: str | None = None) -> None:
+                 max_consecutive_timeouts: int = 3, client_id: str | None = None, target_id: str = "") -> None:
         self.host = host
         self.port = port
         self.layout = WireLayout(num_spec=num_spec, window=window, row_bytes=row_bytes, max_reqs=max_reqs,
@@ -119,6 +121,8 @@ class TcpDraftClient:
         self.max_consecutive_timeouts = max_consecutive_timeouts
         self.disabled_retry_s = 2.0  # a refused handshake (mismatch, auth) is tried again this often
         self.client_id = client_id or f"dspark-proxy pid={os.getpid()}"
+        self.target_id = target_id  # named in the HELLO (set_target_id changes it)
+        self._retry = threading.Event()  # wakes a disabled client's wait early (set_target_id, stop)
         self.counters: Counter[str] = Counter()
         self.disabled = False
         self.disabled_reason: str | None = None
@@ -150,6 +154,7 @@ class TcpDraftClient:
         """Idempotent: stop reconnecting, close the connection, join the connect thread."""
         self._stop.set()
         self._lost.set()
+        self._retry.set()
         live = self._live
         if live is not None:
             live.conn.shutdown()
@@ -183,6 +188,19 @@ class TcpDraftClient:
                 return e
             self._stop.wait(0.005)
         return self.connection_epoch()
+
+    def set_target_id(self, target_id: str) -> None:
+        """The engine names its target (the stepping thread, at attach): a HELLO that named another
+        is done again, so the worker checks its head against this one. No change: nothing happens."""
+        if target_id == self.target_id:
+            return
+        log.info("[client] target_id %s -> %s: handshaking again", self.target_id or "(none)", target_id or "(none)")
+        self.target_id = target_id
+        self.counters["retargets"] += 1
+        live = self._live
+        if live is not None:
+            self._drop(live, "the engine names another target")
+        self._retry.set()
 
     def new_session(self, reason: str) -> None:
         """Steps from now on go under a fresh session id; the next STEP is preceded by a NEW_SESSION
@@ -433,7 +451,8 @@ class TcpDraftClient:
                 self.counters["disabled"] += 1
                 self.link_error = str(e)
                 self.next_try_at = time.monotonic() + self.disabled_retry_s
-                self._stop.wait(self.disabled_retry_s)  # the worker may be fixed and restarted
+                self._retry.wait(self.disabled_retry_s)  # the worker may be fixed and restarted
+                self._retry.clear()
                 continue
             except (OSError, RemoteProtocolError, TimeoutError) as e:
                 self.counters["connect_failures"] += 1
@@ -453,12 +472,14 @@ class TcpDraftClient:
                 log.warning("[client] enabled again: the worker at %s:%d now agrees", self.host, self.port)
                 self.disabled, self.disabled_reason = False, None
             self._live = live
+            if live.target_id != self.target_id:  # set_target_id ran during the handshake: do it again
+                live.conn.shutdown()
             self.counters["reconnects" if live.epoch > 1 else "connects"] += 1
             log.info("[client] connected to %s:%d epoch=%d worker=%s drafter=%s", self.host, self.port,
                      live.epoch, live.welcome.worker_id, live.welcome.drafter)
 
     def _connect_once(self) -> _Live:
-        lay = self.layout
+        lay, tid = self.layout, self.target_id
         sock = connect_tcp(self.host, self.port, self.connect_timeout_s)
         ctl = {t: MAX_CONTROL_PAYLOAD for t in (MSG_CHALLENGE, MSG_WELCOME, MSG_ERROR)}
         conn = FramedConnection(sock, Decoder(ctl, max_frame_bytes=APP_HEADER_SIZE + MAX_CONTROL_PAYLOAD))
@@ -469,7 +490,8 @@ class TcpDraftClient:
             conn.send_parts([encode_control(Hello(protocol_version=PROTOCOL_VERSION, num_spec=lay.num_spec,
                                                   window=lay.window, row_bytes=lay.row_bytes,
                                                   max_reqs=lay.max_reqs, sampled=lay.sampled,
-                                                  client_id=self.client_id[:256], nonce=cn))], deadline)
+                                                  client_id=self.client_id[:256], nonce=cn,
+                                                  target_id=tid))], deadline)
             msg = self._recv_control(conn, deadline)
             if isinstance(msg, Challenge):
                 if self.token is None:
@@ -497,7 +519,7 @@ class TcpDraftClient:
             self._epoch += 1
             self.welcome = msg
             ok = True
-            return _Live(conn, self._epoch, _new_session_id(), msg)
+            return _Live(conn, self._epoch, _new_session_id(), msg, tid)
         finally:
             if not ok:
                 conn.close()

@@ -263,6 +263,9 @@ class ProxyConfig(LayoutConfig):
     worker: str = _opt("127.0.0.1:7470", "Draft worker address, HOST:PORT; several, HOST:PORT,HOST:PORT,... (a "
                        "pool); @FILE, a file listing them, re-read on SIGHUP; 'inproc' (an integrity worker "
                        "inside the proxy, no network) or 'null' (fixed drafts, no windows) for benchmarks.")
+    target_id: str = _opt("", "The target model the worker's head must be made for (its HELLO names it; "
+                          "e.g. 'sha256:...' of dspark_proxy.model.hf.target_id); an engine that names one "
+                          "at attach is used instead. Empty: not checked.")
     want_margin: bool = _opt(False, "Ask the worker for the top-1/top-2 logit margin per draft.")
     deadline_ms: float = _opt(5.0, "Round deadline in ms: the shim fails a round not published by then.",
                               _Range(0, 60_000, lo_open=True))
@@ -288,6 +291,16 @@ class ProxyConfig(LayoutConfig):
     step_timeout_ms: float | None = _opt(None, "Timeout of one worker round trip in ms (default: what is "
                                          "left of the deadline when the STEP goes out).",
                                          _Range(0, 60_000, lo_open=True))
+    accept_break_even: float = _opt(0.3, "Accepted drafts per verified round below which a request (or the "
+                                    "whole batch) stops asking drafts for a while (0: always ask).", _Range(0, 255))
+    accept_patience: int = _opt(16, "Verified rounds of a request (or the batch) before it may be paused.",
+                                _Range(1, 1 << 20))
+    accept_pause: int = _opt(64, "Rounds a paused request (or batch) goes without drafts before a probe.",
+                             _Range(1, 1 << 30))
+    accept_pause_max: int = _opt(1024, "Longest pause: each failed probe doubles the pause up to this.",
+                                 _Range(1, 1 << 30))
+    accept_probe: int = _opt(2, "Verified rounds a probe lasts before it resumes drafting or pauses again.",
+                             _Range(1, 1 << 20))
     log_level: LogLevel = _opt("INFO", "Logging level.")
     fault_round_hang_ms: float = _opt(0.0, "Fault injection (flag only): on SIGUSR1 the round loop blocks for "
                                       "this many ms before its next round, the heartbeat going on (0: off).",
@@ -298,6 +311,9 @@ class ProxyConfig(LayoutConfig):
             from .pool.addresses import parse_worker_spec  # several addresses or @FILE (a pool)
 
             parse_worker_spec(self.worker, field="worker")
+        if self.target_id and (len(self.target_id) > 254 or not all(" " < c <= "~" for c in self.target_id)):
+            raise ConfigError(f"target_id={self.target_id[:40]!r}: at most 254 printable ASCII characters, no "
+                              f"spaces {_where('target_id')}", "target_id")
         if not self.name or "/" in self.name:
             raise ConfigError(f"name={self.name!r}: a segment name must be non-empty and have no '/' "
                               f"{_where('name')}", "name")
@@ -308,6 +324,9 @@ class ProxyConfig(LayoutConfig):
         if self.max_rows is not None and self.max_rows > self.max_reqs * self.window:
             raise ConfigError(f"max_rows={self.max_rows} is out of range: must be in [1, max_reqs*window="
                               f"{self.max_reqs * self.window}] {_where('max_rows')}", "max_rows")
+        if self.accept_pause_max < self.accept_pause:
+            raise ConfigError(f"accept_pause_max={self.accept_pause_max} is below accept_pause={self.accept_pause} "
+                              f"{_where('accept_pause_max')}", "accept_pause_max")
         if self.resync_per_round is not None and self.resync_per_round > self.max_reqs:
             raise ConfigError(f"resync_per_round={self.resync_per_round} is out of range: must be in "
                               f"[1, max_reqs={self.max_reqs}] {_where('resync_per_round')}", "resync_per_round")
@@ -348,8 +367,11 @@ class WorkerConfig(LayoutConfig):
                                   _Range(0, math.inf))
     fault_duplicate_reply_every: int = _opt(0, "Fault injection: send every k-th reply twice (0: off).",
                                             _Range(0, math.inf))
+    adopt_shapes: bool = _opt(True, "Serve each proxy under the max_reqs, window, N and row_bytes of its HELLO "
+                              "where the drafter allows (a trained head fixes its own); off: only this "
+                              "worker's, others refused naming the field.")
     memory_budget_mb: int = _opt(0, "MiB of slot windows for all sessions together; past it a new session is "
-                                 "refused with a clear error (0: room for 8 sessions of --max-reqs).",
+                                 "refused with a clear error (0: room for 8 sessions of --max-reqs, at least 1 GiB with --adopt-shapes).",
                                  _Range(0, 1 << 30))
     device: str = _opt("cpu", "Torch device for the torch drafter (cpu, cuda, cuda:1, ...).")
     weights: str | None = _opt(None, "Torch drafter head: a train-drafter directory (head.safetensors + manifest.json) or its .safetensors file (default: seeded random weights).")

@@ -6,14 +6,24 @@ with one custom collector that turns a ``Stats.snapshot()`` into metric families
 round thread does no work for Prometheus at all; the HTTP thread reads the snapshot (see ``stats.py`` for
 why a snapshot may be taken from another thread).
 
-Naming (namespace ``dspark_proxy`` by default; keys sanitised to ``[a-zA-Z0-9_]``):
+Naming (namespace ``dspark_proxy`` by default; keys sanitised to ``[a-zA-Z0-9_]``), after Prometheus's
+conventions (counters end in ``_total``, seconds, one ``_info`` metric for the configuration):
 
-- counter ``k`` -> counter ``dspark_proxy_<k>_total``
-- numeric or boolean gauge ``k`` -> gauge ``dspark_proxy_<k>``; a dict gauge (the breaker snapshot) is
-  flattened one level, ``dspark_proxy_<k>_<field>``, with a string field as ``..._<field>{value="open"} 1``;
-  a list gauge (``watchdog_events``) as its length ``dspark_proxy_<k>_len``; anything else is skipped
-- latency ``k_us`` -> summary ``dspark_proxy_<k>_seconds`` with quantiles 0.5/0.9/0.99/0.999, ``_count``
-  and ``_sum`` (Prometheus convention: seconds), plus gauge ``dspark_proxy_<k>_max_seconds``
+- counter ``k`` -> counter ``dspark_proxy_<k>_total``; the families of one kind carry a label instead:
+  ``fallback_<cause>`` -> ``dspark_proxy_fallbacks_total{cause=...}``, ``req_status_<s>`` ->
+  ``dspark_proxy_request_status_total{status=...}``, ``<k>_per_pos_<j>`` -> ``dspark_proxy_<k>_per_pos_total
+  {position="j"}`` (the drafting's effect, named like vLLM's ``spec_decode`` counters:
+  ``dspark_proxy_spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``,
+  ``..._num_accepted_tokens_total``, ``..._num_accepted_tokens_per_pos_total{position}``)
+- the ``client`` dict (the worker link's counters) -> counters ``dspark_proxy_client_<k>_total``
+- the ``config`` dict -> one ``dspark_proxy_config_info{<setting>="<value>", ...} 1``
+- other numeric or boolean gauge ``k`` -> gauge ``dspark_proxy_<k>``; a dict gauge (the breaker, the
+  acceptance gate) is flattened one level, ``dspark_proxy_<k>_<field>``, with a string field as
+  ``..._<field>{value="open"} 1``; a list gauge (``watchdog_events``) as its length
+  ``dspark_proxy_<k>_len``; anything else is skipped
+- latency ``k_us`` -> histogram ``dspark_proxy_<k>_seconds`` (buckets ``LATENCY_BOUNDS_S``, from the
+  snapshot's ``histograms``: ``Proxy.snapshot()`` or a ``Stats`` getter has them), plus gauge
+  ``dspark_proxy_<k>_max_seconds``; a snapshot without buckets (read from a segment) gives a summary
 - ``dspark_proxy_stats_up``: 1, or 0 if the stats getter raised during this scrape
 """
 
@@ -26,7 +36,10 @@ from collections.abc import Callable, Iterator, Mapping
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["MetricsServer", "snapshot_to_families", "start_metrics_server"]
+from .deps import MissingDependency
+
+__all__ = ["MetricsServer", "snapshot_to_families", "start_metrics_server", "LATENCY_BOUNDS_S",
+           "LATENCY_BOUNDS_US"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +51,7 @@ def _import_prometheus() -> Any:
     try:
         import prometheus_client
     except ImportError:
-        raise RuntimeError(
+        raise MissingDependency(
             "the Prometheus endpoint needs prometheus-client: pip install 'dspark-proxy[metrics]', or run "
             "without --metrics-port / DSPARK_PROXY_METRICS_PORT") from None
     return prometheus_client
@@ -49,29 +62,92 @@ def _name(*parts: str) -> str:
     return n if not n[0].isdigit() else "_" + n
 
 
+LATENCY_BOUNDS_S = (5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
+                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+LATENCY_BOUNDS_US = tuple(b * 1e6 for b in LATENCY_BOUNDS_S)
+# counter prefix -> (family, label): one labelled family for counters of one kind
+_LABELLED = (("fallback_", "fallbacks", "cause"), ("req_status_", "request_status", "status"))
+_PER_POS = re.compile(r"^(.+_per_pos)_(\d+)$")
+
+
 def snapshot_to_families(snap: Mapping[str, Any], namespace: str = "dspark_proxy") -> Iterator[Any]:
     """Metric families for one ``Stats.snapshot()`` (see the module docstring for the naming)."""
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-    for key, value in sorted(snap.get("counters", {}).items()):
-        c = CounterMetricFamily(_name(namespace, key), f"counter {key}")
-        c.add_metric([], float(value))
-        yield c
-    for key, value in sorted(snap.get("gauges", {}).items()):
+    yield from _counter_families(snap.get("counters", {}), namespace, CounterMetricFamily)
+    gauges = dict(snap.get("gauges", {}))
+    client = gauges.pop("client", None)
+    if isinstance(client, Mapping):
+        for key, value in sorted(client.items()):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                c = CounterMetricFamily(_name(namespace, "client", key), f"worker link counter {key}")
+                c.add_metric([], float(value))
+                yield c
+    config = gauges.pop("config", None)
+    gauges.pop("config_sources", None)  # where each setting came from: status --json has it
+    if isinstance(config, Mapping):
+        yield _info_family(_name(namespace, "config"), config)
+    for key, value in sorted(gauges.items()):
         yield from _gauge_families(_name(namespace, key), key, value, GaugeMetricFamily, depth=0)
     yield from worker_families(snap.get("workers", snap.get("gauges", {}).get("workers")), namespace)
+    yield from _latency_families(snap, namespace, GaugeMetricFamily)
+
+
+def _counter_families(counters: Mapping[str, Any], namespace: str, family: Any) -> Iterator[Any]:
+    grouped: dict[tuple[str, str], list[tuple[str, float]]] = {}
+    for key, value in sorted(counters.items()):
+        m = _PER_POS.match(key)
+        if m:
+            grouped.setdefault((m.group(1), "position"), []).append((m.group(2), float(value)))
+            continue
+        for prefix, fam, label in _LABELLED:
+            if key.startswith(prefix):
+                grouped.setdefault((fam, label), []).append((key[len(prefix):], float(value)))
+                break
+        else:
+            c = family(_name(namespace, key), f"counter {key}")
+            c.add_metric([], float(value))
+            yield c
+    for (fam, label), samples in sorted(grouped.items()):
+        c = family(_name(namespace, fam), f"counters by {label}", labels=[label])
+        for lv, v in sorted(samples, key=lambda x: (len(x[0]), x[0])):
+            c.add_metric([lv], v)
+        yield c
+
+
+def _info_family(name: str, fields: Mapping[str, Any]) -> Any:
+    from prometheus_client.core import InfoMetricFamily
+
+    labels = {_BAD_CHARS.sub("_", str(k)): "" if v is None else (",".join(map(str, v)) if isinstance(v, list)
+                                                                  else str(v)) for k, v in fields.items()}
+    info = InfoMetricFamily(name, "the proxy's settings")
+    info.add_metric([], labels)
+    return info
+
+
+def _latency_families(snap: Mapping[str, Any], namespace: str, gauge: Any) -> Iterator[Any]:
+    from prometheus_client.core import HistogramMetricFamily, Metric
+
+    hists = snap.get("histograms") or {}
     for key, s in sorted(snap.get("latency", {}).items()):
         if not s.get("count"):
             continue
         base = key[:-3] if key.endswith("_us") else key
         name = _name(namespace, base, "seconds")
-        m = Metric(name, f"latency {key} (from log-linear buckets, ~1% relative error)", "summary")
-        for q, field in _QUANTILES:
-            m.add_sample(name, {"quantile": q}, s[field] / 1e6)
-        m.add_sample(name + "_count", {}, float(s["count"]))
-        m.add_sample(name + "_sum", {}, s["mean_us"] * s["count"] / 1e6)
-        yield m
-        g = GaugeMetricFamily(_name(namespace, base, "max_seconds"), f"largest {key} observed")
+        h = hists.get(key)
+        if h is not None:
+            buckets = [(f"{le / 1e6:g}", float(c)) for le, c in zip(h["le_us"], h["cumulative"], strict=True)]
+            buckets.append(("+Inf", float(h["count"])))
+            yield HistogramMetricFamily(name, f"latency {key} (log-linear buckets underneath, ~1% error)",
+                                        buckets=buckets, sum_value=h["sum_us"] / 1e6)
+        else:
+            m = Metric(name, f"latency {key} (from log-linear buckets, ~1% relative error)", "summary")
+            for q, field in _QUANTILES:
+                m.add_sample(name, {"quantile": q}, s[field] / 1e6)
+            m.add_sample(name + "_count", {}, float(s["count"]))
+            m.add_sample(name + "_sum", {}, s["mean_us"] * s["count"] / 1e6)
+            yield m
+        g = gauge(_name(namespace, base, "max_seconds"), f"largest {key} observed")
         g.add_metric([], s["max_us"] / 1e6)
         yield g
 
@@ -149,9 +225,10 @@ class _Collector:
 
         up = GaugeMetricFamily(_name(self._ns, "stats_up"), "1 if the statistics could be read")
         try:
-            snap = self._get()
-            if hasattr(snap, "snapshot"):
-                snap = snap.snapshot()
+            got = self._get()
+            snap = got.snapshot() if hasattr(got, "snapshot") else got
+            if hasattr(got, "histograms"):
+                snap = {**snap, "histograms": got.histograms(LATENCY_BOUNDS_US)}
             families = list(snapshot_to_families(snap, self._ns))
         except Exception as e:  # noqa: BLE001 - a scrape must not take the proxy down
             log.warning("[metrics] reading the statistics failed: %r", e)

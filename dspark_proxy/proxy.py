@@ -15,15 +15,18 @@ import os
 import threading
 import time
 
+from .acceptance import GateSettings
 from .breaker import CircuitBreaker
 from .config import IN_PROCESS_WORKERS, ProxyConfig, config_to_dict, parse_hostport
 from .draft_client import DraftClient
 from .events import EventRing
+from .metrics import LATENCY_BOUNDS_US  # the bounds only: prometheus-client is imported at start
 from .round import RoundCore, RoundSettings
 from .shm import hostflag as hf
 from .shm.hostflag import FAR_AHEAD, HostFlags
 from .shm.layout import LayoutParams, State, Word
 from .shm.segment import Segment
+from .shm.target import read_engine_target
 from .stats import Stats
 
 __all__ = ["Proxy", "run_proxy", "layout_params"]
@@ -91,7 +94,10 @@ class Proxy:
         self.breaker = CircuitBreaker(self.cfg.breaker_threshold, self.cfg.breaker_cooldown)
         self.settings = RoundSettings(
             want_margin=self.cfg.want_margin, n_out_table=tuple(self.cfg.n_out_table),
-            step_timeout_s=None if self.cfg.step_timeout_ms is None else self.cfg.step_timeout_ms / 1e3)
+            step_timeout_s=None if self.cfg.step_timeout_ms is None else self.cfg.step_timeout_ms / 1e3,
+            gate=GateSettings(break_even=self.cfg.accept_break_even, patience=self.cfg.accept_patience,
+                              pause=self.cfg.accept_pause, pause_max=self.cfg.accept_pause_max,
+                              probe=self.cfg.accept_probe))
         if client is None and self.cfg.worker in IN_PROCESS_WORKERS:
             from .inproc import InProcessClient
 
@@ -169,6 +175,7 @@ class Proxy:
             return
         core = self.core = RoundCore(seg, self.client, self.stats, self.events, self.breaker, self.settings)
         self._rebase(t0)
+        self._name_target(seg)
         self.client.new_session(f"engine attached at round {t0}")
         self.stats.inc("attaches")
         log.info("[proxy] engine attached incarnation=%d pid=%d round=%d", seg.incarnation,
@@ -188,6 +195,7 @@ class Proxy:
                 t += 1
         except Exception as e:  # noqa: BLE001 - the hand-off is broken: die for this incarnation
             self._die(seg, core.flags, t, repr(e))
+        core.accept.flush()  # the engine's last rounds' accepted drafts into the counters
         self._last_round = t - 1
         self._finish_segment(State.DEAD)
 
@@ -202,6 +210,20 @@ class Proxy:
                          "(opened at round %s of them)", self.breaker.state, self.breaker.opened_round)
             self.stats.set("breaker", self.breaker.snapshot())
         self._last_log = t0
+
+    def _name_target(self, seg: Segment) -> None:
+        """The attached engine's target (shm/target.py), else --target-id, goes into the client's
+        HELLO: a client whose last HELLO named another handshakes again (a worker whose head was made
+        for another target then refuses it, naming the field)."""
+        named = read_engine_target(seg.mm)
+        if named and self.cfg.target_id and named != self.cfg.target_id:
+            log.warning("[proxy] the engine names target_id=%s, --target-id is %s: the engine's is used", named,
+                        self.cfg.target_id)
+        tid = named or self.cfg.target_id
+        self.stats.set("target_id", tid)
+        retarget = getattr(self.client, "set_target_id", None)
+        if retarget is not None:
+            retarget(tid)
 
     def _wait_attached(self, seg: Segment) -> int | None:
         off = seg.layout.word_off(Word.ATTACHED)
@@ -265,6 +287,10 @@ class Proxy:
         snap["workers"] = worker_links(self.client, self.breaker)
         snap["incarnations"] = self.incarnations
         snap["pid"] = os.getpid()
+        snap["histograms"] = self.stats.histograms(LATENCY_BOUNDS_US)  # Prometheus's latency buckets
+        core = self.core
+        if core is not None:
+            snap["gauges"]["accept_gate"] = core.accept.gate.snapshot()
         return snap
 
     def publish_stats(self, seg: Segment) -> None:
@@ -278,6 +304,9 @@ class Proxy:
             st.set("client", dict(getattr(self.client, "counters", {})))
             st.set("workers", worker_links(self.client, self.breaker))
             st.set("incarnations", self.incarnations)
+            core = self.core
+            if core is not None:
+                st.set("accept_gate", core.accept.gate.snapshot())
             seg.write_block("proxy", st.snapshot_bytes(seg.layout.regions["proxy_stats"][1] - 8))
 
     def write_stats_file(self) -> None:
@@ -307,7 +336,8 @@ def _remote_client(cfg: ProxyConfig, params: LayoutParams, token: bytes | None) 
 
     def make(host: str, port: int) -> TcpDraftClient:
         return TcpDraftClient(host, port, max_reqs=cfg.max_reqs, num_spec=cfg.num_spec, window=cfg.window,
-                              row_bytes=cfg.row_bytes, sampled=cfg.sampled, token=token)
+                              row_bytes=cfg.row_bytes, sampled=cfg.sampled, token=token,
+                              target_id=cfg.target_id)
 
     if not spec.is_pool:
         host, port = parse_hostport(spec.addresses[0], field="worker")

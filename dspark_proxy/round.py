@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import wire
+from .acceptance import Acceptance, GateSettings
 from .breaker import CircuitBreaker
 from .draft_client import DraftClient, StepReply
 from .events import EventRing
@@ -86,6 +87,7 @@ class RoundSettings:
     n_out_table: tuple[int, ...] = ()  # n_out by batch size (index min(n, len-1)); empty = all N
     step_timeout_s: float | None = None  # None: what is left of the deadline since `gathered`
     min_step_timeout_s: float = 0.0005
+    gate: GateSettings = GateSettings()  # acceptance-aware drafting (acceptance.py)
 
 
 class RoundCore:
@@ -119,6 +121,7 @@ class RoundCore:
         self.rounds = 0  # the last round handled
         self._gathered_ns_off = self.lay.word_off(Word.GATHERED_NS)
         self._advanced = False  # round t's rows reached the ring model (set by _run)
+        self.accept = Acceptance(self.M, self.N, settings.gate, stats)  # drafts' effect; the gate
 
     # ------------------------------------------------------------------ entry point
 
@@ -191,6 +194,7 @@ class RoundCore:
         # 2. ring model: always, so it stays exact (and step 4's flags, from the same pass)
         plan = self.slots.advance(slots, v.req, first_pos, valid)
         self._advanced = True
+        self.accept.round(t, slots, v.valid_raw, v.k_window, plan.new_owner, plan.n_new_owner)
         if plan.n_new_owner:
             self.want_resync[slots[plan.new_owner]] = False
         w_of = None
@@ -243,6 +247,7 @@ class RoundCore:
         ent["anchor_pos"] = plan.anchor_pos[sel]
         ent["anchor_token"] = v.anchor[sel]
         need = np.not_equal(v.need_raw, 0, out=v.need)
+        self.accept.mask(slots, need)  # paused by the acceptance gate: rows sent, no drafts asked
         flags = v.need_u8 | (plan.new_gen.view(np.uint8) << 1)  # RF_NEED_DRAFT | RF_NEW_GEN
         if have_win is not None:
             flags |= have_win.view(np.uint8) << 2  # RF_RESYNC

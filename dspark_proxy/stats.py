@@ -39,14 +39,17 @@ _HI_US = 2.0 ** _E_MAX  # at or above: the last bucket (overflow), value clamped
 _OFFSET = -_E_MIN * _SUB - _SUB
 
 
-def _bucket_mids() -> np.ndarray:
+def _bucket_mids(at: float = 0.5) -> np.ndarray:
+    """Each bucket's midpoint (at = 0.5), or its upper edge (at = 1)."""
     i = np.arange(_N_BUCKETS, dtype=np.int64)
     e = (i - _OFFSET - _SUB) // _SUB
     s = (i - _OFFSET - e * _SUB).astype(np.float64)  # in [_SUB, 2 * _SUB)
-    return (s + 0.5) / (2 * _SUB) * np.exp2(e.astype(np.float64))
+    return (s + at) / (2 * _SUB) * np.exp2(e.astype(np.float64))
 
 
 _MIDS_US = _bucket_mids()
+_HI_EDGES_US = _bucket_mids(1.0)  # each bucket's upper edge (the last, the overflow, is open)
+_HI_EDGES_US[-1] = math.inf
 
 PERCENTILES: tuple[tuple[str, float], ...] = (("p50_us", 0.50), ("p90_us", 0.90), ("p99_us", 0.99),
                                                ("p999_us", 0.999))
@@ -151,6 +154,21 @@ class Stats:
         """One histogram's summary (``LATENCY_FIELDS``), or None if the key was never observed."""
         h = self._lat.get(key)
         return h.summary() if h is not None else None
+
+    def histograms(self, bounds_us: Iterable[float]) -> dict[str, dict[str, Any]]:
+        """Every latency as a Prometheus-style histogram over `bounds_us` (ascending upper bounds, µs):
+        ``{key: {"le_us": [...], "cumulative": [...], "count": n, "sum_us": s}}``. A sample is counted
+        under the first bound at or above its bucket's upper edge, so a count is exact to within one
+        log-linear bucket (0.8 %) of its bound."""
+        bounds = np.asarray(list(bounds_us), dtype=np.float64)
+        cut = np.searchsorted(_HI_EDGES_US, bounds, side="right")  # buckets wholly at or below each bound
+        out: dict[str, dict[str, Any]] = {}
+        for k, h in sorted(self._lat.copy().items()):
+            counts = np.array(h.counts.copy(), dtype=np.int64)
+            cum = np.concatenate(([0], np.cumsum(counts)))
+            out[k] = {"le_us": bounds.tolist(), "cumulative": cum[cut].tolist(), "count": int(cum[-1]),
+                      "sum_us": h.sum_us}
+        return out
 
     def snapshot(self) -> dict[str, Any]:
         """``{"counters": {...}, "gauges": {...}, "latency": {key: {count, p50_us, ..., mean_us}}}``."""

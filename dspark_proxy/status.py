@@ -18,7 +18,8 @@ from .shm.hostflag import monotonic_ns
 from .shm.layout import HEADER_DTYPE, State, Word
 from .shm.segment import Segment, owner_alive
 
-__all__ = ["read_status", "format_status", "stop_proxy", "StopOutcome", "worker_lines"]
+__all__ = ["read_status", "format_status", "stop_proxy", "StopOutcome", "worker_lines", "drafting_summary",
+           "format_drafting"]
 
 
 def read_status(name: str | None) -> dict[str, Any]:
@@ -37,6 +38,7 @@ def read_status(name: str | None) -> dict[str, Any]:
         header["regions"] = {n: {"offset": o, "bytes": b} for n, o, b in seg.layout.region_table()}
         out = {"name": seg.name, "header": header, "words": words, "proxy": _block(seg, "proxy"),
                "shim": _block(seg, "shim")}
+        out["drafting"] = drafting_summary(out["proxy"], int(h["num_spec"]))
     finally:
         seg.close()
     return out
@@ -87,6 +89,8 @@ def format_status(st: dict[str, Any]) -> str:
         events = g.get("watchdog_events") or []
         for ev in events[-8:]:
             lines.append(f"    event {ev}")
+        if title == "proxy" and st.get("drafting"):
+            lines.extend(format_drafting(st["drafting"]))
     return "\n".join(lines)
 
 
@@ -112,6 +116,57 @@ def worker_lines(links: Any) -> list[str]:
                 line += f", row cap {w['row_cap']}"
         out.append(line)
     return out
+
+
+def drafting_summary(proxy: dict[str, Any], num_spec: int) -> dict[str, Any]:
+    """What the drafting earns, from the proxy's counters (acceptance.py): mean accepted drafts per
+    round that verified drafts and by position, the rounds that fell back to target-only by cause,
+    and the acceptance gate. Named like vLLM's spec_decode metrics where they mean the same."""
+    c = proxy.get("counters", {}) if isinstance(proxy, dict) else {}
+    g = proxy.get("gauges", {}) if isinstance(proxy, dict) else {}
+    drafts = int(c.get("spec_decode_num_drafts", 0))
+    tokens = int(c.get("spec_decode_num_draft_tokens", 0))
+    accepted = int(c.get("spec_decode_num_accepted_tokens", 0))
+    per_pos = [int(c.get(f"spec_decode_num_accepted_tokens_per_pos_{j}", 0)) for j in range(num_spec)]
+    fallbacks = {k[len("fallback_"):]: int(v) for k, v in sorted(c.items()) if k.startswith("fallback_")}
+    gate = {k[len("accept_"):]: int(v) for k, v in sorted(c.items()) if k.startswith("accept_")}
+    return {
+        "num_spec": num_spec,
+        "num_drafts": drafts,
+        "num_draft_tokens": tokens,
+        "num_accepted_tokens": accepted,
+        "num_accepted_tokens_per_pos": per_pos,
+        "mean_accepted": round(accepted / drafts, 4) if drafts else None,
+        "accepted_by_position": [round(p / drafts, 4) for p in per_pos] if drafts else None,
+        "acceptance_rate": round(accepted / tokens, 4) if tokens else None,
+        "rounds": int(c.get("rounds_ok", 0)) + int(c.get("rounds_failed", 0)),
+        "rounds_failed": int(c.get("rounds_failed", 0)),
+        "fallbacks": fallbacks,
+        "gate": {**(g.get("accept_gate") or {}), "counters": gate},
+    }
+
+
+def format_drafting(d: dict[str, Any]) -> list[str]:
+    """The drafting's lines of `status`."""
+    lines = []
+    if d["num_drafts"]:
+        lines.append(f"  drafting mean accepted {d['mean_accepted']:.2f} of {d['num_spec']} a round "
+                     f"({d['num_drafts']} request-rounds verified drafts; {100 * d['acceptance_rate']:.0f}% of "
+                     f"{d['num_draft_tokens']} drafts accepted)")
+        lines.append("           by position " + " ".join(f"{p:.2f}" for p in d["accepted_by_position"]))
+    else:
+        lines.append("  drafting no drafts verified yet")
+    if d["fallbacks"]:
+        lines.append(f"  fallback {d['rounds_failed']} of {d['rounds']} rounds target-only: "
+                     + " ".join(f"{k}={v}" for k, v in d["fallbacks"].items()))
+    gate = d["gate"]
+    if gate.get("enabled") is False:
+        lines.append("  gate     off (--accept-break-even 0)")
+    elif gate.get("counters") or gate.get("slots_paused") or gate.get("batch") not in (None, "active"):
+        lines.append(f"  gate     paused now {gate.get('slots_paused', 0)} requests, probing "
+                     f"{gate.get('slots_probing', 0)}; batch {gate.get('batch', 'active')}; "
+                     + " ".join(f"{k}={v}" for k, v in gate.get("counters", {}).items()))
+    return lines
 
 
 @dataclass(frozen=True)

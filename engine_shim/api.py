@@ -34,7 +34,10 @@ def attach(name: str | None = None, *, max_reqs: int, num_spec: int, window: int
     """A shim for the proxy segment `name` (process mode) or for an in-process proxy thread (thread mode).
 
     Process mode validates a segment that is already there against the engine's parameters: a
-    mismatch raises LayoutMismatch naming the field. With `timeout_s > 0` it waits that long for the
+    mismatch raises LayoutMismatch naming the field. `target_id` (either mode) names the target model
+    (e.g. dspark_proxy.model.hf.target_id of its directory): it reaches the proxy's HELLO, and a worker
+    whose head was made for another target refuses it, naming the field; none given: not checked.
+    With `timeout_s > 0` it waits that long for the
     proxy to be ready and attached-to; otherwise the shim starts detached and attaches (at a round
     boundary) when a proxy appears. Thread mode takes the proxy's settings as keyword arguments
     (`worker="HOST:PORT"`, breaker_threshold=..., ...) and runs the same round loop on a thread; it
@@ -93,7 +96,8 @@ def _new_shim(name: str | None, want: dict[str, Any], timeout_s: float) -> Shim:
         # engine's first round should not run detached because that thread was not scheduled yet)
     if mode != "process":
         raise ValueError(f"mode={mode!r}: use 'process' or 'thread'")
-    shim_kw = {k: kwargs.pop(k) for k in ("grace_ms", "heartbeat_timeout_s", "look_every_s") if k in kwargs}
+    shim_kw = {k: kwargs.pop(k) for k in ("grace_ms", "heartbeat_timeout_s", "look_every_s", "target_id")
+               if k in kwargs}
     if kwargs:
         raise TypeError(f"unexpected arguments for process mode: {', '.join(sorted(kwargs))}")
     _check_existing(name, max_reqs, num_spec, window, row_bytes, sampled)
@@ -143,7 +147,8 @@ def boot(**params: Any) -> None:
     mismatch or any other error is logged and the engine stays target-only.
 
     The engine's shapes come from `params` (max_reqs, num_spec, window, row_bytes, ...) or from
-    DSPARK_PROXY_MAX_REQS / _NUM_SPEC / _WINDOW / _ROW_BYTES.
+    DSPARK_PROXY_MAX_REQS / _NUM_SPEC / _WINDOW / _ROW_BYTES, and its target from `target_id` or
+    DSPARK_PROXY_TARGET_ID.
     """
     name = os.environ.get(ENV_NAME)
     if not name:
@@ -154,6 +159,8 @@ def boot(**params: Any) -> None:
             p = {k: int(os.environ[f"{ENV_NAME}_{k.upper()}"]) for k in ("max_reqs", "num_spec", "window",
                                                                        "row_bytes")
                  if f"{ENV_NAME}_{k.upper()}" in os.environ}
+            if os.environ.get(f"{ENV_NAME}_TARGET_ID"):
+                p["target_id"] = os.environ[f"{ENV_NAME}_TARGET_ID"]
             p.update(params)
             attach(name, **p)
             log.info("[shim] boot: attached to %s (target-only until the proxy is there)", name)

@@ -19,6 +19,7 @@ from dspark_proxy.shm import hostflag as hf
 from dspark_proxy.shm.hostflag import HostFlags
 from dspark_proxy.shm.layout import Word
 from dspark_proxy.shm.segment import Segment, owner_alive
+from dspark_proxy.shm.target import write_engine_target
 from dspark_proxy.stats import Stats
 
 from .attach import AttachEvent, AttachState, next_state
@@ -34,8 +35,10 @@ class Attachment:
     """The attached segment (or the pending one, or none) and the incarnations given up on."""
 
     def __init__(self, ring: EngineRing, counters: Stats, events: EventRing, sampled: bool,
-                 on_attached: Callable[[Segment, HostFlags], None], deadline_ms: Callable[[], float]) -> None:
+                 on_attached: Callable[[Segment, HostFlags], None], deadline_ms: Callable[[], float],
+                 target_id: str = "") -> None:
         self._ring, self._counters, self._events, self._sampled = ring, counters, events, sampled
+        self._target_id = target_id  # named to the proxy at each claim (dspark_proxy/shm/target.py)
         self._on_attached = on_attached  # the shim's watchdog watches round t's deadline from attach on
         self._deadline_ms = deadline_ms  # for the log line only
         self._lock = threading.Lock()
@@ -86,6 +89,7 @@ class Attachment:
         # the claim is the pid itself (CAS engine_pid: 0 -> pid), then attached = t: nobody ever sees
         # an incarnation that is taken while its engine's pid is still 0 (shm_layout.md §7)
         if hf.cas(seg.mm, seg.layout.word_off(Word.ENGINE_PID), 0, os.getpid()):
+            write_engine_target(seg.mm, self._target_id)  # before `attached`: the proxy reads it after
             hf.store(seg.mm, seg.layout.word_off(Word.ATTACHED), t)
             flags = HostFlags(seg, peer_pid=int(seg.header["owner_pid"]))
             flags.rebase(t)  # the handshake: the proxy's first round is t

@@ -30,6 +30,7 @@ from dspark_proxy.shm.hostflag import (
 )
 from dspark_proxy.shm.layout import META_SLOTS, ReplyPageLayout, Word
 from dspark_proxy.shm.segment import Segment
+from dspark_proxy.shm.target import check_target_id
 from dspark_proxy.stats import Stats
 
 from .attach import AttachState
@@ -49,7 +50,7 @@ class Shim:
     def __init__(self, name: str | None, *, max_reqs: int, num_spec: int, window: int, row_bytes: int,
                  sampled: bool = False, deadline_ms: float | None = None, grace_ms: float = 2.0,
                  heartbeat_timeout_s: float = 1.0, look_every_s: float = 0.1, start_watchdog: bool = True,
-                 events_kept: int = 64) -> None:
+                 events_kept: int = 64, target_id: str | None = None) -> None:
         self.name = name
         self.max_reqs, self.num_spec, self.window, self.row_bytes = max_reqs, num_spec, window, row_bytes
         self.sampled = sampled
@@ -62,7 +63,9 @@ class Shim:
         self.ring = EngineRing(max_reqs, window, row_bytes)
         self._inputs = EnqueueInputs(max_reqs, window, row_bytes, sampled)  # validated, as numpy
         self._reader = ReplyReader(ReplyPageLayout(max_reqs, num_spec, sampled))
-        self._att = Attachment(self.ring, self.counters, self.events, sampled, self._watch, self.deadline_ms)
+        self.target_id = check_target_id(target_id or "")  # the target model, told to the proxy's HELLO
+        self._att = Attachment(self.ring, self.counters, self.events, sampled, self._watch, self.deadline_ms,
+                               self.target_id)
         self._t = 0  # last round enqueued
         self._n = 0  # its number of requests
         self._round_attached = False  # round _t went through the segment

@@ -97,6 +97,8 @@ def attach_thread(name: str | None, *, max_reqs: int, num_spec: int, window: int
                   **proxy_kw: Any) -> Shim:
     seg_name = name or f"thread-{os.getpid()}-{next(_seq)}"
     shim_kw = {k: proxy_kw.pop(k) for k in ("grace_ms", "heartbeat_timeout_s", "look_every_s") if k in proxy_kw}
+    if proxy_kw.get("target_id"):  # the proxy's HELLO names it from the start; the shim's claim again
+        shim_kw["target_id"] = proxy_kw["target_id"]
     cfg = ProxyConfig(name=seg_name, worker=worker, max_reqs=max_reqs, num_spec=num_spec, window=window,
                       row_bytes=row_bytes, sampled=sampled, deadline_ms=deadline_ms or 5.0,
                       **{"log_every": 0, **proxy_kw})

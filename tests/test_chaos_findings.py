@@ -26,7 +26,8 @@ N, W, RB, M = 3, 4, 8, 6
 
 
 def test_client_reconnects_when_the_right_worker_comes_back():
-    wrong = WorkerServer("127.0.0.1", 0, num_spec=N, window=W * 2, row_bytes=RB, max_reqs=M)
+    wrong = WorkerServer("127.0.0.1", 0, num_spec=N, window=W * 2, row_bytes=RB, max_reqs=M,
+                         adopt_shapes=False)  # a worker that serves only its own window
     wrong.start()
     port = wrong.port
     c = TcpDraftClient("127.0.0.1", port, max_reqs=M, num_spec=N, window=W, row_bytes=RB, backoff_s=(0.01, 0.05))

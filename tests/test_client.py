@@ -251,7 +251,7 @@ def test_new_session_tells_the_worker(pair):
     (dict(max_reqs=M + 1), "max_reqs"), (dict(sampled=True), "sampled"),
 ])
 def test_handshake_mismatch_disables(pair, client_kw, field):
-    srv, c = pair(client_kw=client_kw)
+    srv, c = pair(server_kw=dict(adopt_shapes=False), client_kw=client_kw)  # a worker of its own shapes only
     deadline = time.monotonic() + 5
     while not c.disabled and time.monotonic() < deadline:
         time.sleep(0.005)

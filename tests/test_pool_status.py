@@ -41,7 +41,8 @@ def _until(cond, timeout_s: float = 10.0) -> None:
 
 
 def test_refused_link_names_the_field_and_both_values():
-    srv = WorkerServer("127.0.0.1", 0, num_spec=N, window=W, row_bytes=B, max_reqs=M)
+    # a worker that keeps its own shapes (--no-adopt-shapes), as a trained head fixes its window
+    srv = WorkerServer("127.0.0.1", 0, num_spec=N, window=W, row_bytes=B, max_reqs=M, adopt_shapes=False)
     srv.start()
     c = _client(srv.port, window=2 * W)
     c.start()

@@ -254,15 +254,21 @@ def test_bad_frame_header_drops_the_connection(server):
         peer.close()
 
 
-def test_handshake_mismatch_names_the_field(server):
-    for field, value in (("num_spec", N + 1), ("window", W * 2), ("row_bytes", RB + 8), ("max_reqs", MR + 1),
-                         ("protocol_version", 9)):
-        peer = RawPeer(server.port, LAYOUT)
-        try:
-            msg = peer.handshake(**{field: value})
-            assert isinstance(msg, wire.ErrorMsg) and msg.code == "mismatch" and msg.field == field, msg
-        finally:
-            peer.close()
+def test_handshake_mismatch_names_the_field():
+    server = WorkerServer("127.0.0.1", 0, num_spec=N, window=W, row_bytes=RB, max_reqs=MR, sampled=True,
+                          adopt_shapes=False)  # its own shapes only: the integrity drafter fixes none
+    server.start()
+    try:
+        for field, value in (("num_spec", N + 1), ("window", W * 2), ("row_bytes", RB + 8), ("max_reqs", MR + 1),
+                             ("protocol_version", 9)):
+            peer = RawPeer(server.port, LAYOUT)
+            try:
+                msg = peer.handshake(**{field: value})
+                assert isinstance(msg, wire.ErrorMsg) and msg.code == "mismatch" and msg.field == field, msg
+            finally:
+                peer.close()
+    finally:
+        server.stop()
 
 
 def test_sampled_needs_worker_support():

@@ -117,12 +117,12 @@ _DISABLED_RE = re.compile(r"\[client\] disabled: (.*)")
 
 
 def worker_layout(c: Controller) -> None:
-    """A worker with another window: the proxy's client must refuse it with a clear message and the
+    """A worker with another window that it will not adopt: the proxy's client must refuse it with a clear message and the
     rounds go target-only. The client does not retry after a refused handshake, so after the right
     worker is back we first watch whether drafts resume by themselves, then restart the proxy."""
     m, n, w, b = c.system.layout
     seen = len(_DISABLED_RE.findall(c.system.proxy_log_text()))
-    c.system.restart_worker(layout=(m, n, w * 2, b))
+    c.system.restart_worker("--no-adopt-shapes", layout=(m, n, w * 2, b))  # serving only its own window
     end = time.monotonic() + max(c.hold_s, 5.0)
     message = None
     while time.monotonic() < end:

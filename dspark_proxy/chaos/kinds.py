@@ -81,7 +81,7 @@ FAULT_KINDS: tuple[FaultKind, ...] = (
               round_loop_hang, Effect("shim", "detach_round_loop_hung")),
     FaultKind("bad_descriptor", "engine-side garbage in round descriptors/metadata before `gathered`",
               bad_descriptor, Effect("proxy", "fallback_bad_descriptor")),
-    FaultKind("worker_layout", "worker restarted with another window (handshake refused), then the right one",
+    FaultKind("worker_layout", "worker restarted with another window and --no-adopt-shapes (handshake refused), then the right one",
               worker_layout, Effect("proxy", "client.disabled")),
     FaultKind("engine_restart", "worker stopped until the breaker opens; the engine closes its shim and a new "
                                 "engine (rounds from 1) attaches to the running proxy; worker resumed",

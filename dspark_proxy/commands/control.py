@@ -9,6 +9,7 @@ import time
 import click
 
 from ..exitcodes import EXIT_FAILURE
+from ..screen import Screen
 from ..shm.segment import DEFAULT_NAME, SegmentError
 from ..status import format_status, read_status, stop_proxy
 
@@ -18,32 +19,48 @@ __all__ = ["stop", "status", "read_status"]  # read_status: re-exported for olde
 @click.command("status")
 @click.option("--name", default=DEFAULT_NAME, show_default=True, envvar="DSPARK_PROXY_NAME",
               help="Segment name of the proxy to inspect.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (header, words, proxy, shim).")
-@click.option("--watch", type=float, default=None, metavar="SEC", help="Refresh every SEC seconds.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (header, words, proxy, shim, "
+              "drafting); with --watch, one a line.")
+@click.option("--watch", type=float, default=None, metavar="SEC", help="Refresh every SEC seconds, redrawn in "
+              "place (like watch); Ctrl-C ends it.")
 def status(name: str, as_json: bool, watch: float | None) -> None:
-    """Show a running proxy: header, words, heartbeat, breaker, counters, latencies, watchdog events.
+    """Show a running proxy: header, words, heartbeat, breaker, counters, latencies, watchdog events, and
+    what the drafting earns (mean accepted drafts a round and by position, fallbacks by cause).
 
     With --watch, a segment that is missing or unreadable for a moment (a proxy re-creating it for a
     new incarnation, or restarting) is reported and retried at the next refresh, not fatal."""
-    while True:
+    if not watch:
         try:
             st = read_status(name)
         except SegmentError as e:
             click.echo(f"dspark-proxy status: {e}", err=True)
-            if not watch:
-                sys.exit(EXIT_FAILURE)
-            click.echo(f"dspark-proxy status: retrying in {watch:g} s (--watch)", err=True)
-            time.sleep(watch)
-            continue
+            sys.exit(EXIT_FAILURE)
+        click.echo(json.dumps(st, default=str) if as_json else format_status(st))
+        return
+    _watch(name, as_json, watch)
+
+
+def _watch(name: str, as_json: bool, every: float) -> None:
+    """--watch: a frame every `every` seconds (screen.py), until Ctrl-C (exit 0)."""
+    try:
         if as_json:
-            click.echo(json.dumps(st, default=str))
-        else:
-            if watch:
-                click.echo("\x1b[2J\x1b[H", nl=False)
-            click.echo(format_status(st))
-        if not watch:
-            return
-        time.sleep(watch)
+            while True:
+                try:
+                    click.echo(json.dumps(read_status(name), default=str))
+                except SegmentError as e:
+                    click.echo(f"dspark-proxy status: {e}; retrying in {every:g} s", err=True)
+                time.sleep(every)
+        with Screen(sys.stdout) as screen:
+            while True:
+                head = f"Every {every:g}s: dspark-proxy status --name {name}    {time.strftime('%H:%M:%S')}"
+                try:
+                    body = format_status(read_status(name))
+                except SegmentError as e:
+                    body = f"dspark-proxy status: {e}\n(retrying in {every:g} s)"
+                screen.draw(head + "\n\n" + body)
+                time.sleep(every)
+    except KeyboardInterrupt:
+        pass
 
 
 @click.command("stop")

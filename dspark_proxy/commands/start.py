@@ -9,7 +9,8 @@ import click
 
 from ..config import ProxyConfig, format_settings
 from ..config_flags import build_config, click_options
-from ..exitcodes import EXIT_STARTUP_FAILURE
+from ..deps import MissingDependency, proxy_needs
+from ..exitcodes import EXIT_MISSING_DEPENDENCY, EXIT_STARTUP_FAILURE
 from ..runtime import TokenFileError, read_token, setup_logging
 from ..shm.segment import SegmentError
 
@@ -36,7 +37,11 @@ def start(ctx: click.Context, **_: object) -> None:
     logging.getLogger("dspark_proxy").info("[proxy] settings %s", format_settings(cfg, sources))
     token = token_or_bad_parameter(cfg.token_file)
     try:
+        proxy_needs(cfg)  # before anything starts: a missing extra is one line, not a traceback
         run_proxy(cfg, token=token, sources=dict(sources))
+    except MissingDependency as e:
+        click.echo(f"dspark-proxy start: {e}", err=True)
+        sys.exit(EXIT_MISSING_DEPENDENCY)
     except SegmentError as e:
         click.echo(f"dspark-proxy start: {e}", err=True)
         sys.exit(EXIT_STARTUP_FAILURE)

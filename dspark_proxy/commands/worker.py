@@ -13,7 +13,8 @@ import click
 
 from ..config import WorkerConfig, format_settings
 from ..config_flags import build_config, click_options
-from ..exitcodes import EXIT_STARTUP_FAILURE
+from ..deps import MissingDependency, worker_needs
+from ..exitcodes import EXIT_MISSING_DEPENDENCY, EXIT_STARTUP_FAILURE
 from ..runtime import setup_logging
 from .start import token_or_bad_parameter
 
@@ -27,13 +28,19 @@ log = logging.getLogger("dspark_proxy.worker")
 @click.pass_context
 def worker(ctx: click.Context, **_: object) -> None:
     """Run the draft worker (foreground; SIGTERM/SIGINT stop it cleanly)."""
+    from ..worker.run import head_shapes
     from ..worker.run import run_worker as run
 
     cfg, sources = build_config(WorkerConfig, ctx)
+    cfg = head_shapes(cfg, sources)
     setup_logging(cfg.log_level)
     log.info("[worker] settings %s", format_settings(cfg, sources))
     try:
+        worker_needs(cfg)  # before anything starts: a missing extra is one line, not a traceback
         run(cfg, token=token_or_bad_parameter(cfg.token_file))
+    except MissingDependency as e:
+        click.echo(f"dspark-proxy worker: {e}", err=True)
+        sys.exit(EXIT_MISSING_DEPENDENCY)
     except (OSError, ValueError) as e:
         click.echo(f"dspark-proxy worker: {e}", err=True)
         sys.exit(EXIT_STARTUP_FAILURE)

@@ -96,6 +96,7 @@ class PoolClient:
         self.margin, self.max_margin_s = margin, max_margin_s
         self.file = file
         self.pool_counters: Counter[str] = Counter()
+        self._target_id: str | None = None  # set_target_id's: a worker that joins later names it too
         self.members: list[Member] = [self._member(a) for a in addresses]
         self.router = Router(max_reqs, [m.key for m in self.members])
         self._t = 0  # pool rounds (moved_slots calls): the members' breakers count these
@@ -120,12 +121,21 @@ class PoolClient:
     def _member(self, address: str) -> Member:
         host, port = parse_hostport(address, field="worker")
         thr, cool = self.breaker_args
-        return Member(address, self._make(host, port), breaker=CircuitBreaker(thr, cool),
+        client = self._make(host, port)
+        if self._target_id is not None:
+            client.set_target_id(self._target_id)
+        return Member(address, client, breaker=CircuitBreaker(thr, cool),
                       pacer=LinkPacer(window=self.W, max_rows=self.max_rows, resync_max=1,
                                       deadline_ns=self.deadline_ns, publish=lambda k, v: None),
                       key=address_key(address), max_reqs=self.M, sampled=self.sampled)
 
     # ------------------------------------------------------------------ DraftClient: lifecycle
+
+    def set_target_id(self, target_id: str) -> None:
+        """The engine's target reaches every worker's HELLO (client.py), those that join later too."""
+        self._target_id = target_id
+        for m in list(self.members):
+            m.client.set_target_id(target_id)
 
     @property
     def disabled(self) -> bool:

@@ -53,7 +53,9 @@ _Text = Annotated[str, msgspec.Meta(max_length=4096)]
 
 
 class Hello(msgspec.Struct, frozen=True, tag="hello"):
-    """Client → worker: the layout the client will use, and its nonce for the worker's proof."""
+    """Client → worker: the layout the client will use, and its nonce for the worker's proof.
+    `target_id`: the target model the engine names (attach(..., target_id=...)), "" = none; a field
+    with a default, so a HELLO without it decodes as "" and the protocol version stays 1."""
 
     protocol_version: _U31
     num_spec: _U31
@@ -63,6 +65,7 @@ class Hello(msgspec.Struct, frozen=True, tag="hello"):
     sampled: bool
     client_id: _Name
     nonce: _Nonce
+    target_id: _Name = ""
 
 
 class Challenge(msgspec.Struct, frozen=True, tag="challenge"):

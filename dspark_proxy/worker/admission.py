@@ -40,6 +40,7 @@ from ..wire import (
     encode_control,
     worker_proof,
 )
+from .terms import Refused
 
 __all__ = ["Admission", "send_error"]
 
@@ -63,6 +64,7 @@ class Admission:
 
     def __init__(self, layout: WireLayout, *, token: bytes | None, worker_id: str, max_connections: int,
                  max_handshakes: int, handshake_timeout_s: float, counters: Counter[str],
+                 terms: Callable[[Hello, Any], WireLayout],
                  charge: Callable[[int, int], str | None] | None = None) -> None:
         if max_handshakes < 1:
             raise ValueError(f"max_handshakes={max_handshakes}: at least 1")
@@ -73,6 +75,7 @@ class Admission:
         self.max_handshakes = max_handshakes
         self.handshake_timeout_s = handshake_timeout_s
         self.counters = counters
+        self.terms = terms  # the HELLO -> the layout served, or Refused (terms.py)
         self.charge = charge  # (connection, bytes of one session's windows) -> refusal or None (session.py)
         self.lock = threading.Lock()
         self.conns: dict[int, FramedConnection] = {}
@@ -134,8 +137,9 @@ class Admission:
 
     def handshake(self, cid: int, conn: FramedConnection, peer, *, drafter: str,
                   vocab_size: int) -> WireLayout | None:
-        """HELLO, the challenge if there is a token, the parameter checks, then the connection limit:
-        the session's layout on WELCOME, None (after an ERROR where one helps) to close."""
+        """HELLO, the challenge if there is a token, the terms (terms.py: the shapes adopted or refused,
+        the target), then the connection limit: the connection's layout on WELCOME, None (after an
+        ERROR where one helps) to close."""
         deadline = time.monotonic() + self.handshake_timeout_s
         f = conn.recv_frame(deadline)
         if f is None:
@@ -143,47 +147,42 @@ class Admission:
             return None
         hello = decode_control(f)
         assert isinstance(hello, Hello)  # the decoder only accepts HELLO frames here
-        if hello.protocol_version != PROTOCOL_VERSION:
-            self.counters["handshake_mismatch"] += 1
-            send_error(conn, "mismatch", f"protocol version {hello.protocol_version}, worker speaks "
-                       f"{PROTOCOL_VERSION}", field="protocol_version")
-            return None
+        if hello.protocol_version != PROTOCOL_VERSION:  # before auth: the rest may not even parse alike
+            return self._refuse(conn, peer, Refused("protocol_version", f"protocol version "
+                                                    f"{hello.protocol_version}, worker speaks {PROTOCOL_VERSION}"))
         if self.token is not None and not self._authenticate(conn, peer, hello, deadline):
             return None
-        mine = self.layout
-        for field in ("num_spec", "window", "row_bytes"):
-            if getattr(hello, field) != getattr(mine, field):
-                self.counters["handshake_mismatch"] += 1
-                msg = f"{field}: client {getattr(hello, field)}, worker {getattr(mine, field)}"
-                log.warning("[worker] peer=%s mismatch %s", peer, msg)
-                send_error(conn, "mismatch", msg, field=field)
-                return None
-        if hello.max_reqs > mine.max_reqs or hello.max_reqs < 1:
-            self.counters["handshake_mismatch"] += 1
-            send_error(conn, "mismatch", f"max_reqs: client {hello.max_reqs}, worker serves at most "
-                       f"{mine.max_reqs}", field="max_reqs")
-            return None
-        if hello.sampled and not mine.sampled:
-            self.counters["handshake_mismatch"] += 1
-            send_error(conn, "mismatch", "sampled: client wants sampled mode, worker started without "
-                       "--sampled", field="sampled")
-            return None
-        if not self._charge_memory(cid, conn, hello.max_reqs * mine.window * mine.row_bytes):
+        try:
+            agreed = self.terms(hello, peer)
+        except Refused as e:
+            return self._refuse(conn, peer, e)
+        if not self._charge_memory(cid, conn, agreed.max_reqs * agreed.window * agreed.row_bytes):
             return None
         if not self._admit(cid):
             self.counters["connections_refused"] += 1
             send_error(conn, "busy", f"the worker serves {self.max_connections} connections already")
             return None
-        conn.send_parts([encode_control(Welcome(protocol_version=PROTOCOL_VERSION, num_spec=mine.num_spec,
-                                                window=mine.window, row_bytes=mine.row_bytes,
-                                                max_reqs=mine.max_reqs, sampled=mine.sampled,
-                                                worker_id=self.worker_id, drafter=drafter,
+        a = agreed
+        conn.send_parts([encode_control(Welcome(protocol_version=PROTOCOL_VERSION, num_spec=a.num_spec,
+                                                window=a.window, row_bytes=a.row_bytes, max_reqs=a.max_reqs,
+                                                sampled=a.sampled, worker_id=self.worker_id, drafter=drafter,
                                                 vocab_size=vocab_size))],
                         deadline)
         self.counters["handshakes"] += 1
-        log.info("[worker] peer=%s client=%s ready max_reqs=%d sampled=%s", peer, hello.client_id,
-                 hello.max_reqs, hello.sampled)
-        return WireLayout(mine.num_spec, mine.window, mine.row_bytes, hello.max_reqs, hello.sampled)
+        adopted = [k for k in ("num_spec", "window", "row_bytes", "max_reqs")
+                   if getattr(a, k) != getattr(self.layout, k)]
+        if adopted:
+            self.counters["handshakes_adopted"] += 1
+        log.info("[worker] peer=%s client=%s ready N=%d W=%d row_bytes=%d max_reqs=%d sampled=%s%s", peer,
+                 hello.client_id, a.num_spec, a.window, a.row_bytes, a.max_reqs, a.sampled,
+                 f" (adopted from the HELLO: {', '.join(adopted)})" if adopted else "")
+        return agreed
+
+    def _refuse(self, conn: FramedConnection, peer, e: Refused) -> None:
+        """A HELLO this worker cannot serve: ERROR mismatch naming the field, then the close."""
+        self.counters["handshake_mismatch"] += 1
+        log.warning("[worker] peer=%s mismatch %s", peer, e)
+        send_error(conn, "mismatch", str(e), field=e.field)
 
     def _charge_memory(self, cid: int, conn: FramedConnection, need: int) -> bool:
         """The shapes adopted at HELLO are charged to the worker's memory budget now, shared fairly by the

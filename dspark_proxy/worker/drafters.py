@@ -57,6 +57,7 @@ class IntegrityDrafter:
 
     name = "integrity"
     vocab_size = 0  # ids span every non-negative int32: no vocabulary to check them against
+    fixes: tuple[str, ...] = ()  # serves any N, window and row_bytes (worker/terms.py)
 
     def __init__(self, num_spec: int, window: int) -> None:
         self.num_spec = num_spec

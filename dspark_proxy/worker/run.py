@@ -12,13 +12,14 @@ import inspect
 import logging
 import signal
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from ..config import WorkerConfig, parse_hostport
 from .faults import FaultPlan
 from .server import WorkerServer
 
-__all__ = ["run_worker", "fault_plan", "server_options"]
+__all__ = ["run_worker", "fault_plan", "server_options", "head_shapes"]
 
 log = logging.getLogger("dspark_proxy.worker")
 
@@ -52,6 +53,24 @@ def server_options(cfg: WorkerConfig) -> dict[str, Any]:
         elif name in fields:
             out[name] = getattr(cfg, name)
     return out
+
+
+def head_shapes(cfg: WorkerConfig, sources: Mapping[str, str]) -> WorkerConfig:
+    """A torch head's manifest fixes its N, window and row bytes (worker/terms.py): those the command
+    line, environment and file left at their defaults are taken from it, so `worker --drafter torch
+    --weights DIR` needs no shape flags; one given explicitly is still checked against it at start."""
+    if cfg.drafter != "torch" or not cfg.weights:
+        return cfg
+    from ..model.manifest import HeadManifest, head_paths  # no torch: the manifest is JSON
+
+    try:
+        man = HeadManifest.load(head_paths(cfg.weights)[1])
+    except (OSError, ValueError):
+        return cfg  # the drafter's own start reports an unreadable head, with its path
+    take = {k: getattr(man, k) for k in ("num_spec", "window", "row_bytes") if sources.get(k, "default") == "default"}
+    if take:
+        log.info("[worker] shapes from the head's manifest: %s", " ".join(f"{k}={v}" for k, v in take.items()))
+    return dataclasses.replace(cfg, **take)
 
 
 def run_worker(cfg: WorkerConfig, *, token: bytes | None = None, install_signals: bool = True) -> None:

@@ -19,7 +19,8 @@ import secrets
 import socket
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
+from typing import NamedTuple
 
 from .. import __version__
 from ..conn import FramedConnection, listen_tcp
@@ -32,6 +33,7 @@ from ..wire import (
     MSG_REPLY,
     MSG_STEP,
     Frame,
+    Hello,
     NewSession,
     Ping,
     Pong,
@@ -45,10 +47,11 @@ from ..wire import (
     pack_app_header,
 )
 from .admission import Admission, send_error
-from .drafters import make_drafter
+from .drafters import Drafter, make_drafter
 from .faults import FaultAction, FaultCounter, FaultPlan
 from .serve import serve_step
 from .session import Session, SessionRefused, SessionTable
+from .terms import agree
 
 __all__ = ["WorkerServer", "is_loopback", "CRASH_EXIT_CODE"]
 
@@ -56,6 +59,8 @@ log = logging.getLogger(__name__)
 
 CRASH_EXIT_CODE = 70  # os._exit code of the crash_after fault
 DEFAULT_BUDGET_SESSIONS = 8  # without --memory-budget-mb: windows for 8 sessions of the worker's max_reqs
+DEFAULT_BUDGET_ADOPTING = 1 << 30  # ... and at least this while adopting the proxies' shapes (terms.py)
+_SERVED_KEPT = 16  # drafters kept for layouts other than the worker's own (a connection keeps its own)
 
 
 def is_loopback(host: str) -> bool:
@@ -83,7 +88,7 @@ class WorkerServer:
                  weights: str | None = None, seed: int = 0, max_slots: int = 1 << 20,
                  max_sessions: int = 64, max_connections: int = 64, max_frame_bytes: int | None = None,
                  handshake_timeout_s: float = 1.0, memory_budget_bytes: int | None = None,
-                 max_sessions_per_conn: int = 4, max_handshakes: int = 16) -> None:
+                 max_sessions_per_conn: int = 4, max_handshakes: int = 16, adopt_shapes: bool = True) -> None:
         self.layout = WireLayout(num_spec=num_spec, window=window, row_bytes=row_bytes, max_reqs=max_reqs,
                                  sampled=sampled)
         if token is not None and len(token) == 0:
@@ -94,30 +99,34 @@ class WorkerServer:
         self.host = host
         self._port = port
         self.drafter_name = drafter
-        # integrity: shift(w * row_bytes) for w = 0..W, to assemble window CRCs from the slots' chains
-        self._shift_w = (CrcOpSet([CrcOp.shift(k * row_bytes) for k in range(window + 1)])
-                         if drafter == "integrity" else None)
+        self.adopt_shapes = adopt_shapes
         self.token = token
         self.faults = faults or FaultPlan()
+        self._max_frame_bytes = max_frame_bytes  # None: each connection's largest legal STEP
         self.max_frame_bytes = max_frame_bytes or (APP_HEADER_SIZE + self.layout.max_step_payload())
         self.worker_id = f"dspark-worker/{__version__} pid={os.getpid()}"
         self.counters: Counter[str] = Counter()
         self.admission = Admission(self.layout, token=token, worker_id=self.worker_id,
                                    max_connections=max_connections, max_handshakes=max_handshakes,
                                    handshake_timeout_s=handshake_timeout_s, counters=self.counters,
+                                   terms=self._terms,
                                    charge=lambda cid, need: self.sessions.charge_conn(cid, need))
         one = min(max_slots, max_reqs) * window * row_bytes  # a session of this worker's max_reqs
-        budget = memory_budget_bytes if memory_budget_bytes else DEFAULT_BUDGET_SESSIONS * one
+        budget = memory_budget_bytes or max(DEFAULT_BUDGET_SESSIONS * one, DEFAULT_BUDGET_ADOPTING if adopt_shapes else 0)
         if budget < one:
             raise ValueError(f"memory budget of {budget} bytes is below one session's windows ({one} bytes: "
                              f"max_reqs {max_reqs} x window {window} x row_bytes {row_bytes}); raise "
                              "--memory-budget-mb")
-        self.sessions = SessionTable(window, row_bytes, min(max_slots, max_reqs), max_sessions,
-                                     chains=drafter == "integrity",
+        self.budget_bytes = budget
+        # adopting: a session's slots are bounded by its connection's agreed max_reqs and the budget
+        self.sessions = SessionTable(window, row_bytes, max_slots if adopt_shapes else min(max_slots, max_reqs),
+                                     max_sessions, chains=drafter == "integrity",
                                      per_conn=max_sessions_per_conn, budget_bytes=budget)
         self._drafter_args = dict(num_spec=num_spec, window=window, row_bytes=row_bytes, device=torch_device,
                                   weights=weights, seed=seed)
         self.drafter = None
+        self._served: OrderedDict[tuple[int, int, int], _Served] = OrderedDict()  # by (N, W, row_bytes)
+        self._served_lock = threading.Lock()
         self._draft_lock = threading.Lock()
         self._fault_counter = FaultCounter(self.faults)
         self._stop = threading.Event()
@@ -211,14 +220,16 @@ class WorkerServer:
                                               vocab_size=int(getattr(self.drafter, "vocab_size", 0)))
             if layout is None:
                 return
+            served = self._served_for(layout)
             conn.decoder.set_limits({MSG_STEP: layout.max_step_payload(),
                                      MSG_NEW_SESSION: MAX_CONTROL_PAYLOAD, MSG_PING: MAX_CONTROL_PAYLOAD},
-                                    max_frame_bytes=self.max_frame_bytes)
+                                    max_frame_bytes=self._max_frame_bytes
+                                    or APP_HEADER_SIZE + layout.max_step_payload())
             while not self._stop.is_set():
                 f = conn.recv_frame(None)
                 if f is None:
                     continue
-                if not self._on_frame(cid, conn, f, layout):
+                if not self._on_frame(cid, conn, f, layout, served):
                     break
         except RemoteProtocolError as e:
             self.counters[e.counter] += 1
@@ -233,11 +244,11 @@ class WorkerServer:
 
     # ------------------------------------------------------------------ frames
 
-    def _on_frame(self, cid: int, conn: FramedConnection, f: Frame, layout: WireLayout) -> bool:
+    def _on_frame(self, cid: int, conn: FramedConnection, f: Frame, layout: WireLayout, served: _Served) -> bool:
         """Handle one frame; False closes the connection."""
         h = f.header
         if h.type == MSG_STEP:
-            return self._on_step(cid, conn, f, layout)
+            return self._on_step(cid, conn, f, layout, served)
         try:
             msg = decode_control(f)
         except RemoteProtocolError as e:
@@ -254,7 +265,7 @@ class WorkerServer:
                                             step_id=h.step_id)], time.monotonic() + 1.0)
         return True
 
-    def _on_step(self, cid: int, conn: FramedConnection, f: Frame, layout: WireLayout) -> bool:
+    def _on_step(self, cid: int, conn: FramedConnection, f: Frame, layout: WireLayout, served: _Served) -> bool:
         t0 = time.perf_counter()
         h = f.header
         action = self._fault_counter.next_step()
@@ -276,7 +287,8 @@ class WorkerServer:
             send_error(conn, e.counter, str(e), session=h.session, epoch=h.epoch, step_id=h.step_id)
             return True
         try:
-            session = self.sessions.get(h.session, cid, layout.max_reqs)
+            session = self.sessions.get(h.session, cid, layout.max_reqs, window=layout.window,
+                                        row_bytes=layout.row_bytes)
         except SessionRefused as e:
             self.counters[f"session_refused_{e.code}"] += 1
             (log.warning if self.counters[f"session_refused_{e.code}"] == 1 else log.debug)(
@@ -285,7 +297,7 @@ class WorkerServer:
             return True
         out = ReplyWriter(sv.n_req, layout.num_spec, sv.step_flags)
         with session.lock:
-            self._serve(session, sv, out, layout)
+            self._serve(session, sv, out, layout, served)
         self.counters["steps"] += 1
         self.counters["rows"] += sv.n_rows
         if self.faults.delay_ms > 0:
@@ -313,8 +325,41 @@ class WorkerServer:
         conn.send_parts([buf])
         return True
 
-    def _serve(self, session: Session, sv: StepView, out: ReplyWriter, layout: WireLayout) -> None:
+    def _serve(self, session: Session, sv: StepView, out: ReplyWriter, layout: WireLayout, served: _Served) -> None:
         """Apply the entries in order and draft for the usable ones (worker/serve.py, shared with the
         in-process worker)."""
-        serve_step(session, sv.entries, sv.rows, sv.sample_meta, out, layout, self.drafter, self.counters,
-                   shift_w=self._shift_w, draft_lock=self._draft_lock, drafter_name=self.drafter_name)
+        serve_step(session, sv.entries, sv.rows, sv.sample_meta, out, layout, served.drafter, self.counters,
+                   shift_w=served.shift_w, draft_lock=self._draft_lock, drafter_name=self.drafter_name)
+
+    # ------------------------------------------------------------------ terms (terms.py)
+
+    def _terms(self, hello: Hello, peer) -> WireLayout:
+        """The layout a HELLO is served under, or terms.Refused naming the field (Admission calls it)."""
+        return agree(hello, self.layout, drafter=self.drafter, adopt=self.adopt_shapes,
+                     budget_bytes=self.budget_bytes, peer=peer)
+
+    def _served_for(self, layout: WireLayout) -> _Served:
+        """The drafter (and the integrity drafter's CRC shifts) for an agreed layout: the worker's own
+        drafter where its shapes are those, else one made for them, kept for the next connection."""
+        key = (layout.num_spec, layout.window, layout.row_bytes)
+        with self._served_lock:
+            got = self._served.get(key)
+            if got is None:
+                own = (self.layout.num_spec, self.layout.window, self.layout.row_bytes)
+                a = {**self._drafter_args, "num_spec": key[0], "window": key[1], "row_bytes": key[2]}
+                drafter = self.drafter if key == own else make_drafter(self.drafter_name, **a)
+                # integrity: shift(w * row_bytes) for w = 0..W, to assemble window CRCs from the slots' chains
+                shift_w = (CrcOpSet([CrcOp.shift(k * key[2]) for k in range(key[1] + 1)])
+                           if self.drafter_name == "integrity" else None)
+                got = self._served[key] = _Served(drafter, shift_w)
+                while len(self._served) > _SERVED_KEPT:  # open connections keep theirs
+                    self._served.popitem(last=False)
+            self._served.move_to_end(key)
+            return got
+
+
+class _Served(NamedTuple):
+    """What one agreed layout's STEPs are drafted with."""
+
+    drafter: Drafter
+    shift_w: CrcOpSet | None

@@ -188,9 +188,10 @@ class SessionTable:
         self._covered: dict[int, int | None] = {}  # connection -> the session its HELLO charge holds
         self._extra: dict[int, int] = {}  # connection -> bytes of its sessions beyond the charged one
 
-    def session_bytes(self, max_slots: int) -> int:
-        """What a session with max_slots slots reserves: every slot's whole window."""
-        return min(max_slots, self._max_slots) * self._window * self._row_bytes
+    def session_bytes(self, max_slots: int, window: int | None = None, row_bytes: int | None = None) -> int:
+        """What a session with max_slots slots reserves: every slot's whole window (of the table's shapes
+        unless its connection agreed others)."""
+        return (min(max_slots, self._max_slots) * (window or self._window) * (row_bytes or self._row_bytes))
 
     def open_conn(self, owner: int) -> None:
         with self._lock:
@@ -234,11 +235,17 @@ class SessionTable:
             return None
         return self.budget_bytes // max(1, len(self._charge))
 
-    def get(self, session_id: int, owner: int, max_slots: int | None = None) -> Session:
+    def get(self, session_id: int, owner: int, max_slots: int | None = None, *, window: int | None = None,
+            row_bytes: int | None = None) -> Session:
         """The session to step, created if new (with max_slots slots: the connection's agreed
-        max_reqs). Raises SessionRefused past a bound, naming which."""
+        max_reqs; window and row_bytes: its agreed shapes, default the table's). Raises SessionRefused
+        past a bound, naming which."""
+        window, row_bytes = window or self._window, row_bytes or self._row_bytes
         with self._lock:
             s = self._sessions.get(session_id)
+            if s is not None and (s.window, s.row_bytes) != (window, row_bytes) and s.owner not in self._open:
+                self._remove(session_id)  # a closed connection's session of other shapes: not this one's
+                s = None
             if s is not None:
                 if s.owner != owner:
                     if s.owner in self._open:
@@ -251,10 +258,10 @@ class SessionTable:
                 raise SessionRefused("session_limit", f"this connection already holds {self._per_conn} sessions "
                                      "(the most one connection may); send NEW_SESSION to drop one")
             slots = min(self._max_slots, max_slots if max_slots is not None else self._max_slots)
-            need = self.session_bytes(slots)
+            need = self.session_bytes(slots, window, row_bytes)
             if owner in self._charge:
                 if self._covered.get(owner) is None:  # its HELLO charge holds this one
-                    return self._new(session_id, owner, slots, 0, covered=True)
+                    return self._new(session_id, owner, slots, 0, window, row_bytes, covered=True)
                 share = self.fair_share()
                 held = self._charge[owner] + self._extra.get(owner, 0)
                 if share is not None and held + need > share:
@@ -277,10 +284,11 @@ class SessionTable:
                                      "(--memory-budget-mb) are held by other sessions")
             if owner in self._charge:
                 self._extra[owner] = self._extra.get(owner, 0) + need
-            return self._new(session_id, owner, slots, need)
+            return self._new(session_id, owner, slots, need, window, row_bytes)
 
-    def _new(self, session_id: int, owner: int, slots: int, need: int, covered: bool = False) -> Session:
-        s = self._sessions[session_id] = Session(session_id, self._window, self._row_bytes, slots, self._chains)
+    def _new(self, session_id: int, owner: int, slots: int, need: int, window: int, row_bytes: int,
+             covered: bool = False) -> Session:
+        s = self._sessions[session_id] = Session(session_id, window, row_bytes, slots, self._chains)
         s.reserved = need
         self.reserved_bytes += need
         s.owner = owner

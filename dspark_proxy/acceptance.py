@@ -1,0 +1,295 @@
+"""What the drafts earn, read from the engine's own rounds, and drafting stopped where they earn nothing.
+
+The measure. A decode request's `valid` rows are its accepted drafts + 1 (the bonus token), and its
+`k_window` is how many drafts the engine verified; so each round's descriptor says, per request that
+verified drafts, how many were accepted: `min(valid - 1, k_window)`. `DraftEffect` counts them under
+vLLM's spec_decode names (num_drafts: request-rounds that verified drafts; num_draft_tokens; and
+num_accepted_tokens, also per draft position), so `status` and Prometheus read like vLLM's.
+
+The gate (docs/design.md, "Acceptance-aware drafting"). A request whose drafts keep being rejected
+costs every round (the STEP's drafting, the engine's verification) for nothing. Per slot, a state
+machine over its verified rounds:
+
+    ACTIVE --(patience rounds seen, mean accepted < break_even)--> PAUSED (pause rounds)
+    PAUSED --(pause over)--> PROBING (drafts asked again)
+    PROBING --(probe rounds verified, mean >= break_even)--> ACTIVE (pause back to its base)
+    PROBING --(probe rounds verified, mean < break_even)--> PAUSED (pause doubled, at most pause_max)
+    any --(a new request in the slot)--> ACTIVE
+
+The mean is over the slot's block: the verified rounds since it was last judged (ACTIVE slots are
+judged together every `patience` rounds once they have `patience` verified rounds; a probe when its
+`probe` rounds are verified). A PAUSED slot's entry goes out without NEED_DRAFT: its rows are still
+sent, so its window stays whole, and drafting resumes at once when a probe succeeds. The whole batch has the same machine over its mean accepted
+per request-round: paused, no entry asks for drafts. The gate only ever clears NEED_DRAFT; the
+engine's own "no drafts" always wins. Everything is per-slot numpy over the round's requests: no
+per-request Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .stats import Stats
+
+__all__ = ["Acceptance", "GateSettings", "DraftEffect", "AcceptGate", "ACTIVE", "PAUSED", "PROBING", "STATE_NAMES",
+           "accepted_drafts"]
+
+ACTIVE, PAUSED, PROBING = 0, 1, 2
+STATE_NAMES = ("active", "paused", "probing")
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    """break_even: accepted drafts per verified round below which drafting is not worth it (0: the
+    gate is off); patience: verified rounds before a slot (or the batch) may be paused; pause: rounds
+    paused, doubled after each failed probe up to pause_max; probe: verified rounds a probe lasts."""
+
+    break_even: float = 0.3
+    patience: int = 16
+    pause: int = 64
+    pause_max: int = 1024
+    probe: int = 2
+
+    def __post_init__(self) -> None:
+        if self.break_even < 0 or self.patience < 1 or self.pause < 1 or self.pause_max < self.pause \
+                or self.probe < 1:
+            raise ValueError(f"acceptance gate settings out of range: {self}")
+
+
+def accepted_drafts(valid: np.ndarray, k_window: np.ndarray, num_spec: int, ver: np.ndarray | None = None,
+                    acc: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(verified mask, accepted drafts per request) of a round: accepted = valid - 1 where drafts were
+    verified (k_window > 0), within [0, min(k_window, N)]; 0 elsewhere (k_window 0 caps it there).
+    `ver`, `acc`: where to write them (the round's preallocated buffers), else new arrays."""
+    ver = np.greater(k_window, 0, out=ver)
+    if acc is None:
+        acc = np.empty(valid.shape[0], dtype=np.int32)
+    np.subtract(valid, 1, out=acc)
+    np.minimum(acc, k_window, out=acc)
+    np.minimum(acc, num_spec, out=acc)  # an engine that says it verified more than N
+    np.maximum(acc, 0, out=acc)  # valid 0
+    return ver, acc
+
+
+class DraftEffect:
+    """The spec_decode counters. Each round adds one histogram of accepted drafts per request (all the
+    sums are read off it later: a Stats.inc per key a round would cost more than the rest); the totals
+    go into the proxy's Stats every `flush_every` rounds and on `flush()`."""
+
+    def __init__(self, stats: Stats, num_spec: int, flush_every: int = 32) -> None:
+        self.stats, self.N, self.flush_every = stats, num_spec, flush_every
+        self.pos_keys = tuple(f"spec_decode_num_accepted_tokens_per_pos_{j}" for j in range(num_spec))
+        self.hist = np.zeros(num_spec + 1, dtype=np.int64)  # request-rounds by drafts accepted (0 also unverified)
+        self.drafts = self.tokens = 0  # request-rounds that verified drafts; drafts verified
+        self._flushed = np.zeros(num_spec + 1, dtype=np.int64)
+        self._flushed_drafts = self._flushed_tokens = 0
+        self._rounds = 0
+
+    def observe(self, n_ver: int, acc: np.ndarray, k_window: np.ndarray) -> None:
+        """One round: n_ver requests verified drafts, `acc` accepted (0 where none were verified)."""
+        if n_ver:
+            self.hist += np.bincount(acc, minlength=self.N + 1)
+            self.drafts += n_ver
+            self.tokens += int(np.add.reduce(k_window))
+        self._rounds += 1
+        if self._rounds >= self.flush_every:
+            self.flush()
+
+    def accepted_total(self) -> int:
+        return int(self.hist @ np.arange(self.N + 1))
+
+    def flush(self) -> None:
+        self._rounds = 0
+        d = self.drafts - self._flushed_drafts
+        if not d:
+            return
+        st = self.stats
+        delta = self.hist - self._flushed
+        st.inc("spec_decode_num_drafts", d)
+        st.inc("spec_decode_num_draft_tokens", self.tokens - self._flushed_tokens)
+        st.inc("spec_decode_num_accepted_tokens", int(delta @ np.arange(self.N + 1)))
+        at_least = np.cumsum(delta[::-1])[::-1][1:]  # accepted at position j: more than j accepted
+        for j in np.flatnonzero(at_least).tolist():
+            st.inc(self.pos_keys[j], int(at_least[j]))
+        self._flushed[:] = self.hist
+        self._flushed_drafts, self._flushed_tokens = self.drafts, self.tokens
+
+
+class Acceptance:
+    """The round's one door to both: `round()` once its ring model has advanced, `mask()` where its
+    entries' NEED_DRAFT flags are built, `flush()` when the engine goes."""
+
+    def __init__(self, max_slots: int, num_spec: int, settings: GateSettings, stats: Stats) -> None:
+        self.N = num_spec
+        self.effect = DraftEffect(stats, num_spec)
+        self.gate = AcceptGate(max_slots, settings, stats, self.effect)
+        self._ver = np.zeros(max_slots, dtype=np.bool_)
+        self._acc = np.zeros(max_slots, dtype=np.int32)
+
+    def round(self, t: int, slots: np.ndarray, valid: np.ndarray, k_window: np.ndarray, new_owner: np.ndarray,
+              n_new_owner: int) -> None:
+        """valid, k_window: the engine's int32 arrays of the round."""
+        n = slots.shape[0]
+        ver, acc = accepted_drafts(valid, k_window, self.N, self._ver[:n], self._acc[:n])
+        n_ver = int(np.count_nonzero(ver))
+        self.effect.observe(n_ver, acc, k_window)
+        self.gate.observe(t, slots, new_owner, n_new_owner, n_ver, ver, acc)
+
+    def mask(self, slots: np.ndarray, need: np.ndarray) -> None:
+        self.gate.mask(slots, need)
+
+    def flush(self) -> None:
+        self.effect.flush()
+
+
+_NEVER = np.iinfo(np.int64).max // 2  # `left` of a slot that is not probing
+
+
+class AcceptGate:
+    """The per-slot and whole-batch state machines (module docstring). Owned by the round thread.
+
+    Per slot: `state`, the accepted drafts `sum` and verified rounds `cnt` since its block began,
+    `left` (PROBING: verified rounds before the probe is judged), `until` (PAUSED: the round the pause
+    ends) and `pause` (the next pause's length). A round costs two scatter-adds; ACTIVE slots are
+    judged together every `patience` rounds (those with at least `patience` verified rounds in their
+    block), probes as they complete, pauses as they end: each a few numpy calls over the slots concerned."""
+
+    def __init__(self, max_slots: int, settings: GateSettings, stats: Stats, effect: DraftEffect) -> None:
+        self.s, self.stats, self.M, self.effect = settings, stats, max_slots, effect
+        self.on = settings.break_even > 0
+        self.state = np.zeros(max_slots, dtype=np.uint8)
+        self.sum = np.zeros(max_slots, dtype=np.int64)
+        self.cnt = np.zeros(max_slots, dtype=np.int64)
+        self.left = np.full(max_slots, _NEVER, dtype=np.int64)
+        self.until = np.zeros(max_slots, dtype=np.int64)
+        self.pause = np.full(max_slots, settings.pause, dtype=np.int64)
+        self.n_paused = self.n_probing = 0  # slots PAUSED / PROBING now: their paths cost nothing while 0
+        self.next_wake = 0  # the earliest round a PAUSED slot's pause ends
+        self.next_tick = settings.patience  # the next round the ACTIVE slots are judged
+        # the batch: the same machine over the mean accepted per verified request-round, its block's
+        # sums read off the effect's totals (accepted, verified request-rounds) at the block's start
+        self.b_state, self.b_left, self.b_from = ACTIVE, settings.patience, (0, 0)
+        self.b_until, self.b_pause = 0, settings.pause
+
+    # ------------------------------------------------------------------ per round
+
+    def observe(self, t: int, slots: np.ndarray, new_owner: np.ndarray, n_new_owner: int, n_ver: int,
+                ver: np.ndarray, acc: np.ndarray) -> None:
+        """Round t's requests: new owners start ACTIVE; pauses that ended become probes; the verified
+        requests' accepted drafts fill their slots' (and the batch's) blocks, judged when due."""
+        if not self.on:
+            return
+        if n_new_owner:
+            self._reset(slots[new_owner])
+        if self.n_paused and t >= self.next_wake:
+            self._wake(t)
+        if self.b_state == PAUSED and t >= self.b_until:
+            self._batch_block(PROBING, self.s.probe)
+            self.stats.inc("accept_batch_probes")
+        if n_ver:
+            self.sum[slots] += acc
+            self.cnt[slots] += ver
+            if self.n_probing:
+                self.left[slots] -= ver
+                ready = self.left[slots] <= 0
+                if ready.any():
+                    self._judge_probes(t, slots[ready])
+            self.b_left -= 1
+            if self.b_left <= 0 and self.b_state != PAUSED:
+                self._judge_batch(t)
+        if t >= self.next_tick:
+            self.next_tick = t + self.s.patience
+            self._judge_active(t)
+
+    def mask(self, slots: np.ndarray, need: np.ndarray) -> None:
+        """Clear `need` (the round's NEED_DRAFT flags, in place) where the slot or the batch is PAUSED."""
+        if not self.on or (self.n_paused == 0 and self.b_state != PAUSED):
+            return
+        before = int(np.count_nonzero(need))
+        if self.b_state == PAUSED:
+            need[:] = False
+        else:
+            need &= self.state[slots] != PAUSED
+        cleared = before - int(np.count_nonzero(need))
+        if cleared:
+            self.stats.inc("accept_drafts_not_asked", cleared)
+
+    def snapshot(self) -> dict:
+        """For status: the slots in each state now and the batch's state."""
+        return {"enabled": self.on, "slots_paused": self.n_paused, "slots_probing": self.n_probing,
+                "batch": STATE_NAMES[self.b_state], "break_even": self.s.break_even}
+
+    # ------------------------------------------------------------------ transitions
+
+    def _judge_active(self, t: int) -> None:
+        """ACTIVE slots with a whole block: below break-even pause, the rest start a new block."""
+        s = self.s
+        due = np.flatnonzero((self.cnt >= s.patience) & (self.state == ACTIVE))
+        if not due.shape[0]:
+            return
+        low = self.sum[due] < s.break_even * self.cnt[due]
+        self.sum[due], self.cnt[due] = 0, 0
+        if low.any():
+            self._pause(t, due[low], "accept_paused")
+
+    def _judge_probes(self, t: int, k: np.ndarray) -> None:
+        """Probes that completed: earning, ACTIVE again (pause back to its base); not, PAUSED again
+        with the pause doubled (at most pause_max)."""
+        s = self.s
+        low = self.sum[k] < s.break_even * self.cnt[k]
+        self.n_probing -= int(k.shape[0])
+        self.left[k] = _NEVER
+        self.sum[k], self.cnt[k] = 0, 0
+        ok, failed = k[~low], k[low]
+        if ok.shape[0]:
+            self.state[ok], self.pause[ok] = ACTIVE, s.pause
+            self.stats.inc("accept_resumed", int(ok.shape[0]))
+        if failed.shape[0]:
+            self.pause[failed] = np.minimum(self.pause[failed] * 2, s.pause_max)
+            self._pause(t, failed, "accept_probe_failed")
+
+    def _reset(self, k: np.ndarray) -> None:
+        st = self.state[k]
+        self.n_paused -= int(np.count_nonzero(st == PAUSED))
+        self.n_probing -= int(np.count_nonzero(st == PROBING))
+        self.state[k], self.sum[k], self.cnt[k], self.left[k], self.pause[k] = ACTIVE, 0, 0, _NEVER, self.s.pause
+
+    def _pause(self, t: int, k: np.ndarray, counter: str) -> None:
+        self.state[k] = PAUSED
+        self.until[k] = t + self.pause[k]
+        self.n_paused += int(k.shape[0])
+        self.next_wake = int(self.until[self.state == PAUSED].min())
+        self.stats.inc(counter, int(k.shape[0]))
+
+    def _wake(self, t: int) -> None:
+        paused = self.state == PAUSED
+        due = paused & (self.until <= t)
+        n = int(np.count_nonzero(due))
+        self.state[due], self.sum[due], self.cnt[due], self.left[due] = PROBING, 0, 0, self.s.probe
+        self.n_paused -= n
+        self.n_probing += n
+        self.next_wake = int(self.until[paused & ~due].min()) if self.n_paused else 0
+        self.stats.inc("accept_probes", n)
+
+    def _batch_block(self, state: int, rounds: int) -> None:
+        self.b_state, self.b_left = state, rounds
+        self.b_from = (self.effect.accepted_total(), self.effect.drafts)
+
+    def _judge_batch(self, t: int) -> None:
+        s = self.s
+        acc0, ver0 = self.b_from
+        low = self.effect.accepted_total() - acc0 < s.break_even * (self.effect.drafts - ver0)
+        if not low:
+            if self.b_state == PROBING:
+                self.b_pause = s.pause
+                self.stats.inc("accept_batch_resumed")
+            self._batch_block(ACTIVE, s.patience)
+            return
+        if self.b_state == PROBING:
+            self.b_pause = min(self.b_pause * 2, s.pause_max)
+            self.stats.inc("accept_batch_probe_failed")
+        else:
+            self.stats.inc("accept_batch_paused")
+        self.b_state, self.b_until = PAUSED, t + self.b_pause
