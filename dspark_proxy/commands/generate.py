@@ -37,7 +37,8 @@ def generate(model: str | None, head: str | None, prompts: tuple[str, ...], n_pr
     try:
         import numpy as np
 
-        from ..spec.run import DEFAULT_HEAD, DEFAULT_MODEL, generate as run, held_out_prompts
+        from ..spec.run import DEFAULT_HEAD, DEFAULT_MODEL, held_out_prompts
+        from ..spec.run import generate as run
     except ImportError as e:
         raise click.ClickException(f"{e}; install the model extra: pip install -e '.[model]'") from None
     model, head = model or DEFAULT_MODEL, head or DEFAULT_HEAD

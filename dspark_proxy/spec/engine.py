@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -63,7 +64,8 @@ class RunStats:
     accepted_by_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     forward_ms: list[float] = field(default_factory=list)  # verification / decode forwards
     round_ms: list[float] = field(default_factory=list)  # the draft source's time a step
-    step_tokens: list[tuple[float, int]] = field(default_factory=list)  # (end time, tokens) a step
+    timeline: list[tuple[float, int, bool]] = field(default_factory=list)  # a step: (end, tokens so far, round failed)
+    started: float = 0.0  # time.perf_counter() at the start
     failed_rounds: int = 0
 
     @property
@@ -102,7 +104,9 @@ class SpecEngine:
 
     # ------------------------------------------------------------------ one run
 
-    def run(self, requests: list[Request]) -> RunStats:
+    def run(self, requests: list[Request], stop: Callable[[RunStats], bool] | None = None) -> RunStats:
+        """Generate for every request (or until `stop(stats)` says so after a step: the unfinished are
+        dropped, their slots freed)."""
         st = RunStats(verified_by_pos=np.zeros(self.N, np.int64), accepted_by_pos=np.zeros(self.N, np.int64))
         queue = deque(requests)
         for r in requests:
@@ -110,7 +114,7 @@ class SpecEngine:
                 raise ValueError(f"request {r.rid}: prompt + max_new + N exceeds the cache's max_len")
         free = list(range(self.B))[::-1]
         active: list[int] = []
-        t0 = time.perf_counter()
+        t0 = st.started = time.perf_counter()
         while queue or active:
             joined = []
             while queue and free:
@@ -137,9 +141,11 @@ class SpecEngine:
             keep = np.isin(f.slots, np.array(active, np.int64))
             if not keep.all():
                 f = _drop(f, keep)
-            st.step_tokens.append((time.perf_counter() - t0, int(st.tokens)))
-            if len(f.slots):
-                self._round(f, st)
+            failed = self._round(f, st) if len(f.slots) else False
+            st.timeline.append((time.perf_counter(), int(st.tokens), failed))
+            if stop is not None and stop(st):
+                self.rid[np.array(active, np.int64)] = -1
+                break
         st.elapsed_s = time.perf_counter() - t0
         return st
 
@@ -183,7 +189,7 @@ class SpecEngine:
 
     def _prefill(self, slots: np.ndarray, st: RunStats):
         P = self.plen[slots]
-        toks = torch.from_numpy(np.stack([np.pad(self.seq[s, :p], (0, int(P.max()) - p)) for s, p in zip(slots, P)]))
+        toks = torch.from_numpy(np.stack([np.pad(self.seq[s, :p], (0, int(P.max()) - p)) for s, p in zip(slots, P, strict=True)]))
         logits, rows = self.target.forward(slots, toks, np.zeros(len(slots), np.int64))
         rows_idx = torch.arange(len(slots))
         last = logits[rows_idx, torch.from_numpy(P - 1)][:, None]  # [n, 1, V]
@@ -240,9 +246,9 @@ class SpecEngine:
             anchor=self.seq[slots, anchor_pos], k_window=np.concatenate([p[4] for p in parts]),
             need_draft=left > 1, rows=torch.cat(rows) if rows else None, temperature=self.temp[slots].copy(),
             seed=self.seed[slots].copy(),
-            context=[self.seq[s, :p + 1] for s, p in zip(slots.tolist(), anchor_pos.tolist())])
+            context=[self.seq[s, :p + 1] for s, p in zip(slots.tolist(), anchor_pos.tolist(), strict=True)])
 
-    def _round(self, f: Finalised, st: RunStats) -> None:
+    def _round(self, f: Finalised, st: RunStats) -> bool:
         r0 = time.perf_counter()
         d: Drafts = self.drafts.round(f)
         st.round_ms.append((time.perf_counter() - r0) * 1e3)
@@ -254,6 +260,7 @@ class SpecEngine:
             self.d_sup[s], self.d_q[s] = d.support, d.q
         else:
             self.d_sup[s], self.d_q[s] = -1, 0.0
+        return d.failed
 
 
 def _rows(rows: torch.Tensor | None, keep: np.ndarray) -> torch.Tensor | None:
@@ -271,4 +278,4 @@ def _drop(f: Finalised, keep: np.ndarray) -> Finalised:
         rows = f.rows[torch.from_numpy(per)]
     arr = {k: getattr(f, k)[keep] for k in ("req_ids", "slots", "qlen", "valid", "first_pos", "anchor", "k_window",
                                            "need_draft", "temperature", "seed")}
-    return Finalised(**arr, rows=rows, context=[c for c, k in zip(f.context, keep) if k])
+    return Finalised(**arr, rows=rows, context=[c for c, k in zip(f.context, keep, strict=True) if k])
