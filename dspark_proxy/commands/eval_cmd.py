@@ -8,33 +8,7 @@ import json
 
 import click
 
-__all__ = ["eval_cmd", "format_eval"]
-
-
-def format_eval(r: dict) -> str:
-    tps = r["tokens_per_s"]
-    lines = [
-        f"{r['prompts']} held-out prompts x {r['max_new']} tokens, batch {r['max_batch']}, N={r['num_spec']}, "
-        f"{r['reps']} interleaved repetitions (medians), {r['elapsed_s']} s",
-        f"mean accepted      {r['mean_accepted']:.2f} of {r['num_spec']} (n-gram {r['mean_accepted_ngram']:.2f}); by position "
-        f"{r['accept_by_position']} (n-gram {r['accept_by_position_ngram']})",
-        f"target forwards    {r['target_forwards_per_token']} per token (n-gram {r['target_forwards_per_token_ngram']})",
-        f"tokens/s           target-only {tps['target_only']}, n-gram {tps['ngram']}, proxy {tps['proxy']}, "
-        f"thread mode {tps['thread']}",
-        f"speed-up           {r['speedup']}x (n-gram {r['speedup_ngram']}x, thread mode {r['speedup_thread']}x)",
-        f"per step (p50, ms) target step {r['target_step_ms']}, verification {r['verify_step_ms']}, head "
-        f"{r['head_ms']}, round {r['round_ms']} (thread mode {r['round_ms_thread']})",
-        f"greedy distinct-4-gram rate {r['greedy_distinct_4gram_rate']}",
-        f"lossless mismatches {r['lossless_mismatches']}",
-    ]
-    for m in r.get("mismatches", []):
-        lines.append(f"  MISMATCH {m}")
-    for kind, f in r.get("faults", {}).items():
-        lines.append(f"fault {kind:13s} output mismatches {f.get('mismatches')} of {f.get('prompts_checked')}; "
-                     f"tokens/s before {f.get('tokens_per_s_before')}, during {f.get('tokens_per_s_during')} "
-                     f"({f.get('failed_rounds')} failed rounds), after {f.get('tokens_per_s_after')} "
-                     f"(good again {f.get('recovered_s_after_fault')} s after the fault)")
-    return "\n".join(lines)
+__all__ = ["eval_cmd"]
 
 
 @click.command("eval")
@@ -53,6 +27,7 @@ def eval_cmd(quick: bool, model: str | None, head: str | None, prompts: int | No
     """Measure what the head earns: acceptance, speed-up over target-only and n-gram, losslessness, faults."""
     try:
         from ..spec.evaluate import run_eval
+        from ..spec.report import format_eval
         from ..spec.run import DEFAULT_HEAD, DEFAULT_MODEL
     except ImportError as e:
         raise click.ClickException(f"{e}; install the model extra: pip install -e '.[model]'") from None
