@@ -190,7 +190,9 @@ class SpecEngine:
     def _prefill(self, slots: np.ndarray, st: RunStats):
         P = self.plen[slots]
         toks = torch.from_numpy(np.stack([np.pad(self.seq[s, :p], (0, int(P.max()) - p)) for s, p in zip(slots, P, strict=True)]))
-        logits, rows = self.target.forward(slots, toks, np.zeros(len(slots), np.int64))
+        need = torch.zeros(toks.shape, dtype=torch.bool)
+        need[torch.arange(len(slots)), torch.from_numpy(P - 1)] = True  # only the last prompt position's
+        logits, rows = self.target.forward(slots, toks, np.zeros(len(slots), np.int64), need)
         rows_idx = torch.arange(len(slots))
         last = logits[rows_idx, torch.from_numpy(P - 1)][:, None]  # [n, 1, V]
         v = self._emit(last, torch.zeros(len(slots), 0, dtype=torch.long), torch.zeros(len(slots), dtype=torch.long),
@@ -213,7 +215,8 @@ class SpecEngine:
         drafts = np.where(j < k[:, None], self.d_ids[slots, :Q - 1], -1)
         toks = torch.from_numpy(np.concatenate([self.seq[slots, a][:, None], drafts.clip(min=0)], 1))
         f0 = time.perf_counter()
-        logits, rows = self.target.forward(slots, toks, a)
+        need = torch.from_numpy(np.arange(Q)[None] <= k[:, None])  # the anchor's and each draft's
+        logits, rows = self.target.forward(slots, toks, a, need)
         st.forward_ms.append((time.perf_counter() - f0) * 1e3)
         v = self._emit(logits, torch.from_numpy(drafts), torch.from_numpy(k), slots)
         self._write(slots, a + 1, v, logits)

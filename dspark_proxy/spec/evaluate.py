@@ -54,6 +54,27 @@ def mismatches(ref: RunStats, got: RunStats, arm: str, finished_only: bool = Fal
     return out
 
 
+def closest_tie(ref: RunStats, got: RunStats) -> dict[str, Any] | None:
+    """The target-only token with the smallest top-2 margin, and the same position in `got`'s
+    forward: how near a flip the run came (a margin of 0 would be a tie)."""
+    best = None
+    for rid, m in ref.margins.items():
+        if not len(m):
+            continue
+        gap = m[:, 0] - m[:, 2]
+        k = int(np.argmin(gap))
+        if best is None or gap[k] < best[2]:
+            best = (rid, k, float(gap[k]))
+    if best is None:
+        return None
+    rid, k, gap = best
+    out: dict[str, Any] = {"prompt": rid, "position": k, "one_token_forward_margin": round(gap, 6)}
+    g = got.margins.get(rid)
+    if g is not None and np.array_equal(got.outputs[rid][:k + 1], ref.outputs[rid][:k + 1]):
+        out["this_forward_margin"] = round(float(g[k, 0] - g[k, 2]), 6)
+    return out
+
+
 def distinct_4gram_rate(outputs: dict[int, np.ndarray]) -> float:
     rates = [len({tuple(r[i:i + 4]) for i in range(len(r) - 3)}) / (len(r) - 3) for r in outputs.values() if len(r) > 3]
     return round(float(np.mean(rates)), 4) if rates else 0.0
@@ -153,6 +174,7 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
                 "round_ms_thread": _pct([x for s in runs["thread"] for x in s.round_ms], 50),
                 "failed_rounds": sum(s.failed_rounds for s in pr),
                 "greedy_distinct_4gram_rate": distinct_4gram_rate(ref.outputs),
+                "closest_tie": closest_tie(ref, pr[0]),
             })
             if faults:
                 res["faults"] = _faults(sysm, target, reqs, ref, ShimDrafts(shim), B, man.window, shown, say)

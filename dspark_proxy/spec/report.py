@@ -19,7 +19,7 @@ def format_eval(r: dict) -> str:
         f"per step (p50, ms) target step {r['target_step_ms']}, verification {r['verify_step_ms']}, head "
         f"{r['head_ms']}, round {r['round_ms']} (thread mode {r['round_ms_thread']})",
         f"greedy distinct-4-gram rate {r['greedy_distinct_4gram_rate']}",
-        f"lossless mismatches {r['lossless_mismatches']}",
+        f"lossless mismatches {r['lossless_mismatches']} (closest near-tie of target-only: {r.get('closest_tie')})",
     ]
     for m in r.get("mismatches", []):
         lines.append(f"  MISMATCH {m}")

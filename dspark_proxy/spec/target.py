@@ -94,9 +94,12 @@ class TargetEngine:
         return len(self.tap.layers) * self.tap.hidden * torch.finfo(self.row_dtype).bits // 8
 
     @torch.inference_mode()
-    def forward(self, slots: np.ndarray, tokens: torch.Tensor, start: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, slots: np.ndarray, tokens: torch.Tensor, start: np.ndarray,
+                need: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """tokens [B, Q] at positions start[b] .. start[b] + Q - 1 of slots[b] (padding past a query's
-        own length is harmless) → (logits [B, Q, V] float32, tapped rows [B, Q, row] or None)."""
+        own length is harmless) → (logits [B, Q, V] float32, tapped rows [B, Q, row] or None).
+        need [B, Q] bool: the positions whose logits are read (the output projection is most of a
+        small model's step; elsewhere the logits are 0)."""
         B, Q = tokens.shape
         s = torch.from_numpy(np.asarray(slots, dtype=np.int64))
         pos = torch.from_numpy(np.asarray(start, dtype=np.int64))[:, None] + torch.arange(Q)[None]
@@ -114,7 +117,11 @@ class TargetEngine:
                             **{self._kw: self.cache})
                 h = out[0] if isinstance(out, tuple) else out
             h = self.inner.norm(h)
-        logits = self.model.lm_head(h).float()
+        if need is None:
+            logits = self.model.lm_head(h).float()
+        else:
+            logits = torch.zeros(B, Q, self.vocab)
+            logits[need] = self.model.lm_head(h[need]).float()
         self.forwards += 1
         return logits, (self.tap.rows(self.row_dtype) if self.tap is not None else None)
 
