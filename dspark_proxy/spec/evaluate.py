@@ -117,6 +117,7 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
     from .system import SpecSystem
 
     t_start = time.monotonic()
+    load0 = os.getloadavg()[0]
     torch.set_num_threads(threads)
     n_prompts = prompts or (16 if quick else 48)
     max_new = max_new or (64 if quick else 96)
@@ -184,6 +185,7 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
     res["lossless_mismatches"] = len({(m["arm"], m["prompt"]) for m in shown})
     res["mismatches"] = shown[:20]
     res["elapsed_s"] = round(time.monotonic() - t_start, 1)
+    res["load_avg"] = [round(load0, 2), round(os.getloadavg()[0], 2)]  # 1-minute, at start and end: speed is noisy
     return res
 
 

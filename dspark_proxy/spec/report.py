@@ -9,7 +9,7 @@ def format_eval(r: dict) -> str:
     tps = r["tokens_per_s"]
     lines = [
         f"{r['prompts']} held-out prompts x {r['max_new']} tokens, batch {r['max_batch']}, N={r['num_spec']}, "
-        f"{r['reps']} interleaved repetitions (medians), {r['elapsed_s']} s",
+        f"{r['reps']} interleaved repetitions (medians), {r['elapsed_s']} s (load average {r.get('load_avg')})",
         f"mean accepted      {r['mean_accepted']:.2f} of {r['num_spec']} (n-gram {r['mean_accepted_ngram']:.2f}); by position "
         f"{r['accept_by_position']} (n-gram {r['accept_by_position_ngram']})",
         f"target forwards    {r['target_forwards_per_token']} per token (n-gram {r['target_forwards_per_token_ngram']})",
