@@ -58,8 +58,9 @@ class RunStats:
     elapsed_s: float = 0.0
     steps: int = 0
     request_forwards: int = 0  # a request's part in a forward: one per step it was in the batch
+    wanted_rounds: int = 0  # request-rounds that could use drafts and whose round did not fail
     drafted_rounds: int = 0  # request-rounds that verified at least one draft
-    accepted: int = 0  # drafts accepted in those
+    accepted: int = 0  # drafts accepted
     verified_by_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     accepted_by_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     forward_ms: list[float] = field(default_factory=list)  # verification / decode forwards
@@ -74,7 +75,14 @@ class RunStats:
 
     @property
     def mean_accepted(self) -> float:
-        return self.accepted / self.drafted_rounds if self.drafted_rounds else 0.0
+        """Accepted drafts per request-round that wanted drafts (a drafter with nothing to propose,
+        such as prompt lookup without a match, scores 0 there; a failed round is the system's, not
+        the drafter's, and is counted in failed_rounds instead)."""
+        return self.accepted / self.wanted_rounds if self.wanted_rounds else 0.0
+
+    @property
+    def accept_by_position(self) -> np.ndarray:
+        return self.accepted_by_pos / max(1, self.wanted_rounds)
 
 
 class SpecEngine:
@@ -98,6 +106,7 @@ class SpecEngine:
         self.seed = np.zeros(S, np.int64)
         self.d_ids = np.full((S, N), -1, np.int64)
         self.d_n = np.zeros(S, np.int64)
+        self.d_ok = np.zeros(S, bool)  # the round that answered this slot's drafts did not fail
         self.d_sup = np.full((S, N, SUPPORT), -1, np.int32)
         self.d_q = np.zeros((S, N, SUPPORT), np.float32)
         self.gen = torch.Generator().manual_seed(seed)
@@ -156,6 +165,7 @@ class SpecEngine:
         self.rid[s], self.temp[s], self.seed[s] = r.rid, r.temperature, r.seed
         self.uid[s] = next(_uids)
         self.d_n[s] = 0
+        self.d_ok[s] = False
 
     # ------------------------------------------------------------------ the forwards
 
@@ -209,6 +219,7 @@ class SpecEngine:
 
     def _verify(self, slots: np.ndarray, st: RunStats):
         a = self.length[slots]
+        could = self.d_ok[slots] & (self.want[slots] - self.made[slots] > 1)  # drafts were wanted and asked for
         k = np.clip(np.minimum(self.d_n[slots], self.want[slots] - self.made[slots] - 1), 0, self.N)
         Q = int(k.max()) + 1
         j = np.arange(Q - 1)[None]
@@ -225,9 +236,9 @@ class SpecEngine:
         self.made[slots] += m + 1
         st.tokens += int((m + 1).sum())
         st.request_forwards += len(slots)
-        drafted = k > 0
-        st.drafted_rounds += int(drafted.sum())
-        st.accepted += int(m[drafted].sum())
+        st.wanted_rounds += int(could.sum())
+        st.drafted_rounds += int((k > 0).sum())
+        st.accepted += int(m.sum())
         pos = np.arange(self.N)[None]
         st.verified_by_pos += (pos < k[:, None]).sum(0)
         st.accepted_by_pos += (pos < m[:, None]).sum(0)
@@ -258,6 +269,7 @@ class SpecEngine:
         st.failed_rounds += int(d.failed)
         s = f.slots
         self.d_n[s] = np.minimum(d.n, self.N)
+        self.d_ok[s] = f.need_draft & (not d.failed)
         self.d_ids[s] = d.ids[:, :self.N]
         if d.support is not None and d.q is not None:
             self.d_sup[s], self.d_q[s] = d.support, d.q

@@ -154,11 +154,12 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
             res["proxy_round_ms"] = round(lat.get("rank0_round_us", {}).get("p50_us", 0.0) / 1000.0, 3)
             med = {a: statistics.median(s.tokens_per_s for s in runs[a]) for a in ARMS}
             pr, ng = runs["proxy"], runs["ngram"]
-            acc = sum(s.accepted_by_pos for s in pr) / np.maximum(1, sum(s.verified_by_pos for s in pr))
-            acc_ng = sum(s.accepted_by_pos for s in ng) / np.maximum(1, sum(s.verified_by_pos for s in ng))
+            acc = sum(s.accepted_by_pos for s in pr) / max(1, sum(s.wanted_rounds for s in pr))
+            acc_ng = sum(s.accepted_by_pos for s in ng) / max(1, sum(s.wanted_rounds for s in ng))
             res.update({
-                "mean_accepted": round(sum(s.accepted for s in pr) / max(1, sum(s.drafted_rounds for s in pr)), 4),
-                "mean_accepted_ngram": round(sum(s.accepted for s in ng) / max(1, sum(s.drafted_rounds for s in ng)), 4),
+                "mean_accepted": round(sum(s.accepted for s in pr) / max(1, sum(s.wanted_rounds for s in pr)), 4),
+                "mean_accepted_ngram": round(sum(s.accepted for s in ng) / max(1, sum(s.wanted_rounds for s in ng)), 4),
+                "ngram_drafted_share": round(sum(s.drafted_rounds for s in ng) / max(1, sum(s.wanted_rounds for s in ng)), 4),
                 "mean_accepted_thread": round(statistics.median(s.mean_accepted for s in runs["thread"]), 4),
                 "accept_by_position": [round(float(x), 4) for x in acc],
                 "accept_by_position_ngram": [round(float(x), 4) for x in acc_ng],
