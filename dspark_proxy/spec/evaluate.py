@@ -193,25 +193,30 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
 def _faults(sysm, target, reqs: list[Request], ref: RunStats, src: ShimDrafts, B: int, W: int,
             shown: list[dict[str, Any]], say: Callable[[str], None]) -> dict[str, Any]:
     """Each fault during one generation of the prompts (repeated until it lasts long enough)."""
-    long = [Request(k * len(reqs) + r.rid, r.prompt, r.max_new) for k in range(40) for r in reqs]
+    long = [Request(k * len(reqs) + r.rid, r.prompt, r.max_new) for k in range(200) for r in reqs]  # ended by `stop`
     want = RunStats(outputs={r.rid: ref.outputs[r.rid % len(reqs)] for r in long},
                     margins={r.rid: ref.margins[r.rid % len(reqs)] for r in long})
     out = {}
     for kind, act in (("worker_stall", lambda: sysm.stall_worker(1.5)), ("worker_kill", sysm.kill_worker),
                       ("proxy_kill", sysm.kill_proxy)):
         when: list[float] = []
+        errors: list[str] = []
 
-        def inject(act=act, when=when) -> None:
+        def inject(act=act, when=when, errors=errors) -> None:
             time.sleep(1.0)
             when.append(time.perf_counter())
-            act()
+            try:
+                act()
+            except Exception as e:  # noqa: BLE001 - reported in the result, the run goes on
+                errors.append(f"{type(e).__name__}: {e}")
+                return
             when.append(time.perf_counter())
 
         def stop(st: RunStats, when=when) -> bool:
             """Once the fault is over: after 2 s of good rounds again, or 15 s."""
-            if len(when) < 2:
-                return False
             now = time.perf_counter()
+            if len(when) < 2:
+                return now > st.started + 60.0  # the fault never completed (its thread failed): give up
             failed = [t for t, _, f in st.timeline if f and t >= when[0]]
             return now > when[1] + 15.0 or (bool(failed) and now > max(failed[-1], when[1]) + 2.0) \
                 or (not failed and now > when[1] + 2.0)
@@ -222,7 +227,8 @@ def _faults(sysm, target, reqs: list[Request], ref: RunStats, src: ShimDrafts, B
         th.join(60.0)
         bad = mismatches(want, st, kind, finished_only=True)
         shown += bad
-        w = fault_window(st, when[0], when[1]) if len(when) == 2 else {"error": "fault not injected before the end"}
+        w = fault_window(st, when[0], when[1]) if len(when) == 2 else \
+            {"error": errors[0] if errors else "fault not injected before the end"}
         out[kind] = {**w, "mismatches": len(bad), "prompts_checked": len(st.outputs),
                      "tokens_per_s": round(st.tokens_per_s, 1),
                      "mean_accepted": round(st.mean_accepted, 3)}
