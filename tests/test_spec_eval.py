@@ -56,3 +56,19 @@ def test_eval_json_shape() -> None:
         assert f["mismatches"] == 0 and f["prompts_checked"] > 0, (kind, f)
         assert f["failed_rounds"] > 0, (kind, f)  # the fault reached the engine as target-only rounds
     assert r["mean_accepted"] > 0.5 and r["target_forwards_per_token"] < 1.0
+
+
+def test_bench_runs_eval_only_when_named() -> None:
+    """`bench` never needs the model extra: its default sections leave eval out; naming it is allowed."""
+    from click.testing import CliRunner
+
+    from dspark_proxy.bench import OPT_IN, SECTIONS, _runner
+    from dspark_proxy.commands.bench import _sections
+
+    assert "eval" not in SECTIONS and "eval" in OPT_IN
+    assert _sections("eval,handoff") == ["eval", "handoff"]
+    assert callable(_runner("eval"))
+    from dspark_proxy.cli import cli
+
+    res = CliRunner().invoke(cli, ["bench", "--sections", "nosuch"])
+    assert res.exit_code != 0 and "eval" in res.output

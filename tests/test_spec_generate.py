@@ -3,6 +3,8 @@ worker gives target-only greedy output token for token, with requests joining an
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -48,7 +50,7 @@ def test_greedy_through_proxy_and_worker_is_target_only(target) -> None:
     reqs = _requests(target.tokenizer)
     ref = SpecEngine(target, NoDrafts(5), max_batch=3, window=16).run(reqs)
     ng = SpecEngine(target, NgramDrafts(5), max_batch=3, window=16).run(reqs)
-    with SpecSystem(f"spec-test-{id(reqs)}", DEFAULT_HEAD, max_reqs=3, deadline_ms=200) as sysm:
+    with SpecSystem(f"spec-test-{os.getpid()}", DEFAULT_HEAD, max_reqs=3, deadline_ms=200) as sysm:
         shim = engine_shim.attach(sysm.name, max_reqs=3, num_spec=5, window=16, row_bytes=1152, timeout_s=10.0)
         try:
             src = ShimDrafts(shim)
