@@ -26,11 +26,13 @@ def _register() -> None:
     from .commands.chaos import chaos
     from .commands.control import status, stop
     from .commands.demo import demo
+    from .commands.eval_cmd import eval_cmd
+    from .commands.generate import generate
     from .commands.start import start
     from .commands.train_drafter import train_drafter
     from .commands.worker import worker
 
-    for cmd in (start, stop, status, worker, demo, chaos, bench, train_drafter):
+    for cmd in (start, stop, status, worker, demo, chaos, bench, train_drafter, generate, eval_cmd):
         cli.add_command(cmd)
 
 

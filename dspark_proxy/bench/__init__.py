@@ -10,6 +10,7 @@ report; they assert nothing about speed (`targets` says, for each goal, what was
     scaling  proxy and engine cost per round against n, W, decode / prefill (in-process RoundCore)
     rows     large-row rounds through the proxy to a worker process vs a raw socket, MB/s
     memory   segment by region, proxy / worker / shim resident memory, idle CPU
+    eval     only when named (needs the `model` extra): `dspark-proxy eval` in the reference engine
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from typing import Any
 
 from .measure import Samples
 
-__all__ = ["SECTIONS", "run_bench"]
+__all__ = ["SECTIONS", "OPT_IN", "run_bench"]
 
-SECTIONS = ("handoff", "gil", "scaling", "rows", "memory")
+SECTIONS = ("handoff", "gil", "scaling", "rows", "memory")  # the default run: no extra, no model
+OPT_IN = ("eval",)  # run only when named in --sections
 
 
 def _runner(section: str) -> Callable[..., tuple[dict, Samples]]:
@@ -38,9 +40,18 @@ def _runner(section: str) -> Callable[..., tuple[dict, Samples]]:
         from .rows import run_rows as fn
     elif section == "memory":
         from .memory import run_memory as fn
+    elif section == "eval":
+        fn = _run_eval
     else:
-        raise ValueError(f"unknown bench section {section!r}: one of {', '.join(SECTIONS)}")
+        raise ValueError(f"unknown bench section {section!r}: one of {', '.join(SECTIONS + OPT_IN)}")
     return fn
+
+
+def _run_eval(*, quick: bool, say: Callable[[str], None], prefix: str) -> tuple[dict, Samples]:
+    """The `eval` section: `dspark-proxy eval [--quick]` (imported here: the model extra is optional)."""
+    from ..spec.evaluate import run_eval
+
+    return run_eval(quick=quick, say=say), Samples()
 
 
 def _meta(quick: bool) -> dict[str, Any]:

@@ -169,5 +169,9 @@ def format_report(res: dict[str, Any]) -> str:
                     ("memory", _memory)):
         if key in res:
             lines += fn(res[key]) + [""]
+    if "eval" in res:
+        from ..spec.report import format_eval
+
+        lines += ["EVAL  the reference engine (dspark-proxy eval)", format_eval(res["eval"]), ""]
     lines += _targets(res.get("targets", []))
     return "\n".join(lines)

@@ -11,14 +11,14 @@ __all__ = ["bench"]
 
 
 def _sections(value: str | None) -> list[str] | None:
-    from ..bench import SECTIONS
+    from ..bench import OPT_IN, SECTIONS
 
     if not value:
         return None
     chosen = [s.strip() for s in value.split(",") if s.strip()]
-    bad = [s for s in chosen if s not in SECTIONS]
+    bad = [s for s in chosen if s not in SECTIONS + OPT_IN]
     if bad:
-        raise click.BadParameter(f"unknown section(s) {', '.join(bad)}; choose from {', '.join(SECTIONS)}",
+        raise click.BadParameter(f"unknown section(s) {', '.join(bad)}; choose from {', '.join(SECTIONS + OPT_IN)}",
                                  param_hint="--sections")
     return chosen
 
@@ -28,7 +28,8 @@ def _sections(value: str | None) -> list[str] | None:
 @click.option("--json", "as_json", is_flag=True,
               help="Print the results as one JSON object instead of the table.")
 @click.option("--sections", default=None, metavar="LIST",
-              help="Comma list of sections to run: handoff,gil,scaling,rows,memory (default: all).")
+              help="Comma list of sections to run: handoff,gil,scaling,rows,memory (default: all), and eval "
+                   "(only when named: needs the model extra).")
 @click.option("--plot", "plot_path", default=None, metavar="PNG",
               help="Also draw the latency distributions to this file (needs matplotlib).")
 @click.option("--output", "out_path", default=None, metavar="FILE",

@@ -1,0 +1,37 @@
+"""`dspark-proxy eval`: what the drafts earn in the reference engine (dspark_proxy/spec/evaluate.py):
+acceptance, tokens/s against target-only, prompt lookup and thread mode (interleaved, medians),
+lossless checks, and faults. Needs the `model` extra."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+__all__ = ["eval_cmd"]
+
+
+@click.command("eval")
+@click.option("--quick", is_flag=True, help="16 prompts x 64 tokens, batch 4 (CI-sized; faults included).")
+@click.option("--model", default=None, help="Local HF causal-LM directory (default: models/stdlib-llama).")
+@click.option("--weights", "head", default=None, help="Head directory (default: models/stdlib-llama-head).")
+@click.option("--prompts", type=int, default=None, help="Held-out prompts (default 48; --quick 16).")
+@click.option("--max-new", type=int, default=None, help="Tokens per prompt (default 96; --quick 64).")
+@click.option("--max-batch", type=int, default=None, help="Requests decoded together (default 8; --quick 4).")
+@click.option("--reps", default=3, show_default=True, help="Interleaved repetitions of every arm.")
+@click.option("--faults/--no-faults", default=True, show_default=True)
+@click.option("--deadline-ms", default=50.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object (last line).")
+def eval_cmd(quick: bool, model: str | None, head: str | None, prompts: int | None, max_new: int | None,
+             max_batch: int | None, reps: int, faults: bool, deadline_ms: float, as_json: bool) -> None:
+    """Measure what the head earns: acceptance, speed-up over target-only and n-gram, losslessness, faults."""
+    try:
+        from ..spec.evaluate import run_eval
+        from ..spec.report import format_eval
+        from ..spec.run import DEFAULT_HEAD, DEFAULT_MODEL
+    except ImportError as e:
+        raise click.ClickException(f"{e}; install the model extra: pip install -e '.[model]'") from None
+    r = run_eval(quick=quick, model=model or DEFAULT_MODEL, head=head or DEFAULT_HEAD, prompts=prompts,
+                 max_new=max_new, max_batch=max_batch, reps=reps, faults=faults, deadline_ms=deadline_ms,
+                 say=lambda m: click.echo(f"[eval] {m}", err=True))
+    click.echo(json.dumps(r) if as_json else format_eval(r))

@@ -1,0 +1,74 @@
+"""`dspark-proxy eval`: a flipped near-tie is shown with both forwards' logits and margins, and the
+JSON report has every key the issue names (a small run of the real thing: proxy, worker, faults)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from dspark_proxy.spec.engine import RunStats  # noqa: E402
+from dspark_proxy.spec.evaluate import closest_tie, mismatches  # noqa: E402
+
+
+def _stats(tokens: list[int], margins: list[tuple[float, int, float]]) -> RunStats:
+    return RunStats(outputs={0: np.array(tokens)}, margins={0: np.array(margins, np.float32)})
+
+
+def test_a_flip_is_shown_with_both_logits_and_margins() -> None:
+    ref = _stats([5, 7, 9], [(3.0, 1, 1.0), (2.000001, 8, 2.0), (4.0, 2, 1.0)])
+    got = _stats([5, 8, 3], [(3.0, 1, 1.0), (2.0000015, 7, 2.000001), (4.0, 2, 1.0)])
+    same = _stats([5, 7, 9], [(3.0, 1, 1.0), (2.000001, 8, 2.0), (4.0, 2, 1.0)])
+    assert mismatches(ref, same, "proxy") == []
+    [m] = mismatches(ref, got, "proxy")
+    assert (m["position"], m["token"], m["target_only_token"]) == (1, 8, 7)
+    assert m["this_forward"]["runner_up"] == 7 and m["one_token_forward"]["runner_up"] == 8
+    assert m["this_forward"]["top1_logit"] == pytest.approx(2.0000015)
+    assert m["one_token_forward"]["margin"] == pytest.approx(1e-6, abs=5e-7)
+    tie = closest_tie(ref, same)
+    assert tie is not None and tie["position"] == 1 and "this_forward_margin" in tie
+
+
+EVAL_KEYS = {"mean_accepted", "mean_accepted_ngram", "num_spec", "target_forwards_per_token", "speedup",
+             "speedup_ngram", "head_ms", "target_step_ms", "lossless_mismatches", "prompts", "accept_by_position",
+             "greedy_distinct_4gram_rate", "speedup_thread", "faults"}
+
+
+@pytest.mark.timeout(300)
+def test_eval_json_shape() -> None:
+    """A small eval through the CLI: one JSON object on the last line, the keys, 0 mismatches."""
+    out = subprocess.run([sys.executable, "-m", "dspark_proxy.cli", "eval", "--quick", "--prompts", "4",
+                          "--max-new", "16", "--max-batch", "2", "--reps", "1", "--json"],
+                         capture_output=True, text=True, timeout=280)
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert EVAL_KEYS <= set(r), EVAL_KEYS - set(r)
+    assert r["prompts"] == 4 and r["num_spec"] == 5
+    assert r["lossless_mismatches"] == 0, r["mismatches"]
+    assert set(r["faults"]) == {"worker_stall", "worker_kill", "proxy_kill"}
+    for kind, f in r["faults"].items():
+        assert f["mismatches"] == 0 and f["prompts_checked"] > 0, (kind, f)
+        assert f["failed_rounds"] > 0, (kind, f)  # the fault reached the engine as target-only rounds
+    assert r["mean_accepted"] > 0.5 and r["target_forwards_per_token"] < 1.0
+
+
+def test_bench_runs_eval_only_when_named() -> None:
+    """`bench` never needs the model extra: its default sections leave eval out; naming it is allowed."""
+    from click.testing import CliRunner
+
+    from dspark_proxy.bench import OPT_IN, SECTIONS, _runner
+    from dspark_proxy.commands.bench import _sections
+
+    assert "eval" not in SECTIONS and "eval" in OPT_IN
+    assert _sections("eval,handoff") == ["eval", "handoff"]
+    assert callable(_runner("eval"))
+    from dspark_proxy.cli import cli
+
+    res = CliRunner().invoke(cli, ["bench", "--sections", "nosuch"])
+    assert res.exit_code != 0 and "eval" in res.output
