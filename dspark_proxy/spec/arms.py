@@ -24,11 +24,11 @@ class HeadInProcessClient(InProcessClient):
                                      weights=head)
 
 
-def thread_shim(name: str, head: str, *, max_reqs: int, deadline_ms: float) -> Any:
+def thread_shim(name: str, head: str, *, max_reqs: int, deadline_ms: float, target_id: str = "") -> Any:
     """A thread-mode shim whose proxy thread drafts with the head in this process."""
     import engine_shim
 
     man = HeadManifest.load(head_paths(head)[1])
     return engine_shim.attach(name, mode="thread", max_reqs=max_reqs, num_spec=man.num_spec, window=man.window,
                               row_bytes=man.row_bytes, deadline_ms=deadline_ms, worker="inproc",
-                              client=HeadInProcessClient(head, max_reqs=max_reqs))
+                              client=HeadInProcessClient(head, max_reqs=max_reqs), target_id=target_id)

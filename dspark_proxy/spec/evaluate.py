@@ -132,9 +132,12 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
                            "reps": reps, "model": os.path.basename(model.rstrip("/")), "head": os.path.basename(head.rstrip("/"))}
     shown: list[dict[str, Any]] = []
     with SpecSystem(name, head, max_reqs=B, deadline_ms=deadline_ms) as sysm:
+        from ..model.hf import target_id
+
+        tid = target_id(model)  # the engine names its target: a head made for another is refused
         shim = engine_shim.attach(name, max_reqs=B, num_spec=N, window=man.window, row_bytes=man.row_bytes,
-                                  timeout_s=15.0)
-        tshim = thread_shim(f"{name}-thread", head, max_reqs=B, deadline_ms=deadline_ms)
+                                  timeout_s=15.0, target_id=tid)
+        tshim = thread_shim(f"{name}-thread", head, max_reqs=B, deadline_ms=deadline_ms, target_id=tid)
         try:
             sources = {"target_only": NoDrafts(N), "ngram": NgramDrafts(N), "proxy": ShimDrafts(shim),
                        "thread": ShimDrafts(tshim)}

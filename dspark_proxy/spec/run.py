@@ -71,8 +71,12 @@ def generate(prompts: list[np.ndarray], *, model: str = DEFAULT_MODEL, head: str
                 name = f"gen-{os.getpid()}"
                 stack.enter_context(SpecSystem(name, head, max_reqs=max_batch, deadline_ms=deadline_ms,
                                                sampled=temperature > 0, seed=seed))
+            from ..model.hf import target_id
+
+            # the engine names its target: a worker whose head was made for another refuses it
             shim = engine_shim.attach(name, max_reqs=max_batch, num_spec=N, window=man.window,
-                                      row_bytes=man.row_bytes, sampled=temperature > 0, timeout_s=10.0)
+                                      row_bytes=man.row_bytes, sampled=temperature > 0, timeout_s=10.0,
+                                      target_id=target_id(model))
             stack.callback(shim.close)
             src = ShimDrafts(shim)
         else:
