@@ -138,6 +138,7 @@ class SlotTable:
         # scratch for validate_round, sized for the largest possible round (each slot at most once)
         self._arange = np.arange(m, dtype=np.int64)
         self._mark = np.full(m, -1, dtype=np.int64)
+        self.check_scratch = self._mark  # check_slots' scratch, for a C reader that does the same checks
 
     # ------------------------------------------------------------------ validation
 

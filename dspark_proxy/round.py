@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import wire
+from . import native, wire
 from .breaker import CircuitBreaker
 from .draft_client import DraftClient, StepReply
 from .events import EventRing
@@ -80,6 +80,11 @@ _RTT_KEY = {ph: f"rtt_us_{ph}" for ph in _PHASES}
 _PARKED_KEY = {ph: f"proxy_parked_us_{ph}" for ph in _PHASES}
 
 
+def _slot_reader(seg: Segment, slots: SlotTable) -> SlotReader:
+    """Round t's descriptor reader: the C path (the default) or the Python reference (native.py)."""
+    return SlotReader(seg, slots.check_slots, native.enabled(), slots.check_scratch)
+
+
 @dataclass(frozen=True)
 class RoundSettings:
     want_margin: bool = False
@@ -106,7 +111,7 @@ class RoundCore:
                                deadline_ns=self.deadline_ns, publish=stats.set)
         self._rtt_us = -1.0
         self._arange = np.arange(self.M, dtype=np.intp)
-        self.desc = SlotReader(seg, self.slots.check_slots)  # round t's descriptor and metadata
+        self.desc = _slot_reader(seg, self.slots)  # round t's descriptor and metadata
         self.win = WindowAsker(seg)  # the resync request we write, the windows the engine staged
         self.resync = ResyncPlanner(self.desc, self.win, self.slots, self.pacer, stats, seg.staging)
         self.want_resync = self.resync.want  # slots whose ring window we asked for
