@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _fastround
 
-__all__ = ["enabled", "meta_offsets", "desc_offsets", "fastround"]
+__all__ = ["enabled", "meta_offsets", "desc_offsets", "entry_offsets", "fastround"]
 
 fastround = _fastround
 
@@ -25,7 +25,9 @@ _META_FIELDS = ("stamp_start", "t", "n", "rows_staged", "valid", "first_pos", "a
                 "seed", "temperature", "stamp_end")
 _DESC_FIELDS = ("stamp_start", "t", "n", "max_q", "rows_gathered", "n_staged", "staged_slots", "req_id", "slot",
                 "qsl", "need_draft", "k_window", "stamp_end")
+_ENTRY_FIELDS = ("slot", "n_rows", "generation", "first_pos", "anchor_pos", "anchor_token", "flags", "k_window", "n_out")
 assert len(_META_FIELDS) == _fastround.META_FIELDS and len(_DESC_FIELDS) == _fastround.DESC_FIELDS
+assert len(_ENTRY_FIELDS) == _fastround.ENTRY_FIELDS
 
 
 def enabled() -> bool:
@@ -45,3 +47,8 @@ def meta_offsets(dtype: np.dtype) -> np.ndarray:
 def desc_offsets(dtype: np.dtype) -> np.ndarray:
     """The desc slot's field offsets, for write_round / read_round."""
     return _offsets(dtype, _DESC_FIELDS)
+
+
+def entry_offsets(dtype: np.dtype) -> np.ndarray:
+    """A STEP entry's field offsets (wire/dtypes.py ENTRY_DTYPE), for fill_entries."""
+    return _offsets(dtype, _ENTRY_FIELDS)
