@@ -7,6 +7,7 @@
  *                                          rows scattered into rows[slot, pos % W])
  *   write_round    shm/stamped.py          the staging copy, SlotWriter.write_meta and .write_desc
  *   read_round     shm/stamped.py          SlotReader.read: the stamped copies and their validation
+ *   check_page     engine_shim/reply.py    ReplyReader.parse's n_drafts check and ok mask
  *   advance        ring_model.py           SlotTable.advance (begin_requests + apply + the plan's flags)
  *   fill_entries   round.py                the usual round's STEP entries (wire/step.py's prefix)
  *
@@ -631,6 +632,40 @@ fail:
     return NULL;
 }
 
+
+/* ------------------------------------------------------------------ engine: check_page */
+
+/* check_page(buf, o_ok, n, N, ok_out) -> bool
+ * engine_shim/reply.py ReplyReader.parse's check of a copied page: every n_drafts[i] (int32 at
+ * o_ok + i) in 0..N; ok_out[i] (bool) = n_drafts[i] != 0. False (ok_out untouched) if any is not. */
+static PyObject *fr_check_page(PyObject *mod, PyObject *args) {
+    PyObject *ob, *ook;
+    Py_ssize_t o_ok, n, N;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "OnnnO", &ob, &o_ok, &n, &N, &ook))
+        return NULL;
+    Py_buffer b = {0}, ok = {0};
+    Py_buffer *all[3] = {&b, &ok, NULL};
+    if (o_ok < 0 || n < 0) {
+        PyErr_SetString(PyExc_ValueError, "check_page: bad offsets");
+        return NULL;
+    }
+    if (get_arr(ob, &b, 4, o_ok + n, 0, "buf") < 0 || get_arr(ook, &ok, 1, n, 1, "ok_out") < 0) {
+        release_all(all);
+        return NULL;
+    }
+    const int32_t *nd = (const int32_t *)b.buf + o_ok;
+    uint8_t *out = ok.buf;
+    int good = 1;
+    for (Py_ssize_t i = 0; i < n; i++) /* as uint32 a negative count is huge: one comparison */
+        good &= (uint32_t)nd[i] <= (uint32_t)N;
+    if (good)
+        for (Py_ssize_t i = 0; i < n; i++)
+            out[i] = nd[i] != 0;
+    release_all(all);
+    return PyBool_FromLong(good);
+}
+
 /* ------------------------------------------------------------------ module */
 
 static PyMethodDef methods[] = {
@@ -649,6 +684,7 @@ static PyMethodDef methods[] = {
     {"fill_entries", fr_fill_entries, METH_VARARGS,
      "fill_entries(prefix, entries_off, entry_size, eoffs, idx, slots, n_rows, generation, first_pos, anchor_pos, "
      "anchor_token, flags, k_window, n_out) -> k"},
+    {"check_page", fr_check_page, METH_VARARGS, "check_page(buf, o_ok, n, N, ok_out) -> bool"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -63,7 +63,7 @@ class Shim:
         self.native = native.enabled()  # the C hot paths (the default) or the Python reference model
         self.ring = EngineRing(max_reqs, window, row_bytes, self.native)
         self._inputs = EnqueueInputs(max_reqs, window, row_bytes, sampled, self.native)  # validated, as numpy
-        self._reader = ReplyReader(ReplyPageLayout(max_reqs, num_spec, sampled))
+        self._reader = ReplyReader(ReplyPageLayout(max_reqs, num_spec, sampled), self.native)
         self._att = Attachment(self.ring, self.counters, self.events, sampled, self._watch, self.deadline_ms)
         self._t = 0  # last round enqueued
         self._n = 0  # its number of requests

@@ -3,7 +3,7 @@
 Two rigs over two segments, one built with DSPARK_NATIVE=0 (the reference), one with the default (C),
 driven through the same random rounds: new and continuing requests, prefill chunks, forward jumps and
 rewinds, cleared slots, rows that do not fit the staging, resync windows asked for, bad inputs, rounds
-the watchdog claims first, corrupted descriptors, failing STEPs. After every round both must hold the
+the watchdog claims first, corrupted descriptors, failing STEPs, pages the engine must not trust. After every round both must hold the
 same bytes on the reply page, in the staging, the meta and desc slots, the resync request and windows,
 the same STEP (prefix bytes, entries, rows), the same ring models and engine ring, the same reply and
 every counter the same.
@@ -70,7 +70,7 @@ _round = st.fixed_dictionaries({
     "valid": st.lists(st.integers(0, W), min_size=M, max_size=M),
     "move": st.lists(st.sampled_from(["go"] * 8 + ["jump", "rewind"]), min_size=M, max_size=M),
     "fault": st.sampled_from(["none"] * 6 + ["bad_dup", "bad_valid", "bad_qsl", "watchdog", "corrupt", "step_fail",
-                                             "dirty", "raise"]),
+                                             "dirty", "raise", "bad_page"]),
     "need": st.lists(st.booleans(), min_size=M, max_size=M),
     "k_window": st.lists(st.integers(0, 300), min_size=M, max_size=M),  # the entry keeps at most 255
 })
@@ -154,6 +154,10 @@ def _one(rig: Rig, t: int, b: dict, fault: str) -> tuple:
     if fault == "dirty":
         rig.core.slots.mark_dirty(np.arange(0, M, 3))
     rig.core.handle(t, 0.0)
+    if fault == "bad_page" and not err:  # a page whose n_drafts is out of range: the engine must not trust it
+        page = np.frombuffer(rig.seg.mm, np.int32, count=rig.seg.layout.reply.size, offset=rig.seg.layout.page)
+        page[rig.seg.layout.reply.o_ok] = N + 1
+        del page
     rep = rig.shim.read_reply(t)
     fields = [rep.status, rep.n, rep.reason, rep.ok_mask.tobytes(), rep.draft_ids.tobytes(),
               rep.confidence.tobytes(), None if rep.n_drafts is None else rep.n_drafts.tobytes()]
