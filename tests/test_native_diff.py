@@ -213,3 +213,22 @@ def test_the_choice_is_made_from_the_environment():
     for on in (False, True):
         rig = _rig(on, M * W, False)
         rig.close()
+
+
+def test_positions_near_the_int64_limit_behave_the_same():
+    """A caller's position so large that first_pos + valid wraps: the C ring write stays inside the
+    slot's block (numpy's wrapping and non-negative modulo) and both paths keep the same bytes."""
+    from engine_shim.row_ring import EngineRing
+
+    rings = [EngineRing(M, W, B, native=on) for on in (False, True)]
+    rng = np.random.default_rng(5)
+    for first in (2**63 - 2, 2**63 - 1, 5, 2**63 - W):
+        slots = np.array([3, 0], np.int64)
+        valid = np.array([W, 2], np.int64)
+        fp = np.array([first, first], np.int64)
+        rows = rng.integers(0, 256, (int(valid.sum()), B), dtype=np.uint8)
+        out = [r.write(slots, np.array([1, 2], np.int64), fp, valid, rows) for r in rings]
+        assert np.array_equal(out[0], out[1])
+        assert rings[0].rows.tobytes() == rings[1].rows.tobytes()
+        for f in ("owner", "generation", "lo", "hi", "dirty", "announced"):
+            assert np.array_equal(getattr(rings[0].table, f), getattr(rings[1].table, f)), f
