@@ -62,6 +62,15 @@ static void release_all(Py_buffer **bs) {
             PyBuffer_Release(*bs);
 }
 
+/* int64 arithmetic as numpy does it: wrapping (a position near 2**63 from a bad caller must not be
+ * undefined behaviour), and a modulo that is never negative (numpy's %, so a wrapped position still
+ * lands inside its slot's block) */
+static inline int64_t wrap_add(int64_t a, int64_t b) { return (int64_t)((uint64_t)a + (uint64_t)b); }
+static inline int64_t pmod(int64_t a, int64_t m) {
+    int64_t r = a % m;
+    return r < 0 ? r + m : r;
+}
+
 static inline _Atomic uint64_t *stamp_at(char *base, Py_ssize_t off) {
     return (_Atomic uint64_t *)(base + off);
 }
@@ -182,12 +191,12 @@ static PyObject *fr_ring_write(PyObject *mod, PyObject *args) {
             dirty[s] = 1;
             announced[s] = 0;
         }
-        int64_t anchor = f + v, new_hi = anchor - 1, new_lo;
-        int keep = hi[s] + 1 == f;
+        int64_t anchor = wrap_add(f, v), new_hi = wrap_add(anchor, -1), new_lo;
+        int keep = wrap_add(hi[s], 1) == f;
         int restarted = !keep && hi[s] >= lo[s];
         new_lo = keep ? lo[s] : f;
-        if (new_lo < new_hi - (W - 1))
-            new_lo = new_hi - (W - 1);
+        if (new_lo < wrap_add(new_hi, -(W - 1)))
+            new_lo = wrap_add(new_hi, -(W - 1));
         if (v <= 0) {
             new_lo = 0;
             new_hi = -1;
@@ -200,8 +209,8 @@ static PyObject *fr_ring_write(PyObject *mod, PyObject *args) {
         int64_t sent = v > 0 ? v : 0, kept = sent < W ? sent : W;
         /* the last `kept` of the request's rows: positions anchor - kept .. anchor - 1 */
         for (int64_t j = 0; j < kept; j++) {
-            int64_t pos = anchor - kept + j;
-            memcpy(ring + (s * W + pos % W) * B, rows + (src + sent - kept + j) * B, (size_t)B);
+            int64_t pos = wrap_add(anchor, j - kept);
+            memcpy(ring + (s * W + pmod(pos, W)) * B, rows + (src + sent - kept + j) * B, (size_t)B);
         }
         src += sent;
     }
@@ -231,7 +240,7 @@ static inline void put_i32s(char *p, const int64_t *a, Py_ssize_t n) {
 
 /* write_round(seg, meta_off, desc_off, moffs, doffs, t, n, rows_staged, k_fit, max_q, staged, staging_off,
  *             rows, valid, first_pos, anchor, sampled, seed, temperature, req_ids, slots, qsl, need_draft,
- *             k_window)
+ *             k_window, M, R)
  * The staging rows [0, rows_staged), then meta slot and desc slot of round t, each stamped at both ends
  * (stamped.py SlotWriter; shm_layout.md §5). `seed`/`temperature` None: not a sampled segment (their
  * fields are left alone). The resync windows are staged before this call (writer.py). */
@@ -240,9 +249,10 @@ static PyObject *fr_write_round(PyObject *mod, PyObject *args) {
     Py_ssize_t meta_off, desc_off, staging_off, n, rows_staged, k_fit, max_q;
     unsigned long long t;
     (void)mod;
-    if (!PyArg_ParseTuple(args, "OnnOOKnnnnOnOOOOOOOOOOOO", &seg, &meta_off, &desc_off, &o_moffs, &o_doffs, &t, &n,
+    Py_ssize_t M, R;
+    if (!PyArg_ParseTuple(args, "OnnOOKnnnnOnOOOOOOOOOOOOnn", &seg, &meta_off, &desc_off, &o_moffs, &o_doffs, &t, &n,
                           &rows_staged, &k_fit, &max_q, &o_staged, &staging_off, &o_rows, &a[0], &a[1], &a[2],
-                          &a[3], &a[4], &a[5], &a[6], &a[7], &a[8], &a[9], &a[10]))
+                          &a[3], &a[4], &a[5], &a[6], &a[7], &a[8], &a[9], &a[10], &M, &R))
         return NULL;
     Py_buffer bseg = {0}, bm = {0}, bd = {0}, bst = {0}, brows = {0}, ba[11];
     memset(ba, 0, sizeof ba);
@@ -255,7 +265,7 @@ static PyObject *fr_write_round(PyObject *mod, PyObject *args) {
     static const Py_ssize_t isz[11] = {8, 8, 8, 1, 8, 4, 8, 8, 8, 1, 8};
     static const char *names[11] = {"valid", "first_pos", "anchor", "sampled", "seed", "temperature", "req_ids",
                                     "slots", "qsl", "need_draft", "k_window"};
-    if (n < 0 || k_fit < 0 || k_fit > n || rows_staged < 0) {
+    if (n < 0 || n > M || k_fit < 0 || k_fit > n || rows_staged < 0) {
         PyErr_SetString(PyExc_ValueError, "write_round: bad counts");
         return NULL;
     }
@@ -273,6 +283,11 @@ static PyObject *fr_write_round(PyObject *mod, PyObject *args) {
     }
     const int64_t *mo = bm.buf, *dof = bd.buf;
     Py_ssize_t n_staged = bst.len / 8;
+    /* the per-request fields hold M items (qsl M + 1), staged_slots R: nothing past them is written */
+    if (n_staged > R || mo[M_VALID] + 4 * M > mo[M_FIRST] || dof[D_STAGED] + 4 * R > dof[D_REQ]) {
+        PyErr_SetString(PyExc_ValueError, "write_round: more requests or windows than the slots hold");
+        goto fail;
+    }
     /* every field write below stays inside its slot: the slot sizes are the offsets of stamp_end + 8 */
     if (meta_off < 0 || desc_off < 0 || meta_off + mo[M_END] + 8 > bseg.len || desc_off + dof[D_END] + 8 > bseg.len ||
         (meta_off + mo[M_END]) % 8 || (desc_off + dof[D_END]) % 8 || (meta_off + mo[M_START]) % 8 ||
@@ -513,12 +528,12 @@ static PyObject *fr_advance(PyObject *mod, PyObject *args) {
     int any_unknown = counts[0] != 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t s = slots[i], f = first[i], v = valid[i];
-        int64_t a = f + v, new_hi = a - 1;
-        int keep = hi[s] + 1 == f;
+        int64_t a = wrap_add(f, v), new_hi = wrap_add(a, -1);
+        int keep = wrap_add(hi[s], 1) == f;
         int restarted = !keep && hi[s] >= lo[s];
         int64_t new_lo = keep ? lo[s] : f;
-        if (new_lo < new_hi - (W - 1))
-            new_lo = new_hi - (W - 1);
+        if (new_lo < wrap_add(new_hi, -(W - 1)))
+            new_lo = wrap_add(new_hi, -(W - 1));
         int cleared = v <= 0;
         if (cleared) {
             new_lo = 0;
@@ -530,7 +545,7 @@ static PyObject *fr_advance(PyObject *mod, PyObject *args) {
         if (restarted)
             dirty[s] = 1;
         if (any_unknown && unk[s]) {
-            if (new_lo == 0 || new_hi - new_lo >= W - 1) { /* exact again: W rows, or from position 0 */
+            if (new_lo == 0 || wrap_add(new_hi, -new_lo) >= W - 1) { /* exact again: W rows, or from 0 */
                 unk[s] = 0;
                 counts[0] -= 1;
             } else
@@ -538,7 +553,7 @@ static PyObject *fr_advance(PyObject *mod, PyObject *args) {
         }
         anchor[i] = a;
         hfirst[i] = cleared ? a : new_lo;
-        hrows[i] = cleared ? 0 : a - new_lo;
+        hrows[i] = cleared ? 0 : wrap_add(a, -new_lo);
     }
     for (Py_ssize_t i = 0; i < n; i++) { /* dirty or not announced, after apply marked restarts */
         int64_t s = slots[i];

@@ -57,7 +57,7 @@ class RoundWriter:
                 seg.mm, seg.layout.meta_off(t), seg.layout.desc_off(t), self._moffs, self._doffs, t, n, rows_staged,
                 k, max_q, st, self._staging_off, a["rows"][:rows_staged], valid, a["first_pos"], a["anchor"],
                 a["sampled"], a["seed"] if s else None, a["temperature"] if s else None, a["req_ids"], a["slots"], qsl,
-                a["need_draft"], a["k_window"])
+                a["need_draft"], a["k_window"], p.max_reqs, p.resync_per_round)
             return rows_staged, max_q
         if rows_staged:
             seg.staging[:rows_staged] = a["rows"][:rows_staged]
