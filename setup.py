@@ -1,13 +1,22 @@
-"""Only the C extension lives here; everything else is in pyproject.toml."""
+"""Only the C extensions live here; everything else is in pyproject.toml."""
 
 from setuptools import Extension, setup
+
+_FLAGS = ["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"]
 
 setup(
     ext_modules=[
         Extension(
             "dspark_proxy.shm._hostflag",
             sources=["dspark_proxy/shm/_hostflag.c"],
-            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"],
-        )
+            extra_compile_args=_FLAGS,
+        ),
+        # the per-round hot paths beside their Python reference models (dspark_proxy/native.py)
+        Extension(
+            "dspark_proxy._fastround",
+            sources=["dspark_proxy/_fastround.c", "dspark_proxy/_fastround_proxy.c"],
+            depends=["dspark_proxy/_fastround.h"],
+            extra_compile_args=_FLAGS,
+        ),
     ]
 )

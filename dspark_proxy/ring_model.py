@@ -52,6 +52,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import _fastround as fastround
+
 __all__ = ["NO_OWNER", "EntryPlan", "Advance", "SlotTable"]
 
 NO_OWNER = -1
@@ -116,7 +118,7 @@ class SlotTable:
     Positions and counts are int64 too. Every method assumes each slot at most once (validate_round).
     """
 
-    def __init__(self, max_slots: int, window: int, *, known: bool = False) -> None:
+    def __init__(self, max_slots: int, window: int, *, known: bool = False, native: bool = False) -> None:
         if max_slots <= 0:
             raise ValueError(f"max_slots must be > 0, got {max_slots}")
         if window <= 0:
@@ -138,6 +140,14 @@ class SlotTable:
         # scratch for validate_round, sized for the largest possible round (each slot at most once)
         self._arange = np.arange(m, dtype=np.int64)
         self._mark = np.full(m, -1, dtype=np.int64)
+        self.check_scratch = self._mark  # check_slots' scratch, for a C reader that does the same checks
+        # `advance` in one C call (_fastround.advance, dspark_proxy/native.py); the methods here are its
+        # reference. Its results are views of scratch made once, valid until the next advance.
+        self.native = native
+        self._counts = np.zeros(2, dtype=np.int64)  # n_unknown, _any_unknown, across the C call
+        self._adv_scratch = tuple(np.zeros(m, dt) for dt in (np.int64, np.bool_, np.bool_, np.bool_, np.int64,
+                                                               np.int64))
+        self._adv_views: dict[int, tuple[np.ndarray, ...]] = {}
 
     # ------------------------------------------------------------------ validation
 
@@ -368,6 +378,8 @@ class SlotTable:
         least this round's rows, so it "starts elsewhere" (``plan``'s resync test) exactly when it
         holds more.
         """
+        if self.native:
+            return self._advance_native(slots, req_ids, first_pos, valid)
         new_owner, n_new_owner = self._begin(slots, req_ids)
         anchor, held_first, cleared, n_unknown = self._apply(slots, first_pos, valid, None)
         held_rows = anchor - held_first
@@ -378,6 +390,21 @@ class SlotTable:
         resync = (held_rows > valid) & new_gen
         return Advance(anchor, new_owner, n_new_owner, new_gen, resync, int(np.count_nonzero(resync)),
                        held_first, held_rows, n_unknown)
+
+    def _advance_native(self, slots: np.ndarray, req_ids: np.ndarray, first_pos: np.ndarray,
+                        valid: np.ndarray) -> Advance:
+        n = slots.shape[0]
+        out = self._adv_views.get(n)
+        if out is None:
+            out = self._adv_views[n] = tuple(a[:n] for a in self._adv_scratch)
+        c = self._counts
+        c[0], c[1] = self.n_unknown, self._any_unknown
+        n_new, n_resync, n_unknown = fastround.advance(
+            self.owner, self.generation, self.lo, self.hi, self.dirty, self.announced, self.unknown, c, slots, req_ids,
+            first_pos, valid, *out, self.W)
+        self.n_unknown = int(c[0])
+        anchor, new_owner, new_gen, resync, held_first, held_rows = out
+        return Advance(anchor, new_owner, n_new, new_gen, resync, n_resync, held_first, held_rows, n_unknown)
 
     def accept(self, slots: np.ndarray, anchor_pos: np.ndarray, usable: np.ndarray,
                partial: np.ndarray, worker_rows: np.ndarray, held_rows: np.ndarray | None = None) -> None:

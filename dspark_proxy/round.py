@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import wire
+from . import native, wire
 from .acceptance import Acceptance, GateSettings
 from .breaker import CircuitBreaker
 from .draft_client import DraftClient, StepReply
@@ -79,6 +79,12 @@ _PHASES = ("decode", "prefill", "unknown")
 _ROUNDS_KEY = {ph: f"rounds_{ph}" for ph in _PHASES}
 _RTT_KEY = {ph: f"rtt_us_{ph}" for ph in _PHASES}
 _PARKED_KEY = {ph: f"proxy_parked_us_{ph}" for ph in _PHASES}
+_ENTRIES_AT = wire.APP_HEADER_SIZE + wire.STEP_HDR_SIZE  # the entries' offset in a STEP prefix (FORMAT.md)
+
+
+def _slot_reader(seg: Segment, slots: SlotTable) -> SlotReader:
+    """Round t's descriptor reader: the C path (the default) or the Python reference (native.py)."""
+    return SlotReader(seg, slots.check_slots, slots.native, slots.check_scratch)
 
 
 @dataclass(frozen=True)
@@ -102,13 +108,14 @@ class RoundCore:
         self.sampled = p.sampled
         self.lay = seg.layout
         self.flags = HostFlags(seg, peer_pid=seg.word(Word.ENGINE_PID))  # the spin looks at both CPU sets
-        self.slots = SlotTable(self.M, self.W)
+        self.native = native.enabled()  # the C hot paths (the default) or the Python reference (native.py)
+        self.slots = SlotTable(self.M, self.W, native=self.native)
         self.deadline_ns = int(seg.deadline_ms * 1e6)
         self.pacer = LinkPacer(window=self.W, max_rows=p.max_rows, resync_max=resync_windows_per_enqueue(p),
                                deadline_ns=self.deadline_ns, publish=stats.set)
         self._rtt_us = -1.0
         self._arange = np.arange(self.M, dtype=np.intp)
-        self.desc = SlotReader(seg, self.slots.check_slots)  # round t's descriptor and metadata
+        self.desc = _slot_reader(seg, self.slots)  # round t's descriptor and metadata
         self.win = WindowAsker(seg)  # the resync request we write, the windows the engine staged
         self.resync = ResyncPlanner(self.desc, self.win, self.slots, self.pacer, stats, seg.staging)
         self.want_resync = self.resync.want  # slots whose ring window we asked for
@@ -118,6 +125,7 @@ class RoundCore:
         self._no_entry = np.ones(self.M, dtype=np.bool_)
         self._prefix = wire.StepPrefix(self.M, self.sampled)  # the STEP, built in place (wire/step.py)
         self._entries = self._prefix.entries(self.M)  # a round's k entries are its first k
+        self._entry_offs = native.entry_offsets(wire.ENTRY_DTYPE)
         self.rounds = 0  # the last round handled
         self._gathered_ns_off = self.lay.word_off(Word.GATHERED_NS)
         self._advanced = False  # round t's rows reached the ring model (set by _run)
@@ -236,25 +244,25 @@ class RoundCore:
         if k == 0:
             return self._fail(slots, n, "no_rows")
         ent = self._entries[:k]
-        if have_win is None:
-            e_first = first_pos[sel]
-        else:
-            e_first = np.where(have_win, plan.held_first, first_pos)[sel]
-        ent["slot"] = e_slots
-        ent["n_rows"] = e_rows
-        ent["generation"] = self.slots.generation[e_slots]
-        ent["first_pos"] = e_first
-        ent["anchor_pos"] = plan.anchor_pos[sel]
-        ent["anchor_token"] = v.anchor[sel]
         need = np.not_equal(v.need_raw, 0, out=v.need)
         self.accept.mask(slots, need)  # paused by the acceptance gate: rows sent, no drafts asked
         flags = v.need_u8 | (plan.new_gen.view(np.uint8) << 1)  # RF_NEED_DRAFT | RF_NEW_GEN
         if have_win is not None:
             flags |= have_win.view(np.uint8) << 2  # RF_RESYNC
-        ent["flags"] = flags[sel]
-        ent["k_window"] = np.minimum(v.k_window[sel], 255)
         n_out = self.packer.n_out(n)
-        ent["n_out"] = n_out
+        if have_win is None and self.native:  # the usual round's entries in one C call (its reference: below)
+            self._fill_entries(idx, slots, valid, first_pos, plan, flags, n_out)
+        else:
+            e_first = first_pos[sel] if have_win is None else np.where(have_win, plan.held_first, first_pos)[sel]
+            ent["slot"] = e_slots
+            ent["n_rows"] = e_rows
+            ent["generation"] = self.slots.generation[e_slots]
+            ent["first_pos"] = e_first
+            ent["anchor_pos"] = plan.anchor_pos[sel]
+            ent["anchor_token"] = v.anchor[sel]
+            ent["flags"] = flags[sel]
+            ent["k_window"] = np.minimum(v.k_window[sel], 255)
+            ent["n_out"] = n_out
         if have_win is None:
             rows = [self.seg.staging[:n_rows]]  # the entries' rows: a prefix of the staging
         else:
@@ -293,6 +301,14 @@ class RoundCore:
             st.inc("rounds_n_out_cut")
         # 8. accept
         self._accept(t, n, idx, e_slots, slots, plan, need, pending if n_pending else None, out.reply)
+
+    def _fill_entries(self, idx: np.ndarray | None, slots: np.ndarray, valid: np.ndarray, first_pos: np.ndarray,
+                      plan: Advance, flags: np.ndarray, n_out: int) -> None:
+        """Step 4's entries for the requests `idx` (None: all), each with this round's rows, written into
+        the STEP prefix by _fastround.fill_entries: the reference is the field assignments in _run."""
+        native.fastround.fill_entries(self._prefix, _ENTRIES_AT, wire.ENTRY_SIZE, self._entry_offs, idx, slots,
+                                      valid, self.slots.generation, first_pos, plan.anchor_pos, self.desc.v.anchor,
+                                      flags, self.desc.v.k_window, n_out)
 
     def _fail(self, slots: np.ndarray, n: int, reason: str) -> None:
         self.slots.mark_dirty(slots)

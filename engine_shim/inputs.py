@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from dspark_proxy import native
+
 __all__ = ["EnqueueInputs", "ShimError"]
 
 
@@ -24,9 +26,9 @@ class _ReqIds:
 
     def __call__(self, req_ids: Any, n: int) -> np.ndarray:
         if isinstance(req_ids, np.ndarray) and req_ids.dtype.kind in "iu":
-            return req_ids.astype(np.int64, copy=False)
+            return np.ascontiguousarray(req_ids, dtype=np.int64)
         if hasattr(req_ids, "dtype") and hasattr(req_ids, "numpy"):  # an integer torch tensor
-            return req_ids.detach().cpu().numpy().astype(np.int64, copy=False)
+            return np.ascontiguousarray(req_ids.detach().cpu().numpy(), dtype=np.int64)
         if not hasattr(req_ids, "__len__"):
             req_ids = list(req_ids)
         if len(req_ids) != n:
@@ -54,6 +56,8 @@ def _as_numpy(x: Any, dtype: Any, name: str) -> np.ndarray:
             x = x.cpu()
         x = x.numpy()
     a = np.asarray(x)
+    if not a.flags.c_contiguous:  # the C paths take contiguous arrays (a strided view, a transposed tensor)
+        a = np.ascontiguousarray(a)
     if dtype is not None and a.dtype != dtype:
         try:
             a = a.astype(dtype)
@@ -64,10 +68,12 @@ def _as_numpy(x: Any, dtype: Any, name: str) -> np.ndarray:
 
 class EnqueueInputs:
     """Checks and converts one enqueue's arguments (numpy or torch, CPU or GPU) before anything is
-    written; the engine thread's, like the shim. Its scratch is made once."""
+    written; the engine thread's, like the shim. Its scratch is made once. `native`: the cheap checks in
+    one C call (_fastround.check_round) instead of the numpy reference below (dspark_proxy/native.py)."""
 
-    def __init__(self, max_reqs: int, window: int, row_bytes: int, sampled: bool) -> None:
+    def __init__(self, max_reqs: int, window: int, row_bytes: int, sampled: bool, native: bool = False) -> None:
         self.max_reqs, self.window, self.row_bytes, self.sampled = max_reqs, window, row_bytes, sampled
+        self.native = native
         self._req_ids = _ReqIds(limit=16 * max_reqs + 1024)
         self._arange = np.arange(max_reqs, dtype=np.int64)
         self._mark = np.zeros(max_reqs, dtype=np.int64)  # scratch for the duplicate-slot check
@@ -95,7 +101,15 @@ class EnqueueInputs:
         if qsl_a.shape != (n + 1,):
             raise ShimError(f"qsl: expected shape ({n + 1},), got {qsl_a.shape}")
         a["qsl"] = qsl_a
-        if n:
+        total = -1
+        if self.native:
+            code, total = native.fastround.check_round(slots_a, a["valid"], a["first_pos"], a["k_window"], qsl_a,
+                                                       self._mark, M, W)
+            if code == 1:
+                self._explain(slots_a, qsl_a, a)
+            if code == 2:
+                raise ShimError("slots: a slot appears more than once in the round")
+        elif n:
             # one pass of cheap checks on the hot path; the slow path below only names the culprit
             # as uint64 a negative int64 is huge: one comparison checks both ends of a range
             v, k = a["valid"], a["k_window"]
@@ -114,7 +128,8 @@ class EnqueueInputs:
             raise ShimError(f"req_ids: expected {n} ids, got {a['req_ids'].shape}")
         if n and np.minimum.reduce(a["req_ids"]) < 0:
             raise ShimError("req_ids: integer request ids must be >= 0")
-        total = int(a["valid"].sum()) if n else 0
+        if total < 0:
+            total = int(a["valid"].sum()) if n else 0
         a["rows"] = self._rows(rows, total)
         s = np.zeros(n, np.bool_) if sampled is None else _as_numpy(sampled, np.bool_, "sampled")
         if s.shape != (n,):

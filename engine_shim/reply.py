@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dspark_proxy.native import fastround
 from dspark_proxy.shm.layout import STATUS_NAMES, STATUS_ROUND_FAILED, SUPPORT_K, ReplyPageLayout
 
 __all__ = ["Reply", "ReplyReader"]
@@ -67,10 +68,14 @@ class Reply:
 
 
 class ReplyReader:
-    """Turns a copied page into a Reply without allocating: every array is a view of `buf`."""
+    """Turns a copied page into a Reply without allocating: every array is a view of `buf`. `native`:
+    the n_drafts check and the ok mask in one C call (_fastround.check_page), and the views of each
+    round size made once; `parse` below is its reference."""
 
-    def __init__(self, layout: ReplyPageLayout) -> None:
+    def __init__(self, layout: ReplyPageLayout, native: bool = False) -> None:
         self.L = layout
+        self.native = native
+        self._views: dict[int, tuple[np.ndarray, ...]] = {}  # per n: ok, ids, conf, n_drafts (native)
         self.buf = np.zeros(layout.size, dtype=np.int32)
         self._okbool = np.zeros(layout.M, dtype=np.bool_)
         self._fail_nd = np.zeros(layout.M, dtype=np.int32)
@@ -101,6 +106,8 @@ class ReplyReader:
             return self.failed(t, n_expected, "round_failed")
         if status not in STATUS_NAMES or n != n_expected or not 0 <= n <= L.M:
             return self.failed(t, n_expected, "bad_page")
+        if self.native:
+            return self._parse_native(t, n, status)
         N = L.N
         nd = b[L.o_ok:L.o_ok + n]
         if n and int(_umax(nd.view(np.uint32))) > N:  # n_drafts outside 0..N (one reduction)
@@ -117,3 +124,28 @@ class ReplyReader:
         qids = b[L.o_qids:L.o_qids + n * N * K].reshape(n, N, K)
         q = b[L.o_q:L.o_q + n * N * K].view(np.float32).reshape(n, N, K)
         return Reply(t, status, n, ok, ids, conf, sm, qids, q, n_drafts=nd)
+
+    def _parse_native(self, t: int, n: int, status: int) -> Reply:
+        L = self.L
+        v = self._views.get(n)
+        if v is None:
+            v = self._views[n] = self._views_of(n)
+        ok, ids, conf, nd = v[:4]
+        if not fastround.check_page(self.buf, L.o_ok, n, L.N, ok):
+            return self.failed(t, n, "bad_page")
+        if not L.sampled:
+            return Reply(t, status, n, ok, ids, conf, n_drafts=nd)
+        sm = v[4]
+        np.not_equal(v[5], 0, out=sm)
+        return Reply(t, status, n, ok, ids, conf, sm, v[6], v[7], n_drafts=nd)
+
+    def _views_of(self, n: int) -> tuple[np.ndarray, ...]:
+        """parse's views of `buf` for a round of n requests (the same arrays parse builds each time)."""
+        L, b, N, K = self.L, self.buf, self.L.N, SUPPORT_K
+        v = (self._okbool[:n], b[L.o_ids:L.o_ids + n * N].reshape(n, N),
+             b[L.o_conf:L.o_conf + n * N].view(np.float32).reshape(n, N), b[L.o_ok:L.o_ok + n])
+        if L.sampled:
+            v += (self._smask[:n], b[L.o_sample_mask:L.o_sample_mask + n],
+                  b[L.o_qids:L.o_qids + n * N * K].reshape(n, N, K),
+                  b[L.o_q:L.o_q + n * N * K].view(np.float32).reshape(n, N, K))
+        return v

@@ -22,6 +22,7 @@ import mmap
 
 import numpy as np
 
+from dspark_proxy import native
 from dspark_proxy.ring_model import SlotTable
 
 __all__ = ["EngineRing"]
@@ -46,10 +47,12 @@ class EngineRing:
     """Rows of the last W positions per slot, plus the same position bookkeeping as the proxy's model.
 
     ``table`` is a SlotTable; the engine side uses its owner, generation and range (its dirty and
-    announced flags describe the worker's copy, which only the proxy tracks).
+    announced flags describe the worker's copy, which only the proxy tracks). ``native``: ``write`` is one
+    C call (_fastround.ring_write) applying the same rules (dspark_proxy/native.py); this is its reference.
     """
 
-    def __init__(self, max_slots: int, window: int, row_bytes: int) -> None:
+    def __init__(self, max_slots: int, window: int, row_bytes: int, native: bool = False) -> None:
+        self.native = native
         if row_bytes <= 0:
             raise ValueError(f"row_bytes must be > 0, got {row_bytes}")
         self.table = SlotTable(max_slots, window, known=True)  # the ring itself: every range is known
@@ -61,6 +64,7 @@ class EngineRing:
         self._row_t = np.dtype((np.void, self.row_bytes))
         self._flat = self.rows.view(self._row_t).reshape(self.max_slots * self.W)
         self._j = np.arange(self.max_slots * self.W, dtype=np.int64)  # the flat row counter, never rebuilt
+        self._ring_u8 = self.rows.reshape(-1)
 
     def write(self, slots: np.ndarray, req_ids: np.ndarray, first_pos: np.ndarray, valid: np.ndarray,
               rows: np.ndarray) -> np.ndarray:
@@ -74,6 +78,8 @@ class EngineRing:
         slots = np.asarray(slots, dtype=np.int64)
         first_pos = np.asarray(first_pos, dtype=np.int64)
         valid = np.asarray(valid, dtype=np.int64)
+        if self.native and not self.table.n_unknown:  # the engine's table is known=True: always
+            return self._write_native(slots, req_ids, first_pos, valid, rows)
         W = self.W
         sent = np.maximum(valid, 0)
         sent_ends = np.add.accumulate(sent)
@@ -101,6 +107,17 @@ class EngineRing:
             src = src[j + np.repeat(sent_ends - ends, kept)]
         self._flat[dst] = src
         return anchor
+
+    def _write_native(self, slots: np.ndarray, req_ids: np.ndarray, first_pos: np.ndarray, valid: np.ndarray,
+                      rows: np.ndarray) -> np.ndarray:
+        if rows.dtype != np.uint8 or rows.ndim != 2 or rows.shape[1] != self.row_bytes:
+            raise ValueError(f"rows must be uint8 [total, {self.row_bytes}], got {rows.dtype} {rows.shape}")
+        t = self.table
+        native.fastround.ring_write(t.owner, t.generation, t.lo, t.hi, t.dirty, t.announced, self._ring_u8,
+                                    np.ascontiguousarray(slots), np.ascontiguousarray(req_ids, dtype=np.int64),
+                                    np.ascontiguousarray(first_pos), np.ascontiguousarray(valid),
+                                    np.ascontiguousarray(rows), self.W, self.row_bytes)
+        return first_pos + valid
 
     def stage_window(self, slot: int, dst_rows: np.ndarray) -> tuple[int, int, int]:
         """Copy the slot's whole ring block (W rows, indexed by position % W) into ``dst_rows``

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from dspark_proxy import native
 from dspark_proxy.events import EventRing, watchdog_event
 from dspark_proxy.shm.hostflag import (
     FAR_AHEAD,
@@ -60,9 +61,10 @@ class Shim:
         self.look_every_s = look_every_s
         self.counters = Stats()  # the shim's own counters and events; stats() is the snapshot
         self.events = EventRing(events_kept)
-        self.ring = EngineRing(max_reqs, window, row_bytes)
-        self._inputs = EnqueueInputs(max_reqs, window, row_bytes, sampled)  # validated, as numpy
-        self._reader = ReplyReader(ReplyPageLayout(max_reqs, num_spec, sampled))
+        self.native = native.enabled()  # the C hot paths (the default) or the Python reference model
+        self.ring = EngineRing(max_reqs, window, row_bytes, self.native)
+        self._inputs = EnqueueInputs(max_reqs, window, row_bytes, sampled, self.native)  # validated, as numpy
+        self._reader = ReplyReader(ReplyPageLayout(max_reqs, num_spec, sampled), self.native)
         self.target_id = check_target_id(target_id or "")  # the target model, told to the proxy's HELLO
         self._att = Attachment(self.ring, self.counters, self.events, sampled, self._watch, self.deadline_ms,
                                self.target_id)

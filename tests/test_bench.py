@@ -65,6 +65,12 @@ def test_quick_json_has_every_section_with_numbers(quick_run: dict) -> None:
             _figures(p[k], f"handoff/{place}/{k}")
         assert all(_num(v) and v > 0 for v in p["ratios"].values()), p["ratios"]
         assert p["failed_rounds"] == 0
+        # the same rounds on the Python reference path (DSPARK_NATIVE=0), keys of their own
+        for k in ("handoff", "enqueue", "read_reply", "proxy_round"):
+            _figures(p["reference"][k], f"handoff/{place}/reference/{k}")
+        assert p["reference"]["failed_rounds"] == 0
+    for path in ("native", "reference"):  # n = 256, both paths, the unpinned placement
+        _figures(places["unpinned"]["decode_n256"][path]["enqueue"], f"handoff/unpinned/decode_n256/{path}")
 
     # 2. GIL isolation: both modes at 0, 2 and 4 busy threads
     for mode in ("process", "thread"):

@@ -12,6 +12,11 @@ Also the bare hand-off (bench/bare.py, also scripts/bench_handoff.py's): the sam
 copy through a real segment with no round logic (no Shim, no RoundCore): the distance between it
 and the full hand-off is what the Python work on both sides costs.
 
+Both paths: the keys above run the default (native: dspark_proxy/_fastround.c) hot paths; each
+placement also has `reference`, the same rounds with DSPARK_NATIVE=0 on both sides (the Python reference
+models), and the unpinned placement `decode_n256` (n = 256 requests of one 256-byte row each) on both
+paths: the figures of the same run, side by side.
+
 Placements: unpinned (the scheduler decides, 2+ cores: both sides may spin), both processes on one
 core, each on its own core. Pinned processes are started pinned (affinity inherited, like taskset),
 so their adaptive spin sees the single core it has.
@@ -20,6 +25,7 @@ so their adaptive spin sees the single core it has.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,23 +45,40 @@ def _layout_args(shape: dict[str, int]) -> list[str]:
             "--window", str(shape["window"]), "--row-bytes", str(shape["row_bytes"])]
 
 
+@contextlib.contextmanager
+def _path(native: bool):
+    """DSPARK_NATIVE for what is built inside (this process's shim, the proxy process spawned)."""
+    old = os.environ.get("DSPARK_NATIVE")
+    os.environ["DSPARK_NATIVE"] = "1" if native else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("DSPARK_NATIVE", None)
+        else:
+            os.environ["DSPARK_NATIVE"] = old
+
+
 def time_handoff(name: str, rounds: int, warmup: int, other_cpu: int | None,
-                 shape: dict[str, int] = HANDOFF_SHAPE) -> dict[str, Any]:
-    """Rounds through a null-worker proxy process; returns raw ns arrays and the proxy's own figures."""
+                 shape: dict[str, int] = HANDOFF_SHAPE, native: bool = True,
+                 fixed_valid: int | None = None) -> dict[str, Any]:
+    """Rounds through a null-worker proxy process; returns raw ns arrays and the proxy's own figures.
+    `native` False: both sides on the Python reference models."""
     import numpy as np
 
     import engine_shim
     from dspark_proxy.launch import spawn_proxy
     from dspark_proxy.status import read_status
 
-    with on_cpu(other_cpu):
+    with on_cpu(other_cpu), _path(native):
         proxy = spawn_proxy(name, "null", *_layout_args(shape), "--deadline-ms", "5000", "--log-every", "0")
     shim = None
     try:
-        shim = engine_shim.attach(name, max_reqs=shape["max_reqs"], num_spec=shape["num_spec"],
-                                  window=shape["window"], row_bytes=shape["row_bytes"], timeout_s=10.0)
+        with _path(native):
+            shim = engine_shim.attach(name, max_reqs=shape["max_reqs"], num_spec=shape["num_spec"],
+                                      window=shape["window"], row_bytes=shape["row_bytes"], timeout_s=10.0)
         gen = RoundGen(shape["n"], num_spec=shape["num_spec"], window=shape["window"],
-                       row_bytes=shape["row_bytes"])
+                       row_bytes=shape["row_bytes"], fixed_valid=fixed_valid)
         total = warmup + rounds
         enq = np.empty(total, np.int64)
         read = np.empty(total, np.int64)
@@ -79,6 +102,13 @@ def time_handoff(name: str, rounds: int, warmup: int, other_cpu: int | None,
         if shim is not None:
             shim.close()
         proxy.stop()
+
+
+def _summary(h: dict[str, Any]) -> dict[str, Any]:
+    """One path's figures: the round, its two engine calls, the proxy's own time."""
+    return {"handoff": summarize(h["round"]), "enqueue": summarize(h["enqueue"]),
+            "read_reply": summarize(h["read_reply"]), "proxy_round": h["proxy_round"],
+            "failed_rounds": h["failed"]}
 
 
 def time_bare_handoff(pings: int, other_cpu: int | None) -> tuple[Any, str]:
@@ -105,7 +135,16 @@ def run_handoff(quick: bool = False, say: Callable[[str], None] = lambda s: None
         say(f"hand-off: {place}")
         ctx = pinned({eng}) if eng is not None else contextlib.nullcontext()
         with ctx:
-            h = time_handoff(f"{prefix or default_prefix()}-handoff-{i}", rounds, warmup, other)
+            name = f"{prefix or default_prefix()}-handoff-{i}"
+            h = time_handoff(name, rounds, warmup, other)
+            more = rounds // 2 if quick else rounds  # the rounds of the comparison rows (quick: fewer)
+            ref = time_handoff(name + "-ref", more, warmup, other, native=False)
+            big = {}
+            if i == 0:  # n = 256 one-row decode rounds, both paths, in the first placement only
+                shape256 = dict(HANDOFF_SHAPE, n=256)
+                for path, nat in (("native", True), ("reference", False)):
+                    big[path] = time_handoff(f"{name}-256{path[0]}", more // 2, warmup, other, shape256,
+                                             native=nat, fixed_valid=1)
             base = {"futex_adaptive": time_futex(pings, "adaptive", other),
                     "futex_sleep": time_futex(pings, "0", other),
                     "pipe": time_pipe(pings, other),
@@ -115,6 +154,9 @@ def run_handoff(quick: bool = False, say: Callable[[str], None] = lambda s: None
         r: dict[str, Any] = {"handoff": summarize(h["round"]), "enqueue": summarize(h["enqueue"]),
                              "read_reply": summarize(h["read_reply"]), "proxy_round": h["proxy_round"],
                              "null_worker": h["worker"], "failed_rounds": h["failed"]}
+        r["reference"] = _summary(ref)
+        if big:
+            r["decode_n256"] = {path: _summary(x) for path, x in big.items()}
         for k, v in base.items():
             r[k] = summarize(v, skip)
             samples.add(f"{place}/{k}", v, skip)
@@ -132,6 +174,7 @@ def run_handoff(quick: bool = False, say: Callable[[str], None] = lambda s: None
             "tcp_over_handoff_p50": ratio(r["tcp"]["p50_us"], hp50),
             "proxy_round_over_futex_floor_p50": ratio(r["proxy_round"]["p50_us"], floor),
         }
+        r["ratios"]["reference_over_handoff_p50"] = ratio(r["reference"]["handoff"]["p50_us"], hp50)
         if bare is not None:
             r["ratios"]["bare_handoff_over_futex_floor_p50"] = ratio(r["bare_handoff"]["p50_us"], floor)
             r["ratios"]["handoff_over_bare_handoff_p50"] = ratio(hp50, r["bare_handoff"]["p50_us"])

@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import native
 from . import _hostflag
 from .layout import META_SLOTS
 from .segment import Segment
@@ -129,6 +130,11 @@ class SlotWriter:
 # ----------------------------------------------------------------------------------------- proxy side
 
 
+def _native_offsets(lay) -> tuple[np.ndarray, np.ndarray]:
+    return native.meta_offsets(lay.meta_dtype), native.desc_offsets(lay.desc_dtype)
+
+
+
 class RoundViews(NamedTuple):
     """Views of one round size n over the private descriptor and metadata copies and the round's int64
     and bool scratch. Made once per n seen (at most max_reqs + 1 of them, a few KB each), so a round
@@ -158,11 +164,19 @@ class SlotReader:
 
     After `read(t)`: `v` (the round's views), `max_q`, `rows_staged`, `n_staged` (resync windows staged
     with t), `n_misfit` (requests whose rows did not fit the staging), `d` (the descriptor record) and
-    `staged_slots` (the descriptor's list of staged windows)."""
+    `staged_slots` (the descriptor's list of staged windows).
 
-    def __init__(self, seg: Segment, check_slots: Callable[[np.ndarray], str]) -> None:
+    `native`: the copies and the checks in one C call (_fastround.read_round, dspark_proxy/native.py);
+    whenever it finds something wrong, `_validate` below (the reference) runs on its copies and says what,
+    so both raise the same BadDescriptor. `mark`: check_slots' scratch (the C call leaves it the same)."""
+
+    def __init__(self, seg: Segment, check_slots: Callable[[np.ndarray], str], native: bool = False,
+                 mark: np.ndarray | None = None) -> None:
         p, lay = seg.params, seg.layout
         self.seg, self._check_slots = seg, check_slots
+        self.native = native and mark is not None
+        self._mark = mark
+        self._moffs, self._doffs = _native_offsets(lay)
         self.M, self.W, self.R, self.max_rows = p.max_reqs, p.window, p.resync_per_round, p.max_rows
         self._desc = np.zeros(1, lay.desc_dtype)  # private copies of round t's slots ...
         self._meta = np.zeros(1, lay.meta_dtype)
@@ -211,10 +225,31 @@ class SlotReader:
         returns n. Checks are counted, not branched on per field: each numpy call costs ~0.5 µs whatever
         n is; the exact count for the error message is only computed when something is wrong."""
         slot = t % META_SLOTS
-        if not self._copy(t, self._desc_offs[slot], self._desc_end, self._seg_desc_u8[slot], self._desc_u8):
+        if self.native:
+            code, n, self.max_q, rows, n_staged, n_misfit = native.fastround.read_round(
+                self.seg.mm, self._desc_offs[slot], self._meta_offs[slot], self._moffs, self._doffs, t, self._desc_u8,
+                self._meta_u8, self._mark, self._slots, self._valid, self.M, self.W, self.R, self.max_rows)
+            if code == 0:
+                self.v = self._views.get(n) or self._views_of(n)
+                self.rows_staged, self.n_staged, self.n_misfit = rows, n_staged, n_misfit
+                return n
+            if code == 3:
+                self._validate()
+                raise AssertionError("read_round found a bad descriptor that the reference accepts")
+        elif not self._copy(t, self._desc_offs[slot], self._desc_end, self._seg_desc_u8[slot], self._desc_u8):
+            code = 1
+        elif not self._copy(t, self._meta_offs[slot], self._meta_end, self._seg_meta_u8[slot], self._meta_u8):
+            code = 2
+        else:
+            code = 0
+        if code == 1:
             raise BadDescriptor(f"descriptor slot {slot} is not round {t}'s (stamps)")
-        if not self._copy(t, self._meta_offs[slot], self._meta_end, self._seg_meta_u8[slot], self._meta_u8):
+        if code == 2:
             raise BadDescriptor(f"metadata slot {slot} is not round {t}'s (stamps)")
+        return self._validate()
+
+    def _validate(self) -> int:
+        """The reference checks of the copies; returns n."""
         n, self.max_q, rows_gathered, n_staged = self._desc_hdr.unpack_from(self._desc_u8, self._desc_hdr_off)
         meta_n, rows = self._meta_hdr.unpack_from(self._meta_u8, self._meta_hdr_off)
         if not 0 <= n <= self.M or meta_n != n:

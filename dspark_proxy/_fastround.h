@@ -1,0 +1,84 @@
+/*
+ * _fastround.h: what the two halves of _fastround share (buffers, int64 arithmetic as numpy does it,
+ * the slot and entry field indices, little-endian field access). _fastround.c has the overview.
+ */
+#ifndef DSPARK_FASTROUND_H
+#define DSPARK_FASTROUND_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "_fastround: the segment layout is little-endian"
+#endif
+
+/* Field offsets inside a slot, in the order native.py's _META_FIELDS / _DESC_FIELDS list them. */
+enum { M_START, M_T, M_N, M_ROWS, M_VALID, M_FIRST, M_ANCHOR, M_STAGED, M_SAMPLED, M_SEED, M_TEMP, M_END, M_COUNT };
+enum { D_START, D_T, D_N, D_MAXQ, D_ROWS, D_NSTAGED, D_STAGED, D_REQ, D_SLOT, D_QSL, D_NEED, D_K, D_END, D_COUNT };
+/* ENTRY_DTYPE's field offsets, in the order native.py's _ENTRY_FIELDS lists them */
+enum { E_SLOT, E_NROWS, E_GEN, E_FIRST, E_ANCHOR, E_TOKEN, E_FLAGS, E_K, E_NOUT, E_COUNT };
+
+/* ------------------------------------------------------------------ buffers */
+
+/* Get a C-contiguous buffer of at least `count` items of `itemsize` bytes; ValueError otherwise. */
+static inline int get_arr(PyObject *o, Py_buffer *b, Py_ssize_t itemsize, Py_ssize_t count, int writable,
+                   const char *name) {
+    if (PyObject_GetBuffer(o, b, (writable ? PyBUF_WRITABLE : 0) | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return -1;
+    if (b->itemsize != itemsize || b->len < count * itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %zd items of %zd bytes, got %zd bytes of items of %zd",
+                     name, count, itemsize, b->len, b->itemsize);
+        PyBuffer_Release(b);
+        return -1;
+    }
+    return 0;
+}
+
+/* Release every buffer of a NULL-terminated list that was acquired (obj != NULL). */
+static inline void release_all(Py_buffer **bs) {
+    for (; *bs; bs++)
+        if ((*bs)->obj)
+            PyBuffer_Release(*bs);
+}
+
+/* int64 arithmetic as numpy does it: wrapping (a position near 2**63 from a bad caller must not be
+ * undefined behaviour), and a modulo that is never negative (numpy's %, so a wrapped position still
+ * lands inside its slot's block) */
+static inline int64_t wrap_add(int64_t a, int64_t b) { return (int64_t)((uint64_t)a + (uint64_t)b); }
+static inline int64_t pmod(int64_t a, int64_t m) {
+    int64_t r = a % m;
+    return r < 0 ? r + m : r;
+}
+
+static inline _Atomic uint64_t *stamp_at(char *base, Py_ssize_t off) {
+    return (_Atomic uint64_t *)(base + off);
+}
+
+static inline void put_u32(char *p, uint64_t v) { uint32_t x = (uint32_t)v; memcpy(p, &x, 4); }
+static inline void put_u64(char *p, uint64_t v) { memcpy(p, &v, 8); }
+/* int64 -> int32 wraps like numpy's assignment into an int32 field */
+static inline void put_i32s(char *p, const int64_t *a, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t x = (int32_t)(uint32_t)(uint64_t)a[i];
+        memcpy(p + 4 * i, &x, 4);
+    }
+}
+
+static inline uint32_t get_u32(const char *p) { uint32_t x; memcpy(&x, p, 4); return x; }
+static inline int32_t get_i32(const char *p) { int32_t x; memcpy(&x, p, 4); return x; }
+static inline int64_t get_i64(const char *p) { int64_t x; memcpy(&x, p, 8); return x; }
+
+/* the functions of each half (the method table is _fastround.c's) */
+PyObject *fr_check_round(PyObject *mod, PyObject *args);
+PyObject *fr_ring_write(PyObject *mod, PyObject *args);
+PyObject *fr_write_round(PyObject *mod, PyObject *args);
+PyObject *fr_check_page(PyObject *mod, PyObject *args);
+PyObject *fr_read_round(PyObject *mod, PyObject *args);
+PyObject *fr_advance(PyObject *mod, PyObject *args);
+PyObject *fr_fill_entries(PyObject *mod, PyObject *args);
+
+#endif

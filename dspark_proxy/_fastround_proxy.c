@@ -1,0 +1,296 @@
+/*
+ * _fastround_proxy.c: the proxy's half of _fastround (see _fastround.c): the stamped descriptor read and
+ * its validation (shm/stamped.py SlotReader), the ring model's advance (ring_model.py), the usual round's
+ * STEP entries (round.py).
+ */
+#include "_fastround.h"
+
+/* ------------------------------------------------------------------ proxy: read_round */
+
+/* Copy a stamped slot under the stamp rule: stamp_end == t (acquire: pairs with the writer's release
+ * store of stamp_end), copy, acquire fence, stamp_start == t (pairs with the writer's release fence
+ * after stamp_start). 1 if the copy is round t's. */
+static int stamped_copy(char *src, Py_ssize_t start_off, Py_ssize_t end_off, uint64_t t, char *dst, size_t len) {
+    if (atomic_load_explicit(stamp_at(src, end_off), memory_order_acquire) != t)
+        return 0;
+    memcpy(dst, src, len);
+    atomic_thread_fence(memory_order_acquire);
+    return atomic_load_explicit(stamp_at(src, start_off), memory_order_relaxed) == t;
+}
+
+/* read_round(seg, desc_off, meta_off, moffs, doffs, t, desc_copy, meta_copy, mark, slots_out, valid_out,
+ *            M, W, R, max_rows) -> (code, n, max_q, rows_staged, n_staged, n_misfit)
+ * SlotReader.read: code 1 desc stamps, 2 meta stamps (not round t's), 3 something does not hold
+ * together (the reference validation, run on the copies, says what), 0 fine: slots_out[:n] and
+ * valid_out[:n] (int64) hold the round's slots and valid, mark[slots[i]] = i as check_slots leaves it. */
+PyObject *fr_read_round(PyObject *mod, PyObject *args) {
+    PyObject *seg, *o[7];
+    Py_ssize_t desc_off, meta_off, M, W, R, max_rows;
+    unsigned long long t;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "OnnOOKOOOOOnnnn", &seg, &desc_off, &meta_off, &o[0], &o[1], &t, &o[2], &o[3], &o[4],
+                          &o[5], &o[6], &M, &W, &R, &max_rows))
+        return NULL;
+    Py_buffer bseg = {0}, bs[7];
+    memset(bs, 0, sizeof bs);
+    Py_buffer *all[9] = {&bseg, &bs[0], &bs[1], &bs[2], &bs[3], &bs[4], &bs[5], &bs[6], NULL};
+    if (PyObject_GetBuffer(seg, &bseg, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (get_arr(o[0], &bs[0], 8, M_COUNT, 0, "moffs") < 0 || get_arr(o[1], &bs[1], 8, D_COUNT, 0, "doffs") < 0)
+        goto fail;
+    const int64_t *mo = bs[0].buf, *dof = bs[1].buf;
+    /* the copies are whole slots (their padding too, as the reference copies them) */
+    if (get_arr(o[2], &bs[2], 1, dof[D_END] + 8, 1, "desc_copy") < 0 ||
+        get_arr(o[3], &bs[3], 1, mo[M_END] + 8, 1, "meta_copy") < 0 || get_arr(o[4], &bs[4], 8, M, 1, "mark") < 0 ||
+        get_arr(o[5], &bs[5], 8, M, 1, "slots_out") < 0 || get_arr(o[6], &bs[6], 8, M, 1, "valid_out") < 0)
+        goto fail;
+    Py_ssize_t dlen = bs[2].len, mlen = bs[3].len;
+    if (desc_off < 0 || meta_off < 0 || desc_off + dlen > bseg.len || meta_off + mlen > bseg.len ||
+        (desc_off + dof[D_START]) % 8 || (desc_off + dof[D_END]) % 8 || (meta_off + mo[M_START]) % 8 ||
+        (meta_off + mo[M_END]) % 8) {
+        PyErr_SetString(PyExc_ValueError, "read_round: slot outside the segment or a stamp misaligned");
+        goto fail;
+    }
+    char *base = bseg.buf, *d = bs[2].buf, *m = bs[3].buf;
+    int64_t *mark = bs[4].buf, *slots = bs[5].buf, *valid = bs[6].buf;
+    int code = 0;
+    uint32_t n = 0, max_q = 0, rows = 0, n_staged = 0, n_misfit = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (!stamped_copy(base + desc_off, dof[D_START], dof[D_END], t, d, (size_t)dlen))
+        code = 1;
+    else if (!stamped_copy(base + meta_off, mo[M_START], mo[M_END], t, m, (size_t)mlen))
+        code = 2;
+    else {
+        n = get_u32(d + dof[D_N]);
+        max_q = get_u32(d + dof[D_MAXQ]);
+        uint32_t rows_gathered = get_u32(d + dof[D_ROWS]);
+        n_staged = get_u32(d + dof[D_NSTAGED]);
+        rows = get_u32(m + mo[M_ROWS]);
+        if ((Py_ssize_t)n > M || get_u32(m + mo[M_N]) != n)
+            code = 3;
+        for (uint32_t i = 0; !code && i < n; i++) {
+            slots[i] = get_i32(d + dof[D_SLOT] + 4 * i);
+            if ((uint64_t)slots[i] >= (uint64_t)M)
+                code = 3;
+        }
+        if (!code) { /* check_slots' duplicate test, leaving mark as it does */
+            for (uint32_t i = 0; i < n; i++)
+                mark[slots[i]] = i;
+            for (uint32_t i = 0; i < n; i++)
+                if (mark[slots[i]] != (int64_t)i)
+                    code = 3;
+        }
+        int64_t sum = 0;
+        for (uint32_t i = 0; !code && i < n; i++) {
+            int32_t v = get_i32(m + mo[M_VALID] + 4 * i), st = get_i32(m + mo[M_STAGED] + 4 * i);
+            if ((uint32_t)v > (uint32_t)W || get_i64(m + mo[M_FIRST] + 8 * i) < 0 || (st != v && st != 0) ||
+                get_i32(d + dof[D_QSL] + 4 * (i + 1)) < get_i32(d + dof[D_QSL] + 4 * i))
+                code = 3;
+            n_misfit += st != v;
+            sum += st;
+        }
+        if (!code && (sum != (int64_t)rows || (Py_ssize_t)rows > max_rows || rows_gathered != rows ||
+                      (Py_ssize_t)n_staged > R))
+            code = 3;
+        for (uint32_t i = 0; !code && i < n; i++)
+            valid[i] = get_i32(m + mo[M_VALID] + 4 * i);
+    }
+    Py_END_ALLOW_THREADS
+    release_all(all);
+    return Py_BuildValue("iIIIII", code, n, max_q, rows, n_staged, n_misfit);
+fail:
+    release_all(all);
+    return NULL;
+}
+
+
+/* ------------------------------------------------------------------ proxy: advance */
+
+/* advance(owner, generation, lo, hi, dirty, announced, unknown, counts, slots, req_ids, first_pos, valid,
+ *         anchor, new_owner, new_gen, resync, held_first, held_rows, W) -> (n_new_owner, n_resync, n_unknown)
+ * SlotTable.advance (ring_model.py) on its arrays, request by request: begin_requests (with _activate's
+ * unknown bookkeeping when counts[1], the table's _any_unknown, is set), apply, and the plan's flags at
+ * the round's own anchors. counts[0] is the table's n_unknown (read and written). Requires what the
+ * proxy checked while reading the descriptor: slots in range and unique, 0 <= valid <= W. Outputs are
+ * int64 [n] (anchor, held_first, held_rows) and bool [n] (new_owner, new_gen, resync). */
+PyObject *fr_advance(PyObject *mod, PyObject *args) {
+    PyObject *o[18];
+    Py_ssize_t W;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOOOOn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8],
+                          &o[9], &o[10], &o[11], &o[12], &o[13], &o[14], &o[15], &o[16], &o[17], &W))
+        return NULL;
+    Py_buffer bs[18];
+    memset(bs, 0, sizeof bs);
+    Py_buffer *all[19];
+    for (int i = 0; i < 18; i++)
+        all[i] = &bs[i];
+    all[18] = NULL;
+    static const char *names[18] = {"owner", "generation", "lo", "hi", "dirty", "announced", "unknown", "counts",
+                                    "slots", "req_ids", "first_pos", "valid", "anchor", "new_owner", "new_gen",
+                                    "resync", "held_first", "held_rows"};
+    if (get_arr(o[0], &bs[0], 8, 0, 1, names[0]) < 0)
+        return NULL;
+    Py_ssize_t S = bs[0].len / 8;
+    for (int i = 1; i < 8; i++)
+        if (get_arr(o[i], &bs[i], (i < 4 || i == 7) ? 8 : 1, i == 7 ? 2 : S, 1, names[i]) < 0)
+            goto fail;
+    if (get_arr(o[8], &bs[8], 8, 0, 0, names[8]) < 0)
+        goto fail;
+    Py_ssize_t n = bs[8].len / 8;
+    for (int i = 9; i < 18; i++) /* req_ids, first_pos, valid in; the rest out */
+        if (get_arr(o[i], &bs[i], (i >= 13 && i <= 15) ? 1 : 8, n, i >= 12, names[i]) < 0)
+            goto fail;
+    int64_t *owner = bs[0].buf, *gen = bs[1].buf, *lo = bs[2].buf, *hi = bs[3].buf, *counts = bs[7].buf;
+    uint8_t *dirty = bs[4].buf, *ann = bs[5].buf, *unk = bs[6].buf;
+    const int64_t *slots = bs[8].buf, *req = bs[9].buf, *first = bs[10].buf, *valid = bs[11].buf;
+    int64_t *anchor = bs[12].buf, *hfirst = bs[16].buf, *hrows = bs[17].buf;
+    uint8_t *new_owner = bs[13].buf, *new_gen = bs[14].buf, *resync = bs[15].buf;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if ((uint64_t)slots[i] >= (uint64_t)S) {
+            PyErr_Format(PyExc_ValueError, "slot %lld out of range", (long long)slots[i]);
+            goto fail;
+        }
+    int64_t n_new = 0, n_resync = 0, n_unknown_left = 0;
+    /* begin_requests: new owners (a slot once per round, so the order of requests does not matter) */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t s = slots[i];
+        new_owner[i] = owner[s] != req[i];
+        if (!new_owner[i])
+            continue;
+        n_new++;
+        if (counts[1] && unk[s]) { /* _activate: a dormant unknown slot comes into use still unknown; one */
+            if (owner[s] == -1)    /* whose owner really changes is known again */
+                counts[0] += 1;
+            else {
+                unk[s] = 0;
+                counts[0] -= 1;
+            }
+        }
+        owner[s] = req[i];
+        gen[s] += 1;
+        lo[s] = 0;
+        hi[s] = -1;
+        dirty[s] = 1;
+        ann[s] = 0;
+    }
+    /* apply, then the plan's flags; n_unknown of the round only while the table has any (as _apply) */
+    int any_unknown = counts[0] != 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t s = slots[i], f = first[i], v = valid[i];
+        int64_t a = wrap_add(f, v), new_hi = wrap_add(a, -1);
+        int keep = wrap_add(hi[s], 1) == f;
+        int restarted = !keep && hi[s] >= lo[s];
+        int64_t new_lo = keep ? lo[s] : f;
+        if (new_lo < wrap_add(new_hi, -(W - 1)))
+            new_lo = wrap_add(new_hi, -(W - 1));
+        int cleared = v <= 0;
+        if (cleared) {
+            new_lo = 0;
+            new_hi = -1;
+            restarted = 1;
+        }
+        lo[s] = new_lo;
+        hi[s] = new_hi;
+        if (restarted)
+            dirty[s] = 1;
+        if (any_unknown && unk[s]) {
+            if (new_lo == 0 || wrap_add(new_hi, -new_lo) >= W - 1) { /* exact again: W rows, or from 0 */
+                unk[s] = 0;
+                counts[0] -= 1;
+            } else
+                n_unknown_left++;
+        }
+        anchor[i] = a;
+        hfirst[i] = cleared ? a : new_lo;
+        hrows[i] = cleared ? 0 : wrap_add(a, -new_lo);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) { /* dirty or not announced, after apply marked restarts */
+        int64_t s = slots[i];
+        new_gen[i] = dirty[s] || !ann[s];
+        resync[i] = hrows[i] > valid[i] && new_gen[i];
+        n_resync += resync[i];
+    }
+    release_all(all);
+    return Py_BuildValue("LLL", (long long)n_new, (long long)n_resync, (long long)n_unknown_left);
+fail:
+    release_all(all);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ proxy: fill_entries */
+
+
+/* fill_entries(prefix, entries_off, entry_size, eoffs, idx, slots, n_rows, generation, first_pos, anchor_pos,
+ *              anchor_token, flags, k_window, n_out)
+ * The round's k entries (round.py step 4, the usual round: this round's rows, no window): entry e is
+ * request j = idx[e] (idx None: j = e, k = len(slots)); slot, n_rows, first_pos, anchor_pos, anchor_token,
+ * flags, k_window (at most 255) of request j, generation of its slot, n_out. Integer fields take the low
+ * bytes, as numpy's assignment into the entry's narrower fields does. Returns k. */
+PyObject *fr_fill_entries(PyObject *mod, PyObject *args) {
+    PyObject *prefix, *o[10];
+    Py_ssize_t ent_off, ent_size, n_out;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "OnnOOOOOOOOOOn", &prefix, &ent_off, &ent_size, &o[0], &o[1], &o[2], &o[3], &o[4],
+                          &o[5], &o[6], &o[7], &o[8], &o[9], &n_out))
+        return NULL;
+    Py_buffer bp = {0}, bs[10];
+    memset(bs, 0, sizeof bs);
+    Py_buffer *all[12] = {&bp};
+    for (int i = 0; i < 10; i++)
+        all[1 + i] = &bs[i];
+    all[11] = NULL;
+    if (PyObject_GetBuffer(prefix, &bp, PyBUF_WRITABLE) < 0)
+        return NULL;
+    /* eoffs int64; idx int64 or None; slots int64 [n]; n_rows, generation (the table), first_pos,
+     * anchor_pos int64; anchor_token int64 [n]; flags u1 [n]; k_window int32 [n] */
+    if (get_arr(o[0], &bs[0], 8, E_COUNT, 0, "eoffs") < 0 || get_arr(o[2], &bs[2], 8, 0, 0, "slots") < 0)
+        goto fail;
+    Py_ssize_t n = bs[2].len / 8, k = n;
+    if (o[1] != Py_None) {
+        if (get_arr(o[1], &bs[1], 8, 0, 0, "idx") < 0)
+            goto fail;
+        k = bs[1].len / 8;
+    }
+    static const char *names[10] = {"eoffs", "idx", "slots", "n_rows", "generation", "first_pos", "anchor_pos",
+                                    "anchor_token", "flags", "k_window"};
+    static const Py_ssize_t isz[10] = {8, 8, 8, 8, 8, 8, 8, 8, 1, 4};
+    for (int i = 3; i < 10; i++)
+        if (get_arr(o[i], &bs[i], isz[i], i == 4 ? 0 : n, 0, names[i]) < 0)
+            goto fail;
+    Py_ssize_t S = bs[4].len / 8;
+    const int64_t *eo = bs[0].buf, *idx = bs[1].buf, *slots = bs[2].buf, *rows = bs[3].buf, *gen = bs[4].buf,
+                  *first = bs[5].buf, *anchor = bs[6].buf, *tok = bs[7].buf;
+    const uint8_t *flags = bs[8].buf;
+    const int32_t *kw = bs[9].buf;
+    if (ent_off < 0 || ent_size < 40 || ent_off + k * ent_size > bp.len) {
+        PyErr_SetString(PyExc_ValueError, "fill_entries: entries outside the prefix");
+        goto fail;
+    }
+    for (Py_ssize_t e = 0; e < k; e++) {
+        Py_ssize_t j = idx ? idx[e] : e;
+        if (j < 0 || j >= n || (uint64_t)slots[j] >= (uint64_t)S) {
+            PyErr_SetString(PyExc_ValueError, "fill_entries: a request or slot out of range");
+            goto fail;
+        }
+    }
+    char *ent = (char *)bp.buf + ent_off;
+    for (Py_ssize_t e = 0; e < k; e++, ent += ent_size) {
+        Py_ssize_t j = idx ? idx[e] : e;
+        int64_t s = slots[j];
+        put_u32(ent + eo[E_SLOT], (uint64_t)s);
+        put_u32(ent + eo[E_NROWS], (uint64_t)rows[j]);
+        put_u64(ent + eo[E_GEN], (uint64_t)gen[s]);
+        put_u64(ent + eo[E_FIRST], (uint64_t)first[j]);
+        put_u64(ent + eo[E_ANCHOR], (uint64_t)anchor[j]);
+        put_u32(ent + eo[E_TOKEN], (uint64_t)tok[j]);
+        ent[eo[E_FLAGS]] = (char)flags[j];
+        ent[eo[E_K]] = (char)(uint8_t)(kw[j] < 255 ? kw[j] : 255);
+        ent[eo[E_NOUT]] = (char)(uint8_t)n_out;
+    }
+    release_all(all);
+    return PyLong_FromSsize_t(k);
+fail:
+    release_all(all);
+    return NULL;
+}
