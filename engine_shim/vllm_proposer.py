@@ -25,7 +25,7 @@ import numpy as np
 from dspark_proxy.shm.segment import DEFAULT_NAME
 
 from . import vllm_hook
-from .vllm_step import SlotMap, clip_drafts, plan_step
+from .vllm_step import SlotMap, StepArrays, clip_drafts, plan_step
 
 __all__ = ["DSparkProposer", "ENV_HEAD", "VllmShapes", "shapes_from_config"]
 
@@ -98,6 +98,7 @@ class DSparkProposer:
         self.verified_rounds = 0
         self.accepted = 0
         self.drafted_rounds = 0  # request-steps that got at least one draft back
+        self.preemptions_seen = 0
         self.name = os.environ.get(ENV_NAME) or DEFAULT_NAME
         try:
             self.shapes = shapes_from_config(vllm_config, os.environ.get(ENV_HEAD))
@@ -176,11 +177,13 @@ class DSparkProposer:
               n: int) -> list[list[int]]:
         t0 = time.perf_counter()
         s = self.shapes
-        assert s is not None and self.shim is not None
+        assert s is not None
         ib = runner.input_batch
         req_ids = ib.req_ids
         self.slots.release(so.finished_req_ids)
-        self.slots.release(so.preempted_req_ids)
+        if so.preempted_req_ids:
+            self.preemptions_seen += len(so.preempted_req_ids)
+            self.slots.release(so.preempted_req_ids)
         slots = self.slots.slots_for(req_ids)
         if n and slots.min() < 0:
             raise RuntimeError(f"no free slot among max_num_seqs={s.max_reqs} for a request of this step")
@@ -195,10 +198,21 @@ class DSparkProposer:
         self.verified_rounds += int(np.count_nonzero(checked))
         self.accepted += int(n_sampled[checked].sum()) - int(np.count_nonzero(checked))
         rows = self._gather(aux, plan.row_index)
-        t = self._t + 1
+        t1 = time.perf_counter()
+        draft_ids, n_drafts, t2 = self._round(plan, rows)
+        t3 = time.perf_counter()
+        out = clip_drafts(draft_ids, n_drafts, plan.need_draft, plan.max_drafts, s.vocab_size)
+        self.drafted_rounds += sum(map(bool, out))
+        if self.keep_timings:
+            t4 = time.perf_counter()
+            self.timings.append(((t2 - t1) * 1e6, (t3 - t2) * 1e6, (t1 - t0 + t4 - t3) * 1e6))
+        return out
+
+    def _round(self, plan: StepArrays, rows: Any) -> tuple[np.ndarray, np.ndarray, float]:
+        """Round t through the shim: (draft ids [n, N], n_drafts [n], the time enqueue returned)."""
         from .inputs import ShimError
 
-        t1 = time.perf_counter()
+        t = self._t + 1
         try:
             self.shim.enqueue(t, req_ids=plan.owners, slots=plan.slots, qsl=plan.qsl, need_draft=plan.need_draft,
                               k_window=plan.k_window, rows=rows, valid=plan.valid, first_pos=plan.first_pos,
@@ -206,15 +220,9 @@ class DSparkProposer:
         except ShimError:
             pass  # logged by the shim; round t is in flight as failed, read_reply(t) says so
         self._t = t
-        t2 = time.perf_counter()
+        t_enq = time.perf_counter()
         reply = self.shim.read_reply(t)
-        t3 = time.perf_counter()
-        out = clip_drafts(reply.draft_ids, reply.n_drafts, plan.need_draft, plan.max_drafts, s.vocab_size)
-        self.drafted_rounds += sum(map(bool, out))
-        if self.keep_timings:
-            t4 = time.perf_counter()
-            self.timings.append(((t2 - t1) * 1e6, (t3 - t2) * 1e6, (t1 - t0 + t4 - t3) * 1e6))
-        return out
+        return reply.draft_ids, reply.n_drafts, t_enq
 
     def _gather(self, aux: Any, index: np.ndarray) -> Any:
         """The rows of the finalised positions, tapped layers side by side in the manifest's order and
