@@ -12,8 +12,9 @@ because vLLM's parallel state does not come apart for a second engine in one pro
 
 SPEC keys: model, arm, num_spec, prompts, max_tokens, llm (extra LLM keyword arguments), env,
 timing ({"prompt", "max_tokens", "repeats"}: ms per generated token at one request), kill
-({"pid", "after_steps"}: SIGKILL that process after that many drafter steps, the worker-loss test),
-ring_probe (the rows the drafter sent for the first prompt, run alone first).
+({"pid", "after_steps"}: generate the prompts a second time and SIGKILL that process after that many
+drafter steps of it: the worker-loss test), ring_probe (the rows the drafter sent for the first
+prompt, run alone first).
 """
 
 from __future__ import annotations
@@ -102,8 +103,6 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"arm": arm, "startup_s": round(time.perf_counter() - t0, 2)}
     drafter = _drafter(llm)
     ours = isinstance(drafter, DSparkProposer)
-    if ours and spec.get("kill"):
-        _kill_after(drafter, int(spec["kill"]["pid"]), int(spec["kill"]["after_steps"]))
 
     def greedy(n: int) -> Any:
         return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
@@ -125,6 +124,13 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
     out["gen_s"] = round(time.perf_counter() - t1, 3)
     if ours:
         out["drafter_run"] = _drafter_stats(drafter)
+    if ours and spec.get("kill") and spec.get("prompts"):
+        # the same prompts again, and the worker killed after `after_steps` of their steps
+        drafter.timings.clear()
+        _kill_after(drafter, int(spec["kill"]["pid"]), int(spec["kill"]["after_steps"]))
+        res = llm.generate(list(spec["prompts"]), greedy(max_tokens), use_tqdm=False)
+        out["outputs_killed"] = [list(r.outputs[0].token_ids) for r in res]
+        out["drafter_killed"] = _drafter_stats(drafter)
     timing = spec.get("timing")
     if timing:
         if ours:
