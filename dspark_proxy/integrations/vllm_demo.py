@@ -52,8 +52,9 @@ def shapes_args(head: str | os.PathLike, max_reqs: int) -> list[str]:
             "--row-bytes", str(m.row_bytes)]
 
 
-def run_arm_process(spec: dict[str, Any], timeout_s: float = 600.0) -> dict[str, Any]:
-    """vllm_arm in a child process; its JSON result (RuntimeError with its stderr's tail on failure)."""
+def run_arm_process(spec: dict[str, Any], timeout_s: float = 600.0, capture_log: bool = False) -> dict[str, Any]:
+    """vllm_arm in a child process; its JSON result (RuntimeError with its stderr's tail on failure),
+    with its stderr as "log" when asked."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
         path = f.name
@@ -65,7 +66,10 @@ def run_arm_process(spec: dict[str, Any], timeout_s: float = 600.0) -> dict[str,
     lines = r.stdout.strip().splitlines()
     if r.returncode or not lines:
         raise RuntimeError(f"vLLM arm {spec.get('arm')} exited {r.returncode}: {r.stderr[-4000:]}")
-    return json.loads(lines[-1])
+    res = json.loads(lines[-1])
+    if capture_log:
+        res["log"] = r.stderr
+    return res
 
 
 def reference_acceptance(model_dir: str | os.PathLike, head_dir: str | os.PathLike, prompts_ids: list[list[int]],
