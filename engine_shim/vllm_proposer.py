@@ -80,6 +80,22 @@ def shapes_from_config(vllm_config: Any, head: str | os.PathLike | None) -> Vllm
                       vocab_size=vocab, max_model_len=int(vllm_config.model_config.max_model_len))
 
 
+def _check_cores() -> None:
+    """vLLM's CPU forward runs OpenMP threads that spin between kernels; when they occupy every core this
+    process may use, the proxy's round must preempt one, and the spinning team stalls for a time slice
+    (measured on 2 vCPUs: 2 threads 4-99 ms per token under load, 1 thread 1.3-2.2 ms). Say so once."""
+    try:
+        import torch
+
+        threads, cpus = torch.get_num_threads(), len(os.sched_getaffinity(0))
+    except (ImportError, AttributeError, OSError):
+        return
+    if threads >= cpus:
+        log.warning("[shim] vLLM proposer: vLLM's forward runs %d threads on the %d CPUs it may use, leaving "
+                    "none to the proxy and its round; give the proxy a core of its own (for example "
+                    "OMP_NUM_THREADS=%d for vLLM, docs/vllm.md)", threads, cpus, max(cpus - 1, 1))
+
+
 class DSparkProposer:
     """vLLM's drafter object (`custom_class`). `active` is False when anything did not fit (logged once):
     then every request gets no drafts. Thread ownership: the model runner's thread."""
@@ -154,6 +170,7 @@ class DSparkProposer:
             held = sorted(set(s.tap_layers))  # vLLM returns them in layer order, once each
             self._order = [held.index(i) for i in s.tap_layers]
             self.bound = True
+            _check_cores()
         except Exception as e:  # noqa: BLE001 - a model without auxiliary outputs runs without drafts
             runner.use_aux_hidden_state_outputs = False
             log.error("[shim] vLLM proposer: the model cannot output hidden states at layers %s (%s); "

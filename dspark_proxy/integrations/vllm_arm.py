@@ -35,12 +35,14 @@ from engine_shim.vllm_proposer import DSparkProposer
 __all__ = ["LocalNullProposer", "run_arm", "ARMS", "PROPOSER"]
 
 PROPOSER = "engine_shim.vllm_proposer.DSparkProposer"
-ARMS = ("nospec", "ngram", "dspark", "local_null")
+ARMS = ("nospec", "ngram", "dspark", "local_null", "cost")
 
 
 class LocalNullProposer(DSparkProposer):
     """The vLLM proposer with the round made in place: every request that needs drafts gets N drafts
     of token 1, as `--worker null` answers. Measures everything but the shim and the proxy."""
+
+    via_shim = False  # CostProposer switches it
 
     def _attach(self) -> None:
         s = self.shapes
@@ -49,10 +51,22 @@ class LocalNullProposer(DSparkProposer):
         self._nd = np.zeros(s.max_reqs, dtype=np.int32)
 
     def _round(self, plan: Any, rows: Any) -> tuple[np.ndarray, np.ndarray, float]:
+        if self.via_shim:
+            return super()._round(plan, rows)
         n = plan.slots.shape[0]
         nd = self._nd[:n]
         np.multiply(plan.need_draft, self._ids.shape[1], out=nd, casting="unsafe")
         return self._ids[:n], nd, time.perf_counter()
+
+
+class CostProposer(LocalNullProposer):
+    """Both rounds in one engine, switched between generations (`via_shim`): in place, or through the
+    shim to a proxy with a null worker (the same drafts). Side by side in one run, so what the shim
+    and the proxy add is not lost in the noise of a shared machine."""
+
+    def _attach(self) -> None:
+        LocalNullProposer._attach(self)
+        DSparkProposer._attach(self)
 
 
 def _spec_config(arm: str, num_spec: int) -> dict | None:
@@ -61,7 +75,8 @@ def _spec_config(arm: str, num_spec: int) -> dict | None:
     if arm == "ngram":
         return {"method": "ngram", "num_speculative_tokens": num_spec, "prompt_lookup_max": 3,
                 "prompt_lookup_min": 1}
-    model = PROPOSER if arm == "dspark" else f"{__name__}.LocalNullProposer"
+    model = {"dspark": PROPOSER, "local_null": f"{__name__}.LocalNullProposer",
+             "cost": f"{__name__}.CostProposer"}[arm]
     return {"method": "custom_class", "model": model, "num_speculative_tokens": num_spec}
 
 
@@ -87,7 +102,8 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
     arm = spec["arm"]
     if arm not in ARMS:
         raise ValueError(f"arm {arm!r}: one of {', '.join(ARMS)}")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # in-process engine core by default, so the drafter can be read here; "mp": vLLM's usual processes
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if spec.get("mp") else "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ["DSPARK_PROXY_VLLM_TIMINGS"] = "1"
     os.environ.update({k: str(v) for k, v in spec.get("env", {}).items()})
@@ -101,7 +117,7 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
         kw["speculative_config"] = sc
     llm = LLM(model=spec["model"], **kw)
     out: dict[str, Any] = {"arm": arm, "startup_s": round(time.perf_counter() - t0, 2)}
-    drafter = _drafter(llm)
+    drafter = None if spec.get("mp") else _drafter(llm)
     ours = isinstance(drafter, DSparkProposer)
 
     def greedy(n: int) -> Any:
@@ -132,7 +148,9 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
         out["outputs_killed"] = [list(r.outputs[0].token_ids) for r in res]
         out["drafter_killed"] = _drafter_stats(drafter)
     timing = spec.get("timing")
-    if timing:
+    if timing and arm == "cost":
+        out.update(_cost_timing(llm, drafter, timing, greedy))
+    elif timing:
         if ours:
             drafter.timings.clear()
         n = int(timing.get("max_tokens", 128))
@@ -146,6 +164,27 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
         if ours:
             out["drafter_timing"] = _drafter_stats(drafter)
     return out
+
+
+def _cost_timing(llm: Any, d: Any, timing: dict[str, Any], greedy: Any) -> dict[str, Any]:
+    """ms per generated token at one request, rounds in place and through the shim alternating."""
+    n = int(timing.get("max_tokens", 128))
+    ms: dict[str, list[float]] = {"in_place": [], "via_shim": []}
+    us: dict[str, list[tuple[float, float, float]]] = {"in_place": [], "via_shim": []}
+    for _ in range(int(timing.get("repeats", 5))):
+        for mode in ms:
+            d.via_shim = mode == "via_shim"
+            d.timings.clear()
+            ts = time.perf_counter()
+            llm.generate([timing["prompt"]], greedy(n), use_tqdm=False)
+            ms[mode].append((time.perf_counter() - ts) * 1e3 / n)
+            us[mode] += d.timings
+    med = {m: statistics.median(v) for m, v in ms.items()}
+    round_us = {m: _pcts([sum(x) for x in v]) for m, v in us.items()}
+    return {"step_ms_in_place": round(med["in_place"], 4), "step_ms_via_shim": round(med["via_shim"], 4),
+            "step_ms_all": {m: [round(x, 4) for x in v] for m, v in ms.items()},
+            "ours_us": round_us, "enqueue_us": _pcts([x[0] for x in us["via_shim"]]),
+            "read_reply_us": _pcts([x[1] for x in us["via_shim"]])}
 
 
 def _drafter_stats(d: DSparkProposer) -> dict[str, Any]:

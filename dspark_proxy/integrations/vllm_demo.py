@@ -52,6 +52,15 @@ def shapes_args(head: str | os.PathLike, max_reqs: int) -> list[str]:
             "--row-bytes", str(m.row_bytes)]
 
 
+def vllm_threads_env() -> dict[str, str]:
+    """Every arm's vLLM forward on all CPUs but one, which the proxy and worker use (docs/vllm.md:
+    vLLM's OpenMP team on every core stalls whenever another process runs); the user's own
+    OMP_NUM_THREADS wins."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(len(os.sched_getaffinity(0)) - 1, 1))}
+
+
 def run_arm_process(spec: dict[str, Any], timeout_s: float = 600.0, capture_log: bool = False) -> dict[str, Any]:
     """vllm_arm in a child process; its JSON result (RuntimeError with its stderr's tail on failure),
     with its stderr as "log" when asked."""
@@ -117,7 +126,7 @@ def run_vllm_demo(*, model: str | os.PathLike = DEFAULT_MODEL, head: str | os.Pa
     layout = shapes_args(head, max_num_seqs)
     base = {"model": os.fspath(model), "num_spec": int(layout[3]), "prompts": prompts, "max_tokens": max_tokens,
             "llm": {"max_num_seqs": max_num_seqs},
-            "env": {"DSPARK_PROXY": name, "DSPARK_PROXY_HEAD": os.fspath(head)},
+            "env": {"DSPARK_PROXY": name, "DSPARK_PROXY_HEAD": os.fspath(head), **vllm_threads_env()},
             "timing": {"prompt": TIMING_PROMPT, "max_tokens": timing_tokens, "repeats": 3}}
     out: dict[str, Any] = {"engine": "vllm", "model": os.fspath(model), "head": os.fspath(head),
                            "prompts": len(prompts), "max_tokens": max_tokens, "deadline_ms": deadline_ms}
@@ -168,29 +177,33 @@ def run_vllm_demo(*, model: str | os.PathLike = DEFAULT_MODEL, head: str | os.Pa
     out["drafter_errors"] = run["errors"]
     if cost:
         out.update(measure_cost(base, layout, name + "-null", say))
+        out["shim_proxy_vs_nospec_step"] = round(out["shim_proxy_ms_per_step"] / max(out["step_ms_nospec"], 1e-9), 4)
     out["startup_s"] = {a: r["startup_s"] for a, r in arms.items()}
+    out["vllm_threads"] = base["env"].get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS"))
     out["elapsed_s"] = round(time.monotonic() - t0, 1)
     out["load_avg"] = [round(x, 2) for x in os.getloadavg()]
     return out
 
 
 def measure_cost(base: dict[str, Any], layout: list[str], name: str, say) -> dict[str, Any]:
-    """What the shim and the proxy add to a vLLM step at one request: the proposer with drafts made in
-    place against the same proposer through a proxy with a null worker (same drafts, same verification),
-    beside vLLM without speculation; arms interleaved twice, as the machine may be shared."""
+    """What the shim and the proxy add to a vLLM step at one request, side by side in one engine: the
+    proposer's rounds made in place and through the shim to a proxy with a null worker (the same drafts,
+    so the same verification), alternating generation by generation (vllm_arm.CostProposer)."""
     from ..launch import spawn_proxy
+    from ..status import read_status
 
-    spec = {**base, "prompts": [], "env": {**base["env"], "DSPARK_PROXY": name}}
-    got: dict[str, list[float]] = {"nospec": [], "local_null": [], "dspark": []}
+    spec = {**base, "prompts": [], "env": {**base["env"], "DSPARK_PROXY": name},
+            "timing": {**base["timing"], "repeats": 6}}
     proxy = spawn_proxy(name, "null", *layout, "--deadline-ms", "50", "--log-every", "0")
     try:
-        for _ in range(2):
-            for arm in got:
-                say(f"[demo] cost arm {arm}")
-                got[arm].append(run_arm_process({**spec, "arm": arm})["step_ms"])
+        say("[demo] cost arm: rounds in place and through shim + proxy (null worker), alternating")
+        r = run_arm_process({**spec, "arm": "cost"})
+        time.sleep(0.3)
+        lat = read_status(name)["proxy"].get("latency", {})
     finally:
         proxy.stop()
-    med = {a: sorted(v)[len(v) // 2] for a, v in got.items()}
-    added = med["dspark"] - med["local_null"]
-    return {"cost_step_ms": got, "shim_proxy_ms_per_step": round(added, 4),
-            "shim_proxy_vs_nospec_step": round(added / max(med["nospec"], 1e-9), 4)}
+    added = r["step_ms_via_shim"] - r["step_ms_in_place"]
+    return {"cost_step_ms_in_place": r["step_ms_in_place"], "cost_step_ms_via_shim": r["step_ms_via_shim"],
+            "cost_step_ms_all": r["step_ms_all"], "shim_proxy_ms_per_step": round(added, 4),
+            "cost_ours_us_p50": {m: v.get("p50") for m, v in r["ours_us"].items()},
+            "cost_proxy_round_us_p50": lat.get("rank0_round_us", {}).get("p50_us")}
