@@ -23,6 +23,7 @@ from dspark_proxy.integrations.vllm_demo import (
     PROMPTS,
     run_arm_process,
     shapes_args,
+    vllm_threads_env,
 )
 from dspark_proxy.launch import spawn_proxy, spawn_worker
 
@@ -38,7 +39,7 @@ LAYOUT = shapes_args(DEFAULT_HEAD, LLM["max_num_seqs"])
 def _spec(arm: str, name: str, **kw) -> dict:
     return {"model": os.fspath(DEFAULT_MODEL), "arm": arm, "num_spec": int(LAYOUT[3]), "prompts": PROMPTS,
             "max_tokens": MAX_TOKENS, "llm": LLM,
-            "env": {"DSPARK_PROXY": name, "DSPARK_PROXY_HEAD": os.fspath(DEFAULT_HEAD)}, **kw}
+            "env": {"DSPARK_PROXY": name, "DSPARK_PROXY_HEAD": os.fspath(DEFAULT_HEAD), **vllm_threads_env()}, **kw}
 
 
 @pytest.fixture(scope="module")
