@@ -108,7 +108,7 @@ def plan_step(*, slots: np.ndarray, owners: np.ndarray, qsl: np.ndarray, c0: np.
     q = qsl[1:] - qsl[:-1]
     ns = n_sampled.astype(np.int64, copy=False)
     fin = q - d + np.maximum(ns - 1, 0)
-    fin = np.clip(fin, 0, q)
+    fin = np.minimum(np.maximum(fin, 0), q)  # (np.clip costs 3x more on a few requests)
     c1 = c0 + fin
     valid = np.minimum(fin, window)
     sampled = ns > 0
@@ -117,7 +117,7 @@ def plan_step(*, slots: np.ndarray, owners: np.ndarray, qsl: np.ndarray, c0: np.
     col = np.minimum(c1, token_ids.shape[1] - 1)
     anchor = token_ids[np.arange(n), col].astype(np.int64)
     room = max_model_len - n_tokens  # tokens the request may still append; a step appends drafts + 1
-    max_drafts = np.clip(room - 1, 0, num_spec)
+    max_drafts = np.minimum(np.maximum(room - 1, 0), num_spec)
     need = sampled & consistent & (max_drafts > 0) & (slots >= 0)
     total = int(valid.sum()) if n else 0
     starts = qsl[:-1] + fin - valid  # flat index of each request's first row
@@ -140,5 +140,5 @@ def clip_drafts(draft_ids: np.ndarray, n_drafts: np.ndarray, need: np.ndarray, m
     inside = (ids >= 0) & (ids < vocab_size)
     lead = np.logical_and.accumulate(inside, axis=1).sum(axis=1)
     k = np.minimum(np.minimum(n_drafts.astype(np.int64, copy=False), lead), max_drafts)
-    k = np.where(need, np.clip(k, 0, N), 0)
+    k = np.where(need, np.maximum(k, 0), 0)  # already <= N: lead and max_drafts are
     return [r[:j] for r, j in zip(ids.tolist(), k.tolist(), strict=True)]
