@@ -81,19 +81,20 @@ def shapes_from_config(vllm_config: Any, head: str | os.PathLike | None) -> Vllm
 
 
 def _check_cores() -> None:
-    """vLLM's CPU forward runs OpenMP threads that spin between kernels; when they occupy every core this
-    process may use, the proxy's round must preempt one, and the spinning team stalls for a time slice
-    (measured on 2 vCPUs: 2 threads 4-99 ms per token under load, 1 thread 1.3-2.2 ms). Say so once."""
+    """vLLM's CPU forward runs OpenMP threads that spin between kernels; when they can cover every core
+    of the machine, the proxy's round must preempt one, and the spinning team stalls for a time slice
+    (measured on 2 vCPUs: 2 threads 4-99 ms per token under load, 1 thread 1.3-2.2 ms). Say so once.
+    (vLLM pinned to part of the machine leaves the rest to the proxy: no warning then.)"""
     try:
         import torch
 
-        threads, cpus = torch.get_num_threads(), len(os.sched_getaffinity(0))
+        threads, mine, machine = torch.get_num_threads(), len(os.sched_getaffinity(0)), os.cpu_count() or 1
     except (ImportError, AttributeError, OSError):
         return
-    if threads >= cpus:
-        log.warning("[shim] vLLM proposer: vLLM's forward runs %d threads on the %d CPUs it may use, leaving "
-                    "none to the proxy and its round; give the proxy a core of its own (for example "
-                    "OMP_NUM_THREADS=%d for vLLM, docs/vllm.md)", threads, cpus, max(cpus - 1, 1))
+    if threads >= mine and mine >= machine:
+        log.warning("[shim] vLLM proposer: vLLM's forward runs %d threads and may use all %d CPUs, leaving none "
+                    "to the proxy and its round; give the proxy a core of its own (for example "
+                    "OMP_NUM_THREADS=%d for vLLM, docs/vllm.md)", threads, machine, max(machine - 1, 1))
 
 
 class DSparkProposer:

@@ -182,3 +182,19 @@ def test_a_step_through_a_real_proxy(env):
         if p is not None:
             p.close()
         proxy.stop()
+
+
+@pytest.mark.parametrize(("threads", "mine", "machine", "warns"), [(2, 2, 2, True), (1, 2, 2, False),
+                                                                    (1, 1, 2, False), (4, 4, 4, True)])
+def test_a_forward_on_every_core_is_one_warning(threads, mine, machine, warns, monkeypatch, caplog):
+    """vLLM's OpenMP team on every core of the machine leaves the proxy none (docs/vllm.md); vLLM pinned
+    to part of the machine (its multi-process mode on 2 CPUs: the engine core on 1) leaves the rest."""
+    from engine_shim import vllm_proposer
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(vllm_proposer.os, "sched_getaffinity", lambda _pid: set(range(mine)))
+    monkeypatch.setattr(vllm_proposer.os, "cpu_count", lambda: machine)
+    caplog.set_level(logging.WARNING, logger="engine_shim")
+    vllm_proposer._check_cores()
+    got = [r.getMessage() for r in caplog.records if "leaving none to the proxy" in r.getMessage()]
+    assert len(got) == (1 if warns else 0), got

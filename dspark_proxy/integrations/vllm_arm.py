@@ -1,6 +1,6 @@
 """One vLLM run ("arm") in its own process, for the demo, the benchmark and the end-to-end tests.
 
-    python -m dspark_proxy.integrations.vllm_arm SPEC.json     # the last stdout line is one JSON object
+    python -m dspark_proxy.integrations.vllm_arm SPEC.json     # stdout: a line "dspark-arm-result {JSON}"
 
 Every arm of a comparison uses identical vLLM settings and differs only in the speculative method:
 `nospec`, `ngram` (vLLM's prompt lookup), `dspark` (engine_shim.vllm_proposer.DSparkProposer through
@@ -32,9 +32,10 @@ import numpy as np
 
 from engine_shim.vllm_proposer import DSparkProposer
 
-__all__ = ["LocalNullProposer", "run_arm", "ARMS", "PROPOSER"]
+__all__ = ["LocalNullProposer", "CostProposer", "run_arm", "ARMS", "PROPOSER", "RESULT_MARK"]
 
 PROPOSER = "engine_shim.vllm_proposer.DSparkProposer"
+RESULT_MARK = "dspark-arm-result "
 ARMS = ("nospec", "ngram", "dspark", "local_null", "cost")
 
 
@@ -235,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(open(args[0]).read() if args and args[0] != "-" else sys.stdin.read())
     res = run_arm(spec)
     sys.stdout.flush()
-    print(json.dumps(res), flush=True)
+    # vLLM logs to stdout, from its engine-core process too, even after this line: hence the marker
+    print(RESULT_MARK + json.dumps(res), flush=True)
     return 0
 
 

@@ -72,10 +72,12 @@ def run_arm_process(spec: dict[str, Any], timeout_s: float = 600.0, capture_log:
                            text=True, timeout=timeout_s)
     finally:
         os.unlink(path)
-    lines = r.stdout.strip().splitlines()
+    from .vllm_arm import RESULT_MARK
+
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith(RESULT_MARK)]
     if r.returncode or not lines:
         raise RuntimeError(f"vLLM arm {spec.get('arm')} exited {r.returncode}: {r.stderr[-4000:]}")
-    res = json.loads(lines[-1])
+    res = json.loads(lines[-1][len(RESULT_MARK):])
     if capture_log:
         res["log"] = r.stderr
     return res
