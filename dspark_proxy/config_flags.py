@@ -15,9 +15,9 @@ from typing import Any, Literal
 import click
 from click.core import ParameterSource
 
-from .config import _C, ConfigError, Source, _Base, _flag, env_var, load_toml
+from .config import _C, ConfigError, LayoutConfig, Source, _Base, _flag, env_var, load_toml
 
-__all__ = ["build_config", "click_options"]
+__all__ = ["build_config", "click_options", "shapes_from"]
 
 _SOURCE_NAMES: dict[ParameterSource, Source] = {
     ParameterSource.COMMANDLINE: "cli",
@@ -75,10 +75,44 @@ def _config_callback(cls: type[_Base]) -> Callable[[click.Context, click.Paramet
             except click.BadParameter as e:
                 raise click.BadParameter(f"config file {path}: key {key!r}: {e.message}",
                                          ctx=ctx, param=param) from None
-        ctx.default_map = {**(ctx.default_map or {}), **values}
+        # --shapes-from beats the file whichever of the two eager options click reads first
+        ctx.default_map = {**(ctx.default_map or {}), **values, **ctx.meta.get(_SHAPES_KEY, {})}
         return path
 
     return load
+
+
+_SHAPES_KEY = "dspark_proxy.shapes_from"
+
+
+def shapes_from(path: str) -> dict[str, int]:
+    """num_spec, window and row_bytes from a drafter's head manifest (its directory, or manifest.json):
+    the shapes proxy, worker and engine must share, read from the one place that fixes them."""
+    import os
+
+    from .model.manifest import MANIFEST_NAME, HeadManifest
+
+    p = os.path.join(path, MANIFEST_NAME) if os.path.isdir(path) else path
+    if not os.path.isfile(p):
+        raise ConfigError(f"--shapes-from {path}: no {MANIFEST_NAME} there (give a drafter head's directory "
+                          f"or its manifest)", "shapes_from")
+    try:
+        m = HeadManifest.load(p)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"--shapes-from {p}: {e}", "shapes_from") from None
+    return {"num_spec": m.num_spec, "window": m.window, "row_bytes": m.row_bytes}
+
+
+def _shapes_callback(ctx: click.Context, param: click.Parameter, path: str | None) -> str | None:
+    if not path:
+        return path
+    try:
+        values = shapes_from(path)
+    except (ConfigError, OSError) as e:
+        raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+    ctx.meta[_SHAPES_KEY] = values
+    ctx.default_map = {**(ctx.default_map or {}), **values}
+    return path
 
 
 def click_options(cls: type[_Base]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -94,6 +128,13 @@ def click_options(cls: type[_Base]) -> Callable[[Callable[..., Any]], Callable[.
                      help="TOML file: top-level keys for every command, "
                           f"[{cls.SECTION}] for this one. Flags and env vars override it."),
     ]
+    if issubclass(cls, LayoutConfig):
+        opts.append(click.option("--shapes-from", "shapes_from", type=click.Path(), default=None, is_eager=True,
+                                 expose_value=True, envvar=env_var("shapes_from"), show_envvar=True,
+                                 callback=_shapes_callback,
+                                 help="A drafter head's directory (or its manifest.json): --num-spec, --window "
+                                      "and --row-bytes from it. Flags and env vars override it; it overrides "
+                                      "--config."))
     for f in dataclasses.fields(cls):
         if f.name == "config":  # pragma: no cover - a schema bug
             raise TypeError("a config field may not be called 'config'")

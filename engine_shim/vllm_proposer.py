@@ -1,0 +1,271 @@
+"""A vLLM proposer that drafts through dspark-proxy: `DSparkProposer`, for vLLM's `custom_class` method.
+
+    LLM(model=TARGET, speculative_config={"method": "custom_class",
+        "model": "engine_shim.vllm_proposer.DSparkProposer", "num_speculative_tokens": N})
+
+with `DSPARK_PROXY=<segment name>` (default "dspark") and `DSPARK_PROXY_HEAD=<head dir or manifest>`
+in the environment. vLLM builds the proposer in the process that owns the model runner, so this is
+the one process that attaches a shim; its shapes come from vLLM's config and the head's manifest
+(row = the tapped layers' residual stream x hidden x row dtype, M = max_num_seqs, N =
+num_speculative_tokens, W = the manifest's window). Anything that does not fit (an untested vLLM, no
+manifest, shapes that disagree with the manifest or the running proxy) is one log line and a
+target-only engine: `propose` then returns an empty list for every request. docs/vllm.md has the
+mapping from a vLLM step to a round (vllm_step.py implements it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from dspark_proxy.shm.segment import DEFAULT_NAME
+
+from . import vllm_hook
+from .vllm_step import SlotMap, StepArrays, clip_drafts, plan_step
+
+__all__ = ["DSparkProposer", "ENV_HEAD", "VllmShapes", "shapes_from_config"]
+
+log = logging.getLogger(__name__)
+
+ENV_NAME = "DSPARK_PROXY"
+ENV_HEAD = "DSPARK_PROXY_HEAD"
+_TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
+
+
+class VllmShapes:
+    """What the engine side needs to know, from vLLM's config and the head manifest."""
+
+    def __init__(self, *, max_reqs: int, num_spec: int, window: int, tap_layers: list[int], hidden: int,
+                 row_dtype: str, vocab_size: int, max_model_len: int) -> None:
+        self.max_reqs, self.num_spec, self.window = max_reqs, num_spec, window
+        self.tap_layers, self.hidden, self.row_dtype = list(tap_layers), hidden, row_dtype
+        self.vocab_size, self.max_model_len = vocab_size, max_model_len
+        from dspark_proxy.model.manifest import ROW_DTYPES
+
+        self.row_bytes = len(self.tap_layers) * hidden * ROW_DTYPES[row_dtype]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"max_reqs": self.max_reqs, "num_spec": self.num_spec, "window": self.window,
+                "row_bytes": self.row_bytes, "tap_layers": self.tap_layers, "row_dtype": self.row_dtype}
+
+
+def shapes_from_config(vllm_config: Any, head: str | os.PathLike | None) -> VllmShapes:
+    """The shapes, or ValueError naming what disagrees (the manifest against vLLM's model and N)."""
+    from dspark_proxy.model.manifest import HeadManifest, head_paths
+
+    if not head:
+        raise ValueError(f"no head manifest: set {ENV_HEAD} to the drafter's head directory (its "
+                         f"manifest.json gives the tap layers, the row dtype and the window)")
+    p = os.fspath(head)
+    path = p if p.endswith(".json") else head_paths(p)[1]
+    m = HeadManifest.load(path)
+    hf = vllm_config.model_config.hf_config
+    hidden, layers = int(hf.hidden_size), int(hf.num_hidden_layers)
+    n_spec = int(vllm_config.speculative_config.num_speculative_tokens)
+    vocab = int(vllm_config.model_config.get_vocab_size())
+    if m.hidden != hidden:
+        raise ValueError(f"head manifest hidden={m.hidden} but the vLLM model's hidden_size is {hidden}")
+    if any(not 0 <= i <= layers for i in m.tap_layers):
+        raise ValueError(f"head manifest tap_layers={m.tap_layers}: the vLLM model has {layers} layers")
+    if m.num_spec != n_spec:
+        raise ValueError(f"head manifest num_spec={m.num_spec} but vLLM's num_speculative_tokens is {n_spec}")
+    if m.vocab_size != vocab:
+        raise ValueError(f"head manifest vocab_size={m.vocab_size} but the vLLM model's vocabulary is {vocab}")
+    return VllmShapes(max_reqs=int(vllm_config.scheduler_config.max_num_seqs), num_spec=n_spec,
+                      window=int(m.window), tap_layers=list(m.tap_layers), hidden=hidden, row_dtype=m.row_dtype,
+                      vocab_size=vocab, max_model_len=int(vllm_config.model_config.max_model_len))
+
+
+def _check_cores() -> None:
+    """vLLM's CPU forward runs OpenMP threads that spin between kernels; when they can cover every core
+    of the machine, the proxy's round must preempt one, and the spinning team stalls for a time slice
+    (measured on 2 vCPUs: 2 threads 4-99 ms per token under load, 1 thread 1.3-2.2 ms). Say so once.
+    (vLLM pinned to part of the machine leaves the rest to the proxy: no warning then.)"""
+    try:
+        import torch
+
+        threads, mine, machine = torch.get_num_threads(), len(os.sched_getaffinity(0)), os.cpu_count() or 1
+    except (ImportError, AttributeError, OSError):
+        return
+    if threads >= mine and mine >= machine:
+        log.warning("[shim] vLLM proposer: vLLM's forward runs %d threads and may use all %d CPUs, leaving none "
+                    "to the proxy and its round; give the proxy a core of its own (for example "
+                    "OMP_NUM_THREADS=%d for vLLM, docs/vllm.md)", threads, machine, max(machine - 1, 1))
+
+
+class DSparkProposer:
+    """vLLM's drafter object (`custom_class`). `active` is False when anything did not fit (logged once):
+    then every request gets no drafts. Thread ownership: the model runner's thread."""
+
+    def __init__(self, vllm_config: Any) -> None:
+        self.active = False
+        self.bound = False
+        self.shim: Any = None
+        self.shapes: VllmShapes | None = None
+        self._t = 0
+        self._errors = 0
+        # per-step engine-side time (enqueue, read_reply, the rest of step()) in us, for the demo and bench
+        self.timings: list[tuple[float, float, float]] = []
+        self.keep_timings = os.environ.get("DSPARK_PROXY_VLLM_TIMINGS", "") == "1"
+        # verification as vLLM did it: request-steps that verified drafts, and the drafts it accepted
+        self.verified_rounds = 0
+        self.accepted = 0
+        self.drafted_rounds = 0  # request-steps that got at least one draft back
+        self.preemptions_seen = 0
+        self.name = os.environ.get(ENV_NAME) or DEFAULT_NAME
+        try:
+            self.shapes = shapes_from_config(vllm_config, os.environ.get(ENV_HEAD))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.error("[shim] vLLM proposer: %s; the engine runs without drafts", e)
+            return
+        if not vllm_hook.install():
+            log.error("[shim] vLLM proposer: %s; the engine runs without drafts", vllm_hook.why_not())
+            return
+        s = self.shapes
+        self.slots = SlotMap(s.max_reqs)
+        self._rows_buf = None  # the step's rows, grown to the largest step seen
+        self._order: list[int] = []
+        self.active = True
+        self._attach()
+
+    def _attach(self) -> None:
+        """Attach to the proxy segment (process mode, never blocking): until a proxy with these shapes is
+        there, rounds are target-only; a proxy with other shapes is one log line (the watchdog's or ours)."""
+        from dspark_proxy.shm.segment import LayoutMismatch
+
+        from .api import attach
+
+        s = self.shapes
+        assert s is not None
+        try:
+            self.shim = attach(self.name, max_reqs=s.max_reqs, num_spec=s.num_spec, window=s.window,
+                               row_bytes=s.row_bytes)
+        except LayoutMismatch as e:
+            log.error("[shim] vLLM proposer: the proxy %r has other shapes (%s); the engine runs without drafts",
+                      self.name, e)
+            self.active = False
+            return
+        log.info("[shim] vLLM proposer: attached to %r with %s (drafts once the proxy is there)", self.name,
+                 s.as_dict())
+
+    # ---------------------------------------------------------------- vLLM's side of the interface
+
+    def load_model(self, model: Any) -> None:
+        """vLLM's CPU runner calls this with the target; the tap is set up in `bind` (the runner's hook)."""
+
+    def propose(self, sampled_token_ids: list[list[int]], *args: Any, **kwargs: Any) -> list[list[int]]:
+        """vLLM's plain custom_class call, reached only when the hook is not installed: no drafts."""
+        return [[] for _ in sampled_token_ids]
+
+    def bind(self, runner: Any) -> None:
+        """The model is loaded: ask it for the auxiliary hidden states of the tap layers."""
+        s = self.shapes
+        assert s is not None
+        try:
+            runner.use_aux_hidden_state_outputs = True
+            runner.model.set_aux_hidden_state_layers(tuple(s.tap_layers))
+            held = sorted(set(s.tap_layers))  # vLLM returns them in layer order, once each
+            self._order = [held.index(i) for i in s.tap_layers]
+            self.bound = True
+            _check_cores()
+        except Exception as e:  # noqa: BLE001 - a model without auxiliary outputs runs without drafts
+            runner.use_aux_hidden_state_outputs = False
+            log.error("[shim] vLLM proposer: the model cannot output hidden states at layers %s (%s); "
+                      "the engine runs without drafts", s.tap_layers, e)
+
+    def step(self, runner: Any, scheduler_output: Any, sampled_token_ids: list[list[int]], aux: Any,
+             spec_decode_metadata: Any, common_attn_metadata: Any) -> list[list[int]]:
+        """One vLLM step as one round: enqueue its rows, read the reply, return the drafts. Never raises."""
+        n = len(runner.input_batch.req_ids)
+        try:
+            return self._step(runner, scheduler_output, sampled_token_ids, aux, spec_decode_metadata,
+                              common_attn_metadata, n)
+        except Exception:  # noqa: BLE001 - the engine must run whatever we do
+            self._errors += 1
+            if self._errors == 1 or self._errors % 1000 == 0:
+                log.exception("[shim] vLLM proposer: step failed (%d so far); this step runs without drafts",
+                              self._errors)
+            return [[] for _ in range(n)]
+
+    def _step(self, runner: Any, so: Any, sampled: list[list[int]], aux: Any, sdm: Any, cam: Any,
+              n: int) -> list[list[int]]:
+        t0 = time.perf_counter()
+        s = self.shapes
+        assert s is not None
+        ib = runner.input_batch
+        req_ids = ib.req_ids
+        self.slots.release(so.finished_req_ids)
+        if so.preempted_req_ids:
+            self.preemptions_seen += len(so.preempted_req_ids)
+            self.slots.release(so.preempted_req_ids)
+        slots = self.slots.slots_for(req_ids)
+        if n and slots.min() < 0:
+            raise RuntimeError(f"no free slot among max_num_seqs={s.max_reqs} for a request of this step")
+        d = np.zeros(n, np.int64) if sdm is None else np.asarray(sdm.num_draft_tokens, dtype=np.int64)
+        n_sampled = np.fromiter(map(len, sampled), dtype=np.int64, count=n)
+        plan = plan_step(slots=slots, owners=self.slots.owner[slots], qsl=cam.query_start_loc_cpu[:n + 1].numpy(),
+                         c0=ib.num_computed_tokens_cpu[:n], d=d,
+                         n_sampled=n_sampled,
+                         n_tokens=ib.num_tokens_no_spec[:n], token_ids=ib.token_ids_cpu, window=s.window,
+                         num_spec=s.num_spec, max_model_len=s.max_model_len)
+        checked = (d > 0) & (n_sampled > 0)
+        self.verified_rounds += int(np.count_nonzero(checked))
+        self.accepted += int(n_sampled[checked].sum()) - int(np.count_nonzero(checked))
+        rows = self._gather(aux, plan.row_index)
+        t1 = time.perf_counter()
+        draft_ids, n_drafts, t2 = self._round(plan, rows)
+        t3 = time.perf_counter()
+        out = clip_drafts(draft_ids, n_drafts, plan.need_draft, plan.max_drafts, s.vocab_size)
+        self.drafted_rounds += sum(map(bool, out))
+        if self.keep_timings:
+            t4 = time.perf_counter()
+            self.timings.append(((t2 - t1) * 1e6, (t3 - t2) * 1e6, (t1 - t0 + t4 - t3) * 1e6))
+        return out
+
+    def _round(self, plan: StepArrays, rows: Any) -> tuple[np.ndarray, np.ndarray, float]:
+        """Round t through the shim: (draft ids [n, N], n_drafts [n], the time enqueue returned)."""
+        from .inputs import ShimError
+
+        t = self._t + 1
+        try:
+            self.shim.enqueue(t, req_ids=plan.owners, slots=plan.slots, qsl=plan.qsl, need_draft=plan.need_draft,
+                              k_window=plan.k_window, rows=rows, valid=plan.valid, first_pos=plan.first_pos,
+                              anchor=plan.anchor)
+        except ShimError:
+            pass  # logged by the shim; round t is in flight as failed, read_reply(t) says so
+        self._t = t
+        t_enq = time.perf_counter()
+        reply = self.shim.read_reply(t)
+        return reply.draft_ids, reply.n_drafts, t_enq
+
+    def _gather(self, aux: Any, index: np.ndarray) -> Any:
+        """The rows of the finalised positions, tapped layers side by side in the manifest's order and
+        dtype: [rows, len(tap) * hidden], one buffer reused across steps."""
+        import torch
+
+        s = self.shapes
+        assert s is not None
+        total, H = int(index.shape[0]), s.hidden
+        width = len(s.tap_layers) * H
+        buf = self._rows_buf
+        if buf is None or buf.shape[0] < total:
+            buf = self._rows_buf = torch.empty((max(total, 64), width), dtype=getattr(torch, s.row_dtype))
+        out = buf[:total]
+        if total:
+            idx = torch.from_numpy(index)
+            for j, k in enumerate(self._order):
+                out[:, j * H:(j + 1) * H].copy_(aux[k].index_select(0, idx))
+        return out
+
+    @property
+    def mean_accepted(self) -> float:
+        """Drafts vLLM accepted per request-step that verified drafts (the bonus token not counted)."""
+        return self.accepted / max(1, self.verified_rounds)
+
+    def close(self) -> None:
+        if self.shim is not None:
+            self.shim.close()
