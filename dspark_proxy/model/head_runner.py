@@ -2,15 +2,15 @@
 
 At one request a round is ~100 tiny operations, where torch's per-call overhead (several µs) costs
 more than the arithmetic; numpy's is a fraction of it. Folding: each RMS norm's weight goes into the
-matrix after it, `in_proj` and `cache_proj` become one matrix, and `markov(tok(prev))` is a table
-lookup. Both the worker (`worker/torch_drafter.py`) and the offline measurement (`train_head.evaluate`)
+matrix after it and `markov(tok(prev))` is a table lookup. Both the worker (`worker/torch_drafter.py`) and the offline measurement (`train_head.evaluate`)
 call `greedy`, so what is measured is what is served, bit for bit (tests/test_head_runner.py).
 GELU is the exact (erf) one, as in training, computed by torch (numpy has no erf).
 
 Batch-invariant: a request's drafts do not depend on what else is in the batch. BLAS picks another
 kernel (another summation order) for another number of rows, so every product here is a stack of
 one-row products (`_mm`); the same row always takes the same path. It costs little at one request
-and about 2x on the output matmul at 32. And single-threaded: the products are a few hundred
+and about 2x on the output matmul at 32. The row projection, whose matrix is wide at real row sizes,
+goes in fixed blocks of 8 rows instead (`_mm_blocked`). And single-threaded: the products are a few hundred
 kFLOP, where OpenBLAS's threads only add a wake-up, and on a loaded machine a wait for a thread the
 kernel has not scheduled (measured: 40 µs → 15-40 ms for the 192 x 4096 product). The calling
 thread's BLAS is set to one thread (`_blas_one_thread`, OpenBLAS's thread-local setting where numpy
@@ -72,6 +72,21 @@ def _mm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return (x[..., None, :] @ w)[..., 0, :]
 
 
+_BLOCK = 8
+
+
+def _mm_blocked(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x [R, k] @ w [k, m] in blocks of exactly _BLOCK rows (the last one zero-padded): a wide w is
+    read once a block rather than once a row, and a fixed block height keeps BLAS on one kernel, so a
+    row's result depends on neither its block-mates nor its place among them (checked at start:
+    `HeadRunner._check_blocked`)."""
+    R = len(x)
+    pad = -R % _BLOCK
+    if pad:
+        x = np.concatenate([x, np.zeros((pad, x.shape[1]), dtype=x.dtype)])
+    return (x.reshape(-1, _BLOCK, x.shape[1]) @ w).reshape(-1, w.shape[1])[:R]
+
+
 def _rms(x: np.ndarray) -> np.ndarray:
     return x * (1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + _EPS))
 
@@ -88,9 +103,12 @@ class HeadRunner:
         self.n_taps, self.hidden, self.window, self.num_spec = head.n_taps, head.hidden, head.window, head.num_spec
         self.vocab = head.vocab
         tn = sd["tap_norm"].reshape(-1)
-        w_in, b_in, w_c = sd["in_proj.weight"], sd["in_proj.bias"], sd["cache_proj.weight"]
-        self.p_w = np.ascontiguousarray(((w_in * tn[None, :]).T.astype(np.float64) @ w_c.T.astype(np.float64)).astype(f32))
-        self.p_b = (b_in.astype(np.float64) @ w_c.T.astype(np.float64)).astype(f32)
+        # tap_norm folds into in_proj; in_proj and cache_proj stay two products: one [F, 3d] matrix
+        # would be 3x the bytes read per row, and at real row sizes (F = 35,840) reading it is the cost
+        self.in_w = np.ascontiguousarray((sd["in_proj.weight"] * tn[None, :]).T)  # [F, d]
+        self.in_b = sd["in_proj.bias"]
+        self.c_w = np.ascontiguousarray(sd["cache_proj.weight"].T)  # [d, 3d]
+        self._in = _mm_blocked if self._check_blocked(self.in_w) else _mm
         self.pos = np.ascontiguousarray(sd["pos.weight"][:head.window][::-1])  # row i: distance W-1-i
         self.queries = sd["queries"]
         self.tok = sd["tok.weight"]
@@ -107,12 +125,22 @@ class HeadRunner:
         self.cache_width = 3 * d
         self._scale = f32(1.0 / np.sqrt(self.dh))
 
+    @staticmethod
+    def _check_blocked(w: np.ndarray) -> bool:
+        """Whether this BLAS gives a row the same bits in any block and place (else one row at a time)."""
+        _one_thread()
+        x = np.random.default_rng(0).standard_normal((2 * _BLOCK - 3, w.shape[0])).astype(np.float32)
+        a = _mm_blocked(x, w)
+        b = _mm_blocked(x[::-1].copy(), w)[::-1]
+        c = np.concatenate([_mm_blocked(x[i:i + 1], w) for i in range(3)])
+        return bool(np.array_equal(a, b) and np.array_equal(a[:3], c))
+
     def project(self, x: np.ndarray) -> np.ndarray:
         """x float32 [R, n_taps * hidden] → [R, 3d]: what a slot caches for each row."""
         _one_thread()
         r = x.reshape(len(x), self.n_taps, self.hidden)
         r = (r * (1.0 / np.sqrt(np.mean(r * r, axis=-1, keepdims=True) + _EPS))).reshape(len(x), -1)
-        return _mm(r, self.p_w) + self.p_b
+        return _mm(self._in(r, self.in_w) + self.in_b, self.c_w)
 
     def backbone(self, win: np.ndarray, lens: np.ndarray, anchor: np.ndarray, n: int) -> np.ndarray:
         """win [B, W, 3d] projected rows right-aligned (index W-1 next to the anchor), lens [B] rows
