@@ -104,7 +104,7 @@ def test_train_drafter_cli_smoke_and_resume(tmp_path):
 
     args = ["train-drafter", "--target", str(TARGET), "--out", str(tmp_path / "h"), "--sequences", "8",
             "--eval-sequences", "2", "--gen-len", "24", "--d-model", "32", "--window", "8", "--num-spec", "3",
-            "--json"]
+            "--draft-vocab", "64", "--json"]
     r1 = CliRunner().invoke(cli, [*args, "--epochs", "1"])
     assert r1.exit_code == 0, r1.output
     r2 = CliRunner().invoke(cli, [*args, "--epochs", "2", "--resume"])
@@ -114,7 +114,14 @@ def test_train_drafter_cli_smoke_and_resume(tmp_path):
     assert len(res["loss_per_epoch"]) == 2 and res["num_spec"] == 3
     man = HeadManifest.load(tmp_path / "h" / "manifest.json")
     assert man.target_id == target_id(TARGET) and man.tap_layers == [1, 2, 4]
+    assert man.draft_vocab == 64 and man.training["draft_vocab_coverage"] > 0.5
     make_drafter("torch", num_spec=3, window=8, row_bytes=man.row_bytes, weights=str(tmp_path / "h"))
+    more = [a if a != str(tmp_path / "h") else str(tmp_path / "h2") for a in args]
+    r3 = CliRunner().invoke(cli, [*more, "--epochs", "1", "--init", str(tmp_path / "h"), "--seed", "1"])
+    assert r3.exit_code == 0, r3.output
+    man2 = HeadManifest.load(tmp_path / "h2" / "manifest.json")
+    assert man2.training["init"]["path"] == str(tmp_path / "h")  # the lineage: what it started from
+    assert man2.training["init"]["training"]["loss_per_epoch"] == res["loss_per_epoch"]
 
 
 def test_worker_cli_refuses_a_head_for_other_shapes():

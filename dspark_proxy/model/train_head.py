@@ -243,8 +243,10 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
 
     train = data("train", cfg.sequences, False)
     held = data("held_out", cfg.eval_sequences, True)
+    init_record = None
     if cfg.init:
-        head, _ = load_head(cfg.init)
+        head, init_man = load_head(cfg.init)
+        init_record = {"path": str(cfg.init), "training": init_man.training}  # the lineage, recursively
         if (head.n_taps, head.hidden, head.window, head.num_spec, head.vocab, head.d, head.h) != (
                 len(cfg.layers), int(train["rows"].shape[-1]) // len(cfg.layers), cfg.window, cfg.num_spec,
                 int(tok_vocab), cfg.d_model, cfg.n_heads):
@@ -308,7 +310,7 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
                        draft_vocab=head.draft_vocab,
                        training={"sequences": cfg.sequences, "prompt_len": cfg.prompt_len, "gen_len": cfg.gen_len,
                                  "epochs": cfg.epochs, "batch": cfg.batch, "lr": cfg.lr, "seed": cfg.seed,
-                                 "distill": cfg.distill, "distill_top_k": SOFT_K, "init": cfg.init,
+                                 "distill": cfg.distill, "distill_top_k": SOFT_K, "init": init_record,
                                  "draft_vocab_coverage": coverage, "loss_per_epoch": history,
                                  "params": sum(p.numel() for p in head.parameters())})
     save_head(head, out, man)
