@@ -9,6 +9,7 @@ each epoch checkpoints head, optimiser and sampler, so `--resume` continues wher
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ class HeadConfig:
     draft_vocab: int = 1024  # output rows: the most frequent greedy tokens (0: the whole vocabulary)
     distill: float = 0.5  # weight of the target's top-k probabilities against its greedy token
     init: str | None = None  # start from this head's weights (same shapes), e.g. the shipped one
+    extra_seeds: tuple[int, ...] = ()  # more training sets of `sequences` generations, prompts drawn by these
 
 
 def _progress(it, total: int, desc: str):
@@ -235,13 +237,17 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
     corpus = stdlib_corpus()
     from .target import encode_corpus
 
-    def data(which: str, n: int, held: bool) -> dict[str, torch.Tensor]:
-        def make():
-            log(f"generating {n} {which} sequences with the target ...")
-            return make_sequences(model, encode_corpus(tok, corpus.read(which)), cfg, n, held_out=held)
-        return _load_or_make(work / data_key(tid, cfg, which, n), make)
+    def data(which: str, n: int, held: bool, seed: int = cfg.seed) -> dict[str, torch.Tensor]:
+        c = dataclasses.replace(cfg, seed=seed)
 
-    train = data("train", cfg.sequences, False)
+        def make():
+            log(f"generating {n} {which} sequences with the target (seed {seed}) ...")
+            return make_sequences(model, encode_corpus(tok, corpus.read(which)), c, n, held_out=held)
+        return _load_or_make(work / data_key(tid, c, which, n), make)
+
+    sets = [data("train", cfg.sequences, False, s) for s in (cfg.seed, *cfg.extra_seeds)]
+    train = {k: torch.cat([d[k] for d in sets]) for k in sets[0]}
+    del sets
     held = data("held_out", cfg.eval_sequences, True)
     init_record = None
     if cfg.init:
@@ -308,8 +314,9 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
                        hidden=head.hidden, row_dtype=cfg.row_dtype, window=cfg.window, num_spec=cfg.num_spec,
                        vocab_size=head.vocab, d_model=cfg.d_model, n_heads=cfg.n_heads,
                        draft_vocab=head.draft_vocab,
-                       training={"sequences": cfg.sequences, "prompt_len": cfg.prompt_len, "gen_len": cfg.gen_len,
+                       training={"sequences": int(len(toks)), "prompt_len": cfg.prompt_len, "gen_len": cfg.gen_len,
                                  "epochs": cfg.epochs, "batch": cfg.batch, "lr": cfg.lr, "seed": cfg.seed,
+                                 "extra_seeds": list(cfg.extra_seeds),
                                  "distill": cfg.distill, "distill_top_k": SOFT_K, "init": init_record,
                                  "draft_vocab_coverage": coverage, "loss_per_epoch": history,
                                  "params": sum(p.numel() for p in head.parameters())})
