@@ -53,8 +53,8 @@ def test_head_was_made_for_the_shipped_target():
 def test_worker_drafter_accepts_the_targets_greedy_continuation(generations):
     """Round by round as a speculative decoder would: the anchor's window from a SlotWindow that gets
     the accepted rows, drafts from the worker's TorchDrafter, accepted = prefix match. Chance is about
-    1/4096 per draft; the shipped head averages 2.04 of 5 on these 8 prompts (n-gram 1.12) and must
-    keep at least 1.2, with its first draft right in at least 40% of rounds."""
+    1/4096 per draft; the shipped head averages 2.45 of 5 on these 8 prompts (first draft right in 71%
+    of rounds; n-gram 1.12) and must keep at least 2.0, with its first draft right in at least 60%."""
     import dspark_proxy.wire as wire
     from dspark_proxy.model.accept import ngram_drafts
     from dspark_proxy.worker.drafters import DraftItem, make_drafter
@@ -79,8 +79,9 @@ def test_worker_drafter_accepts_the_targets_greedy_continuation(generations):
     head, ngram = AcceptStats(N), AcceptStats(N)
     walk_rounds(seqs, 32, N, drafts_at, head)
     walk_rounds(seqs, 32, N, lambda s, a: ngram_drafts(seqs[s, :a + 1], N), ngram)
-    print(f"head {head.mean:.2f} of {N} over {head.rounds} rounds; n-gram {ngram.mean:.2f}")
-    assert head.mean >= 1.2 and head.by_pos[0] >= 0.4 * head.rounds, (head.mean, head.by_pos, ngram.mean)
+    print(f"head {head.mean:.2f} of {N} over {head.rounds} rounds (by position "
+          f"{(head.by_pos / head.rounds).round(2).tolist()}); n-gram {ngram.mean:.2f}")
+    assert head.mean >= 2.0 and head.by_pos[0] >= 0.6 * head.rounds, (head.mean, head.by_pos, ngram.mean)
     assert dr.rows_projected <= sum(held)  # every row projected once, never the whole window again
 
 
