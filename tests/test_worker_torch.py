@@ -301,3 +301,8 @@ def test_projection_pool_frees_a_gone_windows_index(tmp_path):
     assert len(dr.pool) == 3 and len(dr.pool.proj) == cap  # indices reused, nothing grown
     assert dr.rows_projected == 23 * W
     del keep
+
+
+def test_a_device_other_than_the_cpu_is_refused_not_ignored():
+    with pytest.raises(ValueError, match="device 'cuda'"):
+        make_drafter("torch", num_spec=N, window=W, row_bytes=RB, device="cuda")
