@@ -170,8 +170,8 @@ class TorchDrafter:
         at = pos % W
         have = self._cols[None, :] >= (W - lens)[:, None]
         wid = np.zeros((B, W), dtype=np.int64)
-        if all(it.written is not None for it in items):
-            wid[have] = np.concatenate([it.written for it in items])
+        wid[have] = np.concatenate([it.written if it.written is not None else np.zeros(it.w, np.int64)
+                                    for it in items])
         sl = slot[:, None]
         miss = have & ((pool.pos[sl, at] != pos) | (pool.wid[sl, at] != wid) | (wid == 0))
         if miss.any():
