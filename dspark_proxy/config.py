@@ -373,7 +373,7 @@ class WorkerConfig(LayoutConfig):
     memory_budget_mb: int = _opt(0, "MiB of slot windows for all sessions together; past it a new session is "
                                  "refused with a clear error (0: room for 8 sessions of --max-reqs, at least 1 GiB with --adopt-shapes).",
                                  _Range(0, 1 << 30))
-    device: str = _opt("cpu", "Torch device for the torch drafter (cpu, cuda, cuda:1, ...).")
+    device: str = _opt("cpu", "Torch device for the torch drafter: cpu (its head runs in numpy on the CPU; others are refused).")
     weights: str | None = _opt(None, "Torch drafter head: a train-drafter directory (head.safetensors + manifest.json) or its .safetensors file (default: seeded random weights).")
     seed: int = _opt(0, "Seed of the torch drafter's random weights.", _Range(0, 2**63 - 1))
     log_level: LogLevel = _opt("INFO", "Logging level.")

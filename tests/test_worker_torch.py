@@ -237,8 +237,8 @@ def test_only_n_out_positions_are_computed(tmp_path):
     d = _saved_head(tmp_path)
     dr = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, weights=str(d))
     calls = []
-    step = dr.head.step_logits
-    dr.head.step_logits = lambda *a: calls.append(1) or step(*a)
+    step = dr.runner.step
+    dr.runner.step = lambda *a: calls.append(1) or step(*a)
     items = _float_items(np.random.default_rng(3), np.float32)
     for it in items:
         it.n_out = 2
@@ -269,3 +269,40 @@ def test_torch_is_not_imported_unless_chosen():
             "s = WorkerServer('127.0.0.1', 0, num_spec=2, window=2, row_bytes=8, max_reqs=2); s.start(); s.stop();"
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+
+
+def test_projection_pool_frees_a_gone_windows_index(tmp_path):
+    """The pool holds one index per live window buffer; a buffer that is gone gives its index back
+    (pool memory follows the live slots, not every slot ever seen), and a new buffer starts empty."""
+    import gc
+
+    from dspark_proxy.worker.session import SlotWindow
+
+    d = _saved_head(tmp_path)
+    dr = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, weights=str(d))
+    rng = np.random.default_rng(9)
+
+    def batch(n):
+        sws = [SlotWindow(W, RB, chains=False) for _ in range(n)]
+        items = []
+        for i, sw in enumerate(sws):
+            sw.write(0, rng.standard_normal((W, RB // 4)).astype(np.float32).view(np.uint8), True)
+            sw.hi = W
+            items.append(DraftItem(i, 3, W, W, 0, sw.segments(W), written=sw.write_ids(W)))
+        _run(dr, items)
+        return sws
+
+    sws = batch(20)
+    assert len(dr.pool) == 20 and dr.rows_projected == 20 * W
+    cap = len(dr.pool.proj)
+    del sws
+    gc.collect()
+    keep = batch(3)
+    assert len(dr.pool) == 3 and len(dr.pool.proj) == cap  # indices reused, nothing grown
+    assert dr.rows_projected == 23 * W
+    del keep
+
+
+def test_a_device_other_than_the_cpu_is_refused_not_ignored():
+    with pytest.raises(ValueError, match="device 'cuda'"):
+        make_drafter("torch", num_spec=N, window=W, row_bytes=RB, device="cuda")

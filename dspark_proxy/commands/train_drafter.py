@@ -21,6 +21,13 @@ def _layers(_ctx, _param, value: str) -> tuple[int, ...]:
     return got
 
 
+def _seeds(value: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in value.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: comma-separated integers", param_hint="--extra-seeds") from None
+
+
 @click.command("train-drafter")
 @click.option("--target", "target", required=True, type=click.Path(exists=True, file_okay=False),
               help="Local Hugging Face causal-LM directory (e.g. models/stdlib-llama).")
@@ -42,12 +49,20 @@ def _layers(_ctx, _param, value: str) -> tuple[int, ...]:
 @click.option("--lr", default=2e-3, show_default=True)
 @click.option("--seed", default=0, show_default=True)
 @click.option("--threads", default=1, show_default=True, help="torch CPU threads.")
+@click.option("--draft-vocab", default=1024, show_default=True,
+              help="Draft only the ids most frequent in the generations (0: the whole vocabulary).")
+@click.option("--distill", default=0.5, show_default=True,
+              help="Weight of the target's top-k probabilities in the loss (0: its greedy tokens only).")
+@click.option("--init", "init", type=click.Path(exists=True), default=None,
+              help="Start from this head's weights (same shapes), e.g. to train a shipped head on more text.")
+@click.option("--extra-seeds", default="", help="More training sets of --sequences generations, one per "
+              "seed (comma-separated), e.g. to add text to a head trained with --seed 0.")
 @click.option("--resume", is_flag=True, help="Continue from <out>/.work/checkpoint.pt.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object (last line).")
 def train_drafter(target: str, out: str, layers: tuple[int, ...], row_dtype: str, window: int, num_spec: int,
                   d_model: int, n_heads: int, sequences: int, eval_sequences: int, prompt_len: int,
-                  gen_len: int, epochs: int, batch: int, lr: float, seed: int, threads: int, resume: bool,
-                  as_json: bool) -> None:
+                  gen_len: int, epochs: int, batch: int, lr: float, seed: int, threads: int, draft_vocab: int,
+                  distill: float, init: str | None, extra_seeds: str, resume: bool, as_json: bool) -> None:
     """Train a DSpark head on TARGET's own greedy generations of stdlib prompts."""
     try:
         from dspark_proxy.model.train_head import HeadConfig, train_head
@@ -55,7 +70,9 @@ def train_drafter(target: str, out: str, layers: tuple[int, ...], row_dtype: str
         raise click.ClickException(f"{e}; install the model extra: pip install -e '.[model]'") from None
     cfg = HeadConfig(layers=layers, row_dtype=row_dtype, window=window, num_spec=num_spec, d_model=d_model,
                      n_heads=n_heads, sequences=sequences, eval_sequences=eval_sequences, prompt_len=prompt_len,
-                     gen_len=gen_len, epochs=epochs, batch=batch, lr=lr, seed=seed, threads=threads)
+                     gen_len=gen_len, epochs=epochs, batch=batch, lr=lr, seed=seed, threads=threads,
+                     draft_vocab=draft_vocab, distill=distill, init=init,
+                     extra_seeds=_seeds(extra_seeds))
     res = train_head(target, out, cfg, resume=resume, log=lambda m: click.echo(m, err=True))
     if as_json:
         click.echo(json.dumps(res))

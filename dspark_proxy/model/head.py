@@ -8,8 +8,13 @@ Split so that serving pays for each row once (the worker caches `project`'s outp
   anchor, added to the cached keys and values), plus the row next to the anchor and the anchor's
   embedding, then an MLP → [B, n, d];
 - `step_logits(ctx_j, prev)`: the cheap Markov term, position j conditioned on draft j - 1 (the anchor
-  for j = 0) through its embedding and a small MLP, → logits over the target's vocabulary. The output
-  matrix is tied to the token embedding.
+  for j = 0) through its embedding and a small MLP, → logits over the draft vocabulary. The output
+  matrix is tied to the token embedding; with a draft vocabulary (`set_draft_vocab`) only its rows:
+  a small target's greedy output uses few of its tokens, and the output matmul is most of a round's
+  cost at one request (the manifest's `draft_vocab` and training record say how many, what share).
+
+Serving and offline measurement run `head_runner.HeadRunner` (numpy, the same weights folded); this
+module is the trainable form.
 """
 
 from __future__ import annotations
@@ -56,6 +61,24 @@ class DraftHead(nn.Module):
         self.norm2 = _Norm(d)
         self.mlp2 = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
         self.out_norm = _Norm(d)
+        self.register_buffer("draft_ids", torch.arange(vocab), persistent=False)  # output rows, target ids
+
+    def set_draft_vocab(self, ids: torch.Tensor | None) -> None:
+        """Draft only these target ids (saved with the weights as `draft_ids`); None: every id."""
+        if ids is None:
+            self.draft_ids = torch.arange(self.vocab)
+            return
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        if ids.ndim != 1 or len(ids) == 0 or int(ids.min()) < 0 or int(ids.max()) >= self.vocab:
+            raise ValueError(f"draft vocabulary: 1..{self.vocab} ids in 0..{self.vocab - 1}")
+        if len(torch.unique(ids)) != len(ids):
+            raise ValueError("draft vocabulary has repeated ids")
+        self.draft_ids = ids.clone()
+
+    @property
+    def draft_vocab(self) -> int:
+        """0 when the head drafts over the whole vocabulary (the manifest's `draft_vocab`)."""
+        return 0 if len(self.draft_ids) == self.vocab else len(self.draft_ids)
 
     @property
     def cache_width(self) -> int:
@@ -85,10 +108,12 @@ class DraftHead(nn.Module):
         return ctx + self.mlp(self.norm1(ctx))
 
     def step_logits(self, ctx_j: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-        """ctx_j [..., d], prev [...] token ids (draft j - 1) → logits [..., vocab]."""
+        """ctx_j [..., d], prev [...] token ids (draft j - 1) → logits [..., len(draft_ids)] (column c is
+        target id draft_ids[c])."""
         z = ctx_j + self.markov(self.tok(prev))
         z = z + self.mlp2(self.norm2(z))
-        return self.out_norm(z) @ self.tok.weight.T
+        w = self.tok.weight if self.draft_vocab == 0 else self.tok.weight[self.draft_ids]
+        return self.out_norm(z) @ w.T
 
     def init_from_target(self, embed: torch.Tensor) -> None:
         """Start the tied embedding from the target's (same vocabulary, same width only)."""

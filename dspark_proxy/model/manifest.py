@@ -42,6 +42,7 @@ class HeadManifest:
     d_model: int
     n_heads: int
     format: str = FORMAT
+    draft_vocab: int = 0  # output rows (head.safetensors' draft_ids); 0: the whole vocabulary
     training: dict = field(default_factory=dict)
 
     @property
@@ -56,6 +57,8 @@ class HeadManifest:
         for name in ("hidden", "window", "num_spec", "vocab_size", "d_model", "n_heads"):
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"head manifest {name}={getattr(self, name)!r} must be positive")
+        if not 0 <= int(self.draft_vocab) <= int(self.vocab_size):
+            raise ValueError(f"head manifest draft_vocab={self.draft_vocab!r} must be in 0..vocab_size")
         if not self.tap_layers:
             raise ValueError("head manifest tap_layers is empty")
 

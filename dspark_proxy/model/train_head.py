@@ -9,6 +9,7 @@ each epoch checkpoints head, optimiser and sampler, so `--resume` continues wher
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -20,10 +21,11 @@ import torch
 from .accept import AcceptStats, ngram_drafts, walk_rounds
 from .corpus import stdlib_corpus
 from .head import DraftHead
+from .head_runner import HeadRunner
 from .hf import TAP_POINT, Tap, greedy_generate, load_causal_lm, target_id
 from .manifest import MANIFEST_NAME, WEIGHTS_NAME, HeadManifest
 
-__all__ = ["HeadConfig", "train_head", "make_sequences", "evaluate", "head_drafts"]
+__all__ = ["HeadConfig", "train_head", "make_sequences", "evaluate", "head_drafts", "draft_vocab", "data_key"]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -45,6 +47,10 @@ class HeadConfig:
     lr: float = 2e-3
     seed: int = 0
     threads: int = 1
+    draft_vocab: int = 1024  # output rows: the most frequent greedy tokens (0: the whole vocabulary)
+    distill: float = 0.5  # weight of the target's top-k probabilities against its greedy token
+    init: str | None = None  # start from this head's weights (same shapes), e.g. the shipped one
+    extra_seeds: tuple[int, ...] = ()  # more training sets of `sequences` generations, prompts drawn by these
 
 
 def _progress(it, total: int, desc: str):
@@ -56,26 +62,40 @@ def _progress(it, total: int, desc: str):
         return it
 
 
+SOFT_K = 32  # the target's top-k next-token probabilities kept per position (distillation targets)
+
+
 @torch.no_grad()
 def make_sequences(model, stream: np.ndarray, cfg: HeadConfig, n: int, *, held_out: bool,
-                   gen_batch: int = 48) -> tuple[torch.Tensor, torch.Tensor]:
-    """n greedy generations from prompts of the token stream, and their tapped rows:
-    (tokens [n, P + G] int64, rows [n, P + G, taps x hidden] in the row dtype)."""
+                   gen_batch: int = 48) -> dict[str, torch.Tensor]:
+    """n greedy generations from prompts of the token stream, their tapped rows and the target's top-k
+    next-token distribution at every position: toks [n, P + G] int64, rows [n, P + G, taps x hidden]
+    in the row dtype, top_ids [n, P + G, K] int32, top_p [n, P + G, K] float16."""
     P, G = cfg.prompt_len, cfg.gen_len
     if held_out:
         starts = np.linspace(0, len(stream) - P - 1, n).astype(np.int64)
     else:
         starts = np.random.default_rng(cfg.seed + 1).integers(0, len(stream) - P - 1, n)
     prompts = torch.from_numpy(np.stack([stream[s:s + P] for s in starts]).astype(np.int64))
-    toks, rows = [], []
+    toks, rows, tid, tp = [], [], [], []
     tap = Tap(model, list(cfg.layers))
     for b in _progress(range(0, n, gen_batch), (n + gen_batch - 1) // gen_batch, "generate"):
         seq = greedy_generate(model, prompts[b:b + gen_batch], G)
         with tap:
-            model(seq)
+            logits = model(seq).logits
+        top = logits.float().softmax(-1).topk(SOFT_K, dim=-1)
         toks.append(seq)
         rows.append(tap.rows(_DTYPES[cfg.row_dtype]))
-    return torch.cat(toks), torch.cat(rows)
+        tid.append(top.indices.to(torch.int32))
+        tp.append(top.values.to(torch.float16))
+    return {"toks": torch.cat(toks), "rows": torch.cat(rows), "top_ids": torch.cat(tid), "top_p": torch.cat(tp)}
+
+
+def data_key(tid: str, cfg: HeadConfig, which: str, n: int) -> str:
+    """The cache file of a data set: what makes it (the held-out prompts do not depend on the seed)."""
+    seed = "" if which == "held_out" else f"-s{cfg.seed}"
+    return (f"{which}-{tid[7:19]}-{'-'.join(map(str, cfg.layers))}-{cfg.row_dtype}-{n}-{cfg.prompt_len}"
+            f"-{cfg.gen_len}{seed}-k{SOFT_K}.pt")
 
 
 def _windows(head: DraftHead, rows: torch.Tensor, anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,37 +110,61 @@ def _windows(head: DraftHead, rows: torch.Tensor, anchors: torch.Tensor) -> tupl
     return win, mask
 
 
-def _loss(head: DraftHead, toks: torch.Tensor, rows: torch.Tensor, start: int) -> torch.Tensor:
+def _loss(head: DraftHead, batch: dict[str, torch.Tensor], start: int, distill: float,
+          col_of: torch.Tensor) -> torch.Tensor:
+    """(1 - distill) x cross-entropy on the target's greedy tokens + distill x cross-entropy on its
+    top-k next-token probabilities, over the draft vocabulary (col_of: target id → output column,
+    -1 outside it; a token outside cannot be drafted and teaches nothing)."""
+    toks, rows = batch["toks"], batch["rows"]
     N = head.num_spec
     T = toks.shape[1]
     anchors = torch.arange(start, T - N)
     win, mask = _windows(head, rows, anchors)
-    B, A = win.shape[:2]
     ctx = head.backbone(win.flatten(0, 1), mask.flatten(0, 1), toks[:, anchors].flatten(), N)
     idx = anchors[:, None] + torch.arange(N + 1)[None]  # anchor, then its N next tokens
     seq = toks[:, idx].flatten(0, 1)  # [B*A, N+1]
     logits = head.step_logits(ctx, seq[:, :N])  # teacher forced: prev = the true draft j-1
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), seq[:, 1:].flatten())
+    logp = logits.log_softmax(-1)  # [B*A, N, V']
+    hard = col_of[seq[:, 1:]]
+    ok = hard >= 0
+    nll = -logp.gather(-1, hard.clamp(min=0)[..., None])[..., 0]
+    loss = (nll * ok).sum() / ok.sum().clamp(min=1)
+    if distill > 0:
+        cols = col_of[batch["top_ids"][:, idx[:, :N]].long()].flatten(0, 1)  # [B*A, N, K]: dist. of a+j+1
+        p = batch["top_p"][:, idx[:, :N]].float().flatten(0, 1) * (cols >= 0)
+        soft = -(p * logp.gather(-1, cols.clamp(min=0))).sum(-1)
+        loss = (1 - distill) * loss + distill * soft.mean()
+    return loss
 
 
 @torch.no_grad()
 def head_drafts(head: DraftHead, toks: torch.Tensor, rows: torch.Tensor, start: int) -> np.ndarray:
-    """Greedy drafts (the Markov term fed the head's own drafts) for every anchor ≥ start: [S, T, N]
-    (-1 before start and where fewer than N tokens follow)."""
-    N = head.num_spec
+    """Greedy drafts for every anchor ≥ start, by the serving code (HeadRunner, as the worker runs
+    it): [S, T, N] (-1 before start and where fewer than N tokens follow)."""
+    runner = HeadRunner(head)
+    N, W = head.num_spec, head.window
     S, T = toks.shape
     out = np.full((S, T, N), -1, dtype=np.int64)
-    anchors = torch.arange(start, T - N)
-    for b in range(0, S, 8):
-        win, mask = _windows(head, rows[b:b + 8], anchors)
-        ctx = head.backbone(win.flatten(0, 1), mask.flatten(0, 1), toks[b:b + 8, anchors].flatten(), N)
-        prev = toks[b:b + 8, anchors].flatten()
-        ds = []
-        for j in range(N):
-            prev = head.step_logits(ctx[:, j], prev).argmax(-1)
-            ds.append(prev)
-        out[b:b + 8, start:T - N] = torch.stack(ds, -1).unflatten(0, (-1, len(anchors))).numpy()
+    anchors = np.arange(start, T - N)
+    lens = np.minimum(anchors, W)
+    tk = toks.numpy()
+    for s in range(S):
+        proj = runner.project(rows[s].float().numpy())
+        pad = np.concatenate([np.zeros((W, proj.shape[1]), np.float32), proj])  # row t at t + W
+        win = np.lib.stride_tricks.sliding_window_view(pad, W, axis=0)[anchors].transpose(0, 2, 1)
+        out[s, start:T - N] = runner.greedy(np.ascontiguousarray(win), lens, tk[s, anchors], N)[0]
     return out
+
+
+def draft_vocab(toks: torch.Tensor, start: int, size: int, vocab: int) -> tuple[torch.Tensor, float]:
+    """The `size` ids most frequent in the greedy generations (ties to the lower id), and the share
+    of generated tokens they cover; size 0 or ≥ vocab: every id."""
+    gen = toks[:, start:].flatten()
+    if size <= 0 or size >= vocab:
+        return torch.arange(vocab), 1.0
+    cnt = torch.bincount(gen, minlength=vocab)
+    ids = torch.sort(torch.argsort(-cnt, stable=True)[:size]).values
+    return ids, round(float(cnt[ids].sum()) / max(1, len(gen)), 5)
 
 
 def evaluate(head: DraftHead, toks: torch.Tensor, rows: torch.Tensor, start: int) -> dict:
@@ -151,6 +195,8 @@ def save_head(head: DraftHead, out: Path, manifest: HeadManifest) -> None:
     from safetensors.torch import save_file
 
     state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in head.state_dict().items()}
+    if head.draft_vocab:
+        state["draft_ids"] = head.draft_ids.to(torch.int32).contiguous()  # ids, not weights: never bf16
     save_file(state, str(out / WEIGHTS_NAME))
     manifest.save(out / MANIFEST_NAME)
 
@@ -165,8 +211,14 @@ def load_head(weights: str | Path) -> tuple[DraftHead, HeadManifest]:
     man = HeadManifest.load(mpath)
     head = DraftHead(n_taps=len(man.tap_layers), hidden=man.hidden, window=man.window, num_spec=man.num_spec,
                      vocab=man.vocab_size, d_model=man.d_model, n_heads=man.n_heads)
-    state = {k: v.float() for k, v in load_file(str(wpath)).items()}
-    head.load_state_dict(state, strict=True)
+    state = load_file(str(wpath))
+    ids = state.pop("draft_ids", None)
+    if (0 if ids is None else len(ids)) != man.draft_vocab:
+        raise ValueError(f"{wpath}: {0 if ids is None else len(ids)} draft ids but the manifest has "
+                         f"draft_vocab={man.draft_vocab}")
+    head.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    if ids is not None:
+        head.set_draft_vocab(ids.long())
     return head.eval(), man
 
 
@@ -180,23 +232,42 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
     (work / ".gitignore").write_text("*\n")
     model, tok = load_causal_lm(target)
     tid = target_id(target)
+    hidden, tok_vocab = int(model.config.hidden_size), int(model.config.vocab_size)
+    embed = model.get_input_embeddings().weight.detach().float().clone()
     corpus = stdlib_corpus()
     from .target import encode_corpus
 
-    def data(which: str, n: int, held: bool):
-        key = f"{which}-{tid[7:19]}-{'-'.join(map(str, cfg.layers))}-{cfg.row_dtype}-{n}-{cfg.prompt_len}-{cfg.gen_len}.pt"
+    def data(which: str, n: int, held: bool, seed: int = cfg.seed) -> dict[str, torch.Tensor]:
+        c = dataclasses.replace(cfg, seed=seed)
 
         def make():
-            log(f"generating {n} {which} sequences with the target ...")
-            return make_sequences(model, encode_corpus(tok, corpus.read(which)), cfg, n, held_out=held)
-        return _load_or_make(work / key, make)
+            log(f"generating {n} {which} sequences with the target (seed {seed}) ...")
+            return make_sequences(model, encode_corpus(tok, corpus.read(which)), c, n, held_out=held)
+        return _load_or_make(work / data_key(tid, c, which, n), make)
 
-    toks, rows = data("train", cfg.sequences, False)
-    etoks, erows = data("held_out", cfg.eval_sequences, True)
-    head = DraftHead(n_taps=len(cfg.layers), hidden=int(model.config.hidden_size), window=cfg.window,
-                     num_spec=cfg.num_spec, vocab=int(model.config.vocab_size), d_model=cfg.d_model,
-                     n_heads=cfg.n_heads)
-    head.init_from_target(model.get_input_embeddings().weight.detach().float())
+    sets = [data("train", cfg.sequences, False, s) for s in (cfg.seed, *cfg.extra_seeds)]
+    train = {k: torch.cat([d[k] for d in sets]) for k in sets[0]}
+    del sets
+    held = data("held_out", cfg.eval_sequences, True)
+    init_record = None
+    if cfg.init:
+        head, init_man = load_head(cfg.init)
+        init_record = {"path": str(cfg.init), "training": init_man.training}  # the lineage, recursively
+        if (head.n_taps, head.hidden, head.window, head.num_spec, head.vocab, head.d, head.h) != (
+                len(cfg.layers), int(train["rows"].shape[-1]) // len(cfg.layers), cfg.window, cfg.num_spec,
+                int(tok_vocab), cfg.d_model, cfg.n_heads):
+            raise ValueError(f"--init {cfg.init}: a head of other shapes than this run's")
+        head.train()
+    else:
+        head = DraftHead(n_taps=len(cfg.layers), hidden=hidden, window=cfg.window, num_spec=cfg.num_spec,
+                         vocab=tok_vocab, d_model=cfg.d_model, n_heads=cfg.n_heads)
+        head.init_from_target(embed)
+    ids, coverage = draft_vocab(train["toks"], cfg.prompt_len, cfg.draft_vocab, tok_vocab)
+    head.set_draft_vocab(ids)
+    col_of = torch.full((tok_vocab,), -1, dtype=torch.long)
+    col_of[head.draft_ids] = torch.arange(len(head.draft_ids))
+    log(f"draft vocabulary {len(ids)} ids: {coverage:.2%} of the training generations' tokens")
+    toks = train["toks"]
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.01)
     steps_per_epoch = (len(toks) + cfg.batch - 1) // cfg.batch
     total = steps_per_epoch * cfg.epochs
@@ -213,6 +284,7 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
     if resume and ckpt.is_file():
         st = torch.load(ckpt, weights_only=False)
         head.load_state_dict(st["head"])
+        head.set_draft_vocab(st["draft_ids"])
         opt.load_state_dict(st["opt"])
         epoch0, history = st["epoch"], st["history"]
         log(f"resumed after epoch {epoch0}")
@@ -226,7 +298,7 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
             for g in opt.param_groups:
                 g["lr"] = lr_at(epoch * steps_per_epoch + i)
             b = order[i * cfg.batch:(i + 1) * cfg.batch]
-            loss = _loss(head, toks[b], rows[b], cfg.prompt_len)
+            loss = _loss(head, {k: v[b] for k, v in train.items()}, cfg.prompt_len, cfg.distill, col_of)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -236,18 +308,21 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
                 bar.set_postfix(loss=f"{tot / cnt:.3f}", refresh=False)
         history.append(round(tot / max(1, cnt), 4))
         log(f"epoch {epoch + 1}/{cfg.epochs} loss {history[-1]:.4f} ({time.time() - t0:.0f}s)")
-        torch.save({"head": head.state_dict(), "opt": opt.state_dict(),
+        torch.save({"head": head.state_dict(), "draft_ids": head.draft_ids, "opt": opt.state_dict(),
                     "epoch": epoch + 1, "history": history}, ckpt)
     man = HeadManifest(target_id=tid, target_name=target.name, tap_layers=list(cfg.layers), tap_point=TAP_POINT,
                        hidden=head.hidden, row_dtype=cfg.row_dtype, window=cfg.window, num_spec=cfg.num_spec,
                        vocab_size=head.vocab, d_model=cfg.d_model, n_heads=cfg.n_heads,
-                       training={"sequences": cfg.sequences, "prompt_len": cfg.prompt_len, "gen_len": cfg.gen_len,
+                       draft_vocab=head.draft_vocab,
+                       training={"sequences": int(len(toks)), "prompt_len": cfg.prompt_len, "gen_len": cfg.gen_len,
                                  "epochs": cfg.epochs, "batch": cfg.batch, "lr": cfg.lr, "seed": cfg.seed,
-                                 "loss_per_epoch": history,
+                                 "extra_seeds": list(cfg.extra_seeds),
+                                 "distill": cfg.distill, "distill_top_k": SOFT_K, "init": init_record,
+                                 "draft_vocab_coverage": coverage, "loss_per_epoch": history,
                                  "params": sum(p.numel() for p in head.parameters())})
     save_head(head, out, man)
     shipped, _ = load_head(out)  # measure the weights as saved
-    res = evaluate(shipped, etoks, erows, cfg.prompt_len)
+    res = evaluate(shipped, held["toks"], held["rows"], cfg.prompt_len)
     man.training["held_out"] = res
     man.save(out / MANIFEST_NAME)
     return {**res, "loss_per_epoch": history, "out": str(out), "target_id": tid}

@@ -6,15 +6,21 @@ the row dtype, the tap and the shapes, and a disagreement with the worker's row_
 num_spec refuses the start, naming the field. Without weights the head is random (seeded), for shape
 and plumbing tests only, and reads rows as `row_dtype` (default: raw bytes); the dtype is never guessed.
 
-Each round pays for its new rows only: every slot keeps the projected rows of its window (the head's
-`project`, 3d floats a row) between rounds, keyed by the slot's window buffer (the segments' base
-array, held by weak reference) and each row's position, and reused only while the row's write id
-(`DraftItem.written`, from the worker's SlotWindow) is the one it was projected from: a slot restarted
-or rewritten over the same positions is re-projected, and a caller that gives no ids gets no reuse. Only the first n_out draft positions
-are computed. Greedy drafts with their softmax probability as confidence; margin is top1 - top2; in
-sampled mode, for requests with temperature > 0, the top-32 support of the tempered distribution and
-its renormalised probabilities q, with the draft drawn from q by a generator seeded from
-(seed, anchor_pos, j), so a replay gives the same draft.
+The head runs as `model.head_runner.HeadRunner` (numpy float32, batch-invariant), the code the
+offline measurement runs, so served drafts are the measured ones bit for bit.
+
+Each round pays for its new rows only: the projected rows (the head's `project`, 3d floats a row) of
+every slot's window live in one pool, `[slots, W, 3d]` with each row's position and write id beside
+it; a slot's window buffer (the segments' base array, held by weak reference) owns one pool index.
+A row is reused only while its write id (`DraftItem.written`, from the worker's SlotWindow) is the one
+it was projected from: a slot restarted or rewritten over the same positions is re-projected, and a
+caller that gives no ids gets no reuse. Hits, misses, the scatter of new projections and the window
+gather are array operations over the batch; only reading the new rows' bytes visits each request.
+Only the first n_out draft positions are computed. Greedy drafts with their softmax probability as
+confidence; margin is top1 - top2; in sampled mode, for requests with temperature > 0, the top-32
+support of the tempered distribution over the draft vocabulary and its renormalised probabilities q,
+with the draft drawn from q by a generator seeded from (seed, anchor_pos, j), so a replay gives the
+same draft.
 """
 
 from __future__ import annotations
@@ -25,25 +31,67 @@ import numpy as np
 import torch
 
 from ..model.head import DraftHead
+from ..model.head_runner import HeadRunner, bf16_to_f32
 from ..model.manifest import ROW_DTYPES, HeadManifest
 from ..wire import TOP_K, ReplyWriter
 from .drafters import DraftItem
 
-__all__ = ["TorchDrafter", "SlotCache"]
-
-_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+__all__ = ["TorchDrafter", "ProjectionPool"]
 
 
-class SlotCache:
-    """One slot's projected window: projected row, position and write id at index position % W."""
 
-    __slots__ = ("proj", "pos", "wid", "ref")
+class ProjectionPool:
+    """Projected rows of every slot window: proj [cap, W, width], pos and write id [cap, W] at index
+    position % W. `index_of` gives a window buffer its pool index for as long as the buffer lives."""
 
-    def __init__(self, window: int, width: int, ref: weakref.ref) -> None:
-        self.proj = np.zeros((window, width), dtype=np.float32)
-        self.pos = np.full(window, -1, dtype=np.int64)
-        self.wid = np.zeros(window, dtype=np.int64)  # 0: never a valid write id
-        self.ref = ref
+    def __init__(self, window: int, width: int, cap: int = 8) -> None:
+        self.window, self.width = window, width
+        self.proj = np.zeros((cap, window, width), dtype=np.float32)
+        self.pos = np.full((cap, window), -1, dtype=np.int64)
+        self.wid = np.zeros((cap, window), dtype=np.int64)  # 0: never a valid write id
+        self._of: dict[int, tuple[int, weakref.ref]] = {}
+        self._free = list(range(cap - 1, -1, -1))
+        self._released: list[int] = []  # ids of buffers gone (weakref callbacks only append: GC-safe)
+
+    def __len__(self) -> int:
+        return len(self._of)
+
+    def _reap(self) -> None:
+        while self._released:
+            key = self._released.pop()
+            got = self._of.get(key)
+            if got is not None and got[1]() is None:
+                del self._of[key]
+                self.pos[got[0]] = -1
+                self._free.append(got[0])
+
+    def _grow(self) -> None:
+        cap = len(self.proj)
+        self.proj = np.concatenate([self.proj, np.zeros_like(self.proj)])
+        self.pos = np.concatenate([self.pos, np.full_like(self.pos, -1)])
+        self.wid = np.concatenate([self.wid, np.zeros_like(self.wid)])
+        self._free.extend(range(2 * cap - 1, cap - 1, -1))
+
+    def index_of(self, buf: np.ndarray) -> int:
+        key = id(buf)
+        got = self._of.get(key)
+        if got is not None and got[1]() is buf:
+            return got[0]
+        self._reap()
+        if got is not None:  # an old buffer's id, reused by a new one: its rows are not ours
+            self._of.pop(key)
+            self.pos[got[0]] = -1
+            self._free.append(got[0])
+        if not self._free:
+            self._grow()
+        i = self._free.pop()
+        self.pos[i] = -1
+        self._of[key] = (i, weakref.ref(buf, lambda _r, k=key, rel=self._released: rel.append(k)))
+        return i
+
+
+def _base(seg: np.ndarray) -> np.ndarray:
+    return seg.base if isinstance(seg.base, np.ndarray) else seg
 
 
 def _take(segments: list[np.ndarray], idx: np.ndarray) -> np.ndarray:
@@ -68,6 +116,9 @@ class TorchDrafter:
         self.num_spec = num_spec
         self.window = window
         self.row_bytes = row_bytes
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"device {device!r}: the torch drafter's head runs on the CPU (numpy); its "
+                             "per-round cost at these shapes is call overhead, not arithmetic")
         self.device = torch.device(device)
         self.manifest: HeadManifest | None = None
         if weights:
@@ -87,112 +138,78 @@ class TorchDrafter:
             with torch.no_grad():
                 for p in head.parameters():
                     p.copy_(torch.randn(p.shape, generator=gen) * (1.0 / max(1, p.shape[-1]) ** 0.5))
-        self.head = head.to(self.device).eval()
+        self.head = head.eval()
+        self.runner = HeadRunner(self.head)
         self.vocab_size = int(head.vocab)  # told to the client in WELCOME: it checks support ids against it
-        self._width = self.head.cache_width
-        self._caches: dict[int, SlotCache] = {}
-        self.rows_projected = 0  # rows that went through `project` (the rest came from the caches)
+        self.pool = ProjectionPool(window, self.runner.cache_width)
+        self.rows_projected = 0  # rows that went through `project` (the rest came from the pool)
+        self._cols = np.arange(window)
 
     def state_dict(self) -> dict:
         return self.head.state_dict()
 
-    # -- the per-slot caches ------------------------------------------------------------------------
-    def _cache_for(self, seg: np.ndarray) -> SlotCache:
-        base = seg.base if isinstance(seg.base, np.ndarray) else seg
-        key = id(base)
-        c = self._caches.get(key)
-        if c is None or c.ref() is not base:
-            caches = self._caches
-            c = SlotCache(self.window, self._width, weakref.ref(base, lambda _r, k=key: caches.pop(k, None)))
-            caches[key] = c
-        return c
-
-    def _to_float(self, raw: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(raw)
+    def _to_float(self, raw: np.ndarray) -> np.ndarray:
         if self.row_dtype == "uint8":
-            x = (t.float() - 128.0) / 128.0
+            x = (raw.astype(np.float32) - 128.0) / 128.0
+        elif self.row_dtype == "bfloat16":
+            x = bf16_to_f32(raw)
         else:
-            x = t.view(_TORCH_DTYPES[self.row_dtype]).float()
-        return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0).clamp_(-1e4, 1e4)
+            x = raw.view(np.dtype(self.row_dtype).newbyteorder("<")).astype(np.float32)
+        with np.errstate(invalid="ignore"):
+            np.nan_to_num(x, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
+            return np.clip(x, -1e4, 1e4, out=x)
 
-    def _windows(self, items: list[DraftItem]) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, W, 3d] projected windows, right-aligned, and their masks; projects only uncached rows."""
-        W, B = self.window, len(items)
-        caches, slots, misses = [], [], []
-        for it in items:
-            segs = it.segments
-            c = self._cache_for(segs[0])
-            pos = np.arange(it.anchor_pos - it.w, it.anchor_pos, dtype=np.int64)
-            at = pos % W
-            wid = it.written if it.written is not None else np.zeros(len(at), dtype=np.int64)
-            miss = (c.pos[at] != pos) | (c.wid[at] != wid) | (wid == 0)
-            caches.append(c)
-            slots.append(at)
-            misses.append((segs, miss, at, pos, wid))
-        need = [_take(m[0], np.flatnonzero(m[1])) for m in misses if m[1].any()]
-        if need:
-            raw = np.concatenate(need)
-            proj = self.head.project(self._to_float(raw).to(self.device)).float().cpu().numpy()
+    def _windows(self, items: list[DraftItem]) -> tuple[np.ndarray, np.ndarray]:
+        """[B, W, 3d] projected windows, right-aligned, and the rows present; projects only rows the
+        pool does not hold for the same position and write."""
+        W, B, pool = self.window, len(items), self.pool
+        slot = np.fromiter((pool.index_of(_base(it.segments[0])) for it in items), np.intp, B)
+        apos = np.fromiter((it.anchor_pos for it in items), np.int64, B)
+        lens = np.fromiter((it.w for it in items), np.int64, B)
+        pos = apos[:, None] - W + self._cols[None, :]  # column c: position anchor - W + c
+        at = pos % W
+        have = self._cols[None, :] >= (W - lens)[:, None]
+        wid = np.zeros((B, W), dtype=np.int64)
+        wid[have] = np.concatenate([it.written if it.written is not None else np.zeros(it.w, np.int64)
+                                    for it in items])
+        sl = slot[:, None]
+        miss = have & ((pool.pos[sl, at] != pos) | (pool.wid[sl, at] != wid) | (wid == 0))
+        if miss.any():
+            need = np.flatnonzero(miss.any(1))
+            raw = np.concatenate([_take(items[b].segments, np.flatnonzero(miss[b, W - lens[b]:])) for b in need])
+            proj = self.runner.project(self._to_float(raw))
             self.rows_projected += len(raw)
-            o = 0
-            for c, (_rows, miss, at, pos, wid) in zip(caches, misses, strict=True):
-                k = int(miss.sum())
-                if k:
-                    c.proj[at[miss]] = proj[o:o + k]
-                    c.pos[at[miss]] = pos[miss]
-                    c.wid[at[miss]] = wid[miss]
-                    o += k
-        win = np.zeros((B, W, self._width), dtype=np.float32)
-        mask = np.zeros((B, W), dtype=bool)
-        for b, (c, at) in enumerate(zip(caches, slots, strict=True)):
-            win[b, W - len(at):] = c.proj[at]
-            mask[b, W - len(at):] = True
-        return torch.from_numpy(win).to(self.device), torch.from_numpy(mask).to(self.device)
+            bi, ci = np.nonzero(miss)  # row-major: request by request, positions ascending, as `raw`
+            pool.proj[slot[bi], at[bi, ci]] = proj
+            pool.pos[slot[bi], at[bi, ci]] = pos[bi, ci]
+            pool.wid[slot[bi], at[bi, ci]] = wid[bi, ci]
+        return pool.proj[sl, at], lens
 
     # -- drafting -----------------------------------------------------------------------------------
-    @torch.inference_mode()
     def draft(self, items: list[DraftItem], out: ReplyWriter) -> None:
         items = [it for it in items if it.w > 0]
         if not items:
             return
-        N, head = self.num_spec, self.head
-        n_out = np.array([N if it.n_out <= 0 else min(it.n_out, N) for it in items])
-        n = int(n_out.max())
-        win, mask = self._windows(items)
-        prev = torch.tensor([it.anchor_token % head.vocab for it in items], device=self.device)
-        ctx = head.backbone(win, mask, prev, n)
-        idx = np.array([it.index for it in items])
-        temps = torch.tensor([max(0.0, float(it.temperature)) for it in items], device=self.device)
-        sampled = (temps > 0) & (out.sampled_mask is not None)
+        N, r = self.num_spec, self.runner
         B = len(items)
+        n_req = np.fromiter((it.n_out for it in items), np.int64, B)
+        n_out = np.where(n_req <= 0, N, np.minimum(n_req, N))
+        n = int(n_out.max())
+        win, lens = self._windows(items)
+        anchor = np.fromiter((it.anchor_token for it in items), np.int64, B) % r.vocab
+        idx = np.fromiter((it.index for it in items), np.intp, B)
+        temps = np.fromiter((max(0.0, float(it.temperature)) for it in items), np.float64, B)
+        sampled = (temps > 0) & (out.sampled_mask is not None)
         ids = np.full((B, N), -1, dtype=np.int32)
         conf = np.zeros((B, N), dtype=np.float32)
         marg = np.zeros((B, N), dtype=np.float32)
-        sup = np.full((B, N, TOP_K), -1, dtype=np.int32)
-        q = np.zeros((B, N, TOP_K), dtype=np.float32)
-        for j in range(n):
-            logits = head.step_logits(ctx[:, j], prev)
-            probs = logits.softmax(-1)
-            top2 = probs.topk(2, dim=-1)
-            choice = top2.indices[:, 0].clone()
-            c = top2.values[:, 0].clone()
-            if bool(sampled.any()):
-                t = torch.where(sampled, temps, torch.ones_like(temps))
-                tk = (logits / t[:, None]).softmax(-1).topk(TOP_K, dim=-1)
-                qs = (tk.values / tk.values.sum(-1, keepdim=True)).cpu().numpy()
-                tki = tk.indices.cpu().numpy()
-                for b in torch.nonzero(sampled).flatten().tolist():
-                    it = items[b]
-                    u = np.random.default_rng([it.seed & (2**63 - 1), it.anchor_pos, j]).random()
-                    k = min(int(np.searchsorted(np.cumsum(qs[b]), u * float(qs[b].sum()))), TOP_K - 1)
-                    choice[b] = int(tki[b, k])
-                    c[b] = float(qs[b, k])
-                    sup[b, j] = tki[b]
-                    q[b, j] = qs[b]
-            ids[:, j] = choice.cpu().numpy()
-            conf[:, j] = c.cpu().numpy()
-            marg[:, j] = (top2.values[:, 0] - top2.values[:, 1]).cpu().numpy()
-            prev = choice
+        if not sampled.any():
+            gi, gc, gm = r.greedy(win, lens, anchor, n)
+            ids[:, :n], conf[:, :n], marg[:, :n] = gi, gc, gm
+        else:
+            sup = np.full((B, N, TOP_K), -1, dtype=np.int32)
+            q = np.zeros((B, N, TOP_K), dtype=np.float32)
+            self._draft_sampled(items, win, lens, anchor, n, temps, sampled, ids, conf, marg, sup, q)
         cut = np.arange(N)[None, :] >= n_out[:, None]
         ids[cut] = -1
         conf[cut] = 0.0
@@ -201,10 +218,48 @@ class TorchDrafter:
         out.confidence[idx] = conf
         if out.margin is not None:
             out.margin[idx] = marg
-        if out.sampled_mask is not None:
-            s = sampled.cpu().numpy()
+        if sampled.any():
             sup[cut] = -1
             q[cut] = 0.0
-            out.sampled_mask[idx[s]] = 1
-            out.support_ids[idx[s]] = sup[s]
-            out.proposal_q[idx[s]] = q[s]
+            out.sampled_mask[idx[sampled]] = 1
+            out.support_ids[idx[sampled]] = sup[sampled]
+            out.proposal_q[idx[sampled]] = q[sampled]
+
+    def _draft_sampled(self, items, win, lens, anchor, n, temps, sampled, ids, conf, marg, sup, q) -> None:
+        """Greedy rows as `greedy` drafts them; sampled rows draw from the tempered top-32 of the
+        draft vocabulary with their seeded generator (one draw per sampled request and position)."""
+        r = self.runner
+        B = len(items)
+        rows = np.arange(B)
+        ctx = r.backbone(win, lens, anchor, n)
+        prev = anchor
+        t = np.where(sampled, temps, 1.0).astype(np.float32)
+        for j in range(n):
+            logits = r.step(np.ascontiguousarray(ctx[:, j]), prev)
+            c = logits.argmax(-1)
+            top = logits[rows, c]
+            ex = np.exp(logits - top[:, None])
+            tot = ex.sum(-1)
+            ex[rows, c] = -1.0
+            conf[:, j] = 1.0 / tot
+            marg[:, j] = (1.0 - ex.max(-1)) / tot
+            choice = r.draft_ids[c]
+            sb = np.flatnonzero(sampled)
+            lt = logits[sb] / t[sb, None]
+            k = min(TOP_K, lt.shape[1])
+            part = np.argpartition(-lt, k - 1, axis=1)[:, :k]
+            lv = np.take_along_axis(lt, part, 1)
+            order = np.argsort(-lv, axis=1, kind="stable")
+            part, lv = np.take_along_axis(part, order, 1), np.take_along_axis(lv, order, 1)
+            p = np.exp(lv - lv[:, :1])
+            qs = (p / p.sum(-1, keepdims=True)).astype(np.float32)
+            for m, b in enumerate(sb.tolist()):  # one seeded draw each: a replay draws the same
+                it = items[b]
+                u = np.random.default_rng([it.seed & (2**63 - 1), it.anchor_pos, j]).random()
+                kk = min(int(np.searchsorted(np.cumsum(qs[m]), u * float(qs[m].sum()))), k - 1)
+                choice[b] = r.draft_ids[part[m, kk]]
+                conf[b, j] = qs[m, kk]
+                sup[b, j, :k] = r.draft_ids[part[m]]
+                q[b, j, :k] = qs[m]
+            ids[:, j] = choice
+            prev = choice

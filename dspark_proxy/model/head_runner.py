@@ -1,0 +1,200 @@
+"""The head at serving time: `DraftHead`'s forward in numpy float32, its weights folded once.
+
+At one request a round is ~100 tiny operations, where torch's per-call overhead (several µs) costs
+more than the arithmetic; numpy's is a fraction of it. Folding: each RMS norm's weight goes into the
+matrix after it and `markov(tok(prev))` is a table lookup. Both the worker (`worker/torch_drafter.py`) and the offline measurement (`train_head.evaluate`)
+call `greedy`, so what is measured is what is served, bit for bit (tests/test_head_runner.py).
+GELU is the exact (erf) one, as in training, computed by torch (numpy has no erf).
+
+Batch-invariant: a request's drafts do not depend on what else is in the batch. BLAS picks another
+kernel (another summation order) for another number of rows, so every product here is a stack of
+one-row products (`_mm`); the same row always takes the same path. It costs little at one request
+and about 2x on the output matmul at 32. The row projection, whose matrix is wide at real row sizes,
+goes in fixed blocks of 8 rows instead (`_mm_blocked`). And single-threaded: the products are a few hundred
+kFLOP, where OpenBLAS's threads only add a wake-up, and on a loaded machine a wait for a thread the
+kernel has not scheduled (measured: 40 µs → 15-40 ms for the 192 x 4096 product). The calling
+thread's BLAS is set to one thread (`_blas_one_thread`, OpenBLAS's thread-local setting where numpy
+ships OpenBLAS; elsewhere nothing changes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .head import DraftHead
+
+__all__ = ["HeadRunner", "bf16_to_f32"]
+
+_EPS = np.float32(1e-6)
+
+
+def bf16_to_f32(raw: np.ndarray) -> np.ndarray:
+    """uint8 [..., 2k] bfloat16 bytes (little-endian) → float32 [..., k], exactly."""
+    u = raw.view(np.uint16).astype(np.uint32)
+    return (u << 16).view(np.float32)
+
+
+def _blas_one_thread() -> Callable[[], None]:
+    """A call that makes the calling thread's BLAS single-threaded (see the module docstring)."""
+    libs = Path(np.__file__).resolve().parent.parent / "numpy.libs"
+    for f in sorted(libs.glob("*openblas*")) if libs.is_dir() else []:
+        try:
+            lib = ctypes.CDLL(str(f))  # numpy loaded it already: the same handle
+        except OSError:
+            continue
+        local = getattr(lib, "openblas_set_num_threads_local", None)
+        if local is not None:
+            local.argtypes, local.restype = [ctypes.c_int], ctypes.c_int
+            return lambda: local(1) and None
+        for name in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_", "openblas_set_num_threads"):
+            glob = getattr(lib, name, None)
+            if glob is not None:
+                glob.argtypes = [ctypes.c_int]
+                glob(1)
+                return lambda: None
+    return lambda: None
+
+
+_one_thread = _blas_one_thread()
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    return torch.nn.functional.gelu(torch.from_numpy(x)).numpy()
+
+
+def _mm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x [..., k] @ w [k, m], one row at a time (see the module docstring)."""
+    return (x[..., None, :] @ w)[..., 0, :]
+
+
+_BLOCK = 8
+
+
+def _mm_blocked(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x [R, k] @ w [k, m] in blocks of exactly _BLOCK rows (the last one zero-padded): a wide w is
+    read once a block rather than once a row, and a fixed block height keeps BLAS on one kernel, so a
+    row's result depends on neither its block-mates nor its place among them (checked at start:
+    `HeadRunner._check_blocked`)."""
+    R = len(x)
+    pad = -R % _BLOCK
+    if pad:
+        x = np.concatenate([x, np.zeros((pad, x.shape[1]), dtype=x.dtype)])
+    return (x.reshape(-1, _BLOCK, x.shape[1]) @ w).reshape(-1, w.shape[1])[:R]
+
+
+def _rms(x: np.ndarray) -> np.ndarray:
+    """x / sqrt(mean(x²) + eps); the mean as np.mean computes it, without its Python wrapper (a
+    dozen calls a round at one request)."""
+    return x * (1.0 / np.sqrt(np.add.reduce(x * x, axis=-1, keepdims=True) / np.float32(x.shape[-1]) + _EPS))
+
+
+class HeadRunner:
+    """Float32 numpy tables of one DraftHead: `project` rows once, then `greedy` (or `backbone` and
+    `step` for a caller that picks drafts itself, as sampled mode does)."""
+
+    def __init__(self, head: DraftHead) -> None:
+        sd = {k: v.detach().float().cpu().numpy() for k, v in head.state_dict().items()}
+        f32 = np.float32
+        d, H = head.d, head.h
+        self.d, self.h, self.dh = d, H, d // H
+        self.n_taps, self.hidden, self.window, self.num_spec = head.n_taps, head.hidden, head.window, head.num_spec
+        self.vocab = head.vocab
+        tn = sd["tap_norm"].reshape(-1)
+        # tap_norm folds into in_proj; in_proj and cache_proj stay two products: one [F, 3d] matrix
+        # would be 3x the bytes read per row, and at real row sizes (F = 35,840) reading it is the cost
+        self.in_w = np.ascontiguousarray((sd["in_proj.weight"] * tn[None, :]).T)  # [F, d]
+        self.in_b = sd["in_proj.bias"]
+        self.c_w = np.ascontiguousarray(sd["cache_proj.weight"].T)  # [d, 3d]
+        self._in = _mm_blocked if self._check_blocked(self.in_w) else _mm
+        self.pos = np.ascontiguousarray(sd["pos.weight"][:head.window][::-1])  # row i: distance W-1-i
+        self.queries = sd["queries"]
+        self.tok = sd["tok.weight"]
+        self.q_tok = np.ascontiguousarray(sd["q_tok.weight"].T)
+        self.o = np.ascontiguousarray(sd["o.weight"].T)
+        self.m1 = np.ascontiguousarray((sd["mlp.0.weight"] * sd["norm1.weight"][None, :]).T)
+        self.m1b, self.m2, self.m2b = sd["mlp.0.bias"], np.ascontiguousarray(sd["mlp.2.weight"].T), sd["mlp.2.bias"]
+        self.markov = np.ascontiguousarray(self.tok @ sd["markov.weight"].T)  # [vocab, d]
+        self.s1 = np.ascontiguousarray((sd["mlp2.0.weight"] * sd["norm2.weight"][None, :]).T)
+        self.s1b, self.s2, self.s2b = sd["mlp2.0.bias"], np.ascontiguousarray(sd["mlp2.2.weight"].T), sd["mlp2.2.bias"]
+        ids = head.draft_ids.cpu().numpy().astype(np.int64)
+        self.draft_ids = ids  # output column c drafts target id draft_ids[c]
+        self.out = np.ascontiguousarray((self.tok[ids] * sd["out_norm.weight"][None, :]).T)  # [d, V']
+        self.cache_width = 3 * d
+        self._scale = f32(1.0 / np.sqrt(self.dh))
+
+    @staticmethod
+    def _check_blocked(w: np.ndarray) -> bool:
+        """Whether this BLAS gives a row the same bits in any block and place (else one row at a time)."""
+        _one_thread()
+        x = np.random.default_rng(0).standard_normal((2 * _BLOCK - 3, w.shape[0])).astype(np.float32)
+        a = _mm_blocked(x, w)
+        b = _mm_blocked(x[::-1].copy(), w)[::-1]
+        c = np.concatenate([_mm_blocked(x[i:i + 1], w) for i in range(3)])
+        return bool(np.array_equal(a, b) and np.array_equal(a[:3], c))
+
+    def project(self, x: np.ndarray) -> np.ndarray:
+        """x float32 [R, n_taps * hidden] → [R, 3d]: what a slot caches for each row."""
+        _one_thread()
+        r = x.reshape(len(x), self.n_taps, self.hidden)
+        r = _rms(r).reshape(len(x), -1)
+        return _mm(self._in(r, self.in_w) + self.in_b, self.c_w)
+
+    def backbone(self, win: np.ndarray, lens: np.ndarray, anchor: np.ndarray, n: int) -> np.ndarray:
+        """win [B, W, 3d] projected rows right-aligned (index W-1 next to the anchor), lens [B] rows
+        present (≥ 1), anchor [B] ids → ctx [B, n, d]."""
+        _one_thread()
+        B, W, _ = win.shape
+        d, H, dh = self.d, self.h, self.dh
+        kv = win[:, :, d:] + self.pos
+        k = kv[..., :d].reshape(B, W, H, dh).transpose(0, 2, 3, 1)[:, :, None]  # [B, H, 1, dh, W]
+        v = kv[..., d:].reshape(B, W, H, dh).transpose(0, 2, 1, 3)[:, :, None]  # [B, H, 1, W, dh]
+        e = self.tok[anchor]
+        q = self.queries[:n][None] + _mm(e, self.q_tok)[:, None]  # [B, n, d]
+        qh = q.reshape(B, n, H, dh).transpose(0, 2, 1, 3) * self._scale
+        s = (qh[..., None, :] @ k)[..., 0, :]  # [B, H, n, W]
+        gone = np.arange(W)[None, :] < (W - lens)[:, None]
+        if gone.any():
+            s[np.broadcast_to(gone[:, None, None, :], s.shape)] = -np.inf
+        s = np.exp(s - s.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        att = (s[..., None, :] @ v)[..., 0, :].transpose(0, 2, 1, 3).reshape(B, n, d)
+        ctx = _mm(att, self.o) + (win[:, -1, :d] + e)[:, None]
+        h = _gelu(_mm(_rms(ctx), self.m1) + self.m1b)
+        return ctx + (_mm(h, self.m2) + self.m2b)
+
+    def step(self, ctx_j: np.ndarray, prev: np.ndarray) -> np.ndarray:
+        """ctx_j [B, d], prev [B] target ids (draft j - 1) → logits [B, V'] over draft_ids."""
+        _one_thread()
+        z = ctx_j + self.markov[prev]
+        h = _gelu(_mm(_rms(z), self.s1) + self.s1b)
+        z = z + (_mm(h, self.s2) + self.s2b)
+        return _mm(_rms(z), self.out)
+
+    def greedy(self, win: np.ndarray, lens: np.ndarray, anchor: np.ndarray, n: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """n greedy drafts a request: (ids [B, n] target ids, confidence = softmax top-1 probability,
+        margin = top-1 minus top-2 probability), each draft fed to the next position."""
+        B = len(anchor)
+        ids = np.empty((B, n), dtype=np.int64)
+        conf = np.empty((B, n), dtype=np.float32)
+        marg = np.empty((B, n), dtype=np.float32)
+        ctx = self.backbone(win, lens, anchor, n)
+        prev = anchor
+        rows = np.arange(B)
+        for j in range(n):
+            logits = self.step(np.ascontiguousarray(ctx[:, j]), prev)
+            c = logits.argmax(-1)
+            top = logits[rows, c]
+            ex = np.exp(logits - top[:, None])
+            tot = ex.sum(-1)
+            ex[rows, c] = -1.0
+            conf[:, j] = 1.0 / tot
+            marg[:, j] = (1.0 - ex.max(-1)) / tot
+            prev = self.draft_ids[c]
+            ids[:, j] = prev
+        return ids, conf, marg

@@ -1,0 +1,174 @@
+"""The serving form of the head (HeadRunner): the trainable DraftHead's drafts, batch-invariant to the
+bit, and what the worker serves is what the offline measurement (train_head.head_drafts) computes, bit
+for bit, round after round through slot windows and the projection pool."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("safetensors")
+
+from dspark_proxy.model.head import DraftHead  # noqa: E402
+from dspark_proxy.model.head_runner import HeadRunner, bf16_to_f32  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+W, N, V, D = 8, 4, 96, 32
+
+
+def _head(seed=0, n_taps=2, hidden=16, draft=None) -> DraftHead:
+    torch.manual_seed(seed)
+    h = DraftHead(n_taps=n_taps, hidden=hidden, window=W, num_spec=N, vocab=V, d_model=D, n_heads=4)
+    with torch.no_grad():
+        for p in h.parameters():
+            p.add_(torch.randn(p.shape) * 0.5)
+    if draft is not None:
+        h.set_draft_vocab(torch.as_tensor(draft))
+    return h.eval()
+
+
+def _batch(rng, B, width=3 * D):
+    win = rng.standard_normal((B, W, width)).astype(np.float32)
+    lens = rng.integers(1, W + 1, B)
+    return win, lens, rng.integers(0, V, B)
+
+
+def test_bf16_bytes_read_exactly():
+    x = torch.randn(50).to(torch.bfloat16)
+    raw = x.view(torch.uint8).numpy()
+    assert np.array_equal(bf16_to_f32(raw), x.float().numpy())
+
+
+@pytest.mark.parametrize("draft", [None, [3, 5, 8, 13, 21, 34, 55, 89, 1, 2]])
+def test_runner_drafts_what_the_trainable_head_drafts(draft):
+    """The folded numpy form against DraftHead's own forward: same ids, probabilities within float
+    rounding (the folds reorder sums)."""
+    head = _head(1, draft=draft)
+    r = HeadRunner(head)
+    rng = np.random.default_rng(0)
+    rows = rng.standard_normal((40, 32)).astype(np.float32)
+    with torch.no_grad():
+        ref = head.project(torch.from_numpy(rows)).numpy()
+    assert np.allclose(r.project(rows), ref, atol=1e-4, rtol=1e-4)
+    win, lens, anchor = _batch(rng, 40)
+    ids, conf, _ = r.greedy(win, lens, anchor, N)
+    with torch.no_grad():
+        mask = torch.arange(W)[None] >= torch.from_numpy(W - lens)[:, None]
+        ctx = head.backbone(torch.from_numpy(win), mask, torch.from_numpy(anchor), N)
+        prev, out, probs = torch.from_numpy(anchor), [], []
+        for j in range(N):
+            p = head.step_logits(ctx[:, j], prev).softmax(-1)
+            c = p.argmax(-1)
+            prev = head.draft_ids[c]
+            out.append(prev)
+            probs.append(p.max(-1).values)
+    assert np.array_equal(ids, torch.stack(out, 1).numpy())
+    assert np.allclose(conf, torch.stack(probs, 1).numpy(), atol=1e-5)
+    if draft is not None:
+        assert np.isin(ids, draft).all()
+
+
+def test_a_requests_drafts_do_not_depend_on_the_rest_of_the_batch():
+    """Bit for bit: alone, in a batch of 37, with fewer positions asked (n), and each row's projection
+    alone or among 50."""
+    r = HeadRunner(_head(2))
+    rng = np.random.default_rng(1)
+    win, lens, anchor = _batch(rng, 37)
+    ids, conf, marg = r.greedy(win, lens, anchor, N)
+    for b in range(37):
+        i1, c1, m1 = r.greedy(win[b:b + 1], lens[b:b + 1], anchor[b:b + 1], 2)
+        assert np.array_equal(i1[0], ids[b, :2]) and np.array_equal(c1[0], conf[b, :2])
+        assert np.array_equal(m1[0], marg[b, :2])
+    rows = rng.standard_normal((50, 32)).astype(np.float32)
+    p = r.project(rows)
+    assert all(np.array_equal(r.project(rows[i:i + 1])[0], p[i]) for i in range(50))
+
+
+def test_draft_vocabulary_survives_save_and_load(tmp_path):
+    """The ids are saved as integers (bf16 would round 95 to 96) and checked against the manifest."""
+    from safetensors.torch import load_file, save_file
+
+    from dspark_proxy.model.manifest import HeadManifest
+    from dspark_proxy.model.train_head import load_head, save_head
+
+    draft = list(range(V - 1, 40, -1))
+    head = _head(3, draft=draft)
+    man = HeadManifest(target_id="sha256:t", target_name="t", tap_layers=[0, 1], tap_point="p", hidden=16,
+                       row_dtype="float32", window=W, num_spec=N, vocab_size=V, d_model=D, n_heads=4,
+                       draft_vocab=head.draft_vocab)
+    save_head(head, tmp_path, man)
+    back, m2 = load_head(tmp_path)
+    assert m2.draft_vocab == len(draft) and back.draft_ids.tolist() == draft
+    st = load_file(str(tmp_path / "head.safetensors"))
+    del st["draft_ids"]
+    save_file(st, str(tmp_path / "head.safetensors"))
+    with pytest.raises(ValueError, match="draft_vocab"):
+        load_head(tmp_path)
+
+
+def test_served_drafts_are_the_offline_drafts_bit_for_bit(tmp_path):
+    """A sequence walked round by round as a speculative decoder does (1-4 new rows a round), four
+    requests batched with other slots' rows and n_out cuts: the worker's TorchDrafter (projection pool,
+    slot windows, bf16 rows) drafts exactly what head_drafts computes for the same anchors offline."""
+    import dspark_proxy.wire as wire
+    from dspark_proxy.model.manifest import HeadManifest
+    from dspark_proxy.model.train_head import head_drafts, load_head, save_head
+    from dspark_proxy.worker.drafters import DraftItem, make_drafter
+    from dspark_proxy.worker.session import SlotWindow
+
+    head = _head(4, draft=list(range(0, V, 2)))
+    man = HeadManifest(target_id="sha256:t", target_name="t", tap_layers=[0, 1], tap_point="p", hidden=16,
+                       row_dtype="bfloat16", window=W, num_spec=N, vocab_size=V, d_model=D, n_heads=4,
+                       draft_vocab=head.draft_vocab)
+    save_head(head, tmp_path, man)
+    shipped, _ = load_head(tmp_path)
+    S, T, start = 4, 48, 6
+    g = torch.Generator().manual_seed(5)
+    toks = torch.randint(0, V, (S, T), generator=g)
+    rows = torch.randn(S, T, 32, generator=g).to(torch.bfloat16)
+    offline = head_drafts(shipped, toks, rows, start)
+    raw = rows.view(torch.uint8).numpy()
+    dr = make_drafter("torch", num_spec=N, window=W, row_bytes=man.row_bytes, weights=str(tmp_path))
+    slots = [SlotWindow(W, man.row_bytes, chains=False) for _ in range(S)]
+    held, anchor = [0] * S, [start] * S
+    rng = np.random.default_rng(6)
+    rounds = 0
+    while all(a + N < T for a in anchor):
+        items = []
+        for s, sw in enumerate(slots):
+            a = anchor[s]
+            sw.write(held[s], raw[s, held[s]:a], held[s] == 0)
+            held[s] = sw.hi = a
+            sw.lo = max(0, a - W)
+            w = min(W, a)
+            items.append(DraftItem(s, int(toks[s, a]), a, w, int(rng.integers(0, N + 1)), sw.segments(w),
+                                   written=sw.write_ids(w)))
+        out = wire.ReplyWriter(S, N, wire.SF_WANT_MARGIN)
+        dr.draft(items, out)
+        for s, it in enumerate(items):
+            k = N if it.n_out == 0 else it.n_out
+            assert out.draft_ids[s, :k].tolist() == offline[s, it.anchor_pos, :k].tolist(), (s, it.anchor_pos)
+            assert (out.draft_ids[s, k:] == -1).all()
+            anchor[s] += int(rng.integers(1, N + 1))
+        rounds += 1
+    assert rounds >= 8 and dr.rows_projected == sum(held)  # each row projected once
+
+
+def test_offline_confidences_are_the_served_ones(tmp_path):
+    """Confidence and margin too, not just ids: one request through the drafter against the runner."""
+    import dspark_proxy.wire as wire
+    from dspark_proxy.worker.drafters import DraftItem
+    from dspark_proxy.worker.torch_drafter import TorchDrafter
+
+    dr = TorchDrafter(num_spec=N, window=W, row_bytes=64, seed=3, row_dtype="float32")
+    rng = np.random.default_rng(7)
+    rows = rng.standard_normal((W, 16)).astype(np.float32)
+    it = DraftItem(0, 11, 40, W, 0, [rows.view(np.uint8)])
+    out = wire.ReplyWriter(1, N, wire.SF_WANT_MARGIN)
+    dr.draft([it], out)
+    proj = dr.runner.project(rows)
+    ids, conf, marg = dr.runner.greedy(proj[None], np.array([W]), np.array([11]), N)
+    assert np.array_equal(out.draft_ids[0], ids[0]) and np.array_equal(out.confidence[0], conf[0])
+    assert np.array_equal(out.margin[0], marg[0])
