@@ -133,6 +133,8 @@ class DSparkProposer:
         s = self.shapes
         self.slots = SlotMap(s.max_reqs)
         self._rows_buf = None  # the step's rows, grown to the largest step seen
+        self._rows_np = np.zeros((0, s.row_bytes), np.uint8)  # its bytes, as enqueue takes them
+        self._sel_buf: dict[int, Any] = {}
         self._order: list[int] = []
         self.active = True
         self._attach()
@@ -292,9 +294,10 @@ class DSparkProposer:
         reply = self.shim.read_reply(self._t)
         return reply.draft_ids, reply.n_drafts
 
-    def _gather(self, aux: Any, index: np.ndarray) -> Any:
+    def _gather(self, aux: Any, index: np.ndarray) -> np.ndarray:
         """The rows of the finalised positions, tapped layers side by side in the manifest's order and
-        dtype: [rows, len(tap) * hidden], one buffer reused across steps."""
+        dtype: [rows, row_bytes] uint8, a view of one buffer reused across steps (the bytes enqueue
+        copies, handed over as numpy so the shim does no torch conversion of its own)."""
         import torch
 
         s = self.shapes
@@ -304,12 +307,23 @@ class DSparkProposer:
         buf = self._rows_buf
         if buf is None or buf.shape[0] < total:
             buf = self._rows_buf = torch.empty((max(total, 64), width), dtype=getattr(torch, s.row_dtype))
-        out = buf[:total]
+            self._rows_np = buf.view(torch.uint8).numpy()
         if total:
+            out = buf[:total]
             idx = torch.from_numpy(index)
             for j, k in enumerate(self._order):
-                out[:, j * H:(j + 1) * H].copy_(aux[k].index_select(0, idx))
-        return out
+                torch.index_select(aux[k], 0, idx, out=self._sel(k, total, aux[k].dtype))
+                out[:, j * H:(j + 1) * H].copy_(self._sel_buf[k][:total])
+        return self._rows_np[:total]
+
+    def _sel(self, k: int, total: int, dtype: Any) -> Any:
+        """Layer k's selected rows, before the cast: a buffer per tapped layer, grown like the rows'."""
+        import torch
+
+        b = self._sel_buf.get(k)
+        if b is None or b.shape[0] < total or b.dtype != dtype:
+            b = self._sel_buf[k] = torch.empty((max(total, 64), self.shapes.hidden), dtype=dtype)
+        return b[:total]
 
     @property
     def mean_accepted(self) -> float:

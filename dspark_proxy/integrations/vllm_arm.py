@@ -10,7 +10,7 @@ drafts made in place, as `--worker null` makes them: no shim, no proxy), so `dsp
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the drafter's figures can be read here. A process per arm,
 because vLLM's parallel state does not come apart for a second engine in one process.
 
-SPEC keys: model, arm, num_spec, prompts, max_tokens, llm (extra LLM keyword arguments), env,
+SPEC keys: model, arm, cpus (the CPUs this arm runs on), num_spec, prompts, max_tokens, llm (extra LLM keyword arguments), env,
 timing ({"prompt", "max_tokens", "repeats"}: ms per generated token at one request), kill
 ({"pid", "after_steps"}: generate the prompts a second time and SIGKILL that process after that many
 drafter steps of it: the worker-loss test), ring_probe (the rows the drafter sent for the first
@@ -115,6 +115,8 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if spec.get("mp") else "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ["DSPARK_PROXY_VLLM_TIMINGS"] = "1"
+    if spec.get("cpus"):
+        os.sched_setaffinity(0, set(spec["cpus"]))  # before vLLM starts a thread: they all inherit it
     os.environ.update({k: str(v) for k, v in spec.get("env", {}).items()})
     t0 = time.perf_counter()
     from vllm import LLM, SamplingParams
