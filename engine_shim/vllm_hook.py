@@ -7,7 +7,10 @@ original unless the runner's drafter is a `DSparkProposer`:
 - `_setup_eagle3_aux_hidden_state_outputs` (after the model is loaded): turn on the auxiliary
   hidden-state outputs at the drafter's tap layers;
 - `propose_draft_token_ids`: give the drafter the step itself (scheduler output, sampled tokens,
-  auxiliary hidden states, spec-decode and attention metadata);
+  auxiliary hidden states, spec-decode and attention metadata); it enqueues the round and returns
+  at once (an empty list per request in the meantime);
+- `_get_draft_token_ids_cpu`, where vLLM reads the drafts (after its own bookkeeping of the step):
+  the drafter reads the round's reply there, so the proxy's round runs while vLLM works;
 - `_input_fits_in_drafter`: always True, since the drafter caps each request at its own length limit
   (vLLM's check is for the whole batch: one long request would cost every request its rows).
 
@@ -27,7 +30,8 @@ __all__ = ["TESTED", "install", "installed", "vllm_version", "why_not"]
 log = logging.getLogger(__name__)
 
 TESTED = ("0.32.0",)
-_PATCHED = ("_setup_eagle3_aux_hidden_state_outputs", "propose_draft_token_ids", "_input_fits_in_drafter")
+_PATCHED = ("_setup_eagle3_aux_hidden_state_outputs", "propose_draft_token_ids", "_input_fits_in_drafter",
+            "_get_draft_token_ids_cpu")
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"installed": None}  # None: not tried; True / False: the outcome
@@ -99,6 +103,7 @@ def _wrap(cls: type) -> None:
     setup = cls._setup_eagle3_aux_hidden_state_outputs
     propose = cls.propose_draft_token_ids
     fits = cls._input_fits_in_drafter
+    drafts = cls._get_draft_token_ids_cpu
 
     @functools.wraps(setup)
     def _setup_eagle3_aux_hidden_state_outputs(self: Any) -> None:
@@ -113,8 +118,9 @@ def _wrap(cls: type) -> None:
                                 spec_decode_metadata: Any, common_attn_metadata: Any, slot_mappings: Any) -> Any:
         d = _ours(self)
         if d is not None and d.bound:
-            return d.step(self, scheduler_output, sampled_token_ids, aux_hidden_states, spec_decode_metadata,
-                          common_attn_metadata)
+            step = d.begin if d.deferred else d.step
+            return step(self, scheduler_output, sampled_token_ids, aux_hidden_states, spec_decode_metadata,
+                        common_attn_metadata)
         return propose(self, scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,
                        sample_hidden_states, aux_hidden_states, spec_decode_metadata, common_attn_metadata,
                        slot_mappings)
@@ -126,6 +132,14 @@ def _wrap(cls: type) -> None:
             return common_attn_metadata is not None
         return fits(self, common_attn_metadata)
 
+    @functools.wraps(drafts)
+    def _get_draft_token_ids_cpu(self: Any) -> Any:
+        d = _ours(self)
+        if d is not None and d.pending:
+            self._draft_token_ids = d.finish()
+        return drafts(self)
+
     cls._setup_eagle3_aux_hidden_state_outputs = _setup_eagle3_aux_hidden_state_outputs
     cls.propose_draft_token_ids = propose_draft_token_ids
     cls._input_fits_in_drafter = _input_fits_in_drafter
+    cls._get_draft_token_ids_cpu = _get_draft_token_ids_cpu

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 ENV_NAME = "DSPARK_PROXY"
 ENV_HEAD = "DSPARK_PROXY_HEAD"
+ENV_DEFER = "DSPARK_PROXY_VLLM_DEFER"
 _TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
 
 
@@ -106,11 +107,15 @@ class DSparkProposer:
         self.bound = False
         self.shim: Any = None
         self.shapes: VllmShapes | None = None
+        self._pending: tuple[StepArrays, float, float] | None = None  # begun, not yet finished
+        self._t_enq = 0.0
         self._t = 0
         self._errors = 0
         # per-step engine-side time (enqueue, read_reply, the rest of step()) in us, for the demo and bench
         self.timings: list[tuple[float, float, float]] = []
         self.keep_timings = os.environ.get("DSPARK_PROXY_VLLM_TIMINGS", "") == "1"
+        # read the reply where vLLM reads the drafts (vllm_hook), not inside its propose call; "0": at once
+        self.deferred = os.environ.get(ENV_DEFER, "1").strip() != "0"
         # verification as vLLM did it: request-steps that verified drafts, and the drafts it accepted
         self.verified_rounds = 0
         self.accepted = 0
@@ -128,6 +133,8 @@ class DSparkProposer:
         s = self.shapes
         self.slots = SlotMap(s.max_reqs)
         self._rows_buf = None  # the step's rows, grown to the largest step seen
+        self._rows_np = np.zeros((0, s.row_bytes), np.uint8)  # its bytes, as enqueue takes them
+        self._sel_buf: dict[int, Any] = {}
         self._order: list[int] = []
         self.active = True
         self._attach()
@@ -180,19 +187,51 @@ class DSparkProposer:
     def step(self, runner: Any, scheduler_output: Any, sampled_token_ids: list[list[int]], aux: Any,
              spec_decode_metadata: Any, common_attn_metadata: Any) -> list[list[int]]:
         """One vLLM step as one round: enqueue its rows, read the reply, return the drafts. Never raises."""
+        self.begin(runner, scheduler_output, sampled_token_ids, aux, spec_decode_metadata, common_attn_metadata)
+        return self.finish()
+
+    def begin(self, runner: Any, scheduler_output: Any, sampled_token_ids: list[list[int]], aux: Any,
+              spec_decode_metadata: Any, common_attn_metadata: Any) -> list[list[int]]:
+        """The step's first half: enqueue its rows and return at once, an empty list per request
+        standing in for the drafts until `finish` (vllm_hook calls it when vLLM reads them, after its
+        own bookkeeping of the step, so the proxy's round runs meanwhile). Never raises."""
+        if self._pending is not None:
+            self.finish()  # vLLM never read the last step's drafts: its round is read and dropped
         n = len(runner.input_batch.req_ids)
         try:
-            return self._step(runner, scheduler_output, sampled_token_ids, aux, spec_decode_metadata,
-                              common_attn_metadata, n)
+            self._begin(runner, scheduler_output, sampled_token_ids, aux, spec_decode_metadata,
+                        common_attn_metadata, n)
         except Exception:  # noqa: BLE001 - the engine must run whatever we do
-            self._errors += 1
-            if self._errors == 1 or self._errors % 1000 == 0:
-                log.exception("[shim] vLLM proposer: step failed (%d so far); this step runs without drafts",
-                              self._errors)
-            return [[] for _ in range(n)]
+            self._pending = None
+            self._failed()
+        return [[] for _ in range(n)]
 
-    def _step(self, runner: Any, so: Any, sampled: list[list[int]], aux: Any, sdm: Any, cam: Any,
-              n: int) -> list[list[int]]:
+    @property
+    def pending(self) -> bool:
+        """A round was enqueued whose drafts vLLM has not read yet."""
+        return self._pending is not None
+
+    def finish(self) -> list[list[int]]:
+        """The drafts of the step `begin` enqueued (read_reply, then the list vLLM takes); [] when
+        none is pending. Never raises."""
+        got, self._pending = self._pending, None
+        if got is None:
+            return []
+        plan, t0, t1 = got
+        try:
+            return self._finish(plan, t0, t1)
+        except Exception:  # noqa: BLE001 - the engine must run whatever we do
+            self._failed()
+            return [[] for _ in range(int(plan.slots.shape[0]))]
+
+    def _failed(self) -> None:
+        self._errors += 1
+        if self._errors == 1 or self._errors % 1000 == 0:
+            log.exception("[shim] vLLM proposer: step failed (%d so far); this step runs without drafts",
+                          self._errors)
+
+    def _begin(self, runner: Any, so: Any, sampled: list[list[int]], aux: Any, sdm: Any, cam: Any,
+               n: int) -> None:
         t0 = time.perf_counter()
         s = self.shapes
         assert s is not None
@@ -217,17 +256,27 @@ class DSparkProposer:
         self.accepted += int(n_sampled[checked].sum()) - int(np.count_nonzero(checked))
         rows = self._gather(aux, plan.row_index)
         t1 = time.perf_counter()
-        draft_ids, n_drafts, t2 = self._round(plan, rows)
+        self._enqueue(plan, rows)
+        self._pending = (plan, t0, t1)
+
+    def _finish(self, plan: StepArrays, t0: float, t1: float) -> list[list[int]]:
+        t2 = time.perf_counter()
+        draft_ids, n_drafts = self._read()
         t3 = time.perf_counter()
+        s = self.shapes
+        assert s is not None
         out = clip_drafts(draft_ids, n_drafts, plan.need_draft, plan.max_drafts, s.vocab_size)
         self.drafted_rounds += sum(map(bool, out))
         if self.keep_timings:
             t4 = time.perf_counter()
-            self.timings.append(((t2 - t1) * 1e6, (t3 - t2) * 1e6, (t1 - t0 + t4 - t3) * 1e6))
+            # enqueue (to the end of begin), read_reply, the rest of both halves (vLLM's work between
+            # them not counted)
+            self.timings.append(((self._t_enq - t1) * 1e6, (t3 - t2) * 1e6, (t1 - t0 + t4 - t3) * 1e6))
         return out
 
-    def _round(self, plan: StepArrays, rows: Any) -> tuple[np.ndarray, np.ndarray, float]:
-        """Round t through the shim: (draft ids [n, N], n_drafts [n], the time enqueue returned)."""
+    def _enqueue(self, plan: StepArrays, rows: Any) -> None:
+        """Round t into the shim (a ShimError is logged by the shim: round t is then in flight as failed,
+        and read_reply(t) says so)."""
         from .inputs import ShimError
 
         t = self._t + 1
@@ -236,15 +285,19 @@ class DSparkProposer:
                               k_window=plan.k_window, rows=rows, valid=plan.valid, first_pos=plan.first_pos,
                               anchor=plan.anchor)
         except ShimError:
-            pass  # logged by the shim; round t is in flight as failed, read_reply(t) says so
+            pass
         self._t = t
-        t_enq = time.perf_counter()
-        reply = self.shim.read_reply(t)
-        return reply.draft_ids, reply.n_drafts, t_enq
+        self._t_enq = time.perf_counter()
 
-    def _gather(self, aux: Any, index: np.ndarray) -> Any:
+    def _read(self) -> tuple[np.ndarray, np.ndarray]:
+        """Round t's reply: (draft ids [n, N], n_drafts [n])."""
+        reply = self.shim.read_reply(self._t)
+        return reply.draft_ids, reply.n_drafts
+
+    def _gather(self, aux: Any, index: np.ndarray) -> np.ndarray:
         """The rows of the finalised positions, tapped layers side by side in the manifest's order and
-        dtype: [rows, len(tap) * hidden], one buffer reused across steps."""
+        dtype: [rows, row_bytes] uint8, a view of one buffer reused across steps (the bytes enqueue
+        copies, handed over as numpy so the shim does no torch conversion of its own)."""
         import torch
 
         s = self.shapes
@@ -254,12 +307,23 @@ class DSparkProposer:
         buf = self._rows_buf
         if buf is None or buf.shape[0] < total:
             buf = self._rows_buf = torch.empty((max(total, 64), width), dtype=getattr(torch, s.row_dtype))
-        out = buf[:total]
+            self._rows_np = buf.view(torch.uint8).numpy()
         if total:
+            out = buf[:total]
             idx = torch.from_numpy(index)
             for j, k in enumerate(self._order):
-                out[:, j * H:(j + 1) * H].copy_(aux[k].index_select(0, idx))
-        return out
+                torch.index_select(aux[k], 0, idx, out=self._sel(k, total, aux[k].dtype))
+                out[:, j * H:(j + 1) * H].copy_(self._sel_buf[k][:total])
+        return self._rows_np[:total]
+
+    def _sel(self, k: int, total: int, dtype: Any) -> Any:
+        """Layer k's selected rows, before the cast: a buffer per tapped layer, grown like the rows'."""
+        import torch
+
+        b = self._sel_buf.get(k)
+        if b is None or b.shape[0] < total or b.dtype != dtype:
+            b = self._sel_buf[k] = torch.empty((max(total, 64), self.shapes.hidden), dtype=dtype)
+        return b[:total]
 
     @property
     def mean_accepted(self) -> float:
@@ -267,5 +331,7 @@ class DSparkProposer:
         return self.accepted / max(1, self.verified_rounds)
 
     def close(self) -> None:
+        if self._pending is not None:
+            self.finish()
         if self.shim is not None:
             self.shim.close()

@@ -10,7 +10,7 @@ drafts made in place, as `--worker null` makes them: no shim, no proxy), so `dsp
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the drafter's figures can be read here. A process per arm,
 because vLLM's parallel state does not come apart for a second engine in one process.
 
-SPEC keys: model, arm, num_spec, prompts, max_tokens, llm (extra LLM keyword arguments), env,
+SPEC keys: model, arm, cpus (the CPUs this arm runs on), num_spec, prompts, max_tokens, llm (extra LLM keyword arguments), env,
 timing ({"prompt", "max_tokens", "repeats"}: ms per generated token at one request), kill
 ({"pid", "after_steps"}: generate the prompts a second time and SIGKILL that process after that many
 drafter steps of it: the worker-loss test), ring_probe (the rows the drafter sent for the first
@@ -51,13 +51,21 @@ class LocalNullProposer(DSparkProposer):
         self._ids = np.ones((s.max_reqs, s.num_spec), dtype=np.int32)
         self._nd = np.zeros(s.max_reqs, dtype=np.int32)
 
-    def _round(self, plan: Any, rows: Any) -> tuple[np.ndarray, np.ndarray, float]:
+    def _enqueue(self, plan: Any, rows: Any) -> None:
+        self._shim_round = self.via_shim  # the round is read the way it was made, whatever via_shim is then
         if self.via_shim:
-            return super()._round(plan, rows)
+            super()._enqueue(plan, rows)
+            return
         n = plan.slots.shape[0]
-        nd = self._nd[:n]
+        self._in_place = nd = self._nd[:n]
         np.multiply(plan.need_draft, self._ids.shape[1], out=nd, casting="unsafe")
-        return self._ids[:n], nd, time.perf_counter()
+        self._t_enq = time.perf_counter()
+
+    def _read(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._shim_round:
+            return super()._read()
+        nd = self._in_place
+        return self._ids[:nd.shape[0]], nd
 
 
 class CostProposer(LocalNullProposer):
@@ -107,6 +115,8 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if spec.get("mp") else "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ["DSPARK_PROXY_VLLM_TIMINGS"] = "1"
+    if spec.get("cpus"):
+        os.sched_setaffinity(0, set(spec["cpus"]))  # before vLLM starts a thread: they all inherit it
     os.environ.update({k: str(v) for k, v in spec.get("env", {}).items()})
     t0 = time.perf_counter()
     from vllm import LLM, SamplingParams
@@ -168,24 +178,32 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cost_timing(llm: Any, d: Any, timing: dict[str, Any], greedy: Any) -> dict[str, Any]:
-    """ms per generated token at one request, rounds in place and through the shim alternating."""
+    """ms per generated token at one request, alternating: rounds in place, through the shim with the
+    reply read where vLLM reads the drafts (`via_shim`, the default), and read at once inside vLLM's
+    propose call (`via_shim_sync`, the proposer's DSPARK_PROXY_VLLM_DEFER=0)."""
     n = int(timing.get("max_tokens", 128))
-    ms: dict[str, list[float]] = {"in_place": [], "via_shim": []}
-    us: dict[str, list[tuple[float, float, float]]] = {"in_place": [], "via_shim": []}
+    modes = ("in_place", "via_shim", "via_shim_sync")
+    ms: dict[str, list[float]] = {m: [] for m in modes}
+    us: dict[str, list[tuple[float, float, float]]] = {m: [] for m in modes}
+    deferred = d.deferred
     for _ in range(int(timing.get("repeats", 5))):
-        for mode in ms:
-            d.via_shim = mode == "via_shim"
+        for mode in modes:
+            d.via_shim = mode != "in_place"
+            d.deferred = deferred and mode != "via_shim_sync"
             d.timings.clear()
             ts = time.perf_counter()
             llm.generate([timing["prompt"]], greedy(n), use_tqdm=False)
             ms[mode].append((time.perf_counter() - ts) * 1e3 / n)
             us[mode] += d.timings
+    d.deferred = deferred
     med = {m: statistics.median(v) for m, v in ms.items()}
     round_us = {m: _pcts([sum(x) for x in v]) for m, v in us.items()}
     return {"step_ms_in_place": round(med["in_place"], 4), "step_ms_via_shim": round(med["via_shim"], 4),
+            "step_ms_via_shim_sync": round(med["via_shim_sync"], 4),
             "step_ms_all": {m: [round(x, 4) for x in v] for m, v in ms.items()},
             "ours_us": round_us, "enqueue_us": _pcts([x[0] for x in us["via_shim"]]),
-            "read_reply_us": _pcts([x[1] for x in us["via_shim"]])}
+            "read_reply_us": _pcts([x[1] for x in us["via_shim"]]),
+            "read_reply_us_sync": _pcts([x[1] for x in us["via_shim_sync"]])}
 
 
 def _drafter_stats(d: DSparkProposer) -> dict[str, Any]:
@@ -216,7 +234,7 @@ def _ring_probe(d: DSparkProposer, tokens: list[int]) -> dict[str, Any]:
 
 def _kill_after(d: DSparkProposer, pid: int, after: int) -> None:
     """SIGKILL `pid` once the drafter has run `after` steps (a worker lost mid-generation)."""
-    step = d.step
+    step = d.begin  # what vllm_hook calls at each step
     seen = [0]
 
     def wrapped(*a: Any, **k: Any) -> Any:
@@ -228,7 +246,7 @@ def _kill_after(d: DSparkProposer, pid: int, after: int) -> None:
                 pass
         return step(*a, **k)
 
-    d.step = wrapped  # type: ignore[method-assign]
+    d.begin = wrapped  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,16 +13,19 @@ same through a proxy with a null worker (`dspark` against `--worker null`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["run_vllm_demo", "PROMPTS", "reference_acceptance", "run_arm_process", "shapes_args"]
+__all__ = ["run_vllm_demo", "PROMPTS", "reference_acceptance", "run_arm_process", "shapes_args", "placement",
+           "started_on"]
 
 _REPO = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = _REPO / "models" / "stdlib-llama"
@@ -59,6 +62,30 @@ def vllm_threads_env() -> dict[str, str]:
     if "OMP_NUM_THREADS" in os.environ:
         return {}
     return {"OMP_NUM_THREADS": str(max(len(os.sched_getaffinity(0)) - 1, 1))}
+
+
+def placement() -> tuple[list[int] | None, list[int] | None]:
+    """(vLLM's CPUs, the proxy's and the worker's CPU): the last CPU this process may use for ours, the
+    rest for every vLLM arm alike; (None, None) on one CPU. Unpinned, waking the proxy at `gathered`
+    let the scheduler run it on vLLM's CPU, in the middle of vLLM's step (docs/vllm.md)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None, None
+    return cpus[:-1], cpus[-1:]
+
+
+@contextlib.contextmanager
+def started_on(cpus: list[int] | None) -> Iterator[None]:
+    """Children started inside the block run on `cpus` (they inherit the affinity, as under taskset)."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, set(cpus))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def run_arm_process(spec: dict[str, Any], timeout_s: float = 600.0, capture_log: bool = False) -> dict[str, Any]:
@@ -126,7 +153,8 @@ def run_vllm_demo(*, model: str | os.PathLike = DEFAULT_MODEL, head: str | os.Pa
     prompts = list(PROMPTS if prompts is None else prompts)
     name = name or f"demo-vllm-{os.getpid()}"
     layout = shapes_args(head, max_num_seqs)
-    base = {"model": os.fspath(model), "num_spec": int(layout[3]), "prompts": prompts, "max_tokens": max_tokens,
+    vllm_cpus, ours_cpus = placement()
+    base = {"model": os.fspath(model), "cpus": vllm_cpus, "num_spec": int(layout[3]), "prompts": prompts, "max_tokens": max_tokens,
             "llm": {"max_num_seqs": max_num_seqs},
             "env": {"DSPARK_PROXY": name, "DSPARK_PROXY_HEAD": os.fspath(head), **vllm_threads_env()},
             "timing": {"prompt": TIMING_PROMPT, "max_tokens": timing_tokens, "repeats": 3}}
@@ -139,12 +167,15 @@ def run_vllm_demo(*, model: str | os.PathLike = DEFAULT_MODEL, head: str | os.Pa
         for arm in ("nospec", "ngram"):
             say(f"[demo] vLLM arm {arm}")
             arms[arm] = run_arm_process({**base, "arm": arm})
-        worker = spawn_worker(*layout, "--drafter", "torch", "--weights", os.fspath(head))
+        with started_on(ours_cpus):
+            worker = spawn_worker(*layout, "--drafter", "torch", "--weights", os.fspath(head))
         # two proxies on one worker: the timed run's proxy statistics (the draft time) are its own
         for arm, seg, spec in (("dspark", name, {**base, "timing": None}),
                                ("dspark_timing", name + "-t", {**base, "prompts": [], "env": {**base["env"],
                                                                                              "DSPARK_PROXY": name + "-t"}})):
-            proxy = spawn_proxy(seg, worker.address, *layout, "--deadline-ms", str(deadline_ms), "--log-every", "0")
+            with started_on(ours_cpus):
+                proxy = spawn_proxy(seg, worker.address, *layout, "--deadline-ms", str(deadline_ms), "--log-every",
+                                    "0")
             say(f"[demo] worker pid {worker.pid} on {worker.address}, proxy pid {proxy.pid}; vLLM arm {arm}")
             arms[arm] = run_arm_process({**spec, "arm": "dspark"})
             time.sleep(0.3)  # the proxy's last statistics snapshot
@@ -178,16 +209,19 @@ def run_vllm_demo(*, model: str | os.PathLike = DEFAULT_MODEL, head: str | os.Pa
     out["read_reply_us_p50"] = timing.get("read_reply_us", {}).get("p50")
     out["drafter_errors"] = run["errors"]
     if cost:
-        out.update(measure_cost(base, layout, name + "-null", say))
+        out.update(measure_cost(base, layout, name + "-null", say, ours_cpus))
         out["shim_proxy_vs_nospec_step"] = round(out["shim_proxy_ms_per_step"] / max(out["step_ms_nospec"], 1e-9), 4)
+        out["shim_proxy_vs_nospec_step_sync"] = round(out["shim_proxy_ms_per_step_sync"] / max(out["step_ms_nospec"], 1e-9), 4)
     out["startup_s"] = {a: r["startup_s"] for a, r in arms.items()}
     out["vllm_threads"] = base["env"].get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS"))
+    out["cpus"] = {"vllm": vllm_cpus, "proxy": ours_cpus}
     out["elapsed_s"] = round(time.monotonic() - t0, 1)
     out["load_avg"] = [round(x, 2) for x in os.getloadavg()]
     return out
 
 
-def measure_cost(base: dict[str, Any], layout: list[str], name: str, say) -> dict[str, Any]:
+def measure_cost(base: dict[str, Any], layout: list[str], name: str, say,
+                 proxy_cpus: list[int] | None = None) -> dict[str, Any]:
     """What the shim and the proxy add to a vLLM step at one request, side by side in one engine: the
     proposer's rounds made in place and through the shim to a proxy with a null worker (the same drafts,
     so the same verification), alternating generation by generation (vllm_arm.CostProposer)."""
@@ -196,7 +230,8 @@ def measure_cost(base: dict[str, Any], layout: list[str], name: str, say) -> dic
 
     spec = {**base, "prompts": [], "env": {**base["env"], "DSPARK_PROXY": name},
             "timing": {**base["timing"], "repeats": 6}}
-    proxy = spawn_proxy(name, "null", *layout, "--deadline-ms", "50", "--log-every", "0")
+    with started_on(proxy_cpus):
+        proxy = spawn_proxy(name, "null", *layout, "--deadline-ms", "50", "--log-every", "0")
     try:
         say("[demo] cost arm: rounds in place and through shim + proxy (null worker), alternating")
         r = run_arm_process({**spec, "arm": "cost"})
@@ -206,6 +241,10 @@ def measure_cost(base: dict[str, Any], layout: list[str], name: str, say) -> dic
         proxy.stop()
     added = r["step_ms_via_shim"] - r["step_ms_in_place"]
     return {"cost_step_ms_in_place": r["step_ms_in_place"], "cost_step_ms_via_shim": r["step_ms_via_shim"],
+            "cost_step_ms_via_shim_sync": r["step_ms_via_shim_sync"],
+            "shim_proxy_ms_per_step_sync": round(r["step_ms_via_shim_sync"] - r["step_ms_in_place"], 4),
+            "cost_enqueue_us_p50": r["enqueue_us"].get("p50"), "cost_read_reply_us_p50": r["read_reply_us"].get("p50"),
+            "cost_read_reply_us_p50_sync": r["read_reply_us_sync"].get("p50"),
             "cost_step_ms_all": r["step_ms_all"], "shim_proxy_ms_per_step": round(added, 4),
             "cost_ours_us_p50": {m: v.get("p50") for m, v in r["ours_us"].items()},
             "cost_proxy_round_us_p50": lat.get("rank0_round_us", {}).get("p50_us")}
