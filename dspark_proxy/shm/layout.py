@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 MAGIC = int.from_bytes(b"DSPKPRXY", "little")
-LAYOUT_VERSION = 2  # 2: the resync request names its round; the reply page's per-request word is n_drafts
+LAYOUT_VERSION = 3  # 3: the engine names its shared ring (header bytes 2304..2431); 2: resync request round, n_drafts
 META_SLOTS = 64  # round t's metadata and descriptor live in slot t % 64
 PAGE = 4096
 CACHE_LINE = 64

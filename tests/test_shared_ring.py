@@ -1,0 +1,174 @@
+"""The engine's shared ring (shm/ring_shm.py, ring_rows.py): a round's rows cross the engine side once.
+
+- enqueue writes the rows into the ring only (the staging stays untouched) and the header names the ring;
+- the proxy sends large rows as views of the ring (no copy of its own) and small ones gathered;
+- the C runs and their reference give the same views (differential, hypothesis);
+- a round the watchdog claims while the proxy is still sending from the ring marks every slot dirty, and
+  every draft after it is right;
+- a /dev/shm that cannot hold the ring gives a clear error, and the engine keeps a private ring.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dspark_proxy import native
+from dspark_proxy.ring_rows import GATHER_BELOW, RingRows
+from dspark_proxy.shm import ring_shm
+from dspark_proxy.shm.hostflag import HostFlags
+from dspark_proxy.shm.layout import STATUS_ROUND_FAILED
+from tests.rig import Rig, row_of
+
+BIG = GATHER_BELOW  # rows this large go out as views of the ring
+
+
+def _ring_bytes(rig: Rig) -> np.ndarray:
+    return rig.shim.ring.rows.reshape(-1)
+
+
+def test_enqueue_writes_rows_once_into_the_named_ring(seg_name):
+    with Rig(seg_name, M=4, N=3, W=4, B=64) as rig:
+        reply, b = rig.round([(1, 0, 3), (2, 1, 2)])
+        assert reply.status == 0 and rig.check_drafts(reply, b) == 2
+        name = ring_shm.read_ring_name(rig.seg.mm)
+        assert name == ring_shm.ring_shm_name(seg_name, os.getpid())
+        assert os.path.exists("/dev/shm" + name)
+        assert not rig.seg.staging.any(), "rows were copied into the staging as well"
+        assert np.array_equal(rig.shim.ring.window_rows(0, 0, 3), b["rows"][:3])
+        assert np.array_equal(rig.client.sent_rows[-1], b["rows"])  # the proxy sent them from the ring
+    assert not os.path.exists("/dev/shm" + name), "close() leaves the ring behind"
+
+
+def test_private_ring_when_switched_off(seg_name, monkeypatch):
+    monkeypatch.setenv("DSPARK_SHARED_RING", "0")
+    with Rig(seg_name, M=4, N=3, W=4, B=64) as rig:
+        reply, b = rig.round([(1, 0, 3), (2, 1, 2)])
+        assert reply.status == 0 and rig.check_drafts(reply, b) == 2
+        assert ring_shm.read_ring_name(rig.seg.mm) == ""
+        assert np.array_equal(rig.seg.staging[:5], b["rows"])  # the old path: staged, sent from the staging
+
+
+def test_large_rows_go_out_as_views_of_the_ring(seg_name):
+    with Rig(seg_name, M=4, N=3, W=4, B=BIG) as rig:
+        seen = []
+        inner = rig.client.step
+
+        def spy(prefix, entries, n_rows, **kw):
+            seen.append(list(kw["rows"]))
+            return inner(prefix, entries, n_rows, **kw)
+
+        rig.client.step = spy
+        for _ in range(2):  # slot 0 wraps in round 2 (W = 4): its entry is two runs of its block
+            reply, b = rig.round([(1, 0, 3), (2, 2, 1)])
+            assert reply.status == 0 and rig.check_drafts(reply, b) == 2
+            assert np.array_equal(rig.client.sent_rows[-1], b["rows"])
+        ring = rig.core.ring_rows.rows.view(np.uint8)
+        for parts in seen:
+            for v in parts:
+                assert isinstance(v, memoryview)
+                assert np.shares_memory(np.frombuffer(v, np.uint8), ring), "a row was copied before sending"
+        assert len(seen[-1]) == 3  # slot 0's positions 3 | 4, 5 (ring rows 3 | 0, 1), slot 2's one row
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_ring_runs_native_matches_reference(data):
+    M = data.draw(st.integers(1, 6))
+    W = data.draw(st.integers(1, 9))
+    B = data.draw(st.integers(1, 24))
+    k = data.draw(st.integers(0, 12))
+    slots = np.array(data.draw(st.lists(st.integers(0, M - 1), min_size=k, max_size=k)), np.int64)
+    first = np.array(data.draw(st.lists(st.integers(-2**62, 2**62), min_size=k, max_size=k)), np.int64)
+    n_rows = np.array(data.draw(st.lists(st.integers(0, W), min_size=k, max_size=k)), np.int64)
+    ring = np.random.default_rng(k).integers(0, 256, M * W * B, dtype=np.uint8)
+    rr = RingRows.__new__(RingRows)  # the reference's state only: no segment needed
+    rr.M, rr.W, rr.B, rr._base = M, W, B, memoryview(ring)
+    ref = [bytes(v) for v in rr.runs(slots, first, n_rows)]
+    got = [bytes(v) for v in native.fastround.ring_runs(memoryview(ring), slots, first, n_rows, W, B)]
+    assert got == ref
+    # and the bytes are each entry's positions in order
+    want = b"".join(ring[(s * W + (f + j) % W) * B:(s * W + (f + j) % W + 1) * B].tobytes()
+                    for s, f, c in zip(slots.tolist(), first.tolist(), n_rows.tolist(), strict=True) for j in range(c))
+    assert b"".join(got) == want
+
+
+def test_ring_runs_refuse_what_is_outside_the_ring():
+    ring = np.zeros(2 * 4 * 8, np.uint8)
+    rr = RingRows.__new__(RingRows)
+    rr.M, rr.W, rr.B, rr._base = 2, 4, 8, memoryview(ring)
+    for slots, n in (([2], [1]), ([-1], [1]), ([0], [5]), ([0], [-1])):
+        s, f, c = np.array(slots, np.int64), np.zeros(1, np.int64), np.array(n, np.int64)
+        with pytest.raises(ValueError):
+            native.fastround.ring_runs(memoryview(ring), s, f, c, 4, 8)
+        with pytest.raises(ValueError):
+            rr.runs(s, f, c)
+
+
+def test_watchdog_claim_while_sending_from_the_ring_marks_every_slot_dirty(seg_name):
+    """The engine rewrites ring rows only in enqueue(t + 1), after t is claimed. Here the watchdog
+    claims t and the engine enqueues t + 1 while the proxy's STEP for t is still going out from views
+    of the ring: the worker gets t + 1's bytes for some of t's rows (torn, shown below). The proxy's
+    publish of t loses, so it marks every slot dirty, and every draft after that is right."""
+    with Rig(seg_name, M=4, N=3, W=4, B=BIG) as rig:
+        reqs = [(1, 0, 1), (2, 1, 1), (3, 2, 1)]
+        for _ in range(4):
+            reply, b = rig.round(reqs)
+            assert rig.check_drafts(reply, b) == 3
+        flags = HostFlags(rig.seg)
+        b_t = rig.batch(reqs)
+        rig.t += 1
+        t = rig.t
+        rig.shim.enqueue(t, **b_t)
+        nxt = {}
+        inner = rig.client.step
+
+        def engine_moves_on(prefix, entries, n_rows, **kw):
+            assert flags.fail(t, 3) == 1  # the watchdog claims t mid-send
+            assert rig.shim.read_reply(t).status == STATUS_ROUND_FAILED
+            # request 1 now sends W rows: one of them lands on the ring row of its round-t position
+            nxt["b"] = rig.batch([(1, 0, 4), (2, 1, 1), (3, 2, 1)])
+            rig.shim.enqueue(t + 1, **nxt["b"])
+            return inner(prefix, entries, n_rows, **kw)
+
+        rig.client.step = engine_moves_on
+        rig.core.handle(t, 0.0)
+        rig.client.step = inner
+        sent = rig.client.sent_rows[-1]
+        assert not np.array_equal(sent[0], b_t["rows"][0]), "the race did not happen: nothing was torn"
+        assert np.array_equal(sent[0], row_of(1, int(b_t["first_pos"][0]) + 4, rig.B))  # t + 1's row
+        assert rig.core.slots.dirty.all()
+        assert rig.stats.counter("watchdog_preempted") == 1
+        rig.t += 1
+        rig.core.handle(rig.t, 0.0)
+        reply = rig.shim.read_reply(rig.t)
+        assert rig.check_drafts(reply, nxt["b"]) == int(reply.ok_mask.sum())
+        for _ in range(8):
+            reply, b = rig.round(reqs)
+            assert rig.check_drafts(reply, b) == int(reply.ok_mask.sum())
+        assert reply.ok_mask.all()
+
+
+def test_no_room_for_the_ring_is_a_clear_error_and_the_engine_keeps_a_private_ring(seg_name, monkeypatch):
+    def no_room(fd, off, size):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_room)
+    with pytest.raises(ring_shm.RingError, match="/dev/shm has .*DSPARK_SHARED_RING=0"):
+        ring_shm.SharedRing(seg_name, 4096)
+    assert not os.path.exists("/dev/shm" + ring_shm.ring_shm_name(seg_name, os.getpid()))
+    monkeypatch.undo()
+
+    def refuse(fd, size, name):
+        raise ring_shm.RingError(f"the engine's row ring {name} needs more than /dev/shm has")
+
+    monkeypatch.setattr(ring_shm, "_reserve", refuse)
+    with Rig(seg_name, M=4, N=3, W=4, B=64) as rig:  # the Rig's segment is made before the shim's ring
+        assert rig.shim.counters.counter("shared_ring_refused") == 1
+        reply, b = rig.round([(1, 0, 3)])
+        assert reply.status == 0 and rig.check_drafts(reply, b) == 1
+        assert ring_shm.read_ring_name(rig.seg.mm) == ""
