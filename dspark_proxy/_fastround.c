@@ -11,6 +11,7 @@
  *   advance        ring_model.py           SlotTable.advance (begin_requests + apply + the plan's flags)
  *   fill_entries   round.py                the usual round's STEP entries (wire/step.py's prefix)
  *   ring_runs      ring_rows.py            RingRows.runs: the STEP's rows as runs of the shared ring
+ *   ring_gather    ring_rows.py            RingRows.gather: small rows gathered from the shared ring
  *
  * Why C: at the batch sizes that matter a round's cost was numpy's per-call overhead (0.3-1 us a call,
  * some 40 calls a side), not the data; one call per job removes it. Nothing here decides policy: on
@@ -351,6 +352,8 @@ static PyMethodDef methods[] = {
      "anchor_token, flags, k_window, n_out) -> k"},
     {"ring_runs", fr_ring_runs, METH_VARARGS,
      "ring_runs(base, slots, first_pos, n_rows, W, row_bytes) -> [memoryview] (the STEP's rows from the shared ring)"},
+    {"ring_gather", fr_ring_gather, METH_VARARGS,
+     "ring_gather(ring, slots, first_pos, n_rows, W, row_bytes, out) -> rows (small rows gathered from the ring)"},
     {"check_page", fr_check_page, METH_VARARGS, "check_page(buf, o_ok, n, N, ok_out) -> bool"},
     {NULL, NULL, 0, NULL},
 };

@@ -3,8 +3,8 @@ so a round's rows cross the engine side once (shm_layout.md §1, "The engine's s
 
 Entry i's rows are positions `first .. first + n - 1` of its slot, held at `ring[slot, pos % W]` as the
 engine wrote them in `enqueue(t)`: at most two runs per entry, one when the slot's block does not wrap.
-Rows below `GATHER_BELOW` bytes are gathered into one private buffer (one numpy take: hundreds of
-256-byte iovecs would cost more than the copy); larger ones go out as views of the ring, the kernel's
+Rows below `GATHER_BELOW` bytes are gathered into one private buffer (`_fastround.ring_gather`, or
+`gather` below, its reference: hundreds of 256-byte iovecs would cost more than the copy); larger ones go out as views of the ring, the kernel's
 copy into the socket being the only one (`_fastround.ring_runs`, or `runs` below, its reference).
 
 The engine rewrites ring rows only in `enqueue(t + 1)`, after round t was claimed; a proxy still
@@ -39,6 +39,7 @@ class RingRows:
         self.name = ""
         self.rows: np.ndarray | None = None  # [M * W] rows as void items
         self._base: memoryview | None = None  # the ring as bytes, sliced into runs
+        self._ring_u8: np.ndarray | None = None  # the same, for the C gather
         self._gather: np.ndarray | None = None  # the private buffer of small rows, made at first use
         self._row_t = np.dtype((np.void, self.B))
         self._j = np.arange(self.M * self.W, dtype=np.int64)
@@ -54,6 +55,7 @@ class RingRows:
         arr = open_ring(name, self.nbytes)
         self.name = name
         self._base = memoryview(arr)
+        self._ring_u8 = arr
         self.rows = arr.view(self._row_t)
         return True
 
@@ -66,6 +68,10 @@ class RingRows:
         first = np.asarray(first, dtype=np.int64)
         n_rows = np.asarray(n_rows, dtype=np.int64)
         if self.B < GATHER_BELOW:
+            if self.native:
+                out = self._gather_buf()
+                k = native.fastround.ring_gather(self._ring_u8, slots, first, n_rows, self.W, self.B, out)
+                return [out[:k]]
             return [self.gather(slots, first, n_rows)]
         if self.native:
             return native.fastround.ring_runs(self._base, np.ascontiguousarray(slots), np.ascontiguousarray(first),
@@ -79,15 +85,18 @@ class RingRows:
             raise ValueError("ring rows: a slot or a row count outside the ring")
         ends = np.add.accumulate(n_rows)
         total = int(ends[-1]) if ends.shape[0] else 0
-        if self._gather is None:
-            self._gather = np.empty((self.M * self.W, self.B), dtype=np.uint8)
-        out = self._gather[:total]
+        out = self._gather_buf()[:total]
         if total:
             # row j of the round belongs to entry i and holds its position j - (ends_i - n_i) + first_i
             pos = self._j[:total] + np.repeat(first - ends + n_rows, n_rows)
             idx = np.repeat(slots * self.W, n_rows) + pos % self.W
             np.take(self.rows, idx, out=out.view(self._row_t).reshape(total))
         return out
+
+    def _gather_buf(self) -> np.ndarray:
+        if self._gather is None:  # virtual until written: a round writes only the rows it sends
+            self._gather = np.empty((self.M * self.W, self.B), dtype=np.uint8)
+        return self._gather
 
     def runs(self, slots: np.ndarray, first: np.ndarray, n_rows: np.ndarray) -> list:
         """The reference of _fastround.ring_runs: each entry's one or two runs of the ring, a run that

@@ -75,19 +75,29 @@ def test_large_rows_go_out_as_views_of_the_ring(seg_name):
         assert len(seen[-1]) == 3  # slot 0's positions 3 | 4, 5 (ring rows 3 | 0, 1), slot 2's one row
 
 
+def _stub(ring: np.ndarray, M: int, W: int, B: int) -> RingRows:
+    """A RingRows over a plain array (the reference's state only: no segment needed)."""
+    rr = RingRows.__new__(RingRows)
+    rr.M, rr.W, rr.B, rr._base, rr._ring_u8 = M, W, B, memoryview(ring), ring
+    rr._row_t = np.dtype((np.void, B))
+    rr.rows = ring.view(rr._row_t)
+    rr._j = np.arange(M * W, dtype=np.int64)
+    rr._gather = None
+    return rr
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.data())
-def test_ring_runs_native_matches_reference(data):
+def test_ring_runs_and_gather_native_match_reference(data):
     M = data.draw(st.integers(1, 6))
     W = data.draw(st.integers(1, 9))
     B = data.draw(st.integers(1, 24))
-    k = data.draw(st.integers(0, 12))
-    slots = np.array(data.draw(st.lists(st.integers(0, M - 1), min_size=k, max_size=k)), np.int64)
+    k = data.draw(st.integers(0, M))  # a round names each slot at most once
+    slots = np.array(data.draw(st.lists(st.integers(0, M - 1), min_size=k, max_size=k, unique=True)), np.int64)
     first = np.array(data.draw(st.lists(st.integers(-2**62, 2**62), min_size=k, max_size=k)), np.int64)
     n_rows = np.array(data.draw(st.lists(st.integers(0, W), min_size=k, max_size=k)), np.int64)
     ring = np.random.default_rng(k).integers(0, 256, M * W * B, dtype=np.uint8)
-    rr = RingRows.__new__(RingRows)  # the reference's state only: no segment needed
-    rr.M, rr.W, rr.B, rr._base = M, W, B, memoryview(ring)
+    rr = _stub(ring, M, W, B)
     ref = [bytes(v) for v in rr.runs(slots, first, n_rows)]
     got = [bytes(v) for v in native.fastround.ring_runs(memoryview(ring), slots, first, n_rows, W, B)]
     assert got == ref
@@ -95,18 +105,30 @@ def test_ring_runs_native_matches_reference(data):
     want = b"".join(ring[(s * W + (f + j) % W) * B:(s * W + (f + j) % W + 1) * B].tobytes()
                     for s, f, c in zip(slots.tolist(), first.tolist(), n_rows.tolist(), strict=True) for j in range(c))
     assert b"".join(got) == want
+    out = np.full(M * W * B + 7, 0xEE, np.uint8)
+    k = native.fastround.ring_gather(ring, slots, first, n_rows, W, B, out)
+    assert k == int(n_rows.sum())
+    assert out[:k * B].tobytes() == rr.gather(slots, first, n_rows).tobytes() == want
+    assert (out[k * B:] == 0xEE).all(), "the gather wrote past its rows"
 
 
 def test_ring_runs_refuse_what_is_outside_the_ring():
     ring = np.zeros(2 * 4 * 8, np.uint8)
-    rr = RingRows.__new__(RingRows)
-    rr.M, rr.W, rr.B, rr._base = 2, 4, 8, memoryview(ring)
+    rr = _stub(ring, 2, 4, 8)
+    out = np.zeros(ring.shape[0], np.uint8)
     for slots, n in (([2], [1]), ([-1], [1]), ([0], [5]), ([0], [-1])):
         s, f, c = np.array(slots, np.int64), np.zeros(1, np.int64), np.array(n, np.int64)
         with pytest.raises(ValueError):
             native.fastround.ring_runs(memoryview(ring), s, f, c, 4, 8)
         with pytest.raises(ValueError):
             rr.runs(s, f, c)
+        with pytest.raises(ValueError):
+            native.fastround.ring_gather(ring, s, f, c, 4, 8, out)
+        with pytest.raises(ValueError):
+            rr.gather(s, f, c)
+    with pytest.raises(ValueError):  # more rows than `out` holds
+        native.fastround.ring_gather(ring, np.zeros(1, np.int64), np.zeros(1, np.int64), np.full(1, 4), 4, 8,
+                                     out[:31])
 
 
 def test_watchdog_claim_while_sending_from_the_ring_marks_every_slot_dirty(seg_name):
@@ -172,3 +194,17 @@ def test_no_room_for_the_ring_is_a_clear_error_and_the_engine_keeps_a_private_ri
         reply, b = rig.round([(1, 0, 3)])
         assert reply.status == 0 and rig.check_drafts(reply, b) == 1
         assert ring_shm.read_ring_name(rig.seg.mm) == ""
+
+
+def test_a_forked_child_closing_leaves_the_parents_ring(seg_name):
+    ring = ring_shm.SharedRing(seg_name, 4096)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: close what it inherited, then leave without running anything else
+            ring.close()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.path.exists("/dev/shm" + ring.shm_name)
+    finally:
+        ring.close()
+    assert not os.path.exists("/dev/shm" + ring.shm_name)

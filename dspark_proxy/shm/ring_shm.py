@@ -78,7 +78,8 @@ class SharedRing:
     """The engine's side: the object, created and reserved, mapped read-write; unlinked by close()."""
 
     def __init__(self, name: str, nbytes: int) -> None:
-        self.shm_name = ring_shm_name(name, os.getpid())
+        self.pid = os.getpid()
+        self.shm_name = ring_shm_name(name, self.pid)
         self.nbytes = int(nbytes)
         _reap_stale(name)
         try:  # a leftover of this very pid (a previous shim of this name in this process): ours to replace
@@ -100,7 +101,10 @@ class SharedRing:
         self.array = np.frombuffer(self.mm, dtype=np.uint8, count=self.nbytes)
 
     def close(self) -> None:
-        """Remove the name; the mapping goes with the last view of it. Idempotent."""
+        """Remove the name; the mapping goes with the last view of it. Idempotent. A forked child that
+        inherited this object leaves the name alone: it is its parent's ring, still in use."""
+        if os.getpid() != self.pid:
+            return
         try:
             posix_ipc.unlink_shared_memory(self.shm_name)
         except posix_ipc.ExistentialError:
