@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 
 import numpy as np
@@ -36,7 +37,7 @@ def test_enqueue_writes_rows_once_into_the_named_ring(seg_name):
         reply, b = rig.round([(1, 0, 3), (2, 1, 2)])
         assert reply.status == 0 and rig.check_drafts(reply, b) == 2
         name = ring_shm.read_ring_name(rig.seg.mm)
-        assert name == ring_shm.ring_shm_name(seg_name, os.getpid())
+        assert name == rig.shim._shared.shm_name and name.startswith(f"/dspark-ring.{seg_name}.{os.getpid()}.")
         assert os.path.exists("/dev/shm" + name)
         assert not rig.seg.staging.any(), "rows were copied into the staging as well"
         assert np.array_equal(rig.shim.ring.window_rows(0, 0, 3), b["rows"][:3])
@@ -182,7 +183,7 @@ def test_no_room_for_the_ring_is_a_clear_error_and_the_engine_keeps_a_private_ri
     monkeypatch.setattr(os, "posix_fallocate", no_room)
     with pytest.raises(ring_shm.RingError, match="/dev/shm has .*DSPARK_SHARED_RING=0"):
         ring_shm.SharedRing(seg_name, 4096)
-    assert not os.path.exists("/dev/shm" + ring_shm.ring_shm_name(seg_name, os.getpid()))
+    assert not glob.glob(f"/dev/shm/dspark-ring.{seg_name}.*"), "a ring left behind"
     monkeypatch.undo()
 
     def refuse(fd, size, name):
@@ -208,3 +209,45 @@ def test_a_forked_child_closing_leaves_the_parents_ring(seg_name):
     finally:
         ring.close()
     assert not os.path.exists("/dev/shm" + ring.shm_name)
+
+
+def test_two_shims_of_one_name_in_one_process_have_rings_of_their_own(seg_name):
+    a = ring_shm.SharedRing(seg_name, 4096)
+    b = ring_shm.SharedRing(seg_name, 4096)
+    try:
+        assert a.shm_name != b.shm_name
+        a.array[:] = 1
+        b.array[:] = 2
+        a.close()
+        assert os.path.exists("/dev/shm" + b.shm_name) and (b.array == 2).all()
+    finally:
+        a.close()
+        b.close()
+    assert not glob.glob(f"/dev/shm/dspark-ring.{seg_name}.*")
+
+
+def test_stale_rings_of_dead_engines_are_removed_and_names_checked(seg_name):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)  # a pid that is gone
+    stale = f"/dev/shm/dspark-ring.{seg_name}.{pid}.0"
+    longer = f"/dev/shm/dspark-ring.{seg_name}.x.{pid}.0"  # another name's ring: left alone
+    for p in (stale, longer):
+        with open(p, "wb") as f:
+            f.write(b"\0" * 64)
+    try:
+        ring = ring_shm.SharedRing(seg_name, 4096)
+        ring.close()
+        assert not os.path.exists(stale) and os.path.exists(longer)
+    finally:
+        for p in (stale, longer):
+            if os.path.exists(p):
+                os.unlink(p)
+    assert ring_shm.read_ring_name(bytearray(4096)) == ""
+    page = bytearray(4096)
+    for bad in ("/dspark-proxy.x", "/dspark-ring.a.1", "/dspark-ring.a/../b.1.2", "/dspark-ring.a.1.2 "):
+        ring_shm.write_ring_name(page, bad)
+        assert ring_shm.read_ring_name(page) == "", bad
+    ring_shm.write_ring_name(page, "/dspark-ring.a.1.2")
+    assert ring_shm.read_ring_name(page) == "/dspark-ring.a.1.2"

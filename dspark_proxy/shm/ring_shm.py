@@ -4,8 +4,9 @@ shared ring").
 
 Why not a region of the segment: each proxy incarnation makes a new segment, while the ring must outlive
 it (a restarted proxy resyncs the worker from the rows the engine still holds). So the engine owns
-`/dspark-ring.<name>.<engine pid>` for its whole life, names it in the header of every incarnation it
-claims (bytes 2304..2431, next to the engine target), and each incarnation's proxy maps it read-only.
+`/dspark-ring.<name>.<engine pid>.<n>` for its whole life (n counts the rings this process made, so two
+shims of one name in one process never share or remove each other's), names it in the header of every
+incarnation it claims (bytes 2304..2431, next to the engine target), and each incarnation's proxy maps it read-only.
 
 Every page is reserved at creation (posix_fallocate, as the segment is): a /dev/shm too small for the
 ring fails here, with a message, instead of a SIGBUS in whichever process touches a missing page.
@@ -14,6 +15,7 @@ ring fails here, with a message, instead of a SIGBUS in whichever process touche
 from __future__ import annotations
 
 import errno
+import itertools
 import mmap
 import os
 import re
@@ -31,7 +33,8 @@ __all__ = ["enabled", "RING_OFF", "RingError", "SharedRing", "ring_shm_name", "w
 RING_OFF = 2304  # byte offset in the header page (the engine target ends at 2048 + 2 + 254)
 _NAME_MAX = 126  # bytes of the object name (a u16 length before it)
 _LEN = struct.Struct("<H")
-_NAME_RE = re.compile(r"^/dspark-ring\.[A-Za-z0-9_.-]{1,100}\.[0-9]{1,10}$")
+_NAME_RE = re.compile(r"^/dspark-ring\.[A-Za-z0-9_.-]{1,100}\.[0-9]{1,10}\.[0-9]{1,10}$")
+_made = itertools.count()  # shims' rings made by this process
 assert HEADER_DTYPE.itemsize <= RING_OFF and RING_OFF + _LEN.size + _NAME_MAX <= PAGE
 
 
@@ -45,9 +48,9 @@ class RingError(RuntimeError):
     """The shared ring cannot be made (no room in /dev/shm) or opened (gone, wrong size)."""
 
 
-def ring_shm_name(name: str, pid: int) -> str:
-    """The ring's POSIX object name for a segment name and the engine's pid."""
-    return f"/dspark-ring.{name}.{int(pid)}"
+def ring_shm_name(name: str, pid: int, n: int) -> str:
+    """The ring's POSIX object name for a segment name, the engine's pid and its count of rings made."""
+    return f"/dspark-ring.{name}.{int(pid)}.{int(n)}"
 
 
 def _reap_stale(name: str) -> None:
@@ -58,9 +61,10 @@ def _reap_stale(name: str) -> None:
     except OSError:
         return
     for e in entries:
-        if not e.startswith(prefix) or not e[len(prefix):].isdigit():
-            continue
-        pid = int(e[len(prefix):])
+        rest = e[len(prefix):].split(".") if e.startswith(prefix) else []
+        if len(rest) != 2 or not (rest[0].isdigit() and rest[1].isdigit()):
+            continue  # not a ring of this name (a longer name that starts with this one has more parts)
+        pid = int(rest[0])
         try:
             os.kill(pid, 0)
             continue  # alive (or not ours to judge)
@@ -79,14 +83,16 @@ class SharedRing:
 
     def __init__(self, name: str, nbytes: int) -> None:
         self.pid = os.getpid()
-        self.shm_name = ring_shm_name(name, self.pid)
+        self.shm_name = ring_shm_name(name, self.pid, next(_made))
         self.nbytes = int(nbytes)
         _reap_stale(name)
-        try:  # a leftover of this very pid (a previous shim of this name in this process): ours to replace
+        try:
+            shm = posix_ipc.SharedMemory(self.shm_name, posix_ipc.O_CREX, mode=0o600, size=self.nbytes)
+        except posix_ipc.ExistentialError:  # a dead process's of the same pid (reused): stale
             posix_ipc.unlink_shared_memory(self.shm_name)
-        except posix_ipc.ExistentialError:
-            pass
-        shm = posix_ipc.SharedMemory(self.shm_name, posix_ipc.O_CREX, mode=0o600, size=self.nbytes)
+            shm = posix_ipc.SharedMemory(self.shm_name, posix_ipc.O_CREX, mode=0o600, size=self.nbytes)
+        except posix_ipc.Error as e:
+            raise RingError(f"the engine's row ring {self.shm_name}: {e}") from e
         try:
             _reserve(shm.fd, self.nbytes, self.shm_name)
             # mapped with its page tables filled: otherwise each of the first W rounds of a slot takes a
