@@ -64,6 +64,7 @@ class Shim:
         self.events = EventRing(events_kept)
         self.native = native.enabled()  # the C hot paths (the default) or the Python reference model
         self._shared = self._shared_ring(max_reqs * window * row_bytes)  # None: the ring is private
+        self.shared_ring = self._shared is not None
         self.ring = EngineRing(max_reqs, window, row_bytes, self.native,
                                None if self._shared is None else self._shared.array)
         self._inputs = EnqueueInputs(max_reqs, window, row_bytes, sampled, self.native)  # validated, as numpy

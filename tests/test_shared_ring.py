@@ -251,3 +251,43 @@ def test_stale_rings_of_dead_engines_are_removed_and_names_checked(seg_name):
         assert ring_shm.read_ring_name(page) == "", bad
     ring_shm.write_ring_name(page, "/dspark-ring.a.1.2")
     assert ring_shm.read_ring_name(page) == "/dspark-ring.a.1.2"
+
+
+def test_the_proxys_segment_keeps_no_rows_by_default_and_a_private_ring_engine_says_so(seg_name, monkeypatch):
+    import engine_shim
+    from dspark_proxy.bench.rig import RoundRig
+    from dspark_proxy.config import ProxyConfig
+    from dspark_proxy.proxy import layout_params
+    from dspark_proxy.shm.layout import Layout, LayoutParams, State, Word
+    from dspark_proxy.shm.segment import LayoutMismatch, Segment
+    from tests.rig import ScriptedClient
+
+    p = layout_params(ProxyConfig(max_reqs=256, num_spec=5, window=128, row_bytes=71680))
+    lay = Layout(p)
+    assert not p.segment_rows and lay.regions["staging"][1] == 0
+    assert lay.regions["resync_windows"][1] == p.resync_per_round * 64  # the records alone
+    assert lay.total_bytes < 2 << 20  # 1.1 MB, where the staging and the windows made it 511 MiB
+    assert Layout(layout_params(ProxyConfig(max_reqs=256, num_spec=5, window=128, row_bytes=71680,
+                                            segment_rows=True))).total_bytes > 500 << 20
+    small = LayoutParams(max_reqs=4, num_spec=3, window=4, row_bytes=64, max_rows=16, resync_per_round=2,
+                         segment_rows=False)
+    rig = RoundRig(seg_name, small, ScriptedClient(max_reqs=4, num_spec=3, window=4, row_bytes=64))
+    try:  # the engine's shared ring: rounds go through a segment without rows
+        assert rig.seg.staging.shape == (0, 64)
+        rows = np.arange(3 * 64, dtype=np.uint8).reshape(3, 64)
+        reply = rig.run(dict(req_ids=np.array([7]), slots=np.array([1]), qsl=np.array([0, 3]),
+                             need_draft=np.array([True]), k_window=np.zeros(1, np.int64), rows=rows,
+                             valid=np.array([3]), first_pos=np.array([0]), anchor=np.array([5])))
+        assert reply.status == 0 and reply.ok_mask.all()
+        assert np.array_equal(rig.client.sent_rows[-1], rows)
+    finally:
+        rig.close()
+    seg = Segment.create(seg_name, small, deadline_ms=50.0)
+    try:
+        seg.set_word(Word.STATE, State.READY)
+        monkeypatch.setenv("DSPARK_SHARED_RING", "0")  # a private ring needs the rows in the segment
+        with pytest.raises(LayoutMismatch, match="segment_rows is False .* --segment-rows"):
+            engine_shim.attach(seg_name, max_reqs=4, num_spec=3, window=4, row_bytes=64)
+    finally:
+        seg.unlink()
+        seg.close()

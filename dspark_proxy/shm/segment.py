@@ -156,7 +156,8 @@ class Segment:
         lay = layout
         p = lay.params
         self.header = np.ndarray((), HEADER_DTYPE, buffer=mm, offset=0)
-        self.staging = np.ndarray((p.max_rows, p.row_bytes), np.uint8, buffer=mm, offset=lay.staging)
+        self.staging = np.ndarray((p.max_rows if p.segment_rows else 0, p.row_bytes), np.uint8, buffer=mm,
+                                  offset=lay.staging)
         self.meta = np.ndarray((META_SLOTS,), lay.meta_dtype, buffer=mm, offset=lay.meta)
         self.desc = np.ndarray((META_SLOTS,), lay.desc_dtype, buffer=mm, offset=lay.desc)
         self.windows = np.ndarray((p.resync_per_round,), lay.window_dtype, buffer=mm, offset=lay.windows)
