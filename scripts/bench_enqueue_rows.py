@@ -9,10 +9,10 @@ so nothing waits on another process: the engine enqueues (timed), the proxy hand
 apart), the engine reads the reply. Each request writes one row a round, so the first W rounds touch
 ring rows never written before (page faults, reported apart) and later ones rewrite them.
 
-Measured here (shared 2-core machine, load average ~3, one run; noisy, compare within a run):
-256 x 71,680 B (18.4 MB) a round: memcpy 0.66 ms (27.7 GB/s); private ring + staging: enqueue 1.73 ms
-(38% of memcpy), 12.0 ms in the first W rounds; shared ring: 0.76 ms (87% of memcpy), 0.79 ms in the
-first W rounds; its set-up (reserve and map 2.35 GB) 1.5 s against 0.16 s.
+Measured here (shared 2-core machine, load average ~3; noisy, compare within a run), 256 x 71,680 B
+(18.4 MB) a round, two runs: memcpy 0.66 / 0.52 ms; private ring + staging: enqueue 1.73 / 1.53 ms (38% /
+34% of memcpy), 12.0 / 23.2 ms in the first W rounds; shared ring: 0.76 / 0.66 ms (87% / 79% of memcpy),
+0.79 / 0.68 ms in the first W rounds; its set-up (reserve and map 2.35 GB) 1.5 / 3.6 s against 0.2 / 0.3 s.
 
     python scripts/bench_enqueue_rows.py [--n 256] [--row-bytes 71680] [--window 128] [--rounds 170]
 """
