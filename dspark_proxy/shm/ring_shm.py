@@ -27,7 +27,7 @@ import posix_ipc
 
 from .layout import HEADER_DTYPE, PAGE
 
-__all__ = ["enabled", "RING_OFF", "RingError", "SharedRing", "ring_shm_name", "write_ring_name", "read_ring_name",
+__all__ = ["enabled", "unlink_rings", "RING_OFF", "RingError", "SharedRing", "ring_shm_name", "write_ring_name", "read_ring_name",
            "open_ring"]
 
 RING_OFF = 2304  # byte offset in the header page (the engine target ends at 2048 + 2 + 254)
@@ -53,18 +53,33 @@ def ring_shm_name(name: str, pid: int, n: int) -> str:
     return f"/dspark-ring.{name}.{int(pid)}.{int(n)}"
 
 
-def _reap_stale(name: str) -> None:
-    """Unlink rings of this segment name left by engines that died without closing (best effort)."""
+def _rings_of(name: str) -> list[tuple[str, int]]:
+    """(object name, pid) of every ring of this segment name in /dev/shm."""
     prefix = f"dspark-ring.{name}."
     try:
         entries = os.listdir("/dev/shm")
     except OSError:
-        return
+        return []
+    out = []
     for e in entries:
         rest = e[len(prefix):].split(".") if e.startswith(prefix) else []
-        if len(rest) != 2 or not (rest[0].isdigit() and rest[1].isdigit()):
-            continue  # not a ring of this name (a longer name that starts with this one has more parts)
-        pid = int(rest[0])
+        if len(rest) == 2 and rest[0].isdigit() and rest[1].isdigit():  # a longer name has more parts
+            out.append(("/" + e, int(rest[0])))
+    return out
+
+
+def unlink_rings(name: str) -> None:
+    """Remove every ring of this segment name, whoever made it (test and fuzz clean-up)."""
+    for obj, _pid in _rings_of(name):
+        try:
+            posix_ipc.unlink_shared_memory(obj)
+        except posix_ipc.ExistentialError:
+            pass
+
+
+def _reap_stale(name: str) -> None:
+    """Unlink rings of this segment name left by engines that died without closing (best effort)."""
+    for obj, pid in _rings_of(name):
         try:
             os.kill(pid, 0)
             continue  # alive (or not ours to judge)
@@ -73,7 +88,7 @@ def _reap_stale(name: str) -> None:
         except PermissionError:
             continue
         try:
-            posix_ipc.unlink_shared_memory("/" + e)
+            posix_ipc.unlink_shared_memory(obj)
         except posix_ipc.ExistentialError:
             pass
 
