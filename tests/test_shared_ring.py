@@ -291,3 +291,27 @@ def test_the_proxys_segment_keeps_no_rows_by_default_and_a_private_ring_engine_s
     finally:
         seg.unlink()
         seg.close()
+
+
+def test_a_new_proxy_incarnation_removes_the_rings_of_dead_engines(seg_name):
+    from dspark_proxy.shm.layout import LayoutParams
+    from dspark_proxy.shm.segment import Segment
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    stale = f"/dev/shm/dspark-ring.{seg_name}.{pid}.0"  # an engine killed before it could close
+    live = ring_shm.SharedRing(seg_name, 4096)  # this process's: alive, kept
+    with open(stale, "wb") as f:
+        f.write(b"\0" * 64)
+    try:
+        p = LayoutParams(max_reqs=4, num_spec=3, window=4, row_bytes=64, max_rows=16, resync_per_round=2)
+        seg = Segment.create(seg_name, p, deadline_ms=50.0)
+        seg.unlink()
+        seg.close()
+        assert not os.path.exists(stale) and os.path.exists("/dev/shm" + live.shm_name)
+    finally:
+        live.close()
+        if os.path.exists(stale):
+            os.unlink(stale)

@@ -27,7 +27,7 @@ import posix_ipc
 
 from .layout import HEADER_DTYPE, PAGE
 
-__all__ = ["enabled", "unlink_rings", "RING_OFF", "RingError", "SharedRing", "ring_shm_name", "write_ring_name", "read_ring_name",
+__all__ = ["enabled", "unlink_rings", "reap_stale", "RING_OFF", "RingError", "SharedRing", "ring_shm_name", "write_ring_name", "read_ring_name",
            "open_ring"]
 
 RING_OFF = 2304  # byte offset in the header page (the engine target ends at 2048 + 2 + 254)
@@ -77,8 +77,10 @@ def unlink_rings(name: str) -> None:
             pass
 
 
-def _reap_stale(name: str) -> None:
-    """Unlink rings of this segment name left by engines that died without closing (best effort)."""
+def reap_stale(name: str) -> None:
+    """Unlink rings of this segment name left by engines that died without closing (best effort): a
+    new shim of the name does it, and so does each new proxy incarnation (an engine killed outright
+    would otherwise leave M x W x row_bytes in /dev/shm until the next engine of the name)."""
     for obj, pid in _rings_of(name):
         try:
             os.kill(pid, 0)
@@ -100,7 +102,7 @@ class SharedRing:
         self.pid = os.getpid()
         self.shm_name = ring_shm_name(name, self.pid, next(_made))
         self.nbytes = int(nbytes)
-        _reap_stale(name)
+        reap_stale(name)
         try:
             shm = posix_ipc.SharedMemory(self.shm_name, posix_ipc.O_CREX, mode=0o600, size=self.nbytes)
         except posix_ipc.ExistentialError:  # a dead process's of the same pid (reused): stale

@@ -32,6 +32,7 @@ from .layout import (
     Word,
     header_name,
 )
+from .ring_shm import reap_stale
 
 __all__ = ["SegmentError", "SegmentBusy", "LayoutMismatch", "Segment", "shm_name", "DEFAULT_NAME",
            "process_start_ticks", "owner_alive"]
@@ -203,6 +204,7 @@ class Segment:
         seg.set_word(Word.HEARTBEAT_NS, _hostflag.monotonic_ns())
         seg.set_word(Word.STATE, State.STARTING)
         _hostflag.store_release(mm, 0, MAGIC)  # release: pairs with the acquire in open()'s magic check
+        reap_stale(name or DEFAULT_NAME)  # rings of engines that died without closing (shm/ring_shm.py)
         return seg
 
     @classmethod
