@@ -8,8 +8,9 @@ RoundCore keeps their order, and each job lives in its own module:
   pacing.py) -> preempted? -> STEP (wire/step.py) -> accept reply -> pack page (reply_page.py) -> publish
 
 Invariants kept from the seed (and why):
-- The round only READS the staging and the resync windows. The watchdog can fail round t while we
-  are in it and the engine then refills the staging for t+1; a proxy that wrote there would corrupt
+- The round only READS the rows (the engine's shared ring, or the staging and the resync windows of a
+  private one; its mapping of the ring is read-only). The watchdog can fail round t while we
+  are in it and the engine then rewrites them for t+1; a proxy that wrote there would corrupt
   a later round. A late round reads torn rows at worst, and then loses its claim: every slot is marked
   dirty so the worker's copies are rebuilt.
 - The ring model is applied for every round the engine ran, whatever happens to the round (open

@@ -7,8 +7,8 @@ believes are held are, row for row, the positions written here.
 
 Layout: ``rows[slot, pos % W]`` holds the row of position ``pos`` — the ring layout itself, which is
 also the layout of a staged resync window, so staging one is a single contiguous copy of the slot's
-block. The block is allocated with ``np.zeros``: the kernel maps untouched pages lazily, so slots the
-engine never uses cost no memory.
+block. The rows are the engine's shared ring by default (shm/ring_shm.py: the proxy sends from them,
+so each row is written once); a private ring is an anonymous mapping whose untouched pages cost nothing.
 
 Cost (measured, n = 256 requests, 910 rows, W = 128): write about 24 us with 16-byte rows, all but
 ~2 us of it bookkeeping; with 71,680-byte rows it is the 65 MB copy (about 5 ms on this CPU).

@@ -1,5 +1,6 @@
 """The engine's writes of one round into the attached segment, in the order the proxy relies on:
-the staging rows, the metadata slot, the resync windows asked for, the descriptor slot; `gathered` is
+the staging rows (a private ring only: with the shared ring the rows are already where the proxy reads
+them), the metadata slot, the resync windows asked for, the descriptor slot; `gathered` is
 raised by the shim after all of them (shm_layout.md §5). The protocols themselves are shm/stamped.py
 (the slots) and shm/resync.py (the windows); this is the engine thread's, one per attached segment.
 """
