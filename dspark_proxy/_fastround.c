@@ -10,6 +10,8 @@
  *   check_page     engine_shim/reply.py    ReplyReader.parse's n_drafts check and ok mask
  *   advance        ring_model.py           SlotTable.advance (begin_requests + apply + the plan's flags)
  *   fill_entries   round.py                the usual round's STEP entries (wire/step.py's prefix)
+ *   ring_runs      ring_rows.py            RingRows.runs: the STEP's rows as runs of the shared ring
+ *   ring_gather    ring_rows.py            RingRows.gather: small rows gathered from the shared ring
  *
  * Why C: at the batch sizes that matter a round's cost was numpy's per-call overhead (0.3-1 us a call,
  * some 40 calls a side), not the data; one call per job removes it. Nothing here decides policy: on
@@ -240,7 +242,8 @@ PyObject *fr_write_round(PyObject *mod, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "write_round: slot outside the segment or a stamp misaligned");
         goto fail;
     }
-    if (rows_staged && (brows.len < 1 || staging_off < 0 || staging_off + brows.len > bseg.len)) {
+    /* rows of no bytes with rows_staged > 0: the rows are in the engine's shared ring, no staging copy */
+    if (brows.len && (staging_off < 0 || staging_off + brows.len > bseg.len)) {
         PyErr_SetString(PyExc_ValueError, "write_round: staging outside the segment");
         goto fail;
     }
@@ -250,7 +253,7 @@ PyObject *fr_write_round(PyObject *mod, PyObject *args) {
     const uint8_t *smp = ba[3].buf, *need = ba[9].buf;
     Py_BEGIN_ALLOW_THREADS
     /* the staging: rows_staged is a prefix of the round's rows (writer.py), brows.len their bytes */
-    if (rows_staged)
+    if (brows.len)
         memcpy(base + staging_off, brows.buf, (size_t)brows.len);
     /* meta slot */
     char *m = base + meta_off;
@@ -347,6 +350,10 @@ static PyMethodDef methods[] = {
     {"fill_entries", fr_fill_entries, METH_VARARGS,
      "fill_entries(prefix, entries_off, entry_size, eoffs, idx, slots, n_rows, generation, first_pos, anchor_pos, "
      "anchor_token, flags, k_window, n_out) -> k"},
+    {"ring_runs", fr_ring_runs, METH_VARARGS,
+     "ring_runs(base, slots, first_pos, n_rows, W, row_bytes) -> [memoryview] (the STEP's rows from the shared ring)"},
+    {"ring_gather", fr_ring_gather, METH_VARARGS,
+     "ring_gather(ring, slots, first_pos, n_rows, W, row_bytes, out) -> rows (small rows gathered from the ring)"},
     {"check_page", fr_check_page, METH_VARARGS, "check_page(buf, o_ok, n, N, ok_out) -> bool"},
     {NULL, NULL, 0, NULL},
 };

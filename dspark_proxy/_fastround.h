@@ -80,5 +80,7 @@ PyObject *fr_check_page(PyObject *mod, PyObject *args);
 PyObject *fr_read_round(PyObject *mod, PyObject *args);
 PyObject *fr_advance(PyObject *mod, PyObject *args);
 PyObject *fr_fill_entries(PyObject *mod, PyObject *args);
+PyObject *fr_ring_runs(PyObject *mod, PyObject *args);
+PyObject *fr_ring_gather(PyObject *mod, PyObject *args);
 
 #endif

@@ -294,3 +294,142 @@ fail:
     release_all(all);
     return NULL;
 }
+
+/* ------------------------------------------------------------------ proxy: ring_runs */
+
+/* ring_runs(base, slots, first_pos, n_rows, W, row_bytes) -> list of memoryviews
+ * The STEP's rows straight from the engine's shared ring (ring_rows.py RingRows.runs is the reference):
+ * entry i's rows are positions first_pos[i] .. + n_rows[i] - 1 of slot slots[i], held at
+ * ring[slot * W + pos % W]; each entry is at most two runs (the block wraps once), and a run that
+ * continues the previous one in memory is merged into it. `base` is a 1-D byte memoryview of the ring:
+ * each run is a slice of it, so the mapping stays alive while a run does. Bad slots or counts raise. */
+PyObject *fr_ring_runs(PyObject *mod, PyObject *args) {
+    PyObject *base, *o[3];
+    Py_ssize_t W, B;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "OOOOnn", &base, &o[0], &o[1], &o[2], &W, &B))
+        return NULL;
+    if (W <= 0 || B <= 0) {
+        PyErr_SetString(PyExc_ValueError, "ring_runs: W and row_bytes must be > 0");
+        return NULL;
+    }
+    Py_ssize_t total = PyObject_Length(base);
+    if (total < 0)
+        return NULL;
+    Py_buffer b[3];
+    memset(b, 0, sizeof b);
+    Py_buffer *all[4] = {&b[0], &b[1], &b[2], NULL};
+    PyObject *out = NULL;
+    if (get_arr(o[0], &b[0], 8, 0, 0, "slots") < 0)
+        goto done;
+    Py_ssize_t k = b[0].len / 8;
+    if (get_arr(o[1], &b[1], 8, k, 0, "first_pos") < 0 || get_arr(o[2], &b[2], 8, k, 0, "n_rows") < 0)
+        goto done;
+    const int64_t *slots = b[0].buf, *first = b[1].buf, *nrows = b[2].buf;
+    Py_ssize_t M = total / (W * B);
+    out = PyList_New(0);
+    if (!out)
+        goto done;
+    Py_ssize_t run_lo = -1, run_hi = -1; /* byte range of the run being built */
+    for (Py_ssize_t i = 0; i <= k; i++) {
+        Py_ssize_t parts = 0, lo[2] = {0, 0}, hi[2] = {0, 0};
+        if (i < k) {
+            int64_t s = slots[i], c = nrows[i];
+            if (s < 0 || s >= M || c < 0 || c > W) {
+                PyErr_Format(PyExc_ValueError, "ring_runs: entry %zd: slot %lld or rows %lld outside the ring", i,
+                             (long long)s, (long long)c);
+                Py_CLEAR(out);
+                goto done;
+            }
+            if (c == 0)
+                continue;
+            int64_t a = pmod(first[i], W);
+            Py_ssize_t blk = (Py_ssize_t)s * W;
+            if (a + c <= W) {
+                lo[0] = (blk + a) * B, hi[0] = (blk + a + c) * B, parts = 1;
+            } else {
+                lo[0] = (blk + a) * B, hi[0] = (blk + W) * B;
+                lo[1] = blk * B, hi[1] = (blk + a + c - W) * B, parts = 2;
+            }
+        }
+        for (Py_ssize_t p = 0; p < (i < k ? parts : 1); p++) {
+            if (i < k && run_hi == lo[p]) { /* continues the run in memory */
+                run_hi = hi[p];
+                continue;
+            }
+            if (run_lo >= 0) {
+                PyObject *v = PySequence_GetSlice(base, run_lo, run_hi);
+                if (!v || PyList_Append(out, v) < 0) {
+                    Py_XDECREF(v);
+                    Py_CLEAR(out);
+                    goto done;
+                }
+                Py_DECREF(v);
+            }
+            run_lo = i < k ? lo[p] : -1, run_hi = i < k ? hi[p] : -1;
+        }
+    }
+done:
+    release_all(all);
+    return out;
+}
+
+/* ------------------------------------------------------------------ proxy: ring_gather */
+
+/* ring_gather(ring, slots, first_pos, n_rows, W, row_bytes, out) -> rows written
+ * Small rows: every entry's rows, in order, copied from the shared ring into `out` (ring_rows.py
+ * RingRows.gather is the reference: the same bytes). Bad slots or counts, or an `out` too small, raise. */
+PyObject *fr_ring_gather(PyObject *mod, PyObject *args) {
+    PyObject *o_ring, *o_out, *o[3];
+    Py_ssize_t W, B;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "OOOOnnO", &o_ring, &o[0], &o[1], &o[2], &W, &B, &o_out))
+        return NULL;
+    if (W <= 0 || B <= 0) {
+        PyErr_SetString(PyExc_ValueError, "ring_gather: W and row_bytes must be > 0");
+        return NULL;
+    }
+    Py_buffer br = {0}, bo = {0}, b[3];
+    memset(b, 0, sizeof b);
+    Py_buffer *all[6] = {&br, &bo, &b[0], &b[1], &b[2], NULL};
+    Py_ssize_t done = -1;
+    if (get_arr(o_ring, &br, 1, 0, 0, "ring") < 0 || get_arr(o_out, &bo, 1, 0, 1, "out") < 0 ||
+        get_arr(o[0], &b[0], 8, 0, 0, "slots") < 0)
+        goto fail;
+    Py_ssize_t k = b[0].len / 8, M = br.len / (W * B);
+    if (get_arr(o[1], &b[1], 8, k, 0, "first_pos") < 0 || get_arr(o[2], &b[2], 8, k, 0, "n_rows") < 0)
+        goto fail;
+    const int64_t *slots = b[0].buf, *first = b[1].buf, *nrows = b[2].buf;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (slots[i] < 0 || slots[i] >= M || nrows[i] < 0 || nrows[i] > W) {
+            PyErr_Format(PyExc_ValueError, "ring_gather: entry %zd: slot %lld or rows %lld outside the ring", i,
+                         (long long)slots[i], (long long)nrows[i]);
+            goto fail;
+        }
+        total += nrows[i];
+    }
+    if (total * B > bo.len) {
+        PyErr_SetString(PyExc_ValueError, "ring_gather: out holds fewer rows than the entries");
+        goto fail;
+    }
+    const char *ring = br.buf;
+    char *dst = bo.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < k; i++) {
+        int64_t c = nrows[i], a = pmod(first[i], W);
+        const char *blk = ring + (size_t)slots[i] * W * B;
+        int64_t c1 = a + c <= W ? c : W - a;
+        memcpy(dst, blk + a * B, (size_t)(c1 * B));
+        dst += c1 * B;
+        if (c > c1) {
+            memcpy(dst, blk, (size_t)((c - c1) * B));
+            dst += (c - c1) * B;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    done = total;
+fail:
+    release_all(all);
+    return done < 0 ? NULL : PyLong_FromSsize_t(done);
+}

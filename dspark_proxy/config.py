@@ -278,6 +278,9 @@ class ProxyConfig(LayoutConfig):
                                 _Range(1, math.inf))
     resync_per_round: int | None = _opt(None, "Most resync windows staged per round (default: derived from "
                                         "the staging budget).", _Range(1, math.inf))
+    segment_rows: bool = _opt(False, "Keep a staging and resync windows' rows in the segment, for engines whose "
+                              "ring is private (DSPARK_SHARED_RING=0, or a /dev/shm too small for it); by "
+                              "default rows are sent from the engine's shared ring.")
     breaker_threshold: int = _opt(3, "Consecutive failed rounds that open the circuit breaker.",
                                   _Range(1, math.inf))
     breaker_cooldown: int = _opt(50, "Rounds the open breaker keeps the network off before one probe round.",

@@ -89,7 +89,10 @@ class InProcessClient:
             if out.sampled_mask is not None:
                 self._drafter.fill_sampled(out, self._idx[:k], sample_meta["temperature"])
         else:
-            flat = rows[0] if len(rows) == 1 else np.concatenate(rows)
+            # parts are [k, row_bytes] arrays (the staging) or flat byte views (runs of the shared ring)
+            parts = [np.asarray(r, dtype=np.uint8).reshape(-1, self.row_bytes) for r in rows]
+            flat = parts[0] if len(parts) == 1 else (np.concatenate(parts) if parts else
+                                                      np.zeros((0, self.row_bytes), np.uint8))
             if flat.shape[0] != n_rows:
                 return StepOutcome(False, "bad_reply", None, 0.0)
             serve_step(self._session, entries, flat, sample_meta if out.sampled_mask is not None else None, out,

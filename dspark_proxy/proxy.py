@@ -41,7 +41,8 @@ STATS_IDLE_EVERY_S = 5.0
 def layout_params(cfg: ProxyConfig) -> LayoutParams:
     c = cfg.resolved()
     return LayoutParams(max_reqs=c.max_reqs, num_spec=c.num_spec, window=c.window, row_bytes=c.row_bytes,
-                        max_rows=int(c.max_rows), resync_per_round=int(c.resync_per_round), sampled=c.sampled)
+                        max_rows=int(c.max_rows), resync_per_round=int(c.resync_per_round), sampled=c.sampled,
+                        segment_rows=c.segment_rows)
 
 
 class _Heartbeat:

@@ -8,8 +8,9 @@ RoundCore keeps their order, and each job lives in its own module:
   pacing.py) -> preempted? -> STEP (wire/step.py) -> accept reply -> pack page (reply_page.py) -> publish
 
 Invariants kept from the seed (and why):
-- The round only READS the staging and the resync windows. The watchdog can fail round t while we
-  are in it and the engine then refills the staging for t+1; a proxy that wrote there would corrupt
+- The round only READS the rows (the engine's shared ring, or the staging and the resync windows of a
+  private one; its mapping of the ring is read-only). The watchdog can fail round t while we
+  are in it and the engine then rewrites them for t+1; a proxy that wrote there would corrupt
   a later round. A late round reads torn rows at worst, and then loses its claim: every slot is marked
   dirty so the worker's copies are rebuilt.
 - The ring model is applied for every round the engine ran, whatever happens to the round (open
@@ -56,6 +57,7 @@ from .pacing import LinkPacer
 from .reply_page import PagePacker
 from .resync_plan import ResyncPlanner
 from .ring_model import Advance, SlotTable
+from .ring_rows import RingRows
 from .shm import hostflag as hf
 from .shm.hostflag import HostFlags
 from .shm.layout import (
@@ -119,6 +121,8 @@ class RoundCore:
         self.win = WindowAsker(seg)  # the resync request we write, the windows the engine staged
         self.resync = ResyncPlanner(self.desc, self.win, self.slots, self.pacer, stats, seg.staging)
         self.want_resync = self.resync.want  # slots whose ring window we asked for
+        self.ring_rows = RingRows(seg, self.native)  # the engine's shared ring, once it names one
+        self._shared: bool | None = None  # rows from the shared ring (True) or the staging; None: not yet read
         self._last_epoch: int | None = None
         self.packer = PagePacker(self.lay.reply, self.N, settings.n_out_table)  # the reply page
         self.page = self.packer.page
@@ -147,6 +151,8 @@ class RoundCore:
         try:
             n = self.desc.read(t)
             phase = self._phase()
+            if self._shared is None:  # the engine named its ring (or none) before `attached`
+                self._shared = self.ring_rows.open()
             self._run(t, n, phase)
         except BadDescriptor as e:
             self.stats.inc("fallback_bad_descriptor")
@@ -263,7 +269,13 @@ class RoundCore:
             ent["flags"] = flags[sel]
             ent["k_window"] = np.minimum(v.k_window[sel], 255)
             ent["n_out"] = n_out
-        if have_win is None:
+        if self._shared:  # straight from the engine's ring: the rows were written once, there
+            e_first = first_pos[sel] if have_win is None else np.where(have_win, plan.held_first, first_pos)[sel]
+            rows = self.ring_rows.views(e_slots, e_first, e_rows)
+            if have_win is not None and np.count_nonzero(have_win):
+                st.inc("resync_rounds")
+                st.inc("resync_rows", int(e_rows[have_win[sel]].sum()))
+        elif have_win is None:
             rows = [self.seg.staging[:n_rows]]  # the entries' rows: a prefix of the staging
         else:
             rows = self.resync.row_views(idx, have_win, w_of, e_first, e_rows, staged)

@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+from dspark_proxy.shm import ring_shm
 from dspark_proxy.shm.segment import DEFAULT_NAME, LayoutMismatch, Segment, SegmentError, owner_alive
 
 from .attach import AttachState
@@ -126,7 +127,7 @@ def _check_existing(name: str | None, max_reqs: int, num_spec: int, window: int,
         if not owner_alive(int(h["owner_pid"]), int(h["owner_start_ticks"])):
             return  # a dead proxy's leftover: its successor replaces it, and the watchdog checks that one
         seg.check_params(max_reqs=max_reqs, num_spec=num_spec, window=window, row_bytes=row_bytes,
-                         sampled=sampled)
+                         sampled=sampled, segment_rows=None if ring_shm.enabled() else True)
     finally:
         seg.close()
 

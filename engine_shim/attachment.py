@@ -18,6 +18,7 @@ from dspark_proxy.events import EventRing, watchdog_event
 from dspark_proxy.shm import hostflag as hf
 from dspark_proxy.shm.hostflag import HostFlags
 from dspark_proxy.shm.layout import Word
+from dspark_proxy.shm.ring_shm import write_ring_name
 from dspark_proxy.shm.segment import Segment, owner_alive
 from dspark_proxy.shm.target import write_engine_target
 from dspark_proxy.stats import Stats
@@ -36,8 +37,9 @@ class Attachment:
 
     def __init__(self, ring: EngineRing, counters: Stats, events: EventRing, sampled: bool,
                  on_attached: Callable[[Segment, HostFlags], None], deadline_ms: Callable[[], float],
-                 target_id: str = "") -> None:
+                 target_id: str = "", ring_name: str = "") -> None:
         self._ring, self._counters, self._events, self._sampled = ring, counters, events, sampled
+        self._ring_name = ring_name  # the shared ring's object, named to each proxy ("" = private ring)
         self._target_id = target_id  # named to the proxy at each claim (dspark_proxy/shm/target.py)
         self._on_attached = on_attached  # the shim's watchdog watches round t's deadline from attach on
         self._deadline_ms = deadline_ms  # for the log line only
@@ -90,12 +92,13 @@ class Attachment:
         # an incarnation that is taken while its engine's pid is still 0 (shm_layout.md §7)
         if hf.cas(seg.mm, seg.layout.word_off(Word.ENGINE_PID), 0, os.getpid()):
             write_engine_target(seg.mm, self._target_id)  # before `attached`: the proxy reads it after
+            write_ring_name(seg.mm, self._ring_name)  # likewise (shm/ring_shm.py)
             hf.store(seg.mm, seg.layout.word_off(Word.ATTACHED), t)
             flags = HostFlags(seg, peer_pid=int(seg.header["owner_pid"]))
             flags.rebase(t)  # the handshake: the proxy's first round is t
             self.seg, self.flags = seg, flags
             self._on_attached(seg, flags)
-            self.writer = RoundWriter(seg, self._ring, self._counters, self._sampled)
+            self.writer = RoundWriter(seg, self._ring, self._counters, self._sampled, bool(self._ring_name))
             self._move(AttachEvent.ATTACH_OK)
             self._counters.inc("attaches")
             self.incarnation = seg.incarnation

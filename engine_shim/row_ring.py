@@ -7,8 +7,8 @@ believes are held are, row for row, the positions written here.
 
 Layout: ``rows[slot, pos % W]`` holds the row of position ``pos`` — the ring layout itself, which is
 also the layout of a staged resync window, so staging one is a single contiguous copy of the slot's
-block. The block is allocated with ``np.zeros``: the kernel maps untouched pages lazily, so slots the
-engine never uses cost no memory.
+block. The rows are the engine's shared ring by default (shm/ring_shm.py: the proxy sends from them,
+so each row is written once); a private ring is an anonymous mapping whose untouched pages cost nothing.
 
 Cost (measured, n = 256 requests, 910 rows, W = 128): write about 24 us with 16-byte rows, all but
 ~2 us of it bookkeeping; with 71,680-byte rows it is the 65 MB copy (about 5 ms on this CPU).
@@ -51,7 +51,10 @@ class EngineRing:
     C call (_fastround.ring_write) applying the same rules (dspark_proxy/native.py); this is its reference.
     """
 
-    def __init__(self, max_slots: int, window: int, row_bytes: int, native: bool = False) -> None:
+    def __init__(self, max_slots: int, window: int, row_bytes: int, native: bool = False,
+                 buf: np.ndarray | None = None) -> None:
+        """``buf``: the memory of the rows, uint8 [max_slots * window * row_bytes] (the engine's shared
+        ring, shm/ring_shm.py, which the proxy sends from); None: private, lazily zeroed memory."""
         self.native = native
         if row_bytes <= 0:
             raise ValueError(f"row_bytes must be > 0, got {row_bytes}")
@@ -59,7 +62,10 @@ class EngineRing:
         self.max_slots = self.table.max_slots
         self.W = self.table.W
         self.row_bytes = int(row_bytes)
-        self.rows = _lazy_zeros(self.max_slots * self.W * self.row_bytes).reshape(
+        nbytes = self.max_slots * self.W * self.row_bytes
+        if buf is not None and (buf.dtype != np.uint8 or buf.shape != (nbytes,)):
+            raise ValueError(f"ring buffer must be uint8 [{nbytes}], got {buf.dtype} {buf.shape}")
+        self.rows = (_lazy_zeros(nbytes) if buf is None else buf).reshape(
             self.max_slots, self.W, self.row_bytes)
         self._row_t = np.dtype((np.void, self.row_bytes))
         self._flat = self.rows.view(self._row_t).reshape(self.max_slots * self.W)
@@ -118,6 +124,13 @@ class EngineRing:
                                     np.ascontiguousarray(first_pos), np.ascontiguousarray(valid),
                                     np.ascontiguousarray(rows), self.W, self.row_bytes)
         return first_pos + valid
+
+    def window_range(self, slot: int) -> tuple[int, int, int]:
+        """``(generation, lo, hi)`` of what the slot's block holds now (a shared ring's window record)."""
+        s, t = int(slot), self.table
+        if not 0 <= s < self.max_slots:
+            raise IndexError(f"slot {s} out of range [0, {self.max_slots})")
+        return int(t.generation[s]), int(t.lo[s]), int(t.hi[s])
 
     def stage_window(self, slot: int, dst_rows: np.ndarray) -> tuple[int, int, int]:
         """Copy the slot's whole ring block (W rows, indexed by position % W) into ``dst_rows``

@@ -20,6 +20,7 @@ import numpy as np
 
 from dspark_proxy import native
 from dspark_proxy.events import EventRing, watchdog_event
+from dspark_proxy.shm import ring_shm
 from dspark_proxy.shm.hostflag import (
     FAR_AHEAD,
     PAGE_OK,
@@ -30,7 +31,7 @@ from dspark_proxy.shm.hostflag import (
     HostFlags,
 )
 from dspark_proxy.shm.layout import META_SLOTS, ReplyPageLayout, Word
-from dspark_proxy.shm.segment import Segment
+from dspark_proxy.shm.segment import DEFAULT_NAME, Segment
 from dspark_proxy.shm.target import check_target_id
 from dspark_proxy.stats import Stats
 
@@ -62,12 +63,15 @@ class Shim:
         self.counters = Stats()  # the shim's own counters and events; stats() is the snapshot
         self.events = EventRing(events_kept)
         self.native = native.enabled()  # the C hot paths (the default) or the Python reference model
-        self.ring = EngineRing(max_reqs, window, row_bytes, self.native)
+        self._shared = self._shared_ring(max_reqs * window * row_bytes)  # None: the ring is private
+        self.shared_ring = self._shared is not None
+        self.ring = EngineRing(max_reqs, window, row_bytes, self.native,
+                               None if self._shared is None else self._shared.array)
         self._inputs = EnqueueInputs(max_reqs, window, row_bytes, sampled, self.native)  # validated, as numpy
         self._reader = ReplyReader(ReplyPageLayout(max_reqs, num_spec, sampled), self.native)
         self.target_id = check_target_id(target_id or "")  # the target model, told to the proxy's HELLO
         self._att = Attachment(self.ring, self.counters, self.events, sampled, self._watch, self.deadline_ms,
-                               self.target_id)
+                               self.target_id, "" if self._shared is None else self._shared.shm_name)
         self._t = 0  # last round enqueued
         self._n = 0  # its number of requests
         self._round_attached = False  # round _t went through the segment
@@ -283,6 +287,19 @@ class Shim:
 
     # ------------------------------------------------------------------ lifecycle
 
+    def _shared_ring(self, nbytes: int) -> ring_shm.SharedRing | None:
+        """The engine's ring in shared memory, so rows cross the engine side once (shm/ring_shm.py);
+        None when switched off or when /dev/shm cannot hold it: the engine then keeps a private ring
+        and copies each round's rows into the staging as well (slower, nothing lost)."""
+        if not ring_shm.enabled():
+            return None
+        try:
+            return ring_shm.SharedRing(self.name or DEFAULT_NAME, nbytes)
+        except (ring_shm.RingError, OSError) as e:
+            log.warning("[shim] %s: keeping the ring private (rows copied twice)", e)
+            self.counters.inc("shared_ring_refused")
+            return None
+
     def stats(self) -> dict:
         """The shim's statistics: counters, latencies, attach state, the round, the last 64 events."""
         snap = self.counters.snapshot()
@@ -305,6 +322,8 @@ class Shim:
         self.watchdog.stop()
         self.watchdog.join(timeout=2.0)
         self._att.close()
+        if self._shared is not None:
+            self._shared.close()
         for fn in self.on_close:
             fn()
 

@@ -277,7 +277,8 @@ class Watchdog:
                 return
             try:
                 seg.check_params(max_reqs=shim.max_reqs, num_spec=shim.num_spec, window=shim.window,
-                                 row_bytes=shim.row_bytes, sampled=shim.sampled)
+                                 row_bytes=shim.row_bytes, sampled=shim.sampled,
+                                 segment_rows=None if shim.shared_ring else True)  # a private ring needs them
             except LayoutMismatch as e:
                 if inc not in self._mismatch_logged:
                     self._mismatch_logged.add(inc)

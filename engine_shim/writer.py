@@ -1,5 +1,6 @@
 """The engine's writes of one round into the attached segment, in the order the proxy relies on:
-the staging rows, the metadata slot, the resync windows asked for, the descriptor slot; `gathered` is
+the staging rows (a private ring only: with the shared ring the rows are already where the proxy reads
+them), the metadata slot, the resync windows asked for, the descriptor slot; `gathered` is
 raised by the shim after all of them (shm_layout.md §5). The protocols themselves are shm/stamped.py
 (the slots) and shm/resync.py (the windows); this is the engine thread's, one per attached segment.
 """
@@ -24,15 +25,18 @@ class RoundWriter:
     `native` choice, the staging, meta and desc are one C call (_fastround.write_round), after the
     windows; the bytes are the same (every one is published by the `gathered` raised after them all)."""
 
-    def __init__(self, seg: Segment, ring: EngineRing, counters: Stats, sampled: bool) -> None:
-        self.seg, self.sampled = seg, sampled
+    def __init__(self, seg: Segment, ring: EngineRing, counters: Stats, sampled: bool, shared: bool = False) -> None:
+        """``shared``: the ring is the engine's shared ring (shm/ring_shm.py), named in the segment's
+        header: the proxy sends the rows from it, so nothing is copied into the staging or the windows."""
+        self.seg, self.sampled, self.shared = seg, sampled, shared
         self.slots = SlotWriter(seg)
-        self.stager = WindowStager(seg, ring, counters)
+        self.stager = WindowStager(seg, ring, counters, shared)
         self.native = ring.native
         lay = seg.layout
         self._moffs, self._doffs = native.meta_offsets(lay.meta_dtype), native.desc_offsets(lay.desc_dtype)
         self._staging_off = lay.staging
         self._no_staged = np.zeros(0, dtype=np.int64)
+        self._no_rows = np.zeros((0, seg.params.row_bytes), dtype=np.uint8)
 
     def write(self, t: int, n: int, a: dict[str, np.ndarray]) -> tuple[int, int]:
         """Round t of n requests; returns (rows staged, longest query) for the round's events."""
@@ -55,11 +59,11 @@ class RoundWriter:
             s = self.sampled
             native.fastround.write_round(
                 seg.mm, seg.layout.meta_off(t), seg.layout.desc_off(t), self._moffs, self._doffs, t, n, rows_staged,
-                k, max_q, st, self._staging_off, a["rows"][:rows_staged], valid, a["first_pos"], a["anchor"],
+                k, max_q, st, self._staging_off, self._no_rows if self.shared else a["rows"][:rows_staged], valid, a["first_pos"], a["anchor"],
                 a["sampled"], a["seed"] if s else None, a["temperature"] if s else None, a["req_ids"], a["slots"], qsl,
                 a["need_draft"], a["k_window"], p.max_reqs, p.resync_per_round)
             return rows_staged, max_q
-        if rows_staged:
+        if rows_staged and not self.shared:
             seg.staging[:rows_staged] = a["rows"][:rows_staged]
         self.slots.write_meta(t, n, rows_staged, k, a, self.sampled)
         staged = self.stager.stage(t, a["slots"])  # a bounded number of windows, once per request

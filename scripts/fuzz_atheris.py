@@ -112,9 +112,11 @@ def _new_name(tag: str) -> str:
 def _cleanup() -> None:
     import posix_ipc
 
+    from dspark_proxy.shm.ring_shm import unlink_rings
     from dspark_proxy.shm.segment import shm_name
 
     for n in _names:
+        unlink_rings(n)
         try:
             posix_ipc.unlink_shared_memory(shm_name(n))
         except posix_ipc.ExistentialError:

@@ -27,7 +27,11 @@ _counter = iter(range(1 << 30))
 
 
 def _unlink(name: str) -> bool:
-    """Remove /dev/shm/dspark-proxy.<name>; True if it was there."""
+    """Remove /dev/shm/dspark-proxy.<name> (True if it was there) and the engines' rings of that name
+    (a shim of a child process killed mid-test never closes its own)."""
+    from dspark_proxy.shm.ring_shm import unlink_rings
+
+    unlink_rings(name)
     try:
         posix_ipc.unlink_shared_memory(f"/{_SHM_PREFIX}{name}")
     except posix_ipc.ExistentialError:

@@ -48,7 +48,8 @@ class ScriptedClient(InProcessClient):
             self.raise_next = False
             raise RuntimeError("injected client bug")
         self.sent_entries.append(entries.copy())
-        self.sent_rows.append(np.concatenate(kw["rows"]) if kw["rows"] else np.zeros((0, self.row_bytes), np.uint8))
+        parts = [np.asarray(r, dtype=np.uint8).reshape(-1, self.row_bytes) for r in kw["rows"]]  # views of the ring too
+        self.sent_rows.append(np.concatenate(parts) if parts else np.zeros((0, self.row_bytes), np.uint8))
         if self.fail_reason is not None:
             return StepOutcome(False, self.fail_reason, None, 10.0)
         return super().step(prefix, entries, n_rows, **kw)

@@ -106,7 +106,7 @@ def test_quick_json_has_every_section_with_numbers(quick_run: dict) -> None:
     assert abs(sum(regions.values()) - m["segment"]["total_mb"]) < 1.0
     for who in ("proxy", "worker"):
         assert m[who]["after_rounds"]["vm_rss"] > 0 and _num(m[who]["after_rounds"]["own_mb"])
-    assert m["proxy"]["after_rounds"]["rss_shmem"] > 0  # it sent rows straight from the staging
+    assert m["proxy"]["after_rounds"]["rss_shmem"] > 0  # it sent rows straight from the engine's shared ring
     assert _num(m["engine"]["shim_added_mb"])
     for k in ("proxy_pct_core", "engine_process_pct_core", "shim_watchdog_pct_core"):
         assert _num(m["idle"][k]) and m["idle"][k] >= 0

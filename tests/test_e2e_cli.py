@@ -283,7 +283,7 @@ def test_start_with_too_little_shared_memory_fails_clearly(seg_name):
         pytest.skip(f"cannot mount a private /dev/shm here: {probe.stderr.strip()[:200]}")
     cmd = (f"mount -t tmpfs -o size=2m tmpfs /dev/shm && exec {sys.executable} -m dspark_proxy.cli start "
            f"--name {seg_name} --worker inproc --max-reqs 64 --num-spec 5 --window 16 --row-bytes 4096 "
-           f"--log-level WARNING")
+           f"--segment-rows --log-level WARNING")  # with the staging: a segment larger than 2 MiB
     out = subprocess.run([unshare, "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=60)
     from dspark_proxy.exitcodes import EXIT_STARTUP_FAILURE
 

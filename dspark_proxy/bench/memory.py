@@ -5,8 +5,9 @@
   proxy's own memory is VmRSS - RssShmem) after start and after a few decode rounds of 256 requests.
 - The shim's added memory in the engine process: this process's VmRSS before attaching (the
   benchmark's own input rows already allocated), after attaching, and after the rounds. The engine
-  ring ([M, W, row_bytes], zero pages until written) and the worker's windows grow with the rows
-  written, up to M x W x row_bytes each; that bound is reported next to the measured figure.
+  ring ([M, W, row_bytes]) is shared memory reserved and mapped when the shim is made (RssShmem; a
+  private ring, DSPARK_SHARED_RING=0, grows with the rows written), the worker's windows grow with the
+  rows written; M x W x row_bytes is reported next to the measured figures.
 - Idle: the engine stays attached and does nothing for 10 s (--quick: 2 s); CPU used meanwhile by the
   proxy (all threads, /proc/<pid>/task/*/schedstat), by the worker, by this whole process (the
   shim's watchdog thread and nothing else runs) and by the watchdog thread alone (its CPU-time

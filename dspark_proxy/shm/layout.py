@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 MAGIC = int.from_bytes(b"DSPKPRXY", "little")
-LAYOUT_VERSION = 2  # 2: the resync request names its round; the reply page's per-request word is n_drafts
+LAYOUT_VERSION = 3  # 3: the engine names its shared ring (header bytes 2304..2431); 2: resync request round, n_drafts
 META_SLOTS = 64  # round t's metadata and descriptor live in slot t % 64
 PAGE = 4096
 CACHE_LINE = 64
@@ -102,12 +102,14 @@ HEADER_DTYPE = np.dtype(
         ("owner_start_ticks", "<u8"),  # /proc/<pid>/stat starttime: tells a reused pid from the owner
         ("start_time_ns", "<i8"),  # wall clock at creation (status display)
         ("incarnation", "<u8"),
+        ("segment_rows", "<u4"),  # 1: the staging and the windows' rows are here (a private engine ring)
     ]
 )
 HEADER_BYTES = PAGE
 assert HEADER_DTYPE.itemsize <= HEADER_BYTES
 
-_LAYOUT_FIELDS = ("max_reqs", "num_spec", "window", "row_bytes", "max_rows", "resync_per_round", "sampled")
+_LAYOUT_FIELDS = ("max_reqs", "num_spec", "window", "row_bytes", "max_rows", "resync_per_round", "sampled",
+                  "segment_rows")
 _HEADER_NAMES = {"max_reqs": "max_slots"}  # a parameter whose header field keeps its on-disk name
 
 
@@ -146,6 +148,9 @@ class LayoutParams:
     max_rows: int  # rows the gather staging holds per round
     resync_per_round: int  # R: ring windows the engine stages per round on request
     sampled: bool = False
+    # the staging and the resync windows' rows are in the segment, for an engine whose ring is private;
+    # without them (the proxy's default) rows are read from the engine's shared ring only (§1)
+    segment_rows: bool = True
 
     def __post_init__(self) -> None:
         for name, lo, hi in (("max_reqs", 1, 1 << 20), ("num_spec", 1, 255), ("window", 1, 1 << 16),
@@ -164,7 +169,8 @@ class LayoutParams:
 
     @classmethod
     def from_header(cls, h: np.void) -> LayoutParams:
-        return cls(**{f.name: (bool(h[f.name]) if f.name == "sampled" else int(h[header_name(f.name)]))
+        flags = ("sampled", "segment_rows")
+        return cls(**{f.name: (bool(h[f.name]) if f.name in flags else int(h[header_name(f.name)]))
                       for f in fields(cls)})
 
 
@@ -273,7 +279,7 @@ class Layout:
         self.reply = ReplyPageLayout(M, p.num_spec, p.sampled)
         self.meta_dtype = meta_dtype(M)
         self.desc_dtype = desc_dtype(M, R)
-        self.window_dtype = window_dtype(W, p.row_bytes)
+        self.window_dtype = window_dtype(W if p.segment_rows else 0, p.row_bytes)  # 0: the record alone
         self.resync_req_dtype = resync_req_dtype(M)
 
         off = HEADER_BYTES
@@ -288,7 +294,7 @@ class Layout:
 
         self.words = put("words", Word.COUNT * WORD_STRIDE, PAGE)
         self.page = put("reply_page", self.reply.nbytes, PAGE)
-        self.staging = put("staging", p.max_rows * p.row_bytes, PAGE)
+        self.staging = put("staging", p.max_rows * p.row_bytes if p.segment_rows else 0, PAGE)
         self.meta = put("meta", META_SLOTS * self.meta_dtype.itemsize, PAGE)
         self.desc = put("desc", META_SLOTS * self.desc_dtype.itemsize, CACHE_LINE)
         self.resync_req = put("resync_req", self.resync_req_dtype.itemsize, CACHE_LINE)

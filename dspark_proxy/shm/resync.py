@@ -30,6 +30,7 @@ class _Counters(Protocol):
 
 class _Ring(Protocol):
     def stage_window(self, s: int, dst: np.ndarray) -> tuple[int, int, int]: ...
+    def window_range(self, s: int) -> tuple[int, int, int]: ...
 
 
 # ----------------------------------------------------------------------------------------- proxy side
@@ -97,8 +98,10 @@ class WindowAsker:
 class WindowStager:
     """The engine's half, for one attached segment: honour each request once."""
 
-    def __init__(self, seg: Segment, ring: _Ring, counters: _Counters) -> None:
-        self.seg, self.ring, self.counters = seg, ring, counters
+    def __init__(self, seg: Segment, ring: _Ring, counters: _Counters, shared: bool = False) -> None:
+        """``shared``: the proxy reads the rows from the engine's shared ring (shm/ring_shm.py): a staged
+        window is its record alone (stamp, slot, generation, lo, hi), no row is copied."""
+        self.seg, self.ring, self.counters, self.shared = seg, ring, counters, shared
         p, lay = seg.params, seg.layout
         self.M, self.window_bytes = p.max_reqs, p.window * p.row_bytes
         self._seq_off, self._req_off = lay.word_off(Word.RESYNC_SEQ), lay.resync_req
@@ -140,7 +143,7 @@ class WindowStager:
             if not in_round[s] or s in staged:
                 continue  # a request that left the batch: its window is of no use to anyone
             w = self.seg.windows[len(staged)]
-            gen, lo, hi = self.ring.stage_window(s, w["rows"])
+            gen, lo, hi = self.ring.window_range(s) if self.shared else self.ring.stage_window(s, w["rows"])
             w["slot"], w["generation"], w["lo"], w["hi"] = s, gen, lo, hi
             w["stamp"] = t
             staged.append(s)
@@ -150,7 +153,7 @@ class WindowStager:
         if len(staged) < len(want):
             c.inc("resync_windows_not_staged", len(want) - len(staged))
         if staged:
-            nbytes = self.bytes_last = len(staged) * self.window_bytes
+            nbytes = self.bytes_last = 0 if self.shared else len(staged) * self.window_bytes
             c.inc("resync_windows_staged", len(staged))
             c.inc("resync_bytes_staged", nbytes)
             if nbytes > c.gauge("resync_bytes_max_enqueue", 0):

@@ -32,6 +32,7 @@ from .layout import (
     Word,
     header_name,
 )
+from .ring_shm import reap_stale
 
 __all__ = ["SegmentError", "SegmentBusy", "LayoutMismatch", "Segment", "shm_name", "DEFAULT_NAME",
            "process_start_ticks", "owner_alive"]
@@ -156,7 +157,8 @@ class Segment:
         lay = layout
         p = lay.params
         self.header = np.ndarray((), HEADER_DTYPE, buffer=mm, offset=0)
-        self.staging = np.ndarray((p.max_rows, p.row_bytes), np.uint8, buffer=mm, offset=lay.staging)
+        self.staging = np.ndarray((p.max_rows if p.segment_rows else 0, p.row_bytes), np.uint8, buffer=mm,
+                                  offset=lay.staging)
         self.meta = np.ndarray((META_SLOTS,), lay.meta_dtype, buffer=mm, offset=lay.meta)
         self.desc = np.ndarray((META_SLOTS,), lay.desc_dtype, buffer=mm, offset=lay.desc)
         self.windows = np.ndarray((p.resync_per_round,), lay.window_dtype, buffer=mm, offset=lay.windows)
@@ -202,6 +204,7 @@ class Segment:
         seg.set_word(Word.HEARTBEAT_NS, _hostflag.monotonic_ns())
         seg.set_word(Word.STATE, State.STARTING)
         _hostflag.store_release(mm, 0, MAGIC)  # release: pairs with the acquire in open()'s magic check
+        reap_stale(name or DEFAULT_NAME)  # rings of engines that died without closing (shm/ring_shm.py)
         return seg
 
     @classmethod
