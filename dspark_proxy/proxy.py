@@ -33,7 +33,13 @@ __all__ = ["Proxy", "run_proxy", "layout_params"]
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_EVERY_S = 0.05
+# The idle cost is one wake per cadence (README, "Idle"). The heartbeat beats a tenth of the shim's
+# default 1 s heartbeat timeout while an engine is attached; before, nobody judges it (the shim's
+# watchdog reads it only once attached, and counts its age from the attach), so it beats once a
+# second. The round loop's waits come back this often to see stop and abandoned.
+HEARTBEAT_EVERY_S = 0.1
+HEARTBEAT_UNATTACHED_EVERY_S = 1.0
+WAIT_SLICE_S = 0.25
 STATS_EVERY_S = 0.25
 STATS_IDLE_EVERY_S = 5.0
 
@@ -50,6 +56,7 @@ class _Heartbeat:
     def __init__(self, proxy: Proxy) -> None:
         self.proxy = proxy
         self._stop = threading.Event()
+        self._kick = threading.Event()  # stop, or an engine attached: beat now, then at the fast cadence
         self._thread = threading.Thread(target=self._run, name="dspark-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -57,6 +64,10 @@ class _Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
+        self._kick.set()
+
+    def kick(self) -> None:
+        self._kick.set()
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
@@ -77,7 +88,9 @@ class _Heartbeat:
                         self.proxy.publish_stats(seg)
                 except (ValueError, RuntimeError, TypeError):
                     pass  # segment swapped under us, or a stats dict changed while iterated: next beat
-            self._stop.wait(HEARTBEAT_EVERY_S)
+            attached = seg is not None and self.proxy.core is not None
+            self._kick.wait(HEARTBEAT_EVERY_S if attached else HEARTBEAT_UNATTACHED_EVERY_S)
+            self._kick.clear()
 
 
 class Proxy:
@@ -173,7 +186,9 @@ class Proxy:
             if not self._stop.is_set():
                 self._finish_segment(State.DEAD)
             return
+        seg.set_word(Word.HEARTBEAT_NS, hf.monotonic_ns())  # beating slowly until now: a fresh beat
         core = self.core = RoundCore(seg, self.client, self.stats, self.events, self.breaker, self.settings)
+        self._heartbeat.kick()  # and the fast cadence from now on
         self._rebase(t0)
         self._name_target(seg)
         self.client.new_session(f"engine attached at round {t0}")
@@ -228,7 +243,7 @@ class Proxy:
     def _wait_attached(self, seg: Segment) -> int | None:
         off = seg.layout.word_off(Word.ATTACHED)
         while not self._stop.is_set():
-            if hf.wait_ge(seg.mm, off, 1, 0.1, 0):
+            if hf.wait_ge(seg.mm, off, 1, WAIT_SLICE_S, 0):
                 return seg.word(Word.ATTACHED)  # engine_pid came first: it is the attach claim
             if seg.word(Word.ABANDONED):  # claimed by an engine that died before storing attached
                 log.info("[proxy] incarnation %d abandoned before its first round: starting a new one",
@@ -243,7 +258,7 @@ class Proxy:
         t0 = time.monotonic()
         next_log = 30.0
         while not self._stop.is_set():
-            if flags.wait_gathered(t, 0.1):
+            if flags.wait_gathered(t, WAIT_SLICE_S):
                 return True
             if seg.word(Word.ABANDONED):
                 log.info("[proxy] incarnation %d abandoned by the engine at round %d: starting a new one",
