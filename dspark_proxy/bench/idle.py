@@ -15,13 +15,30 @@ at all); thread mode before and after rounds. The worker's own idle cost is repo
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 from .procs import cpu_s
 
-__all__ = ["IdleMeter", "idle_states", "worst_state"]
+__all__ = ["IdleMeter", "idle_states", "worst_state", "wakes"]
+
+
+def wakes(pid: int) -> int:
+    """Times the live threads of `pid` went to sleep of their own accord so far (the sum of
+    voluntary_ctxt_switches over /proc/<pid>/task/*/status): one per timed wait, whatever the load, so
+    it counts an idle process's wakes where CPU time prices them."""
+    n = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        n += int(line.split()[1])
+        except OSError:
+            pass  # the thread ended meanwhile
+    return n
 
 
 class IdleMeter:
@@ -31,11 +48,15 @@ class IdleMeter:
     def __init__(self, proxy_pid: int | None, worker_pid: int | None) -> None:
         self.proxy_pid, self.worker_pid = proxy_pid, worker_pid
 
-    def _now(self) -> tuple[float, float, float]:
+    def _now(self) -> tuple[float, ...]:
         def of(pid: int | None) -> float:
             return 0.0 if pid is None else cpu_s(pid)
 
-        return of(self.proxy_pid), of(self.worker_pid), time.process_time()
+        def woke(pid: int | None) -> float:
+            return 0.0 if pid is None else float(wakes(pid))
+
+        return (of(self.proxy_pid), of(self.worker_pid), time.process_time(), woke(self.proxy_pid),
+                woke(self.worker_pid), float(wakes(os.getpid())))
 
     def measure(self, seconds: float, settle_s: float = 1.0) -> dict[str, Any]:
         """After `settle_s` (the move into the state: a detach's log lines, the last rounds' statistics
@@ -53,6 +74,8 @@ class IdleMeter:
         out = {"seconds": round(wall, 2), "proxy_pct_core": pct(0), "worker_pct_core": pct(1),
                "engine_process_pct_core": pct(2)}
         out["proxy_plus_shim_pct_core"] = round(out["proxy_pct_core"] + out["engine_process_pct_core"], 3)
+        for i, who in ((3, "proxy"), (4, "worker"), (5, "engine_process")):
+            out[f"{who}_wakes_per_s"] = round((b[i] - a[i]) / wall, 1)
         return out
 
 
