@@ -164,3 +164,53 @@ def test_idle_thread_mode(seg_name, worker, ran):
                 max_wakes=32.0 if ran else 15.0)
     finally:
         shim.close()
+
+
+def test_a_leftover_segment_refused_once_is_not_opened_again(proxy, seg_name, monkeypatch):
+    """The detached watchdog's look costs one stat while the name still maps the segment it refused
+    (its killed proxy's, abandoned): it was opened, mapped and read ten times a second."""
+    from engine_shim import watchdog as wd
+
+    shim = engine_shim.attach(seg_name, timeout_s=10.0, look_every_s=0.02, **SHAPE)
+    try:
+        t = _rounds(shim)
+        proxy.kill()
+        end = time.monotonic() + 10
+        while shim.attached and time.monotonic() < end:
+            t = _rounds(shim, 1, t)
+            time.sleep(0.05)
+        assert not shim.attached
+        time.sleep(0.3)  # a few looks: the first one refuses it
+        opened = []
+        real = wd.Segment.open
+
+        def counting(name):
+            opened.append(name)
+            return real(name)
+
+        monkeypatch.setattr(wd.Segment, "open", staticmethod(counting))
+        time.sleep(0.5)  # ~25 looks
+        assert opened == [], f"the refused leftover was opened {len(opened)} times in 0.5 s"
+    finally:
+        shim.close()
+
+
+def test_a_killed_proxy_is_seen_at_once_while_idle(proxy, seg_name):
+    """Attached and idle, the watchdog sleeps between its checks (here 4 s: 2.5 looks of 2 s, under a
+    quarter of a 16 s heartbeat timeout); the proxy's pidfd wakes it as the proxy dies, so the death
+    is seen at once, not at the next check (before: at the next look, on average 1 s later here)."""
+    shim = engine_shim.attach(seg_name, timeout_s=10.0, look_every_s=2.0, heartbeat_timeout_s=16.0, **SHAPE)
+    try:
+        _rounds(shim)
+        time.sleep(0.5)  # into the watchdog's idle sleep
+        killed = time.monotonic()
+        proxy.kill()
+        end = killed + 5.0
+        while not any(e["how"] == "proxy_dead" for e in shim.events.dump()) and time.monotonic() < end:
+            time.sleep(0.005)
+        seen_after = time.monotonic() - killed
+        assert any(e["how"] == "proxy_dead" for e in shim.events.dump())
+        print(f"\nproxy_dead seen {seen_after * 1e3:.0f} ms after the kill")
+        assert seen_after < 0.15, seen_after  # the exit itself, plus scheduling on a loaded machine
+    finally:
+        shim.close()
