@@ -94,6 +94,7 @@ class Watchdog:
         self._rejected: tuple[int, int] | None = None  # (inode, ctime) of a segment refused for good
         self._wake_fds: tuple[int, int] | None = None  # a pipe: stop() ends the attached wait at once
         self._fds_lock = threading.Lock()
+        self._kick = threading.Event()  # stop(), or the engine thread attached: end a pending wait
         self._poller: tuple[tuple[int, ...], select.poll] | None = None  # for _sleep_attached
         self._mismatch_logged: set[int] = set()
         self._lost_incarnation: int | None = None  # on_dead ran for it: once per incarnation
@@ -109,6 +110,7 @@ class Watchdog:
 
     def stop(self) -> None:
         self._stop.set()
+        self._kick.set()
         with self._fds_lock:
             if self._wake_fds is not None:
                 try:
@@ -146,8 +148,11 @@ class Watchdog:
             self._look_for_proxy()
             # pending: nothing to do until the engine thread attaches at its next round (it then
             # starts the deadline watcher itself): the attached checks' cadence, not a faster one
-            pending = shim.state is AttachState.PENDING
-            self._stop.wait(self.check_every_s() if pending else shim.look_every_s)
+            if shim.state is AttachState.PENDING:
+                self._kick.wait(self.check_every_s())  # watch() kicks it as the engine attaches
+                self._kick.clear()
+            else:
+                self._stop.wait(shim.look_every_s)
             return
         if self._flags_seg is not seg:
             self._flags, self._flags_seg = HostFlags(seg), seg
@@ -215,6 +220,7 @@ class Watchdog:
             old = self._watcher
             self._watcher = flags.watcher(flags.load(Word.CLAIMED), int(self.shim.deadline_ms() * 1e6))
             self._watcher_seg = seg
+        self._kick.set()  # the attached checks begin now, not at the end of a pending wait
         if old is not None:
             self._retire(old)
 
