@@ -322,8 +322,8 @@ class Watchdog:
             return
         self._next_look = now + shim.look_every_s
         # one stat per look while nothing new is there: no name, or the same object we refused for
-        # good last time (abandoned, another layout, a dead owner, taken): a leftover of a killed
-        # proxy was opened, mapped and read ten times a second (README, "Idle")
+        # good last time (abandoned, another layout, a dead owner): a leftover of a killed proxy was
+        # opened, mapped and read ten times a second (README, "Idle")
         try:
             st = os.stat("/dev/shm" + shm_name(shim.name))
         except (OSError, ValueError):
@@ -365,6 +365,8 @@ class Watchdog:
                 # re-based backwards. A live engine's, mid-attach or not, is left alone.
                 if not owner_alive(engine, 0) or engine == _getpid():
                     seg.set_word(Word.ABANDONED, 1)
+                else:
+                    final = False  # a live engine's: looked at again, it may die and leave it
                 return
             ok = shim.offer(seg)
             final = False
