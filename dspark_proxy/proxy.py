@@ -76,6 +76,7 @@ class _Heartbeat:
         next_stats = 0.0
         last: tuple[object, int] = (None, -1)  # (segment, round) of the last snapshot published
         while not self._stop.is_set():
+            self._kick.clear()  # before the beat: a kick from here on ends the wait below
             seg = self.proxy.segment
             if seg is not None:
                 try:
@@ -90,7 +91,6 @@ class _Heartbeat:
                     pass  # segment swapped under us, or a stats dict changed while iterated: next beat
             attached = seg is not None and self.proxy.core is not None
             self._kick.wait(HEARTBEAT_EVERY_S if attached else HEARTBEAT_UNATTACHED_EVERY_S)
-            self._kick.clear()
 
 
 class Proxy:
@@ -179,6 +179,7 @@ class Proxy:
         self.incarnations += 1
         seg.set_word(Word.STATE, State.READY)
         self.ready.set()
+        self._heartbeat.kick()  # the new incarnation's first snapshot now, not at the next slow beat
         log.info("[proxy] ready name=%s incarnation=%d bytes=%d", self.cfg.name, seg.incarnation,
                  seg.layout.total_bytes)
         t0 = self._wait_attached(seg)

@@ -141,6 +141,7 @@ class Watchdog:
                 os.close(fd)
 
     def _tick(self) -> None:
+        self._kick.clear()  # before the state is read: a kick from here on ends the pending wait
         shim = self.shim
         seg = shim.segment
         if seg is None or shim.state is not AttachState.ATTACHED:
@@ -150,7 +151,6 @@ class Watchdog:
             # starts the deadline watcher itself): the attached checks' cadence, not a faster one
             if shim.state is AttachState.PENDING:
                 self._kick.wait(self.check_every_s())  # watch() kicks it as the engine attaches
-                self._kick.clear()
             else:
                 self._stop.wait(shim.look_every_s)
             return
