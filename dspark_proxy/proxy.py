@@ -83,8 +83,14 @@ class _Heartbeat:
                     seg.set_word(Word.HEARTBEAT_NS, hf.monotonic_ns())
                     now = time.monotonic()
                     seen = (seg, seg.word(Word.PROXY_ROUND))
+                    # a later incarnation's engine usually re-attaches within a look (0.1 s): its
+                    # first snapshot waits for that (the breaker re-based to the new engine's rounds)
+                    # or 1 s, so that no snapshot of it shows the previous engine's rounds
+                    p = self.proxy
+                    fresh = (p.core is None and p.incarnations > 1
+                             and now - p.ready_at < HEARTBEAT_UNATTACHED_EVERY_S)
                     # a snapshot costs ~1 ms of encoding: only when rounds ran (or now and then, idle)
-                    if now >= next_stats and (seen != last or now >= next_stats + STATS_IDLE_EVERY_S):
+                    if not fresh and now >= next_stats and (seen != last or now >= next_stats + STATS_IDLE_EVERY_S):
                         next_stats, last = now + STATS_EVERY_S, seen
                         self.proxy.publish_stats(seg)
                 except (ValueError, RuntimeError, TypeError):
@@ -127,6 +133,7 @@ class Proxy:
         self._stats_lock = threading.Lock()  # the stats block's one writer at a time
         self.incarnations = 0
         self.ready = threading.Event()  # set once the first incarnation is READY (tests, demo)
+        self.ready_at = 0.0  # when the current incarnation became READY (the heartbeat's first snapshot)
         self._last_log = 0
         self._last_round: int | None = None  # the previous engine's last round (rebasing the next one's)
         self._hang_asked = threading.Event()  # --fault-round-hang-ms: SIGUSR1 (or hang_round_loop()) sets it
@@ -179,7 +186,9 @@ class Proxy:
         self.incarnations += 1
         seg.set_word(Word.STATE, State.READY)
         self.ready.set()
-        self._heartbeat.kick()  # the new incarnation's first snapshot now, not at the next slow beat
+        self.ready_at = time.monotonic()
+        if self.incarnations == 1:
+            self._heartbeat.kick()  # the first snapshot at once (`status`, wait_connected)
         log.info("[proxy] ready name=%s incarnation=%d bytes=%d", self.cfg.name, seg.incarnation,
                  seg.layout.total_bytes)
         t0 = self._wait_attached(seg)
@@ -189,10 +198,10 @@ class Proxy:
             return
         seg.set_word(Word.HEARTBEAT_NS, hf.monotonic_ns())  # beating slowly until now: a fresh beat
         core = self.core = RoundCore(seg, self.client, self.stats, self.events, self.breaker, self.settings)
-        self._heartbeat.kick()  # and the fast cadence from now on
         self._rebase(t0)
         self._name_target(seg)
         self.client.new_session(f"engine attached at round {t0}")
+        self._heartbeat.kick()  # the fast cadence from now on, and a snapshot of the re-based state
         self.stats.inc("attaches")
         log.info("[proxy] engine attached incarnation=%d pid=%d round=%d", seg.incarnation,
                  seg.word(Word.ENGINE_PID), t0)
