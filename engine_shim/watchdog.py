@@ -7,7 +7,9 @@ Three jobs, escalating:
    claim when the engine gets there first; the CAS lets exactly one of them win.)
 2. The proxy: pid gone, heartbeat stale, round loop stuck (a gathered round not begun for the
    heartbeat timeout), state stopping/dead, segment abandoned or replaced by a new incarnation under
-   the same name: fail every round far ahead and hand the engine thread a detach.
+   the same name: fail every round far ahead and hand the engine thread a detach. Checked every
+   `check_every_s()` (2.5 looks, at most a quarter of the heartbeat timeout); the proxy's death wakes
+   the wait at once (its pidfd, liveness.py). Few wakes: an idle engine pays for each (README, "Idle").
 3. Detached: look for a ready incarnation every `look_every_s` (100 ms), validate it against the
    engine's parameters in this thread (not the engine's), and offer it; the engine thread attaches
    at its next round.
