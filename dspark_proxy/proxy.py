@@ -75,6 +75,7 @@ class _Heartbeat:
     def _run(self) -> None:
         next_stats = 0.0
         last: tuple[object, int] = (None, -1)  # (segment, round) of the last snapshot published
+        last_events = 0  # events recorded by then
         while not self._stop.is_set():
             self._kick.clear()  # before the beat: a kick from here on ends the wait below
             seg = self.proxy.segment
@@ -89,10 +90,13 @@ class _Heartbeat:
                     p = self.proxy
                     fresh = (p.core is None and p.incarnations > 1
                              and now - p.ready_at < HEARTBEAT_UNATTACHED_EVERY_S)
-                    # a snapshot costs ~1 ms of encoding: only when rounds ran (or now and then, idle)
-                    if not fresh and now >= next_stats and (seen != last or now >= next_stats + STATS_IDLE_EVERY_S):
-                        next_stats, last = now + STATS_EVERY_S, seen
-                        self.proxy.publish_stats(seg)
+                    # a snapshot costs ~1 ms of encoding: only when rounds ran (or now and then, idle),
+                    # and at the next beat after a new event (a fault's: rare, and read soon after it)
+                    evs = p.events.total
+                    due = now >= next_stats and (seen != last or now >= next_stats + STATS_IDLE_EVERY_S)
+                    if not fresh and (due or evs != last_events):
+                        next_stats, last, last_events = now + STATS_EVERY_S, seen, evs
+                        p.publish_stats(seg)
                 except (ValueError, RuntimeError, TypeError):
                     pass  # segment swapped under us, or a stats dict changed while iterated: next beat
             attached = seg is not None and self.proxy.core is not None
