@@ -33,7 +33,13 @@ __all__ = ["Proxy", "run_proxy", "layout_params"]
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_EVERY_S = 0.05
+# The idle cost is one wake per cadence (README, "Idle"). The heartbeat beats a tenth of the shim's
+# default 1 s heartbeat timeout while an engine is attached; before, nobody judges it (the shim's
+# watchdog reads it only once attached, and counts its age from the attach), so it beats once a
+# second. The round loop's waits come back this often to see stop and abandoned.
+HEARTBEAT_EVERY_S = 0.1
+HEARTBEAT_UNATTACHED_EVERY_S = 1.0
+WAIT_SLICE_S = 0.25
 STATS_EVERY_S = 0.25
 STATS_IDLE_EVERY_S = 5.0
 
@@ -51,6 +57,7 @@ class _Heartbeat:
     def __init__(self, proxy: Proxy) -> None:
         self.proxy = proxy
         self._stop = threading.Event()
+        self._kick = threading.Event()  # stop, or an engine attached: beat now, then at the fast cadence
         self._thread = threading.Thread(target=self._run, name="dspark-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -58,6 +65,10 @@ class _Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
+        self._kick.set()
+
+    def kick(self) -> None:
+        self._kick.set()
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
@@ -65,20 +76,32 @@ class _Heartbeat:
     def _run(self) -> None:
         next_stats = 0.0
         last: tuple[object, int] = (None, -1)  # (segment, round) of the last snapshot published
+        last_events = 0  # events recorded by then
         while not self._stop.is_set():
+            self._kick.clear()  # before the beat: a kick from here on ends the wait below
             seg = self.proxy.segment
             if seg is not None:
                 try:
                     seg.set_word(Word.HEARTBEAT_NS, hf.monotonic_ns())
                     now = time.monotonic()
                     seen = (seg, seg.word(Word.PROXY_ROUND))
-                    # a snapshot costs ~1 ms of encoding: only when rounds ran (or now and then, idle)
-                    if now >= next_stats and (seen != last or now >= next_stats + STATS_IDLE_EVERY_S):
-                        next_stats, last = now + STATS_EVERY_S, seen
-                        self.proxy.publish_stats(seg)
+                    # a later incarnation's engine usually re-attaches within a look (0.1 s): its
+                    # first snapshot waits for that (the breaker re-based to the new engine's rounds)
+                    # or 1 s, so that no snapshot of it shows the previous engine's rounds
+                    p = self.proxy
+                    fresh = (p.core is None and p.incarnations > 1
+                             and now - p.ready_at < HEARTBEAT_UNATTACHED_EVERY_S)
+                    # a snapshot costs ~1 ms of encoding: only when rounds ran (or now and then, idle),
+                    # and at the next beat after a new event (a fault's: rare, and read soon after it)
+                    evs = p.events.total
+                    due = now >= next_stats and (seen != last or now >= next_stats + STATS_IDLE_EVERY_S)
+                    if not fresh and (due or evs != last_events):
+                        next_stats, last, last_events = now + STATS_EVERY_S, seen, evs
+                        p.publish_stats(seg)
                 except (ValueError, RuntimeError, TypeError):
                     pass  # segment swapped under us, or a stats dict changed while iterated: next beat
-            self._stop.wait(HEARTBEAT_EVERY_S)
+            attached = seg is not None and self.proxy.core is not None
+            self._kick.wait(HEARTBEAT_EVERY_S if attached else HEARTBEAT_UNATTACHED_EVERY_S)
 
 
 class Proxy:
@@ -115,6 +138,7 @@ class Proxy:
         self._stats_lock = threading.Lock()  # the stats block's one writer at a time
         self.incarnations = 0
         self.ready = threading.Event()  # set once the first incarnation is READY (tests, demo)
+        self.ready_at = 0.0  # when the current incarnation became READY (the heartbeat's first snapshot)
         self._last_log = 0
         self._last_round: int | None = None  # the previous engine's last round (rebasing the next one's)
         self._hang_asked = threading.Event()  # --fault-round-hang-ms: SIGUSR1 (or hang_round_loop()) sets it
@@ -167,6 +191,9 @@ class Proxy:
         self.incarnations += 1
         seg.set_word(Word.STATE, State.READY)
         self.ready.set()
+        self.ready_at = time.monotonic()
+        if self.incarnations == 1:
+            self._heartbeat.kick()  # the first snapshot at once (`status`, wait_connected)
         log.info("[proxy] ready name=%s incarnation=%d bytes=%d", self.cfg.name, seg.incarnation,
                  seg.layout.total_bytes)
         t0 = self._wait_attached(seg)
@@ -174,10 +201,12 @@ class Proxy:
             if not self._stop.is_set():
                 self._finish_segment(State.DEAD)
             return
+        seg.set_word(Word.HEARTBEAT_NS, hf.monotonic_ns())  # beating slowly until now: a fresh beat
         core = self.core = RoundCore(seg, self.client, self.stats, self.events, self.breaker, self.settings)
         self._rebase(t0)
         self._name_target(seg)
         self.client.new_session(f"engine attached at round {t0}")
+        self._heartbeat.kick()  # the fast cadence from now on, and a snapshot of the re-based state
         self.stats.inc("attaches")
         log.info("[proxy] engine attached incarnation=%d pid=%d round=%d", seg.incarnation,
                  seg.word(Word.ENGINE_PID), t0)
@@ -229,7 +258,7 @@ class Proxy:
     def _wait_attached(self, seg: Segment) -> int | None:
         off = seg.layout.word_off(Word.ATTACHED)
         while not self._stop.is_set():
-            if hf.wait_ge(seg.mm, off, 1, 0.1, 0):
+            if hf.wait_ge(seg.mm, off, 1, WAIT_SLICE_S, 0):
                 return seg.word(Word.ATTACHED)  # engine_pid came first: it is the attach claim
             if seg.word(Word.ABANDONED):  # claimed by an engine that died before storing attached
                 log.info("[proxy] incarnation %d abandoned before its first round: starting a new one",
@@ -244,7 +273,7 @@ class Proxy:
         t0 = time.monotonic()
         next_log = 30.0
         while not self._stop.is_set():
-            if flags.wait_gathered(t, 0.1):
+            if flags.wait_gathered(t, WAIT_SLICE_S):
                 return True
             if seg.word(Word.ABANDONED):
                 log.info("[proxy] incarnation %d abandoned by the engine at round %d: starting a new one",

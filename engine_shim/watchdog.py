@@ -7,7 +7,9 @@ Three jobs, escalating:
    claim when the engine gets there first; the CAS lets exactly one of them win.)
 2. The proxy: pid gone, heartbeat stale, round loop stuck (a gathered round not begun for the
    heartbeat timeout), state stopping/dead, segment abandoned or replaced by a new incarnation under
-   the same name: fail every round far ahead and hand the engine thread a detach.
+   the same name: fail every round far ahead and hand the engine thread a detach. Checked every
+   `check_every_s()` (2.5 looks, at most a quarter of the heartbeat timeout); the proxy's death wakes
+   the wait at once (its pidfd, liveness.py). Few wakes: an idle engine pays for each (README, "Idle").
 3. Detached: look for a ready incarnation every `look_every_s` (100 ms), validate it against the
    engine's parameters in this thread (not the engine's), and offer it; the engine thread attaches
    at its next round.
@@ -19,6 +21,8 @@ tests can observe it.
 from __future__ import annotations
 
 import logging
+import os
+import select
 import threading
 import time
 from collections.abc import Callable
@@ -27,16 +31,18 @@ from typing import Protocol
 from dspark_proxy.events import EventRing
 from dspark_proxy.shm.hostflag import FAR_AHEAD, WAIT_FAILED_BY_ME, HostFlags, monotonic_ns
 from dspark_proxy.shm.layout import State, Word
-from dspark_proxy.shm.segment import LayoutMismatch, Segment, SegmentError, owner_alive
+from dspark_proxy.shm.segment import LayoutMismatch, Segment, SegmentError, owner_alive, shm_name
 from dspark_proxy.stats import Stats
 
 from .attach import AttachState
+from .liveness import OwnerWatch
 
 __all__ = ["WatchedShim", "Watchdog"]
 
 log = logging.getLogger(__name__)
 
-_STATS_EVERY_S = 0.5
+_STATS_EVERY_S = 0.5  # while rounds run (or anything else the snapshot shows changes)
+_STATS_IDLE_EVERY_S = 5.0  # otherwise: an unchanged snapshot is not re-encoded ten times a second
 
 
 class WatchedShim(Protocol):
@@ -84,6 +90,14 @@ class Watchdog:
         self.started = False
         self._next_look = 0.0
         self._next_stats = 0.0
+        self._since_ns = 0  # when this thread first saw the attached segment
+        self._stats_seen: tuple | None = None  # what the last snapshot showed (see _publish_stats)
+        self._owner = OwnerWatch()  # the attached proxy's liveness (liveness.py)
+        self._rejected: tuple[int, int] | None = None  # (inode, ctime) of a segment refused for good
+        self._wake_fds: tuple[int, int] | None = None  # a pipe: stop() ends the attached wait at once
+        self._fds_lock = threading.Lock()
+        self._kick = threading.Event()  # stop(), or the engine thread attached: end a pending wait
+        self._poller: tuple[tuple[int, ...], select.poll] | None = None  # for _sleep_attached
         self._mismatch_logged: set[int] = set()
         self._lost_incarnation: int | None = None  # on_dead ran for it: once per incarnation
         self._next_name_check = 0.0
@@ -93,10 +107,18 @@ class Watchdog:
 
     def start(self) -> None:
         self.started = True
+        self._wake_fds = os.pipe()
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._kick.set()
+        with self._fds_lock:
+            if self._wake_fds is not None:
+                try:
+                    os.write(self._wake_fds[1], b"x")
+                except OSError:
+                    pass  # the pipe is full: a wake is already there
 
     def join(self, timeout: float | None = None) -> None:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
@@ -114,17 +136,29 @@ class Watchdog:
                     self._stop.wait(0.05)
         finally:
             self._stop_watcher()
+            self._owner.close()
+            with self._fds_lock:
+                fds, self._wake_fds = self._wake_fds, None
+            for fd in fds or ():
+                os.close(fd)
 
     def _tick(self) -> None:
+        self._kick.clear()  # before the state is read: a kick from here on ends the pending wait
         shim = self.shim
         seg = shim.segment
         if seg is None or shim.state is not AttachState.ATTACHED:
             self._stop_watcher()
             self._look_for_proxy()
-            self._stop.wait(0.01 if shim.state is AttachState.PENDING else shim.look_every_s)
+            # pending: nothing to do until the engine thread attaches at its next round (it then
+            # starts the deadline watcher itself): the attached checks' cadence, not a faster one
+            if shim.state is AttachState.PENDING:
+                self._kick.wait(self.check_every_s())  # watch() kicks it as the engine attaches
+            else:
+                self._stop.wait(shim.look_every_s)
             return
         if self._flags_seg is not seg:
             self._flags, self._flags_seg = HostFlags(seg), seg
+            self._since_ns = monotonic_ns()  # the heartbeat's age counts from here (see _proxy_lost)
         flags = self._flags
         assert flags is not None
         try:
@@ -142,10 +176,32 @@ class Watchdog:
                 return
             self._publish_stats(seg)
             self._watch(seg, flags)
-            self._stop.wait(shim.look_every_s)
+            self._sleep_attached(seg)
         except ValueError:
             # the engine thread detached and unmapped this segment under us: next tick sees it
             self._flags = self._flags_seg = None
+
+    def check_every_s(self) -> float:
+        """The attached checks' cadence: 2.5 looks, at most a quarter of the heartbeat timeout
+        (0.25 s by default). A hung proxy is then seen within 1.25 heartbeat timeouts; a dead one at
+        once (its pidfd wakes the wait); a late round does not wait for this thread at all (the C
+        watcher claims it)."""
+        shim = self.shim
+        return min(2.5 * shim.look_every_s, shim.heartbeat_timeout_ns / 4e9)
+
+    def _sleep_attached(self, seg: Segment) -> None:
+        """Until the next checks, the owner's exit or stop(), whichever comes first."""
+        fds = [fd for fd in (self._owner.fd(seg), self._wake_fds[0] if self._wake_fds else -1) if fd >= 0]
+        if not fds or self._stop.is_set():
+            self._stop.wait(self.check_every_s())
+            return
+        key = tuple(fds)
+        if self._poller is None or self._poller[0] != key:
+            p = select.poll()
+            for fd in fds:
+                p.register(fd, select.POLLIN)
+            self._poller = (key, p)
+        self._poller[1].poll(max(1, int(self.check_every_s() * 1e3)))
 
     def _watch(self, seg: Segment, flags: HostFlags) -> None:
         """Keep a C watcher thread on the attached segment and turn what it did into events.
@@ -166,6 +222,7 @@ class Watchdog:
             old = self._watcher
             self._watcher = flags.watcher(flags.load(Word.CLAIMED), int(self.shim.deadline_ms() * 1e6))
             self._watcher_seg = seg
+        self._kick.set()  # the attached checks begin now, not at the end of a pending wait
         if old is not None:
             self._retire(old)
 
@@ -203,10 +260,10 @@ class Watchdog:
             return "proxy_stopping"
         if seg.word(Word.ABANDONED):
             return "abandoned"
-        h = seg.header
-        if not owner_alive(int(h["owner_pid"]), int(h["owner_start_ticks"])):
+        if not self._owner.alive(seg):
             return "proxy_dead"
-        age = monotonic_ns() - seg.word(Word.HEARTBEAT_NS)
+        # from the attach on: a proxy waiting for an engine beats only once a second (proxy.py)
+        age = monotonic_ns() - max(seg.word(Word.HEARTBEAT_NS), self._since_ns)
         if age > shim.heartbeat_timeout_ns:
             return "proxy_hung"
         if self._stalled(seg):
@@ -266,11 +323,22 @@ class Watchdog:
         if shim.state is not AttachState.DETACHED or now < self._next_look:
             return
         self._next_look = now + shim.look_every_s
+        # one stat per look while nothing new is there: no name, or the same object we refused for
+        # good last time (abandoned, another layout, a dead owner): a leftover of a killed proxy was
+        # opened, mapped and read ten times a second (README, "Idle")
+        try:
+            st = os.stat("/dev/shm" + shm_name(shim.name))
+        except (OSError, ValueError):
+            return
+        ident = (st.st_ino, st.st_ctime_ns)
+        if ident == self._rejected:
+            return
         try:
             seg = Segment.open(shim.name)
         except SegmentError:
             return
         ok = False
+        final = True  # refused for good unless a return below says otherwise
         try:
             inc = seg.incarnation
             if shim.abandoned(inc):
@@ -285,10 +353,13 @@ class Watchdog:
                     log.error("[watchdog] %s: staying target-only", e)
                     shim.counters.inc("attach_mismatch")
                 return
-            if seg.word(Word.STATE) != State.READY or seg.word(Word.ABANDONED):
+            if seg.word(Word.ABANDONED):
                 return
             h = seg.header
             if not owner_alive(int(h["owner_pid"]), int(h["owner_start_ticks"])):
+                return
+            if seg.word(Word.STATE) != State.READY:
+                final = False  # being created: READY comes next
                 return
             engine = seg.word(Word.ENGINE_PID)
             if engine != 0:
@@ -297,18 +368,27 @@ class Watchdog:
                 # re-based backwards. A live engine's, mid-attach or not, is left alone.
                 if not owner_alive(engine, 0) or engine == _getpid():
                     seg.set_word(Word.ABANDONED, 1)
+                else:
+                    final = False  # a live engine's: looked at again, it may die and leave it
                 return
             ok = shim.offer(seg)
+            final = False
         finally:
             if not ok:
+                self._rejected = ident if final else None
                 seg.close()
 
     def _publish_stats(self, seg: Segment) -> None:
+        """Every 0.5 s while what the snapshot shows changes (a round, a claim, an event, the state),
+        else every 5 s: encoding an unchanged snapshot was most of an idle engine's watchdog cost."""
         now = time.monotonic()
         if now < self._next_stats:
             return
-        self._next_stats = now + _STATS_EVERY_S
         shim = self.shim
+        seen = (seg, shim.state, shim.round_in_flight(), self.claims, shim.events.total)
+        if seen == self._stats_seen and now < self._next_stats + _STATS_IDLE_EVERY_S:
+            return
+        self._next_stats, self._stats_seen = now + _STATS_EVERY_S, seen
         st = shim.counters
         try:
             st.set("state", shim.state.value)

@@ -110,6 +110,11 @@ def test_quick_json_has_every_section_with_numbers(quick_run: dict) -> None:
     assert _num(m["engine"]["shim_added_mb"])
     for k in ("proxy_pct_core", "engine_process_pct_core", "shim_watchdog_pct_core"):
         assert _num(m["idle"][k]) and m["idle"][k] >= 0
+    st = m["idle_states"]  # every idle state, each with proxy + shim as % of a core (bench/idle.py)
+    for k in ("proxy_waiting", "attached_no_round", "after_rounds", "shim_alone_proxy_killed",
+              "shim_alone_no_segment", "thread_mode_no_round", "thread_mode_after_rounds"):
+        assert _num(st[k]["proxy_plus_shim_pct_core"]) and st[k]["proxy_plus_shim_pct_core"] >= 0
+    assert st["worst_state"] in st and st["worst_pct_core"] == st[st["worst_state"]]["proxy_plus_shim_pct_core"]
     assert m["failed_rounds"] == 0
 
     # targets: each goal with what was measured; the run asserts none of them

@@ -12,6 +12,8 @@
   proxy (all threads, /proc/<pid>/task/*/schedstat), by the worker, by this whole process (the
   shim's watchdog thread and nothing else runs) and by the watchdog thread alone (its CPU-time
   clock), as % of one core.
+- Idle, state by state (`idle_states`, bench/idle.py): the proxy waiting for an engine, an engine
+  attached before its first round, after rounds, the shim alone, thread mode; each for the same time.
 """
 
 from __future__ import annotations
@@ -117,4 +119,7 @@ def run_memory(quick: bool = False, say: Callable[[str], None] = lambda s: None,
         if proxy is not None:
             proxy.stop()
         worker.stop()
+    from .idle import idle_states
+
+    out["idle_states"] = idle_states(idle_s, name, say)
     return out, Samples()

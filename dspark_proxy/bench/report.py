@@ -148,6 +148,11 @@ def _memory(r: dict[str, Any]) -> list[str]:
     out.append(f"  idle {i['seconds']} s: proxy {i['proxy_pct_core']}% of a core, shim (engine process) "
                f"{i['engine_process_pct_core']}%, of which watchdog thread {i['shim_watchdog_pct_core']}%, "
                f"worker {i['worker_pct_core']}%")
+    for state, v in (r.get("idle_states") or {}).items():
+        if isinstance(v, dict) and "proxy_plus_shim_pct_core" in v:
+            out.append(f"  idle {state:<26} proxy + shim {v['proxy_plus_shim_pct_core']}% (proxy "
+                       f"{v['proxy_pct_core']}%, engine process {v['engine_process_pct_core']}%), worker "
+                       f"{v['worker_pct_core']}%")
     return out
 
 

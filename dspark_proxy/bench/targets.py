@@ -85,7 +85,16 @@ def _memory(res: dict[str, Any]) -> list[dict[str, Any]]:
     own = m["proxy"]["after_rounds"]["own_mb"]
     return [_line(f"idle engine ({m['idle']['seconds']} s): proxy + shim < 1% of a core", f"{idle}%",
                   idle < 1.0),
-            _line("proxy resident memory outside the segment < 200 MB", f"{own} MB", own < 200.0)]
+            _line("proxy resident memory outside the segment < 200 MB", f"{own} MB", own < 200.0),
+            *_idle_states(m.get("idle_states"))]
+
+
+def _idle_states(st: dict[str, Any] | None) -> list[dict[str, Any]]:
+    if not st:
+        return []
+    worst = st["worst_pct_core"]
+    return [_line("idle, every state: proxy + shim <= 0.5% of a core", f"{worst}% at worst ({st['worst_state']})",
+                  worst <= 0.5)]
 
 
 def failed_rounds(res: dict[str, Any]) -> dict[str, int]:

@@ -177,7 +177,7 @@ def engine_restart(c: Controller) -> None:
         restarted = c.restart_engine(10.0)
         c.note(restarted=restarted)
         if restarted:
-            # the new incarnation's first snapshot (the heartbeat publishes it within a quarter second);
+            # the new incarnation's first snapshot (published as the new engine attaches, or after 1 s);
             # with no trip since, its breaker_opened_round is at or before the new engine's round 0
             br2, _ = _wait_breaker(c, 3.0, lambda b, i: i > inc and b.get("opened_round") is not None)
             c.note(breaker_state_new=br2.get("state"), breaker_trips_new=br2.get("trips"),

@@ -793,7 +793,7 @@ static PyObject *hf_monotonic_ns(PyObject *mod, PyObject *noargs) {
  * stays valid until stop() has joined it.
  */
 #define WATCH_RING 64
-#define WATCH_SLICE_NS 50000000LL /* waits in slices (a bound on a missed wake); stop() wakes it at once */
+#define WATCH_SLICE_NS 250000000LL /* waits in slices (a bound on a missed wake; each slice is a wake of an idle engine); stop() wakes it at once */
 
 typedef struct {
     uint64_t t;
