@@ -17,6 +17,14 @@ from dataclasses import dataclass, field
 from .shm.layout import State, Word
 from .shm.segment import Segment, SegmentError
 
+
+def readable(f, timeout_s: float) -> bool:
+    """Whether f has something to read within timeout_s: poll(), not select(), which refuses any
+    descriptor above 1023 (a long-lived process, a test run, may well hold that many)."""
+    p = select.poll()
+    p.register(f, select.POLLIN | select.POLLHUP)
+    return bool(p.poll(max(0, int(timeout_s * 1000))))
+
 __all__ = ["Child", "spawn_worker", "spawn_proxy", "wait_proxy_ready"]
 
 
@@ -78,8 +86,7 @@ def spawn_worker(*args: str, listen: str = "127.0.0.1:0", timeout_s: float = 20.
         if proc.poll() is not None:
             child.stop()
             raise RuntimeError(f"worker exited with {proc.returncode} before listening: {' '.join(cmd)}")
-        r, _, _ = select.select([proc.stdout], [], [], 0.1)
-        if r:
+        if readable(proc.stdout, 0.1):
             line = proc.stdout.readline()
             if line.startswith("worker listening on "):
                 child.address = line.split()[-1].strip()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import select
 import socket
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from multiprocessing.connection import Connection, Pipe
 
 import numpy as np
 
+from ..launch import readable
 from ..shm import hostflag as hf
 from ..shm.hostflag import AdaptiveSpin
 from .procs import on_cpu
@@ -168,8 +168,7 @@ def spawn_peer(*args: str, pass_fds: tuple[int, ...] = (), cpu: int | None = Non
     with on_cpu(cpu):
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, pass_fds=pass_fds)
     assert proc.stdout is not None
-    r, _, _ = select.select([proc.stdout], [], [], timeout_s)
-    line = proc.stdout.readline() if r else ""
+    line = proc.stdout.readline() if readable(proc.stdout, timeout_s) else ""
     if not line.startswith("ready"):
         proc.kill()
         proc.wait(5.0)
