@@ -175,6 +175,19 @@ class HeadRunner:
         z = z + (_mm(h, self.s2) + self.s2b)
         return _mm(_rms(z), self.out)
 
+    @staticmethod
+    def top1(logits: np.ndarray, rows: np.ndarray, conf: np.ndarray, marg: np.ndarray) -> np.ndarray:
+        """Each row's arg max over the draft vocabulary, its softmax probability written to `conf` and
+        its lead over the runner-up to `marg` (the one definition the offline measure and the worker share)."""
+        c = logits.argmax(-1)
+        top = logits[rows, c]
+        ex = np.exp(logits - top[:, None])
+        tot = ex.sum(-1)
+        ex[rows, c] = -1.0
+        conf[:] = 1.0 / tot
+        marg[:] = (1.0 - ex.max(-1)) / tot
+        return c
+
     def greedy(self, win: np.ndarray, lens: np.ndarray, anchor: np.ndarray, n: int
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """n greedy drafts a request: (ids [B, n] target ids, confidence = softmax top-1 probability,
@@ -188,13 +201,7 @@ class HeadRunner:
         rows = np.arange(B)
         for j in range(n):
             logits = self.step(np.ascontiguousarray(ctx[:, j]), prev)
-            c = logits.argmax(-1)
-            top = logits[rows, c]
-            ex = np.exp(logits - top[:, None])
-            tot = ex.sum(-1)
-            ex[rows, c] = -1.0
-            conf[:, j] = 1.0 / tot
-            marg[:, j] = (1.0 - ex.max(-1)) / tot
+            c = self.top1(logits, rows, conf[:, j], marg[:, j])
             prev = self.draft_ids[c]
             ids[:, j] = prev
         return ids, conf, marg

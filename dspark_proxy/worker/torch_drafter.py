@@ -236,14 +236,7 @@ class TorchDrafter:
         t = np.where(sampled, temps, 1.0).astype(np.float32)
         for j in range(n):
             logits = r.step(np.ascontiguousarray(ctx[:, j]), prev)
-            c = logits.argmax(-1)
-            top = logits[rows, c]
-            ex = np.exp(logits - top[:, None])
-            tot = ex.sum(-1)
-            ex[rows, c] = -1.0
-            conf[:, j] = 1.0 / tot
-            marg[:, j] = (1.0 - ex.max(-1)) / tot
-            choice = r.draft_ids[c]
+            choice = r.draft_ids[r.top1(logits, rows, conf[:, j], marg[:, j])]
             sb = np.flatnonzero(sampled)
             lt = logits[sb] / t[sb, None]
             k = min(TOP_K, lt.shape[1])
