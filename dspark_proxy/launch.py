@@ -82,17 +82,19 @@ def spawn_worker(*args: str, listen: str = "127.0.0.1:0", timeout_s: float = 20.
     child = Child("worker", proc, args=cmd)
     end = time.monotonic() + timeout_s
     assert proc.stdout is not None
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            child.stop()
-            raise RuntimeError(f"worker exited with {proc.returncode} before listening: {' '.join(cmd)}")
-        if readable(proc.stdout, 0.1):
-            line = proc.stdout.readline()
-            if line.startswith("worker listening on "):
-                child.address = line.split()[-1].strip()
-                return child
-    child.stop()
-    raise RuntimeError(f"worker did not start within {timeout_s} s: {' '.join(cmd)}")
+    try:
+        while time.monotonic() < end:
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {proc.returncode} before listening: {' '.join(cmd)}")
+            if readable(proc.stdout, 0.1):
+                line = proc.stdout.readline()
+                if line.startswith("worker listening on "):
+                    child.address = line.split()[-1].strip()
+                    return child
+        raise RuntimeError(f"worker did not start within {timeout_s} s: {' '.join(cmd)}")
+    except BaseException:  # whatever went wrong, the child does not outlive the call
+        child.stop()
+        raise
 
 
 def spawn_proxy(name: str, worker: str, *args: str, timeout_s: float = 20.0,

@@ -27,3 +27,29 @@ def test_a_worker_starts_from_a_process_holding_over_1024_descriptors():
             w.stop()
         for fd in held:
             os.close(fd)
+
+
+def test_a_worker_whose_start_fails_is_not_left_running(monkeypatch):
+    """Whatever interrupts the wait for its address (here the wait itself raising), the child is stopped:
+    a failed start left a worker process behind."""
+    import subprocess
+
+    import dspark_proxy.launch as launch
+
+    started: list[subprocess.Popen] = []
+    real_popen = subprocess.Popen
+
+    def popen(*a, **k):
+        p = real_popen(*a, **k)
+        started.append(p)
+        return p
+
+    def broken(f, timeout_s):
+        raise ValueError("the wait broke")
+
+    monkeypatch.setattr(launch.subprocess, "Popen", popen)
+    monkeypatch.setattr(launch, "readable", broken)
+    with pytest.raises(ValueError, match="the wait broke"):
+        launch.spawn_worker("--max-reqs", "4", "--num-spec", "2", "--window", "4", "--row-bytes", "16")
+    (p,) = started
+    assert p.poll() is not None, "the worker outlived its failed start"

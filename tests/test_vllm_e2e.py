@@ -45,16 +45,25 @@ def _spec(arm: str, name: str, **kw) -> dict:
 @pytest.fixture(scope="module")
 def runs():
     """(no speculation, ours): one vLLM each; ours also regenerates with its worker killed."""
+    from tests.conftest import _unlink
+
     name = f"vllm-e2e-{os.getpid()}"
-    nospec = run_arm_process(_spec("nospec", name))
-    worker = spawn_worker(*LAYOUT, "--drafter", "torch", "--weights", os.fspath(DEFAULT_HEAD))
-    proxy = spawn_proxy(name, worker.address, *LAYOUT, "--deadline-ms", str(DEADLINE_MS), "--log-every", "0")
     try:
-        ours = run_arm_process(_spec("dspark", name, ring_probe=True,
-                                     kill={"pid": worker.pid, "after_steps": 12}))
+        nospec = run_arm_process(_spec("nospec", name))
+        worker = spawn_worker(*LAYOUT, "--drafter", "torch", "--weights", os.fspath(DEFAULT_HEAD))
+        try:
+            proxy = spawn_proxy(name, worker.address, *LAYOUT, "--deadline-ms", str(DEADLINE_MS),
+                                "--log-every", "0")
+            try:
+                ours = run_arm_process(_spec("dspark", name, ring_probe=True,
+                                             kill={"pid": worker.pid, "after_steps": 12}))
+            finally:
+                proxy.stop()
+        finally:
+            worker.stop()
     finally:
-        proxy.stop()
-        worker.stop()
+        # vLLM ends its engine-core process without the shim's close: its ring stays unless removed
+        _unlink(name)
     return nospec, ours
 
 
