@@ -151,20 +151,8 @@ PyObject *fr_ring_write(PyObject *mod, PyObject *args) {
             dirty[s] = 1;
             announced[s] = 0;
         }
-        int64_t anchor = wrap_add(f, v), new_hi = wrap_add(anchor, -1), new_lo;
-        int keep = wrap_add(hi[s], 1) == f;
-        int restarted = !keep && hi[s] >= lo[s];
-        new_lo = keep ? lo[s] : f;
-        if (new_lo < wrap_add(new_hi, -(W - 1)))
-            new_lo = wrap_add(new_hi, -(W - 1));
-        if (v <= 0) {
-            new_lo = 0;
-            new_hi = -1;
-            restarted = 1;
-        }
-        lo[s] = new_lo;
-        hi[s] = new_hi;
-        if (restarted)
+        int64_t anchor = wrap_add(f, v);
+        if (advance_range(&lo[s], &hi[s], f, v, W))
             dirty[s] = 1;
         int64_t sent = v > 0 ? v : 0, kept = sent < W ? sent : W;
         /* the last `kept` of the request's rows: positions anchor - kept .. anchor - 1 */

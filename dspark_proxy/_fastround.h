@@ -54,6 +54,27 @@ static inline int64_t pmod(int64_t a, int64_t m) {
     return r < 0 ? r + m : r;
 }
 
+/* One request's ring range after a round, the rule the engine's ring (row_ring.py) and the proxy's model
+ * of it (ring_model.py) share: the rows first .. first + valid - 1 extend [lo, hi] when they follow it,
+ * else replace it; at most the last W are held; valid <= 0 clears the range (lo 0, hi -1). Returns
+ * whether the range restarted (the slot's window is then dirty). */
+static inline int advance_range(int64_t *lo, int64_t *hi, int64_t first, int64_t valid, int64_t W) {
+    int64_t new_hi = wrap_add(wrap_add(first, valid), -1);
+    int keep = wrap_add(*hi, 1) == first;
+    int restarted = !keep && *hi >= *lo;
+    int64_t new_lo = keep ? *lo : first;
+    if (new_lo < wrap_add(new_hi, -(W - 1)))
+        new_lo = wrap_add(new_hi, -(W - 1));
+    if (valid <= 0) {
+        new_lo = 0;
+        new_hi = -1;
+        restarted = 1;
+    }
+    *lo = new_lo;
+    *hi = new_hi;
+    return restarted;
+}
+
 static inline _Atomic uint64_t *stamp_at(char *base, Py_ssize_t off) {
     return (_Atomic uint64_t *)(base + off);
 }

@@ -178,22 +178,11 @@ PyObject *fr_advance(PyObject *mod, PyObject *args) {
     int any_unknown = counts[0] != 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t s = slots[i], f = first[i], v = valid[i];
-        int64_t a = wrap_add(f, v), new_hi = wrap_add(a, -1);
-        int keep = wrap_add(hi[s], 1) == f;
-        int restarted = !keep && hi[s] >= lo[s];
-        int64_t new_lo = keep ? lo[s] : f;
-        if (new_lo < wrap_add(new_hi, -(W - 1)))
-            new_lo = wrap_add(new_hi, -(W - 1));
+        int64_t a = wrap_add(f, v);
         int cleared = v <= 0;
-        if (cleared) {
-            new_lo = 0;
-            new_hi = -1;
-            restarted = 1;
-        }
-        lo[s] = new_lo;
-        hi[s] = new_hi;
-        if (restarted)
+        if (advance_range(&lo[s], &hi[s], f, v, W))
             dirty[s] = 1;
+        int64_t new_lo = lo[s], new_hi = hi[s];
         if (any_unknown && unk[s]) {
             if (new_lo == 0 || wrap_add(new_hi, -new_lo) >= W - 1) { /* exact again: W rows, or from 0 */
                 unk[s] = 0;

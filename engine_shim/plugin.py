@@ -18,10 +18,7 @@ log = logging.getLogger(__name__)
 
 def register() -> None:
     """Called by vLLM in each of its processes at start-up. Never raises, never blocks, attaches nothing."""
-    try:
-        if os.environ.get("DSPARK_PROXY"):
-            log.debug("[shim] vLLM plugin: DSPARK_PROXY is set; the shim attaches in the model runner's process "
-                      "when vLLM runs with speculative_config method 'custom_class', model "
-                      "'engine_shim.vllm_proposer.DSparkProposer'")
-    except Exception:  # noqa: BLE001 - a plugin must never fail the engine's boot
-        pass
+    if os.environ.get("DSPARK_PROXY"):
+        log.debug("[shim] vLLM plugin: DSPARK_PROXY is set; the shim attaches in the model runner's process "
+                  "when vLLM runs with speculative_config method 'custom_class', model "
+                  "'engine_shim.vllm_proposer.DSparkProposer'")
