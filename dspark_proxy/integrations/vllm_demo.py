@@ -186,6 +186,7 @@ def run_vllm_demo(*, model: str | os.PathLike = DEFAULT_MODEL, head: str | os.Pa
         for child in (proxy, worker):
             if child is not None:
                 child.stop()
+        _reap_rings(name, name + "-t")
     ref_out = arms["nospec"]["outputs"]
     out["lossless_mismatches"] = sum(a != b for a, b in zip(arms["dspark"]["outputs"], ref_out, strict=True))
     out["ngram_mismatches"] = sum(a != b for a, b in zip(arms["ngram"]["outputs"], ref_out, strict=True))
@@ -220,6 +221,15 @@ def run_vllm_demo(*, model: str | os.PathLike = DEFAULT_MODEL, head: str | os.Pa
     return out
 
 
+def _reap_rings(*names: str) -> None:
+    """vLLM ends its engine-core process without the shim's close, so that engine's shared ring would
+    stay in /dev/shm: remove the rings of these names whose engines are gone (ring_shm.reap_stale)."""
+    from ..shm.ring_shm import reap_stale
+
+    for n in names:
+        reap_stale(n)
+
+
 def measure_cost(base: dict[str, Any], layout: list[str], name: str, say,
                  proxy_cpus: list[int] | None = None) -> dict[str, Any]:
     """What the shim and the proxy add to a vLLM step at one request, side by side in one engine: the
@@ -239,6 +249,7 @@ def measure_cost(base: dict[str, Any], layout: list[str], name: str, say,
         lat = read_status(name)["proxy"].get("latency", {})
     finally:
         proxy.stop()
+        _reap_rings(name)
     added = r["step_ms_via_shim"] - r["step_ms_in_place"]
     return {"cost_step_ms_in_place": r["step_ms_in_place"], "cost_step_ms_via_shim": r["step_ms_via_shim"],
             "cost_step_ms_via_shim_sync": r["step_ms_via_shim_sync"],
