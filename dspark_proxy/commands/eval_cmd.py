@@ -21,17 +21,21 @@ __all__ = ["eval_cmd"]
 @click.option("--reps", default=3, show_default=True, help="Interleaved repetitions of every arm.")
 @click.option("--faults/--no-faults", default=True, show_default=True)
 @click.option("--deadline-ms", default=50.0, show_default=True)
+@click.option("--min-confidence", type=click.FloatRange(0.0, 1.0), default=None,
+              help="Draft-length policy of the head's arms: verify drafts while the product of their "
+                   "confidences stays at or above this (0: every draft; default: the engine's).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (last line).")
 def eval_cmd(quick: bool, model: str | None, head: str | None, prompts: int | None, max_new: int | None,
-             max_batch: int | None, reps: int, faults: bool, deadline_ms: float, as_json: bool) -> None:
+             max_batch: int | None, reps: int, faults: bool, deadline_ms: float, min_confidence: float | None,
+             as_json: bool) -> None:
     """Measure what the head earns: acceptance, speed-up over target-only and n-gram, losslessness, faults."""
     try:
-        from ..spec.evaluate import run_eval
+        from ..spec.evaluate import MIN_CONFIDENCE, run_eval
         from ..spec.report import format_eval
         from ..spec.run import DEFAULT_HEAD, DEFAULT_MODEL
     except ImportError as e:
         raise click.ClickException(f"{e}; install the model extra: pip install -e '.[model]'") from None
     r = run_eval(quick=quick, model=model or DEFAULT_MODEL, head=head or DEFAULT_HEAD, prompts=prompts,
                  max_new=max_new, max_batch=max_batch, reps=reps, faults=faults, deadline_ms=deadline_ms,
-                 say=lambda m: click.echo(f"[eval] {m}", err=True))
+                 min_confidence=MIN_CONFIDENCE if min_confidence is None else min_confidence, say=lambda m: click.echo(f"[eval] {m}", err=True))
     click.echo(json.dumps(r) if as_json else format_eval(r))

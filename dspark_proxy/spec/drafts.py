@@ -41,6 +41,7 @@ class Drafts:
     ids: np.ndarray  # int64 [n, N]
     support: np.ndarray | None = None  # int32 [n, N, 32] (-1 padding)
     q: np.ndarray | None = None  # float32 [n, N, 32]
+    confidence: np.ndarray | None = None  # float32 [n, N]: the drafter's estimate that each is accepted
     failed: bool = False  # the whole round failed (target-only)
     reason: str = ""
 
@@ -105,7 +106,8 @@ class ShimDrafts:
         r = self.shim.read_reply(t)
         key = r.status_name if r.ok else f"failed:{r.reason}"
         self.statuses[key] = self.statuses.get(key, 0) + 1
-        d = Drafts(r.n_drafts.astype(np.int64), r.draft_ids.astype(np.int64), failed=not r.ok, reason=r.reason)
+        d = Drafts(r.n_drafts.astype(np.int64), r.draft_ids.astype(np.int64), failed=not r.ok, reason=r.reason,
+                   confidence=r.confidence.astype(np.float32))
         if r.support_ids is not None and r.sample_mask is not None:
             sm = r.sample_mask[:, None, None]
             d.support = np.where(sm, r.support_ids, -1).astype(np.int32)

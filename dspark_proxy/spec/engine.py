@@ -14,6 +14,13 @@ One step, for every request in the batch (requests join when a slot is free and 
 4. the reply's drafts are what step 2 verifies next. A failed round (no proxy, a stalled worker)
    just means no drafts: one token per request that step, the output unchanged.
 
+Draft length follows the drafter's confidence (`min_confidence`): a request verifies its drafts only
+while the product of their confidences (the drafter's estimate that all of them so far will be
+accepted) stays at or above it. On a target whose verification forward costs more for each token it
+checks (a small model on a CPU), a draft that is unlikely to be accepted costs more than it earns.
+It only ever verifies fewer drafts, so the output is unchanged (greedy and sampled alike: where a
+request stops depends on the drafts alone, never on the target).
+
 The KV cache is the target's (target.py): a rejected draft's entries are overwritten by the next
 step, so nothing is rolled back explicitly.
 """
@@ -59,6 +66,8 @@ class RunStats:
     steps: int = 0
     request_forwards: int = 0  # a request's part in a forward: one per step it was in the batch
     wanted_rounds: int = 0  # request-rounds that could use drafts and whose round did not fail
+    full_rounds: int = 0  # those of them that could verify all N drafts (not cut by the length limit)
+    full_accepted: int = 0  # drafts accepted in full_rounds
     drafted_rounds: int = 0  # request-rounds that verified at least one draft
     accepted: int = 0  # drafts accepted
     verified_by_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -81,15 +90,26 @@ class RunStats:
         return self.accepted / self.wanted_rounds if self.wanted_rounds else 0.0
 
     @property
+    def mean_accepted_full(self) -> float:
+        """Accepted drafts per request-round of N: rounds whose request had at least N + 1 tokens left,
+        so the length limit did not cut what could be verified (the drafter's own measure)."""
+        return self.full_accepted / self.full_rounds if self.full_rounds else 0.0
+
+    @property
     def accept_by_position(self) -> np.ndarray:
-        return self.accepted_by_pos / max(1, self.wanted_rounds)
+        """Share of full rounds (see mean_accepted_full) accepting draft j."""
+        return self.accepted_by_pos / max(1, self.full_rounds)
 
 
 class SpecEngine:
     """Generates for a stream of requests, at most `max_batch` at a time, drafting with `drafts`."""
 
-    def __init__(self, target: TargetEngine, drafts, *, max_batch: int, window: int, seed: int = 0) -> None:
+    def __init__(self, target: TargetEngine, drafts, *, max_batch: int, window: int, seed: int = 0,
+                 min_confidence: float = 0.0) -> None:
+        if not 0.0 <= min_confidence <= 1.0:
+            raise ValueError(f"min_confidence {min_confidence}: a probability in [0, 1]")
         self.target, self.drafts = target, drafts
+        self.min_conf = np.float32(min_confidence)
         self.N, self.W, self.B = int(drafts.num_spec), int(window), int(max_batch)
         if max_batch > target.slots:
             raise ValueError(f"max_batch {max_batch} > the target cache's {target.slots} slots")
@@ -107,6 +127,7 @@ class SpecEngine:
         self.d_ids = np.full((S, N), -1, np.int64)
         self.d_n = np.zeros(S, np.int64)
         self.d_ok = np.zeros(S, bool)  # the round that answered this slot's drafts did not fail
+        self.d_conf = np.ones((S, N), np.float32)  # the drafter's confidence in each draft (1: none given)
         self.d_sup = np.full((S, N, SUPPORT), -1, np.int32)
         self.d_q = np.zeros((S, N, SUPPORT), np.float32)
         self.gen = torch.Generator().manual_seed(seed)
@@ -219,8 +240,13 @@ class SpecEngine:
 
     def _verify(self, slots: np.ndarray, st: RunStats):
         a = self.length[slots]
-        could = self.d_ok[slots] & (self.want[slots] - self.made[slots] > 1)  # drafts were wanted and asked for
-        k = np.clip(np.minimum(self.d_n[slots], self.want[slots] - self.made[slots] - 1), 0, self.N)
+        left = self.want[slots] - self.made[slots]
+        could = self.d_ok[slots] & (left > 1)  # drafts were wanted and asked for
+        full = could & (left > self.N)  # and the length limit does not cut them
+        k = np.clip(np.minimum(self.d_n[slots], left - 1), 0, self.N)
+        if self.min_conf > 0:  # verify while the drafter expects them all so far accepted
+            sure = np.cumprod(self.d_conf[slots], axis=1) >= self.min_conf
+            k = np.minimum(k, np.argmin(np.c_[sure, np.zeros(len(slots), bool)], axis=1))
         Q = int(k.max()) + 1
         j = np.arange(Q - 1)[None]
         drafts = np.where(j < k[:, None], self.d_ids[slots, :Q - 1], -1)
@@ -237,11 +263,13 @@ class SpecEngine:
         st.tokens += int((m + 1).sum())
         st.request_forwards += len(slots)
         st.wanted_rounds += int(could.sum())
+        st.full_rounds += int(full.sum())
         st.drafted_rounds += int((k > 0).sum())
         st.accepted += int(m.sum())
+        st.full_accepted += int(m[full].sum())
         pos = np.arange(self.N)[None]
-        st.verified_by_pos += (pos < k[:, None]).sum(0)
-        st.accepted_by_pos += (pos < m[:, None]).sum(0)
+        st.verified_by_pos += (pos < k[full][:, None]).sum(0)
+        st.accepted_by_pos += (pos < m[full][:, None]).sum(0)
         jq = np.arange(Q)[None]
         keep = (jq <= m[:, None]) & (jq > (m - self.W)[:, None])
         valid = np.minimum(m + 1, self.W)
@@ -271,6 +299,7 @@ class SpecEngine:
         self.d_n[s] = np.minimum(d.n, self.N)
         self.d_ok[s] = f.need_draft & (not d.failed)
         self.d_ids[s] = d.ids[:, :self.N]
+        self.d_conf[s] = 1.0 if d.confidence is None else d.confidence[:, :self.N]
         if d.support is not None and d.q is not None:
             self.d_sup[s], self.d_q[s] = d.support, d.q
         else:

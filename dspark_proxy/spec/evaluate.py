@@ -8,6 +8,12 @@ step (p50); every greedy output compared token for token with target-only decodi
 counted and shown with both forwards' top logits and margins, never tolerated); then faults (worker
 stall, worker kill, proxy kill) during a generation: its output compared the same way, and tokens/s
 before, during and after (it falls to target-only and comes back).
+
+The head's arms verify drafts while the drafter's confidence holds (`min_confidence`, the engine's
+draft-length policy); one more arm, `proxy_full_k`, verifies every draft the head sends: that is
+where acceptance is measured (a draft that is never verified cannot be counted as accepted or not).
+Acceptance counts full rounds: a request with fewer than N + 1 tokens left cannot verify N drafts,
+and such rounds say nothing about the drafter (`mean_accepted_all_rounds` counts them too).
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from .run import DEFAULT_HEAD, DEFAULT_MODEL, held_out_prompts, open_engine
 
 __all__ = ["run_eval", "mismatches", "distinct_4gram_rate", "fault_window"]
 
-ARMS = ("target_only", "ngram", "proxy", "thread")
+ARMS = ("target_only", "ngram", "proxy", "thread", "proxy_full_k")
+MIN_CONFIDENCE = 0.0
 
 
 def mismatches(ref: RunStats, got: RunStats, arm: str, finished_only: bool = False) -> list[dict[str, Any]]:
@@ -107,7 +114,7 @@ def _pct(xs: list[float], q: float) -> float | None:
 
 def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEFAULT_HEAD, prompts: int | None = None,
              max_new: int | None = None, max_batch: int | None = None, reps: int = 3, faults: bool = True,
-             deadline_ms: float = 50.0, threads: int = 1,
+             deadline_ms: float = 50.0, threads: int = 1, min_confidence: float = MIN_CONFIDENCE,
              say: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     import engine_shim
 
@@ -140,11 +147,13 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
         tshim = thread_shim(f"{name}-thread", head, max_reqs=B, deadline_ms=deadline_ms, target_id=tid)
         try:
             sources = {"target_only": NoDrafts(N), "ngram": NgramDrafts(N), "proxy": ShimDrafts(shim),
-                       "thread": ShimDrafts(tshim)}
+                       "thread": ShimDrafts(tshim), "proxy_full_k": ShimDrafts(shim)}
+            policy = {"proxy": min_confidence, "thread": min_confidence}
             runs: dict[str, list[RunStats]] = {a: [] for a in ARMS}
             for rep in range(reps):
                 for arm in ARMS:
-                    st = SpecEngine(target, sources[arm], max_batch=B, window=man.window).run(reqs)
+                    st = SpecEngine(target, sources[arm], max_batch=B, window=man.window,
+                                    min_confidence=policy.get(arm, 0.0)).run(reqs)
                     runs[arm].append(st)
                     say(f"rep {rep + 1}/{reps} {arm}: {st.tokens_per_s:.0f} tokens/s, mean accepted "
                         f"{st.mean_accepted:.2f}")
@@ -156,14 +165,19 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
             res["head_ms"] = round(lat.get("worker_us", {}).get("p50_us", 0.0) / 1000.0, 3)
             res["proxy_round_ms"] = round(lat.get("rank0_round_us", {}).get("p50_us", 0.0) / 1000.0, 3)
             med = {a: statistics.median(s.tokens_per_s for s in runs[a]) for a in ARMS}
-            pr, ng = runs["proxy"], runs["ngram"]
-            acc = sum(s.accepted_by_pos for s in pr) / max(1, sum(s.wanted_rounds for s in pr))
-            acc_ng = sum(s.accepted_by_pos for s in ng) / max(1, sum(s.wanted_rounds for s in ng))
+            pr, ng, fk = runs["proxy"], runs["ngram"], runs["proxy_full_k"]
+            acc = sum(s.accepted_by_pos for s in fk) / max(1, sum(s.full_rounds for s in fk))
+            acc_ng = sum(s.accepted_by_pos for s in ng) / max(1, sum(s.full_rounds for s in ng))
             res.update({
-                "mean_accepted": round(sum(s.accepted for s in pr) / max(1, sum(s.wanted_rounds for s in pr)), 4),
-                "mean_accepted_ngram": round(sum(s.accepted for s in ng) / max(1, sum(s.wanted_rounds for s in ng)), 4),
+                "mean_accepted": round(sum(s.full_accepted for s in fk) / max(1, sum(s.full_rounds for s in fk)), 4),
+                "mean_accepted_all_rounds": round(sum(s.accepted for s in fk) / max(1, sum(s.wanted_rounds for s in fk)), 4),
+                "mean_accepted_ngram": round(sum(s.full_accepted for s in ng) / max(1, sum(s.full_rounds for s in ng)), 4),
                 "ngram_drafted_share": round(sum(s.drafted_rounds for s in ng) / max(1, sum(s.wanted_rounds for s in ng)), 4),
-                "mean_accepted_thread": round(statistics.median(s.mean_accepted for s in runs["thread"]), 4),
+                "mean_accepted_policy": round(sum(s.full_accepted for s in pr) / max(1, sum(s.full_rounds for s in pr)), 4),
+                "min_confidence": min_confidence,
+                "mean_verified_policy": round(float(sum(s.verified_by_pos.sum() for s in pr))
+                                              / max(1, sum(s.full_rounds for s in pr)), 4),
+                "mean_accepted_thread": round(statistics.median(s.mean_accepted_full for s in runs["thread"]), 4),
                 "accept_by_position": [round(float(x), 4) for x in acc],
                 "accept_by_position_ngram": [round(float(x), 4) for x in acc_ng],
                 "target_forwards_per_token": round(statistics.median(s.request_forwards / s.tokens for s in pr), 4),
@@ -173,6 +187,7 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
                 "speedup": round(med["proxy"] / med["target_only"], 3),
                 "speedup_ngram": round(med["ngram"] / med["target_only"], 3),
                 "speedup_thread": round(med["thread"] / med["target_only"], 3),
+                "speedup_full_k": round(med["proxy_full_k"] / med["target_only"], 3),
                 "target_step_ms": _pct([x for s in runs["target_only"] for x in s.forward_ms], 50),
                 "verify_step_ms": _pct([x for s in pr for x in s.forward_ms], 50),
                 "round_ms": _pct([x for s in pr for x in s.round_ms], 50),
@@ -234,6 +249,6 @@ def _faults(sysm, target, reqs: list[Request], ref: RunStats, src: ShimDrafts, B
             {"error": errors[0] if errors else "fault not injected before the end"}
         out[kind] = {**w, "mismatches": len(bad), "prompts_checked": len(st.outputs),
                      "tokens_per_s": round(st.tokens_per_s, 1),
-                     "mean_accepted": round(st.mean_accepted, 3)}
+                     "mean_accepted": round(st.mean_accepted_full, 3)}
         say(f"fault {kind}: {out[kind]}")
     return out

@@ -11,11 +11,13 @@ def format_eval(r: dict) -> str:
         f"{r['prompts']} held-out prompts x {r['max_new']} tokens, batch {r['max_batch']}, N={r['num_spec']}, "
         f"{r['reps']} interleaved repetitions (medians), {r['elapsed_s']} s (load average {r.get('load_avg')})",
         f"mean accepted      {r['mean_accepted']:.2f} of {r['num_spec']} (n-gram {r['mean_accepted_ngram']:.2f}); by position "
-        f"{r['accept_by_position']} (n-gram {r['accept_by_position_ngram']})",
+        f"{r['accept_by_position']} (n-gram {r['accept_by_position_ngram']}); all rounds {r['mean_accepted_all_rounds']:.2f}",
+        f"draft length       verify while confidence >= {r['min_confidence']}: {r['mean_verified_policy']:.2f} "
+        f"verified, {r['mean_accepted_policy']:.2f} accepted a full round",
         f"target forwards    {r['target_forwards_per_token']} per token (n-gram {r['target_forwards_per_token_ngram']})",
         f"tokens/s           target-only {tps['target_only']}, n-gram {tps['ngram']}, proxy {tps['proxy']}, "
-        f"thread mode {tps['thread']}",
-        f"speed-up           {r['speedup']}x (n-gram {r['speedup_ngram']}x, thread mode {r['speedup_thread']}x)",
+        f"thread mode {tps['thread']}, every draft {tps['proxy_full_k']}",
+        f"speed-up           {r['speedup']}x (n-gram {r['speedup_ngram']}x, thread mode {r['speedup_thread']}x, every draft {r['speedup_full_k']}x)",
         f"per step (p50, ms) target step {r['target_step_ms']}, verification {r['verify_step_ms']}, head "
         f"{r['head_ms']}, round {r['round_ms']} (thread mode {r['round_ms_thread']})",
         f"greedy distinct-4-gram rate {r['greedy_distinct_4gram_rate']}",
