@@ -25,7 +25,7 @@ import numpy as np
 from dspark_proxy.shm.segment import DEFAULT_NAME
 
 from . import vllm_hook
-from .vllm_step import SlotMap, StepArrays, clip_drafts, plan_step
+from .vllm_step import NO_LIMIT, SlotMap, StepArrays, clip_drafts, plan_step
 
 __all__ = ["DSparkProposer", "ENV_HEAD", "VllmShapes", "shapes_from_config"]
 
@@ -136,6 +136,7 @@ class DSparkProposer:
         self._rows_np = np.zeros((0, s.row_bytes), np.uint8)  # its bytes, as enqueue takes them
         self._sel_buf: dict[int, Any] = {}
         self._order: list[int] = []
+        self._runner: Any = None  # the step's model runner, for the limits read at admission
         self.active = True
         self._attach()
 
@@ -237,11 +238,15 @@ class DSparkProposer:
         assert s is not None
         ib = runner.input_batch
         req_ids = ib.req_ids
+        self._runner = runner
         self.slots.release(so.finished_req_ids)
         if so.preempted_req_ids:
             self.preemptions_seen += len(so.preempted_req_ids)
             self.slots.release(so.preempted_req_ids)
-        slots = self.slots.slots_for(req_ids)
+        new = getattr(so, "scheduled_new_reqs", None)
+        if new:  # a streaming request re-sent with a new prompt and max_tokens keeps its slot
+            self.slots.refresh([r.req_id for r in new], self._limit_of)
+        slots = self.slots.slots_for(req_ids, self._limit_of)
         if n and slots.min() < 0:
             raise RuntimeError(f"no free slot among max_num_seqs={s.max_reqs} for a request of this step")
         d = np.zeros(n, np.int64) if sdm is None else np.asarray(sdm.num_draft_tokens, dtype=np.int64)
@@ -250,7 +255,7 @@ class DSparkProposer:
                          c0=ib.num_computed_tokens_cpu[:n], d=d,
                          n_sampled=n_sampled,
                          n_tokens=ib.num_tokens_no_spec[:n], token_ids=ib.token_ids_cpu, window=s.window,
-                         num_spec=s.num_spec, max_model_len=s.max_model_len)
+                         num_spec=s.num_spec, max_model_len=s.max_model_len, limit=self.slots.limit[slots])
         checked = (d > 0) & (n_sampled > 0)
         self.verified_rounds += int(np.count_nonzero(checked))
         self.accepted += int(n_sampled[checked].sum()) - int(np.count_nonzero(checked))
@@ -258,6 +263,16 @@ class DSparkProposer:
         t1 = time.perf_counter()
         self._enqueue(plan, rows)
         self._pending = (plan, t0, t1)
+
+    def _limit_of(self, req_id: str) -> int:
+        """The request's own end in tokens, prompt + max_tokens (where vLLM stops it: no draft past it);
+        read from the runner's request state once per admission. NO_LIMIT when the runner has none."""
+        reqs = getattr(self._runner, "requests", None)
+        st = reqs.get(req_id) if reqs is not None else None
+        max_tokens = getattr(getattr(st, "sampling_params", None), "max_tokens", None)
+        if max_tokens is None:
+            return NO_LIMIT
+        return int(st.num_prompt_tokens) + int(max_tokens)
 
     def _finish(self, plan: StepArrays, t0: float, t1: float) -> list[list[int]]:
         t2 = time.perf_counter()

@@ -129,6 +129,7 @@ class _Runner:
         self.input_batch = SimpleNamespace(req_ids=[], num_computed_tokens_cpu=np.zeros(M, np.int32),
                                            num_tokens_no_spec=np.zeros(M, np.int32),
                                            token_ids_cpu=np.zeros((M, MAXLEN), np.int32))
+        self.requests: dict[str, SimpleNamespace] = {}  # vLLM's per-request state (prompt, sampling params)
 
     def _set(self, layers) -> None:
         self.layers = layers
@@ -151,19 +152,29 @@ def _step(p: DSparkProposer, runner: _Runner, reqs: list[tuple[str, int, int, li
     return out, aux
 
 
+def _null_proxy(name: str):
+    return spawn_proxy(name, "null", "--max-reqs", str(M), "--num-spec", str(MAN.num_spec), "--window",
+                       str(MAN.window), "--row-bytes", str(MAN.row_bytes), "--deadline-ms", "200", "--log-every", "0")
+
+
+def _bound(p: DSparkProposer) -> _Runner:
+    """A runner bound to the proposer, once its shim has found the proxy."""
+    assert p.active and p.shim is not None
+    runner = _Runner()
+    p.bind(runner)
+    assert runner.use_aux_hidden_state_outputs and runner.layers == tuple(MAN.tap_layers) and p.bound
+    end = time.monotonic() + 5
+    while p.shim.state is AttachState.DETACHED and time.monotonic() < end:
+        time.sleep(0.01)
+    return runner
+
+
 def test_a_step_through_a_real_proxy(env):
-    proxy = spawn_proxy(env, "null", "--max-reqs", str(M), "--num-spec", str(MAN.num_spec), "--window",
-                        str(MAN.window), "--row-bytes", str(MAN.row_bytes), "--deadline-ms", "200", "--log-every", "0")
+    proxy = _null_proxy(env)
     p = None
     try:
         p = DSparkProposer(_config())
-        assert p.active and p.shim is not None
-        runner = _Runner()
-        p.bind(runner)
-        assert runner.use_aux_hidden_state_outputs and runner.layers == tuple(MAN.tap_layers) and p.bound
-        end = time.monotonic() + 5
-        while p.shim.state is AttachState.DETACHED and time.monotonic() < end:
-            time.sleep(0.01)
+        runner = _bound(p)
         # a prompt of 5 whose first token was sampled, and a request at the length limit
         out, aux = _step(p, runner, [("a", 0, 5, [11]), ("b", MAXLEN - 2, 1, [12])])
         assert out == [[1] * MAN.num_spec, []]  # the null worker's drafts; none where no draft fits
@@ -178,6 +189,30 @@ def test_a_step_through_a_real_proxy(env):
         out, _ = _step(p, runner, [("c", 0, 3, [13])], finished={"a", "b"})
         assert int(p.slots.slots_for(["c"])[0]) in (0, 1) and len(p.slots) == 1
         assert out == [[1] * MAN.num_spec]
+    finally:
+        if p is not None:
+            p.close()
+        proxy.stop()
+
+
+def test_no_draft_past_a_requests_max_tokens(env):
+    """vLLM stops a request at prompt + max_tokens: no draft once it is there, and no more drafts than
+    it may still produce (vLLM would verify them and throw the tokens away)."""
+    proxy = _null_proxy(env)
+    p = None
+    try:
+        p = DSparkProposer(_config())
+        runner = _bound(p)
+
+        def req(max_tokens):
+            return SimpleNamespace(num_prompt_tokens=5, sampling_params=SimpleNamespace(max_tokens=max_tokens))
+
+        # prompts of 5, first token sampled (6 known): max_tokens 1 is done, 3 has room for 1 draft + the
+        # bonus token, 50 for all N; a request vLLM gives no sampling parameters is bounded by max_model_len
+        runner.requests = {"a": req(1), "b": req(3), "c": req(50), "d": SimpleNamespace(sampling_params=None)}
+        out, _ = _step(p, runner, [(r, 0, 5, [11]) for r in "abcd"])
+        assert out == [[], [1], [1] * MAN.num_spec, [1] * MAN.num_spec]
+        assert p.shim.stats()["counters"].get("replies_ok") == 1
     finally:
         if p is not None:
             p.close()

@@ -166,12 +166,15 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
             drafter.timings.clear()
         n = int(timing.get("max_tokens", 128))
         ms = []
+        steps: list[float] = []
+        _time_steps(llm, lambda us: steps.append(us))
         for _ in range(int(timing.get("repeats", 3))):
             ts = time.perf_counter()
             llm.generate([timing["prompt"]], greedy(n), use_tqdm=False)
             ms.append((time.perf_counter() - ts) * 1e3 / n)
         out["step_ms"] = round(statistics.median(ms), 4)
         out["step_ms_all"] = [round(x, 4) for x in ms]
+        out["engine_step_us"] = _pcts(steps)
         if ours:
             out["drafter_timing"] = _drafter_stats(drafter)
     return out
@@ -186,8 +189,12 @@ def _cost_timing(llm: Any, d: Any, timing: dict[str, Any], greedy: Any) -> dict[
     ms: dict[str, list[float]] = {m: [] for m in modes}
     us: dict[str, list[tuple[float, float, float]]] = {m: [] for m in modes}
     deferred = d.deferred
+    steps: dict[str, list[float]] = {m: [] for m in modes}
+    now = [modes[0]]  # the mode of the generation running
+    _time_steps(llm, lambda us: steps[now[0]].append(us))
     for _ in range(int(timing.get("repeats", 5))):
         for mode in modes:
+            now[0] = mode
             d.via_shim = mode != "in_place"
             d.deferred = deferred and mode != "via_shim_sync"
             d.timings.clear()
@@ -201,9 +208,27 @@ def _cost_timing(llm: Any, d: Any, timing: dict[str, Any], greedy: Any) -> dict[
     return {"step_ms_in_place": round(med["in_place"], 4), "step_ms_via_shim": round(med["via_shim"], 4),
             "step_ms_via_shim_sync": round(med["via_shim_sync"], 4),
             "step_ms_all": {m: [round(x, 4) for x in v] for m, v in ms.items()},
-            "ours_us": round_us, "enqueue_us": _pcts([x[0] for x in us["via_shim"]]),
+            "ours_us": round_us, "engine_step_us": {m: _pcts(v) for m, v in steps.items()},
+            "enqueue_us": _pcts([x[0] for x in us["via_shim"]]),
             "read_reply_us": _pcts([x[1] for x in us["via_shim"]]),
             "read_reply_us_sync": _pcts([x[1] for x in us["via_shim_sync"]])}
+
+
+def _time_steps(llm: Any, sink: Any) -> None:
+    """Time every engine step (`LLMEngine.step`: schedule, forward, drafts, outputs) into sink(us). Its
+    p50 over a generation sets a step against a step without the outliers (a time slice lost to the
+    machine's other work) that make ms per generated token noisy on a shared machine."""
+    eng = llm.llm_engine
+    step = eng.step
+
+    def timed(*a: Any, **k: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return step(*a, **k)
+        finally:
+            sink((time.perf_counter() - t0) * 1e6)
+
+    eng.step = timed
 
 
 def _drafter_stats(d: DSparkProposer) -> dict[str, Any]:
