@@ -12,6 +12,8 @@
  *   fill_entries   round.py                the usual round's STEP entries (wire/step.py's prefix)
  *   ring_runs      ring_rows.py            RingRows.runs: the STEP's rows as runs of the shared ring
  *   ring_gather    ring_rows.py            RingRows.gather: small rows gathered from the shared ring
+ *   accept_round   acceptance.py           Acceptance.round's sums: accepted drafts, their histogram, the
+ *                                          gate's per-slot scatter-adds and probes that are due
  *
  * Why C: at the batch sizes that matter a round's cost was numpy's per-call overhead (0.3-1 us a call,
  * some 40 calls a side), not the data; one call per job removes it. Nothing here decides policy: on
@@ -22,7 +24,7 @@
  * for item size and length here before any access. Positions and counts are int64 as in the models.
  *
  * Files: this one (the engine's half and the module), _fastround_proxy.c (the proxy's half),
- * _fastround.h (what both share).
+ * _fastround_accept.c (the proxy's acceptance sums), _fastround.h (what they share).
  *
  * Atomics (shm_layout.md §5 "Meta and desc slots", §10): the stamps are the only shared words touched
  * here, each paired as in _hostflag.c:
@@ -343,6 +345,9 @@ static PyMethodDef methods[] = {
     {"ring_gather", fr_ring_gather, METH_VARARGS,
      "ring_gather(ring, slots, first_pos, n_rows, W, row_bytes, out) -> rows (small rows gathered from the ring)"},
     {"check_page", fr_check_page, METH_VARARGS, "check_page(buf, o_ok, n, N, ok_out) -> bool"},
+    {"accept_round", fr_accept_round, METH_VARARGS,
+     "accept_round(slots, valid, k_window, num_spec, hist, gsum, gcnt, left, ready, gate, probing) -> "
+     "(n_ver, tokens, n_ready)"},
     {NULL, NULL, 0, NULL},
 };
 
