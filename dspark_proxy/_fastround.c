@@ -12,6 +12,7 @@
  *   fill_entries   round.py                the usual round's STEP entries (wire/step.py's prefix)
  *   ring_runs      ring_rows.py            RingRows.runs: the STEP's rows as runs of the shared ring
  *   ring_gather    ring_rows.py            RingRows.gather: small rows gathered from the shared ring
+ *   pack_whole     reply_page.py           PagePacker.pack's usual round: every request drafted in full
  *   accept_round   acceptance.py           Acceptance.round's sums: accepted drafts, their histogram, the
  *                                          gate's per-slot scatter-adds and probes that are due
  *
@@ -24,7 +25,8 @@
  * for item size and length here before any access. Positions and counts are int64 as in the models.
  *
  * Files: this one (the engine's half and the module), _fastround_proxy.c (the proxy's half),
- * _fastround_accept.c (the proxy's acceptance sums), _fastround.h (what they share).
+ * _fastround_accept.c (the proxy's acceptance sums), _fastround_page.c (the usual round's reply page),
+ * _fastround.h (what they share).
  *
  * Atomics (shm_layout.md §5 "Meta and desc slots", §10): the stamps are the only shared words touched
  * here, each paired as in _hostflag.c:
@@ -339,7 +341,9 @@ static PyMethodDef methods[] = {
      "new_owner, new_gen, resync, held_first, held_rows, W) -> (n_new_owner, n_resync, n_unknown)"},
     {"fill_entries", fr_fill_entries, METH_VARARGS,
      "fill_entries(prefix, entries_off, entry_size, eoffs, idx, slots, n_rows, generation, first_pos, anchor_pos, "
-     "anchor_token, flags, k_window, n_out) -> k"},
+     "anchor_token, need, new_gen, k_window, n_out) -> k"},
+    {"pack_whole", fr_pack_whole, METH_VARARGS,
+     "pack_whole(page, o_ok, o_ids, o_conf, M, N, n, cap, ok_rows, ids_rows, draft_ids, confidence) -> bool"},
     {"ring_runs", fr_ring_runs, METH_VARARGS,
      "ring_runs(base, slots, first_pos, n_rows, W, row_bytes) -> [memoryview] (the STEP's rows from the shared ring)"},
     {"ring_gather", fr_ring_gather, METH_VARARGS,

@@ -104,5 +104,6 @@ PyObject *fr_fill_entries(PyObject *mod, PyObject *args);
 PyObject *fr_ring_runs(PyObject *mod, PyObject *args);
 PyObject *fr_ring_gather(PyObject *mod, PyObject *args);
 PyObject *fr_accept_round(PyObject *mod, PyObject *args);
+PyObject *fr_pack_whole(PyObject *mod, PyObject *args);
 
 #endif

@@ -211,28 +211,29 @@ fail:
 
 
 /* fill_entries(prefix, entries_off, entry_size, eoffs, idx, slots, n_rows, generation, first_pos, anchor_pos,
- *              anchor_token, flags, k_window, n_out)
+ *              anchor_token, need, new_gen, k_window, n_out)
  * The round's k entries (round.py step 4, the usual round: this round's rows, no window): entry e is
  * request j = idx[e] (idx None: j = e, k = len(slots)); slot, n_rows, first_pos, anchor_pos, anchor_token,
- * flags, k_window (at most 255) of request j, generation of its slot, n_out. Integer fields take the low
- * bytes, as numpy's assignment into the entry's narrower fields does. Returns k. */
+ * flags (RF_NEED_DRAFT if need[j], RF_NEW_GEN if new_gen[j]: bool bytes), k_window (at most 255) of
+ * request j, generation of its slot, n_out. Integer fields take the low bytes, as numpy's assignment
+ * into the entry's narrower fields does. Returns k. */
 PyObject *fr_fill_entries(PyObject *mod, PyObject *args) {
-    PyObject *prefix, *o[10];
+    PyObject *prefix, *o[11];
     Py_ssize_t ent_off, ent_size, n_out;
     (void)mod;
-    if (!PyArg_ParseTuple(args, "OnnOOOOOOOOOOn", &prefix, &ent_off, &ent_size, &o[0], &o[1], &o[2], &o[3], &o[4],
-                          &o[5], &o[6], &o[7], &o[8], &o[9], &n_out))
+    if (!PyArg_ParseTuple(args, "OnnOOOOOOOOOOOn", &prefix, &ent_off, &ent_size, &o[0], &o[1], &o[2], &o[3], &o[4],
+                          &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &n_out))
         return NULL;
-    Py_buffer bp = {0}, bs[10];
+    Py_buffer bp = {0}, bs[11];
     memset(bs, 0, sizeof bs);
-    Py_buffer *all[12] = {&bp};
-    for (int i = 0; i < 10; i++)
+    Py_buffer *all[13] = {&bp};
+    for (int i = 0; i < 11; i++)
         all[1 + i] = &bs[i];
-    all[11] = NULL;
+    all[12] = NULL;
     if (PyObject_GetBuffer(prefix, &bp, PyBUF_WRITABLE) < 0)
         return NULL;
     /* eoffs int64; idx int64 or None; slots int64 [n]; n_rows, generation (the table), first_pos,
-     * anchor_pos int64; anchor_token int64 [n]; flags u1 [n]; k_window int32 [n] */
+     * anchor_pos int64; anchor_token int64 [n]; need, new_gen u1 [n]; k_window int32 [n] */
     if (get_arr(o[0], &bs[0], 8, E_COUNT, 0, "eoffs") < 0 || get_arr(o[2], &bs[2], 8, 0, 0, "slots") < 0)
         goto fail;
     Py_ssize_t n = bs[2].len / 8, k = n;
@@ -241,17 +242,17 @@ PyObject *fr_fill_entries(PyObject *mod, PyObject *args) {
             goto fail;
         k = bs[1].len / 8;
     }
-    static const char *names[10] = {"eoffs", "idx", "slots", "n_rows", "generation", "first_pos", "anchor_pos",
-                                    "anchor_token", "flags", "k_window"};
-    static const Py_ssize_t isz[10] = {8, 8, 8, 8, 8, 8, 8, 8, 1, 4};
-    for (int i = 3; i < 10; i++)
+    static const char *names[11] = {"eoffs", "idx", "slots", "n_rows", "generation", "first_pos", "anchor_pos",
+                                    "anchor_token", "need", "new_gen", "k_window"};
+    static const Py_ssize_t isz[11] = {8, 8, 8, 8, 8, 8, 8, 8, 1, 1, 4};
+    for (int i = 3; i < 11; i++)
         if (get_arr(o[i], &bs[i], isz[i], i == 4 ? 0 : n, 0, names[i]) < 0)
             goto fail;
     Py_ssize_t S = bs[4].len / 8;
     const int64_t *eo = bs[0].buf, *idx = bs[1].buf, *slots = bs[2].buf, *rows = bs[3].buf, *gen = bs[4].buf,
                   *first = bs[5].buf, *anchor = bs[6].buf, *tok = bs[7].buf;
-    const uint8_t *flags = bs[8].buf;
-    const int32_t *kw = bs[9].buf;
+    const uint8_t *need = bs[8].buf, *new_gen = bs[9].buf;
+    const int32_t *kw = bs[10].buf;
     if (ent_off < 0 || ent_size < 40 || ent_off + k * ent_size > bp.len) {
         PyErr_SetString(PyExc_ValueError, "fill_entries: entries outside the prefix");
         goto fail;
@@ -273,7 +274,7 @@ PyObject *fr_fill_entries(PyObject *mod, PyObject *args) {
         put_u64(ent + eo[E_FIRST], (uint64_t)first[j]);
         put_u64(ent + eo[E_ANCHOR], (uint64_t)anchor[j]);
         put_u32(ent + eo[E_TOKEN], (uint64_t)tok[j]);
-        ent[eo[E_FLAGS]] = (char)flags[j];
+        ent[eo[E_FLAGS]] = (char)((need[j] ? 1 : 0) | (new_gen[j] ? 2 : 0)); /* RF_NEED_DRAFT | RF_NEW_GEN */
         ent[eo[E_K]] = (char)(uint8_t)(kw[j] < 255 ? kw[j] : 255);
         ent[eo[E_NOUT]] = (char)(uint8_t)n_out;
     }

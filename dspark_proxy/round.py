@@ -252,13 +252,13 @@ class RoundCore:
         ent = self._entries[:k]
         need = np.not_equal(v.need_raw, 0, out=v.need)
         self.accept.mask(slots, need)  # paused by the acceptance gate: rows sent, no drafts asked
-        flags = v.need_u8 | (plan.new_gen.view(np.uint8) << 1)  # RF_NEED_DRAFT | RF_NEW_GEN
-        if have_win is not None:
-            flags |= have_win.view(np.uint8) << 2  # RF_RESYNC
         n_out = self.packer.n_out(n)
         if have_win is None and self.native:  # the usual round's entries in one C call (its reference: below)
-            self._fill_entries(idx, slots, valid, first_pos, plan, flags, n_out)
+            self._fill_entries(idx, slots, valid, first_pos, plan, v.need_u8, n_out)
         else:
+            flags = v.need_u8 | (plan.new_gen.view(np.uint8) << 1)  # RF_NEED_DRAFT | RF_NEW_GEN
+            if have_win is not None:
+                flags |= have_win.view(np.uint8) << 2  # RF_RESYNC
             e_first = first_pos[sel] if have_win is None else np.where(have_win, plan.held_first, first_pos)[sel]
             ent["slot"] = e_slots
             ent["n_rows"] = e_rows
@@ -315,12 +315,13 @@ class RoundCore:
         self._accept(t, n, idx, e_slots, slots, plan, need, pending if n_pending else None, out.reply)
 
     def _fill_entries(self, idx: np.ndarray | None, slots: np.ndarray, valid: np.ndarray, first_pos: np.ndarray,
-                      plan: Advance, flags: np.ndarray, n_out: int) -> None:
+                      plan: Advance, need_u8: np.ndarray, n_out: int) -> None:
         """Step 4's entries for the requests `idx` (None: all), each with this round's rows, written into
-        the STEP prefix by _fastround.fill_entries: the reference is the field assignments in _run."""
+        the STEP prefix by _fastround.fill_entries (the flags too, from need and new_gen): the reference is
+        the flags and field assignments in _run."""
         native.fastround.fill_entries(self._prefix, _ENTRIES_AT, wire.ENTRY_SIZE, self._entry_offs, idx, slots,
                                       valid, self.slots.generation, first_pos, plan.anchor_pos, self.desc.v.anchor,
-                                      flags, self.desc.v.k_window, n_out)
+                                      need_u8, plan.new_gen, self.desc.v.k_window, n_out)
 
     def _fail(self, slots: np.ndarray, n: int, reason: str) -> None:
         self.slots.mark_dirty(slots)
