@@ -3,6 +3,7 @@
  * reference models (which stay the readable definition; dspark_proxy/native.py selects one):
  *
  *   check_round    engine_shim/inputs.py   EnqueueInputs.check's range, order and duplicate checks
+ *   check_fast     engine_shim/inputs.py   the same, on arguments that need no conversion (else: -1)
  *   ring_write     engine_shim/row_ring.py EngineRing.write (SlotTable begin_requests + apply, and the
  *                                          rows scattered into rows[slot, pos % W])
  *   write_round    shm/stamped.py          the staging copy, SlotWriter.write_meta and .write_desc
@@ -25,7 +26,8 @@
  * for item size and length here before any access. Positions and counts are int64 as in the models.
  *
  * Files: this one (the engine's half and the module), _fastround_proxy.c (the proxy's half),
- * _fastround_accept.c (the proxy's acceptance sums), _fastround_page.c (the usual round's reply page),
+ * _fastround_inputs.c (enqueue's arguments taken as they are), _fastround_accept.c (the proxy's acceptance
+ * sums), _fastround_page.c (the usual round's reply page),
  * _fastround.h (what they share).
  *
  * Atomics (shm_layout.md §5 "Meta and desc slots", §10): the stamps are the only shared words touched
@@ -179,10 +181,12 @@ fail:
 
 /* write_round(seg, meta_off, desc_off, moffs, doffs, t, n, rows_staged, k_fit, max_q, staged, staging_off,
  *             rows, valid, first_pos, anchor, sampled, seed, temperature, req_ids, slots, qsl, need_draft,
- *             k_window, M, R)
+ *             k_window, M, R) -> max_q
  * The staging rows [0, rows_staged), then meta slot and desc slot of round t, each stamped at both ends
  * (stamped.py SlotWriter; shm_layout.md §5). `seed`/`temperature` None: not a sampled segment (their
- * fields are left alone). The resync windows are staged before this call (writer.py). */
+ * fields are left alone). max_q < 0: the longest query is computed here from qsl (writer.py's
+ * max(qsl[1:] - qsl[:-1]), 0 for n = 0); returned either way. The resync windows are staged before this
+ * call (writer.py). */
 PyObject *fr_write_round(PyObject *mod, PyObject *args) {
     PyObject *seg, *o_moffs, *o_doffs, *o_staged, *o_rows, *a[11];
     Py_ssize_t meta_off, desc_off, staging_off, n, rows_staged, k_fit, max_q;
@@ -243,6 +247,14 @@ PyObject *fr_write_round(PyObject *mod, PyObject *args) {
     const int64_t *valid = ba[0].buf, *first = ba[1].buf, *anchor = ba[2].buf, *req = ba[6].buf, *slots = ba[7].buf,
                   *qsl = ba[8].buf, *k = ba[10].buf, *staged = bst.buf;
     const uint8_t *smp = ba[3].buf, *need = ba[9].buf;
+    if (max_q < 0) {
+        max_q = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t q = wrap_add(qsl[i + 1], -qsl[i]);
+            if (i == 0 || q > max_q)
+                max_q = (Py_ssize_t)q;
+        }
+    }
     Py_BEGIN_ALLOW_THREADS
     /* the staging: rows_staged is a prefix of the round's rows (writer.py), brows.len their bytes */
     if (brows.len)
@@ -285,7 +297,7 @@ PyObject *fr_write_round(PyObject *mod, PyObject *args) {
     atomic_store_explicit(stamp_at(d, dof[D_END]), (uint64_t)t, memory_order_release);
     Py_END_ALLOW_THREADS
     release_all(all);
-    Py_RETURN_NONE;
+    return PyLong_FromSsize_t(max_q);
 fail:
     release_all(all);
     return NULL;
@@ -332,7 +344,9 @@ static PyMethodDef methods[] = {
     {"ring_write", fr_ring_write, METH_VARARGS,
      "ring_write(owner, generation, lo, hi, dirty, announced, ring, slots, req_ids, first_pos, valid, rows, W, "
      "row_bytes)"},
-    {"write_round", fr_write_round, METH_VARARGS, "write_round(seg, meta_off, desc_off, moffs, doffs, t, n, ...)"},
+    {"write_round", fr_write_round, METH_VARARGS, "write_round(seg, meta_off, desc_off, moffs, doffs, t, n, ...) -> max_q"},
+    {"check_fast", fr_check_fast, METH_VARARGS,
+     "check_fast(ndarray, M, W, mark, slots, valid, first_pos, anchor, k_window, need_draft, qsl) -> (code, n, total)"},
     {"read_round", fr_read_round, METH_VARARGS,
      "read_round(seg, desc_off, meta_off, moffs, doffs, t, desc_copy, meta_copy, mark, slots_out, valid_out, M, W, "
      "R, max_rows) -> (code, n, max_q, rows_staged, n_staged, n_misfit)"},

@@ -105,5 +105,6 @@ PyObject *fr_ring_runs(PyObject *mod, PyObject *args);
 PyObject *fr_ring_gather(PyObject *mod, PyObject *args);
 PyObject *fr_accept_round(PyObject *mod, PyObject *args);
 PyObject *fr_pack_whole(PyObject *mod, PyObject *args);
+PyObject *fr_check_fast(PyObject *mod, PyObject *args);
 
 #endif

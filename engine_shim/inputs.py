@@ -82,7 +82,28 @@ class EnqueueInputs:
     def check(self, req_ids, slots, qsl, need_draft, k_window, rows, valid, first_pos, anchor, sampled,
               seed, temperature) -> tuple[int, dict[str, np.ndarray]]:
         """enqueue's arguments, checked and converted: n and the arrays by name (rows as [total,
-        row_bytes] bytes). Cheap checks first, in one pass; `_explain` names the culprit."""
+        row_bytes] bytes). Cheap checks first, in one pass; `_explain` names the culprit. On the C path,
+        arguments that need no conversion (C-contiguous 1-D numpy arrays of the right dtypes and lengths)
+        are checked by one `_fastround.check_fast` call; anything else takes the reference (`_convert`)."""
+        M, W = self.max_reqs, self.window
+        code = -1
+        if self.native:  # arguments that are already what is needed: taken as they are, checked in one call
+            code, n, total = native.fastround.check_fast(np.ndarray, M, W, self._mark, slots, valid, first_pos, anchor,
+                                                         k_window, need_draft, qsl)
+        if code >= 0:
+            a: dict[str, np.ndarray] = {"slots": slots, "valid": valid, "first_pos": first_pos, "anchor": anchor,
+                                        "k_window": k_window, "need_draft": need_draft, "qsl": qsl}
+            if code == 1:
+                self._explain(slots, qsl, a)
+            if code == 2:
+                raise ShimError("slots: a slot appears more than once in the round")
+        else:
+            n, a, total = self._convert(slots, valid, first_pos, anchor, k_window, need_draft, qsl)
+        return self._finish(n, a, total, req_ids, rows, sampled, seed, temperature)
+
+    def _convert(self, slots, valid, first_pos, anchor, k_window, need_draft, qsl) -> tuple[int, dict, int]:
+        """check()'s reference: each argument converted (_as_numpy) and its shape checked, then the
+        cheap checks (check_round, or numpy); n, the arrays by name, and the sum of valid (-1: not yet)."""
         M, W = self.max_reqs, self.window
         slots_a = _as_numpy(slots, np.int64, "slots")
         n = int(slots_a.shape[0]) if slots_a.ndim == 1 else -1
@@ -123,6 +144,11 @@ class EnqueueInputs:
             self._mark[slots_a] = idx
             if np.count_nonzero(self._mark[slots_a] != idx):
                 raise ShimError("slots: a slot appears more than once in the round")
+        return n, a, total
+
+    def _finish(self, n: int, a: dict[str, np.ndarray], total: int, req_ids, rows, sampled, seed,
+                temperature) -> tuple[int, dict[str, np.ndarray]]:
+        """check() past the per-request arrays: request ids, rows, the sampled fields."""
         a["req_ids"] = self._req_ids(req_ids, n)
         if a["req_ids"].shape != (n,):
             raise ShimError(f"req_ids: expected {n} ids, got {a['req_ids'].shape}")

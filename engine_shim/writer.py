@@ -54,12 +54,11 @@ class RoundWriter:
         qsl = a["qsl"]
         if self.native:
             staged = self.stager.stage(t, a["slots"])
-            max_q = int(np.subtract(qsl[1:], qsl[:-1]).max()) if n else 0
             st = np.array(staged, dtype=np.int64) if staged else self._no_staged
             s = self.sampled
-            native.fastround.write_round(
+            max_q = native.fastround.write_round(  # max_q -1: computed there from qsl, as below
                 seg.mm, seg.layout.meta_off(t), seg.layout.desc_off(t), self._moffs, self._doffs, t, n, rows_staged,
-                k, max_q, st, self._staging_off, self._no_rows if self.shared else a["rows"][:rows_staged], valid, a["first_pos"], a["anchor"],
+                k, -1, st, self._staging_off, self._no_rows if self.shared else a["rows"][:rows_staged], valid, a["first_pos"], a["anchor"],
                 a["sampled"], a["seed"] if s else None, a["temperature"] if s else None, a["req_ids"], a["slots"], qsl,
                 a["need_draft"], a["k_window"], p.max_reqs, p.resync_per_round)
             return rows_staged, max_q

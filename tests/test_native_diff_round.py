@@ -2,8 +2,9 @@
 rigs and comparisons, its rounds biased the other way): a null worker that answers every request in full
 (so the reply page is packed by `_fastround.pack_whole` on the C path), requests that mostly all ask for
 drafts, a batch that grows and shrinks (rows an earlier round wrote are cleared), now and then a worker
-that answers a request with fewer drafts or an -1 first, an n_out table that cuts the drafts, and an
-acceptance gate quick enough to pause requests within the rounds drawn. After every round both rigs must
+that answers a request with fewer drafts or an -1 first, an n_out table that cuts the drafts, an
+acceptance gate quick enough to pause requests within the rounds drawn, and arrays handed in as enqueue
+needs them (`_fastround.check_fast` takes them as they are) or not (converted on both paths). After every round both rigs must
 hold the same bytes on the reply page, in the STEP and in every counter."""
 
 from __future__ import annotations
@@ -59,7 +60,25 @@ _round = st.fixed_dictionaries({
     "k_window": st.lists(st.integers(0, N), min_size=M, max_size=M),
     "short": st.lists(st.tuples(st.integers(0, M - 1), st.integers(0, N - 1)), max_size=2),
     "cut": st.sampled_from([False] * 4 + [True]),
+    # how the engine hands its arrays in: as enqueue needs them (the C path takes them as they are), or
+    # not (another dtype, a list, a strided view: both paths convert them)
+    "form": st.sampled_from(["numpy"] * 5 + ["int32", "list", "strided"]),
 })
+
+
+def _form(b: dict, form: str) -> dict:
+    if form == "numpy":
+        return b
+    b = dict(b)
+    for k in ("slots", "valid", "first_pos", "anchor", "k_window", "qsl"):
+        a = b[k]
+        if form == "int32":
+            b[k] = a.astype(np.int32)
+        elif form == "list":
+            b[k] = a.tolist() if k != "slots" else a.astype(np.int16)  # the rig's faults read slots.shape
+        else:
+            b[k] = np.repeat(a, 2)[::2]  # the same values, not contiguous
+    return b
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -72,6 +91,7 @@ def test_usual_rounds_write_the_same_bytes(rounds, n_out, gate):
         drv = Driver(False)
         for t, r in enumerate(rounds, start=1):
             b, _slots = drv.batch(r)
+            b = _form(b, r["form"])
             for rig in (ref, nat):
                 rig.client.short = r["short"] if r["cut"] else []
             got_ref = _one(ref, t, b, r["fault"])
@@ -106,3 +126,32 @@ def test_the_usual_round_is_packed_by_the_c_path(monkeypatch):
         ref.close()
         nat.close()
     assert calls and all(calls)
+
+
+def test_check_fast_takes_only_what_needs_no_conversion():
+    """check_fast answers -1 (the reference converts) for anything but C-contiguous 1-D numpy arrays of
+    the right dtypes and lengths, and check_round's codes otherwise."""
+    from dspark_proxy import native
+
+    fr = native.fastround
+    mark = np.zeros(M, np.int64)
+    n = 3
+    good = dict(slots=np.array([2, 0, 5]), valid=np.array([1, 2, 0]), first_pos=np.array([0, 4, 9]),
+                anchor=np.array([7, 8, 9]), k_window=np.array([0, 1, 2]), need_draft=np.ones(n, bool),
+                qsl=np.array([0, 1, 3, 4]))
+    order = ("slots", "valid", "first_pos", "anchor", "k_window", "need_draft", "qsl")
+
+    def call(**kw):
+        d = dict(good, **kw)
+        return fr.check_fast(np.ndarray, M, W, mark, *(d[k] for k in order))
+
+    assert call() == (0, n, 3)
+    assert mark[[2, 0, 5]].tolist() == [0, 1, 2]
+    assert call(valid=np.array([1, W + 1, 0]))[0] == 1
+    assert call(qsl=np.array([0, 2, 1, 4]))[0] == 1
+    assert call(slots=np.array([2, 0, 2]))[0] == 2
+    for bad in (dict(slots=[2, 0, 5]), dict(valid=np.array([1, 2, 0], np.int32)), dict(need_draft=np.ones(n, np.uint8)),
+                dict(anchor=np.arange(6)[::2]), dict(qsl=np.arange(3)), dict(k_window=np.zeros((n, 1), np.int64)),
+                dict(first_pos=np.ma.masked_array([0, 4, 9])), dict(slots=np.arange(M + 1)),
+                dict(valid=np.array([1, 2, 0], np.uint64))):
+        assert call(**bad)[0] == -1, bad
