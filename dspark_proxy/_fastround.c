@@ -346,7 +346,8 @@ static PyMethodDef methods[] = {
      "row_bytes)"},
     {"write_round", fr_write_round, METH_VARARGS, "write_round(seg, meta_off, desc_off, moffs, doffs, t, n, ...) -> max_q"},
     {"check_fast", fr_check_fast, METH_VARARGS,
-     "check_fast(ndarray, M, W, mark, slots, valid, first_pos, anchor, k_window, need_draft, qsl) -> (code, n, total)"},
+     "check_fast(ndarray, M, W, B, mark, slots, valid, first_pos, anchor, k_window, need_draft, qsl, req_ids, rows) -> "
+     "(code, n, total, taken)"},
     {"read_round", fr_read_round, METH_VARARGS,
      "read_round(seg, desc_off, meta_off, moffs, doffs, t, desc_copy, meta_copy, mark, slots_out, valid_out, M, W, "
      "R, max_rows) -> (code, n, max_q, rows_staged, n_staged, n_misfit)"},

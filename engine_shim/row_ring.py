@@ -114,6 +114,17 @@ class EngineRing:
         self._flat[dst] = src
         return anchor
 
+    def write_checked(self, slots: np.ndarray, req_ids: np.ndarray, first_pos: np.ndarray, valid: np.ndarray,
+                      rows: np.ndarray) -> None:
+        """``write`` for the shim's round, whose arrays EnqueueInputs has made C-contiguous int64 (rows
+        uint8 [total, row_bytes]): on the C path one ring_write with no conversion (nor anchors)."""
+        if self.native and not self.table.n_unknown:
+            t = self.table
+            native.fastround.ring_write(t.owner, t.generation, t.lo, t.hi, t.dirty, t.announced, self._ring_u8, slots,
+                                        req_ids, first_pos, valid, rows, self.W, self.row_bytes)
+            return
+        self.write(slots, req_ids, first_pos, valid, rows)
+
     def _write_native(self, slots: np.ndarray, req_ids: np.ndarray, first_pos: np.ndarray, valid: np.ndarray,
                       rows: np.ndarray) -> np.ndarray:
         if rows.dtype != np.uint8 or rows.ndim != 2 or rows.shape[1] != self.row_bytes:

@@ -78,6 +78,10 @@ def _form(b: dict, form: str) -> dict:
             b[k] = a.tolist() if k != "slots" else a.astype(np.int16)  # the rig's faults read slots.shape
         else:
             b[k] = np.repeat(a, 2)[::2]  # the same values, not contiguous
+    if form == "list":
+        b["req_ids"] = b["req_ids"].tolist()  # ints, not an array: the shim's id table maps them
+    if form == "strided":
+        b["rows"] = np.repeat(b["rows"], 2, axis=0)[::2]
     return b
 
 
@@ -130,7 +134,8 @@ def test_the_usual_round_is_packed_by_the_c_path(monkeypatch):
 
 def test_check_fast_takes_only_what_needs_no_conversion():
     """check_fast answers -1 (the reference converts) for anything but C-contiguous 1-D numpy arrays of
-    the right dtypes and lengths, and check_round's codes otherwise."""
+    the right dtypes and lengths, check_round's codes otherwise; and takes req_ids and rows (bits 1, 2)
+    only when they too need nothing (a negative id: code 3)."""
     from dspark_proxy import native
 
     fr = native.fastround
@@ -138,18 +143,24 @@ def test_check_fast_takes_only_what_needs_no_conversion():
     n = 3
     good = dict(slots=np.array([2, 0, 5]), valid=np.array([1, 2, 0]), first_pos=np.array([0, 4, 9]),
                 anchor=np.array([7, 8, 9]), k_window=np.array([0, 1, 2]), need_draft=np.ones(n, bool),
-                qsl=np.array([0, 1, 3, 4]))
-    order = ("slots", "valid", "first_pos", "anchor", "k_window", "need_draft", "qsl")
+                qsl=np.array([0, 1, 3, 4]), req_ids=np.array([10, 11, 12]), rows=np.zeros((3, B), np.uint8))
+    order = ("slots", "valid", "first_pos", "anchor", "k_window", "need_draft", "qsl", "req_ids", "rows")
 
     def call(**kw):
         d = dict(good, **kw)
-        return fr.check_fast(np.ndarray, M, W, mark, *(d[k] for k in order))
+        return fr.check_fast(np.ndarray, M, W, B, mark, *(d[k] for k in order))
 
-    assert call() == (0, n, 3)
+    assert call() == (0, n, 3, 3)
     assert mark[[2, 0, 5]].tolist() == [0, 1, 2]
     assert call(valid=np.array([1, W + 1, 0]))[0] == 1
     assert call(qsl=np.array([0, 2, 1, 4]))[0] == 1
     assert call(slots=np.array([2, 0, 2]))[0] == 2
+    assert call(req_ids=np.array([10, -1, 12]))[0] == 3
+    assert call(req_ids=["a", "b", "c"]) == (0, n, 3, 2)
+    assert call(req_ids=np.array([10, 11, 12], np.int32)) == (0, n, 3, 2)
+    for rows in (np.zeros((3, B), np.int8), np.zeros((4, B), np.uint8), np.zeros((3, 2 * B), np.uint8)[:, ::2],
+                 np.zeros((3, B // 2), np.uint16), [[0] * B] * 3):
+        assert call(rows=rows) == (0, n, 3, 1)
     for bad in (dict(slots=[2, 0, 5]), dict(valid=np.array([1, 2, 0], np.int32)), dict(need_draft=np.ones(n, np.uint8)),
                 dict(anchor=np.arange(6)[::2]), dict(qsl=np.arange(3)), dict(k_window=np.zeros((n, 1), np.int64)),
                 dict(first_pos=np.ma.masked_array([0, 4, 9])), dict(slots=np.arange(M + 1)),
