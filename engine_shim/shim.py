@@ -30,7 +30,7 @@ from dspark_proxy.shm.hostflag import (
     WAIT_PUBLISHED,
     HostFlags,
 )
-from dspark_proxy.shm.layout import META_SLOTS, ReplyPageLayout, Word
+from dspark_proxy.shm.layout import META_SLOTS, STATUS_NAMES, ReplyPageLayout, Word
 from dspark_proxy.shm.segment import DEFAULT_NAME, Segment
 from dspark_proxy.shm.target import check_target_id
 from dspark_proxy.stats import Stats
@@ -44,6 +44,7 @@ from .row_ring import EngineRing
 __all__ = ["Shim", "ShimError"]
 
 log = logging.getLogger(__name__)
+_REPLY_KEYS = {code: f"replies_{name}" for code, name in STATUS_NAMES.items()}  # built once, not per reply
 
 
 class Shim:
@@ -268,7 +269,8 @@ class Shim:
             self.counters.inc("pages_not_this_round")
             return self._reader.failed(t, n, reason or "failed_ahead")
         reply = self._reader.parse(t, n)
-        self.counters.inc(f"replies_{reply.status_name}")
+        key = _REPLY_KEYS.get(reply.status)
+        self.counters.inc(key or f"replies_{reply.status_name}")
         if not reply.ok:
             self.watchdog.report()  # the watcher thread may have failed it: its event, now
         return reply

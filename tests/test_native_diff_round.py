@@ -166,3 +166,23 @@ def test_check_fast_takes_only_what_needs_no_conversion():
                 dict(first_pos=np.ma.masked_array([0, 4, 9])), dict(slots=np.arange(M + 1)),
                 dict(valid=np.array([1, 2, 0], np.uint64))):
         assert call(**bad)[0] == -1, bad
+
+
+def test_the_readers_fast_reply_is_the_dataclass():
+    """ReplyReader builds a non-sampled Reply without the dataclass's __init__ (reply.py _reply): the
+    same type, every field as Reply(...) sets it, and still frozen."""
+    import dataclasses
+
+    from engine_shim.reply import Reply, _reply
+
+    ok, ids, conf, nd = np.ones(2, bool), np.zeros((2, N), np.int32), np.ones((2, N), np.float32), np.full(2, N)
+    fast, slow = _reply(7, 0, 2, ok, ids, conf, nd), Reply(7, 0, 2, ok, ids, conf, n_drafts=nd)
+    assert type(fast) is Reply
+    for f in dataclasses.fields(Reply):
+        assert getattr(fast, f.name) is getattr(slow, f.name), f.name
+    try:
+        fast.t = 8
+    except dataclasses.FrozenInstanceError:
+        pass
+    else:
+        raise AssertionError("the fast Reply is not frozen")
