@@ -22,7 +22,9 @@ judged together every `patience` rounds once they have `patience` verified round
 sent, so its window stays whole, and drafting resumes at once when a probe succeeds. The whole batch has the same machine over its mean accepted
 per request-round: paused, no entry asks for drafts. The gate only ever clears NEED_DRAFT; the
 engine's own "no drafts" always wins. Everything is per-slot numpy over the round's requests: no
-per-request Python.
+per-request Python. The per-round sums (accepted drafts, their histogram, the gate's scatter-adds and
+the probes that are due) are one C call on the default path (`_fastround.accept_round`, about 1 µs
+where the numpy reference took 12 at any n); every state change stays here, in the reference's order.
 """
 
 from __future__ import annotations
