@@ -133,7 +133,7 @@ class Acceptance:
     `round()` has two paths (native.py chooses, when the Acceptance is built): the reference, numpy
     over the round (accepted_drafts, DraftEffect.observe, AcceptGate.observe), and the C one, which does
     the same sums in one call (`_fastround.accept_round`) between the gate's own `begin` and `end`;
-    tests/test_native_diff.py holds them to the same arrays and counters."""
+    tests/test_native_diff_accept.py holds them to the same arrays and counters."""
 
     def __init__(self, max_slots: int, num_spec: int, settings: GateSettings, stats: Stats,
                  native_path: bool | None = None) -> None:
