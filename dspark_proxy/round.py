@@ -128,7 +128,7 @@ class RoundCore:
         self.ring_rows = RingRows(seg, self.native)  # the engine's shared ring, once it names one
         self._shared: bool | None = None  # rows from the shared ring (True) or the staging; None: not yet read
         self._last_epoch: int | None = None
-        self.packer = PagePacker(self.lay.reply, self.N, settings.n_out_table)  # the reply page
+        self.packer = PagePacker(self.lay.reply, self.N, settings.n_out_table, self.native)  # the reply page
         self.page = self.packer.page
         self._no_entry = np.ones(self.M, dtype=np.bool_)
         self._prefix = wire.StepPrefix(self.M, self.sampled)  # the STEP, built in place (wire/step.py)
@@ -137,7 +137,7 @@ class RoundCore:
         self.rounds = 0  # the last round handled
         self._gathered_ns_off = self.lay.word_off(Word.GATHERED_NS)
         self._advanced = False  # round t's rows reached the ring model (set by _run)
-        self.accept = Acceptance(self.M, self.N, settings.gate, stats)  # drafts' effect; the gate
+        self.accept = Acceptance(self.M, self.N, settings.gate, stats, self.native)  # drafts' effect; the gate
 
     # ------------------------------------------------------------------ entry point
 
