@@ -144,6 +144,7 @@ class Acceptance:
         self._ver = np.zeros(max_slots, dtype=np.bool_)
         self._acc = np.zeros(max_slots, dtype=np.int32)
         self._ready = np.zeros(max_slots, dtype=np.int64)  # the C path's probes that are due
+        self._held = None  # a _fastround.Held of the arrays the C path adds to, made at its first round
 
     def round(self, t: int, slots: np.ndarray, valid: np.ndarray, k_window: np.ndarray, new_owner: np.ndarray,
               n_new_owner: int) -> None:
@@ -158,8 +159,11 @@ class Acceptance:
         g, e = self.gate, self.effect
         if g.on:
             g.begin(t, slots, new_owner, n_new_owner)
-        n_ver, tokens, n_ready = native.fastround.accept_round(slots, valid, k_window, self.N, e.hist, g.sum, g.cnt,
-                                                               g.left, self._ready, g.on, g.n_probing > 0)
+        held = self._held
+        if held is None:  # the sums' arrays, their buffers taken once (_fastround_held.c)
+            held = self._held = native.fastround.Held((e.hist, g.sum, g.cnt, g.left, self._ready))
+        n_ver, tokens, n_ready = native.fastround.accept_round(slots, valid, k_window, self.N, held, g.on,
+                                                               g.n_probing > 0)
         e.count(n_ver, tokens)
         if g.on:
             g.end(t, n_ver, self._ready[:n_ready] if n_ready else None)
