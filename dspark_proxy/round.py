@@ -36,8 +36,10 @@ decode round at n = 256, about: reading and validating the descriptor 13 µs, ad
 11 µs, entries 6 µs, accepting and packing the reply 9 µs, stats and breaker 4 µs, the rest Python glue.
 On the default (C) path the descriptor read, the ring model, the acceptance sums, the entries (their
 flags included), the small rows' gather and the usual round's reply page are one C call each
-(native.py); the same rig, M=256, 256-byte rows, loaded machine: p50 41 -> 28 µs at n=1, 59 -> 45 µs at
-n=256 for the C calls added with acceptance sums, flags and the reply page.
+(native.py), the long-lived arrays' buffers held across calls (_fastround_held.c); with the sums, the
+flags, the page and the held buffers in C, the same rig at M=256 with 256-byte rows went from p50 44.5
+to 28.8 µs at n=1 and 63.0 to 43.1 µs at n=256 (README, "Native hot paths"). What is left is mostly
+the interpreter: the glue between those calls, and ~0.1 µs per buffer still taken per call.
 
 Thread ownership: one round thread owns everything here; `stats` is shared read-only with the
 heartbeat thread's snapshot.
