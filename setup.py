@@ -14,7 +14,9 @@ setup(
         # the per-round hot paths beside their Python reference models (dspark_proxy/native.py)
         Extension(
             "dspark_proxy._fastround",
-            sources=["dspark_proxy/_fastround.c", "dspark_proxy/_fastround_proxy.c"],
+            sources=["dspark_proxy/_fastround.c", "dspark_proxy/_fastround_proxy.c",
+                     "dspark_proxy/_fastround_accept.c", "dspark_proxy/_fastround_page.c",
+                     "dspark_proxy/_fastround_inputs.c", "dspark_proxy/_fastround_held.c"],
             depends=["dspark_proxy/_fastround.h"],
             extra_compile_args=_FLAGS,
         ),

@@ -3,6 +3,7 @@
  * reference models (which stay the readable definition; dspark_proxy/native.py selects one):
  *
  *   check_round    engine_shim/inputs.py   EnqueueInputs.check's range, order and duplicate checks
+ *   check_fast     engine_shim/inputs.py   the same, on arguments that need no conversion (else: -1)
  *   ring_write     engine_shim/row_ring.py EngineRing.write (SlotTable begin_requests + apply, and the
  *                                          rows scattered into rows[slot, pos % W])
  *   write_round    shm/stamped.py          the staging copy, SlotWriter.write_meta and .write_desc
@@ -12,6 +13,9 @@
  *   fill_entries   round.py                the usual round's STEP entries (wire/step.py's prefix)
  *   ring_runs      ring_rows.py            RingRows.runs: the STEP's rows as runs of the shared ring
  *   ring_gather    ring_rows.py            RingRows.gather: small rows gathered from the shared ring
+ *   pack_whole     reply_page.py           PagePacker.pack's usual round: every request drafted in full
+ *   accept_round   acceptance.py           Acceptance.round's sums: accepted drafts, their histogram, the
+ *                                          gate's per-slot scatter-adds and probes that are due
  *
  * Why C: at the batch sizes that matter a round's cost was numpy's per-call overhead (0.3-1 us a call,
  * some 40 calls a side), not the data; one call per job removes it. Nothing here decides policy: on
@@ -22,7 +26,10 @@
  * for item size and length here before any access. Positions and counts are int64 as in the models.
  *
  * Files: this one (the engine's half and the module), _fastround_proxy.c (the proxy's half),
- * _fastround.h (what both share).
+ * _fastround_held.c (Held: long-lived arrays' buffers taken once), _fastround_inputs.c (enqueue's arguments
+ * taken as they are), _fastround_accept.c (the proxy's acceptance
+ * sums), _fastround_page.c (the usual round's reply page),
+ * _fastround.h (what they share).
  *
  * Atomics (shm_layout.md §5 "Meta and desc slots", §10): the stamps are the only shared words touched
  * here, each paired as in _hostflag.c:
@@ -82,50 +89,48 @@ PyObject *fr_check_round(PyObject *mod, PyObject *args) {
 
 /* ------------------------------------------------------------------ engine: ring_write */
 
-/* ring_write(owner, generation, lo, hi, dirty, announced, ring, slots, req_ids, first_pos, valid, rows, W,
- *            row_bytes)
+/* ring_write(held, ring, slots, req_ids, first_pos, valid, rows, W, row_bytes)
+ * held: a Held (_fastround_held.c) of the table's owner, generation, lo, hi, dirty, announced.
  * EngineRing.write for a table whose ranges are all known (the engine's: SlotTable(known=True)), on
  * inputs EnqueueInputs checked (slots in range and unique, 0 <= valid <= W): per request, a new owner
  * starts a new generation with an empty range; the rows extend the range when they start right after it
  * (an empty range (0, -1) extends at 0), else restart it (dirty); the range keeps its last W positions;
  * valid 0 clears it (dirty). Then the rows land in ring[slot, pos % W] (the last W of a request's rows). */
 PyObject *fr_ring_write(PyObject *mod, PyObject *args) {
-    PyObject *o[12];
+    PyObject *held, *o[6];
     Py_ssize_t W, B;
     (void)mod;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOnn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8],
-                          &o[9], &o[10], &o[11], &W, &B))
+    if (!PyArg_ParseTuple(args, "OOOOOOOnn", &held, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &W, &B))
         return NULL;
-    Py_buffer bs[12] = {{0}};
-    Py_buffer *all[13];
-    for (int i = 0; i < 12; i++)
+    Py_buffer bs[6] = {{0}};
+    Py_buffer *all[7];
+    for (int i = 0; i < 6; i++)
         all[i] = &bs[i];
-    all[12] = NULL;
+    all[6] = NULL;
     if (W <= 0 || B <= 0) {
         PyErr_SetString(PyExc_ValueError, "W and row_bytes must be > 0");
         return NULL;
     }
-    /* the table: owner, generation, lo, hi int64 [S]; dirty, announced bool [S] */
-    if (get_arr(o[0], &bs[0], 8, 0, 1, "owner") < 0)
-        return NULL;
-    Py_ssize_t S = bs[0].len / 8;
-    const char *names[12] = {"owner", "generation", "lo", "hi", "dirty", "announced", "ring", "slots",
-                             "req_ids", "first_pos", "valid", "rows"};
-    for (int i = 1; i < 6; i++)
-        if (get_arr(o[i], &bs[i], i < 4 ? 8 : 1, S, 1, names[i]) < 0)
-            goto fail;
-    if (get_arr(o[6], &bs[6], 1, S * W * B, 1, names[6]) < 0 || get_arr(o[7], &bs[7], 8, 0, 0, names[7]) < 0)
+    /* the table (held, _fastround_held.c): owner, generation, lo, hi int64 [S]; dirty, announced bool [S] */
+    Py_ssize_t S = held_items(held, 0);
+    static const char *hnames[6] = {"owner", "generation", "lo", "hi", "dirty", "announced"};
+    void *h[6];
+    for (int i = 0; i < 6; i++)
+        if (!(h[i] = held_get(held, i, i < 4 ? 8 : 1, S, hnames[i])))
+            return NULL;
+    const char *names[6] = {"ring", "slots", "req_ids", "first_pos", "valid", "rows"};
+    if (get_arr(o[0], &bs[0], 1, S * W * B, 1, names[0]) < 0 || get_arr(o[1], &bs[1], 8, 0, 0, names[1]) < 0)
         goto fail;
-    Py_ssize_t n = bs[7].len / 8;
-    for (int i = 8; i < 11; i++)
+    Py_ssize_t n = bs[1].len / 8;
+    for (int i = 2; i < 5; i++)
         if (get_arr(o[i], &bs[i], 8, n, 0, names[i]) < 0)
             goto fail;
-    if (get_arr(o[11], &bs[11], 1, 0, 0, names[11]) < 0)
+    if (get_arr(o[5], &bs[5], 1, 0, 0, names[5]) < 0)
         goto fail;
-    int64_t *owner = bs[0].buf, *gen = bs[1].buf, *lo = bs[2].buf, *hi = bs[3].buf;
-    uint8_t *dirty = bs[4].buf, *announced = bs[5].buf, *ring = bs[6].buf;
-    const int64_t *slots = bs[7].buf, *req = bs[8].buf, *first = bs[9].buf, *valid = bs[10].buf;
-    const uint8_t *rows = bs[11].buf;
+    int64_t *owner = h[0], *gen = h[1], *lo = h[2], *hi = h[3];
+    uint8_t *dirty = h[4], *announced = h[5], *ring = bs[0].buf;
+    const int64_t *slots = bs[1].buf, *req = bs[2].buf, *first = bs[3].buf, *valid = bs[4].buf;
+    const uint8_t *rows = bs[5].buf;
     int64_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if ((uint64_t)slots[i] >= (uint64_t)S) {
@@ -134,9 +139,9 @@ PyObject *fr_ring_write(PyObject *mod, PyObject *args) {
         }
         total += valid[i] > 0 ? valid[i] : 0;
     }
-    if (bs[11].len != total * B) {
+    if (bs[5].len != total * B) {
         PyErr_Format(PyExc_ValueError, "rows must be uint8 [%lld, %zd], got %zd bytes", (long long)total, B,
-                     bs[11].len);
+                     bs[5].len);
         goto fail;
     }
     Py_BEGIN_ALLOW_THREADS
@@ -175,10 +180,12 @@ fail:
 
 /* write_round(seg, meta_off, desc_off, moffs, doffs, t, n, rows_staged, k_fit, max_q, staged, staging_off,
  *             rows, valid, first_pos, anchor, sampled, seed, temperature, req_ids, slots, qsl, need_draft,
- *             k_window, M, R)
+ *             k_window, M, R) -> max_q
  * The staging rows [0, rows_staged), then meta slot and desc slot of round t, each stamped at both ends
  * (stamped.py SlotWriter; shm_layout.md §5). `seed`/`temperature` None: not a sampled segment (their
- * fields are left alone). The resync windows are staged before this call (writer.py). */
+ * fields are left alone). max_q < 0: the longest query is computed here from qsl (writer.py's
+ * max(qsl[1:] - qsl[:-1]), 0 for n = 0); returned either way. The resync windows are staged before this
+ * call (writer.py). */
 PyObject *fr_write_round(PyObject *mod, PyObject *args) {
     PyObject *seg, *o_moffs, *o_doffs, *o_staged, *o_rows, *a[11];
     Py_ssize_t meta_off, desc_off, staging_off, n, rows_staged, k_fit, max_q;
@@ -239,6 +246,14 @@ PyObject *fr_write_round(PyObject *mod, PyObject *args) {
     const int64_t *valid = ba[0].buf, *first = ba[1].buf, *anchor = ba[2].buf, *req = ba[6].buf, *slots = ba[7].buf,
                   *qsl = ba[8].buf, *k = ba[10].buf, *staged = bst.buf;
     const uint8_t *smp = ba[3].buf, *need = ba[9].buf;
+    if (max_q < 0) {
+        max_q = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t q = wrap_add(qsl[i + 1], -qsl[i]);
+            if (i == 0 || q > max_q)
+                max_q = (Py_ssize_t)q;
+        }
+    }
     Py_BEGIN_ALLOW_THREADS
     /* the staging: rows_staged is a prefix of the round's rows (writer.py), brows.len their bytes */
     if (brows.len)
@@ -281,7 +296,7 @@ PyObject *fr_write_round(PyObject *mod, PyObject *args) {
     atomic_store_explicit(stamp_at(d, dof[D_END]), (uint64_t)t, memory_order_release);
     Py_END_ALLOW_THREADS
     release_all(all);
-    Py_RETURN_NONE;
+    return PyLong_FromSsize_t(max_q);
 fail:
     release_all(all);
     return NULL;
@@ -326,23 +341,32 @@ static PyMethodDef methods[] = {
     {"check_round", fr_check_round, METH_VARARGS,
      "check_round(slots, valid, first_pos, k_window, qsl, mark, M, W) -> (code, total_valid)"},
     {"ring_write", fr_ring_write, METH_VARARGS,
-     "ring_write(owner, generation, lo, hi, dirty, announced, ring, slots, req_ids, first_pos, valid, rows, W, "
-     "row_bytes)"},
-    {"write_round", fr_write_round, METH_VARARGS, "write_round(seg, meta_off, desc_off, moffs, doffs, t, n, ...)"},
+     "ring_write(held, ring, slots, req_ids, first_pos, valid, rows, W, row_bytes); held: a Held of owner, "
+     "generation, lo, hi, dirty, announced"},
+    {"write_round", fr_write_round, METH_VARARGS, "write_round(seg, meta_off, desc_off, moffs, doffs, t, n, ...) -> max_q"},
+    {"check_fast", fr_check_fast, METH_VARARGS,
+     "check_fast(ndarray, M, W, B, mark, slots, valid, first_pos, anchor, k_window, need_draft, qsl, req_ids, rows) -> "
+     "(code, n, total, taken)"},
     {"read_round", fr_read_round, METH_VARARGS,
-     "read_round(seg, desc_off, meta_off, moffs, doffs, t, desc_copy, meta_copy, mark, slots_out, valid_out, M, W, "
-     "R, max_rows) -> (code, n, max_q, rows_staged, n_staged, n_misfit)"},
+     "read_round(seg, desc_off, meta_off, held, t, M, W, R, max_rows) -> (code, n, max_q, rows_staged, n_staged, "
+     "n_misfit); held: a Held of moffs, doffs, desc_copy, meta_copy, mark, slots_out, valid_out"},
     {"advance", fr_advance, METH_VARARGS,
-     "advance(owner, generation, lo, hi, dirty, announced, unknown, counts, slots, req_ids, first_pos, valid, anchor, "
-     "new_owner, new_gen, resync, held_first, held_rows, W) -> (n_new_owner, n_resync, n_unknown)"},
+     "advance(held, slots, req_ids, first_pos, valid, W) -> (n_new_owner, n_resync, n_unknown); held: a Held of "
+     "owner, generation, lo, hi, dirty, announced, unknown, counts, anchor, new_owner, new_gen, resync, held_first, "
+     "held_rows"},
     {"fill_entries", fr_fill_entries, METH_VARARGS,
      "fill_entries(prefix, entries_off, entry_size, eoffs, idx, slots, n_rows, generation, first_pos, anchor_pos, "
-     "anchor_token, flags, k_window, n_out) -> k"},
+     "anchor_token, need, new_gen, k_window, n_out) -> k"},
+    {"pack_whole", fr_pack_whole, METH_VARARGS,
+     "pack_whole(page, o_ok, o_ids, o_conf, M, N, n, cap, ok_rows, ids_rows, draft_ids, confidence) -> bool"},
     {"ring_runs", fr_ring_runs, METH_VARARGS,
      "ring_runs(base, slots, first_pos, n_rows, W, row_bytes) -> [memoryview] (the STEP's rows from the shared ring)"},
     {"ring_gather", fr_ring_gather, METH_VARARGS,
      "ring_gather(ring, slots, first_pos, n_rows, W, row_bytes, out) -> rows (small rows gathered from the ring)"},
     {"check_page", fr_check_page, METH_VARARGS, "check_page(buf, o_ok, n, N, ok_out) -> bool"},
+    {"accept_round", fr_accept_round, METH_VARARGS,
+     "accept_round(slots, valid, k_window, num_spec, held, gate, probing) -> (n_ver, tokens, n_ready); held: a Held "
+     "of hist, gsum, gcnt, left, ready"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -355,7 +379,8 @@ PyMODINIT_FUNC PyInit__fastround(void) {
     if (m == NULL)
         return NULL;
     if (PyModule_AddIntConstant(m, "META_FIELDS", M_COUNT) < 0 || PyModule_AddIntConstant(m, "DESC_FIELDS", D_COUNT) < 0 ||
-        PyModule_AddIntConstant(m, "ENTRY_FIELDS", E_COUNT) < 0) {
+        PyModule_AddIntConstant(m, "ENTRY_FIELDS", E_COUNT) < 0 || PyType_Ready(&HeldType) < 0 ||
+        PyModule_AddObjectRef(m, "Held", (PyObject *)&HeldType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

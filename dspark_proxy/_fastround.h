@@ -93,6 +93,11 @@ static inline uint32_t get_u32(const char *p) { uint32_t x; memcpy(&x, p, 4); re
 static inline int32_t get_i32(const char *p) { int32_t x; memcpy(&x, p, 4); return x; }
 static inline int64_t get_i64(const char *p) { int64_t x; memcpy(&x, p, 8); return x; }
 
+/* Held (_fastround_held.c): arrays whose buffers are taken once */
+extern PyTypeObject HeldType;
+void *held_get(PyObject *o, Py_ssize_t i, Py_ssize_t itemsize, Py_ssize_t count, const char *name);
+Py_ssize_t held_items(PyObject *o, Py_ssize_t i);
+
 /* the functions of each half (the method table is _fastround.c's) */
 PyObject *fr_check_round(PyObject *mod, PyObject *args);
 PyObject *fr_ring_write(PyObject *mod, PyObject *args);
@@ -103,5 +108,8 @@ PyObject *fr_advance(PyObject *mod, PyObject *args);
 PyObject *fr_fill_entries(PyObject *mod, PyObject *args);
 PyObject *fr_ring_runs(PyObject *mod, PyObject *args);
 PyObject *fr_ring_gather(PyObject *mod, PyObject *args);
+PyObject *fr_accept_round(PyObject *mod, PyObject *args);
+PyObject *fr_pack_whole(PyObject *mod, PyObject *args);
+PyObject *fr_check_fast(PyObject *mod, PyObject *args);
 
 #endif

@@ -18,41 +18,41 @@ static int stamped_copy(char *src, Py_ssize_t start_off, Py_ssize_t end_off, uin
     return atomic_load_explicit(stamp_at(src, start_off), memory_order_relaxed) == t;
 }
 
-/* read_round(seg, desc_off, meta_off, moffs, doffs, t, desc_copy, meta_copy, mark, slots_out, valid_out,
- *            M, W, R, max_rows) -> (code, n, max_q, rows_staged, n_staged, n_misfit)
+/* read_round(seg, desc_off, meta_off, held, t, M, W, R, max_rows) -> (code, n, max_q, rows_staged, n_staged,
+ *            n_misfit)
+ * held: a Held (_fastround_held.c) of moffs, doffs (int64), desc_copy, meta_copy (uint8, whole slots),
+ * mark, slots_out, valid_out (int64 [M]).
  * SlotReader.read: code 1 desc stamps, 2 meta stamps (not round t's), 3 something does not hold
  * together (the reference validation, run on the copies, says what), 0 fine: slots_out[:n] and
  * valid_out[:n] (int64) hold the round's slots and valid, mark[slots[i]] = i as check_slots leaves it. */
 PyObject *fr_read_round(PyObject *mod, PyObject *args) {
-    PyObject *seg, *o[7];
+    PyObject *seg, *held;
     Py_ssize_t desc_off, meta_off, M, W, R, max_rows;
     unsigned long long t;
     (void)mod;
-    if (!PyArg_ParseTuple(args, "OnnOOKOOOOOnnnn", &seg, &desc_off, &meta_off, &o[0], &o[1], &t, &o[2], &o[3], &o[4],
-                          &o[5], &o[6], &M, &W, &R, &max_rows))
+    if (!PyArg_ParseTuple(args, "OnnOKnnnn", &seg, &desc_off, &meta_off, &held, &t, &M, &W, &R, &max_rows))
         return NULL;
-    Py_buffer bseg = {0}, bs[7];
-    memset(bs, 0, sizeof bs);
-    Py_buffer *all[9] = {&bseg, &bs[0], &bs[1], &bs[2], &bs[3], &bs[4], &bs[5], &bs[6], NULL};
+    Py_buffer bseg = {0};
+    Py_buffer *all[2] = {&bseg, NULL};
+    const int64_t *mo = held_get(held, 0, 8, M_COUNT, "moffs"), *dof = held_get(held, 1, 8, D_COUNT, "doffs");
+    if (!mo || !dof)
+        return NULL;
+    /* the copies are whole slots (their padding too, as the reference copies them) */
+    char *d = held_get(held, 2, 1, dof[D_END] + 8, "desc_copy"), *m = held_get(held, 3, 1, mo[M_END] + 8, "meta_copy");
+    int64_t *mark = held_get(held, 4, 8, M, "mark"), *slots = held_get(held, 5, 8, M, "slots_out"),
+            *valid = held_get(held, 6, 8, M, "valid_out");
+    if (!d || !m || !mark || !slots || !valid)
+        return NULL;
     if (PyObject_GetBuffer(seg, &bseg, PyBUF_SIMPLE) < 0)
         return NULL;
-    if (get_arr(o[0], &bs[0], 8, M_COUNT, 0, "moffs") < 0 || get_arr(o[1], &bs[1], 8, D_COUNT, 0, "doffs") < 0)
-        goto fail;
-    const int64_t *mo = bs[0].buf, *dof = bs[1].buf;
-    /* the copies are whole slots (their padding too, as the reference copies them) */
-    if (get_arr(o[2], &bs[2], 1, dof[D_END] + 8, 1, "desc_copy") < 0 ||
-        get_arr(o[3], &bs[3], 1, mo[M_END] + 8, 1, "meta_copy") < 0 || get_arr(o[4], &bs[4], 8, M, 1, "mark") < 0 ||
-        get_arr(o[5], &bs[5], 8, M, 1, "slots_out") < 0 || get_arr(o[6], &bs[6], 8, M, 1, "valid_out") < 0)
-        goto fail;
-    Py_ssize_t dlen = bs[2].len, mlen = bs[3].len;
+    Py_ssize_t dlen = held_items(held, 2), mlen = held_items(held, 3);
     if (desc_off < 0 || meta_off < 0 || desc_off + dlen > bseg.len || meta_off + mlen > bseg.len ||
         (desc_off + dof[D_START]) % 8 || (desc_off + dof[D_END]) % 8 || (meta_off + mo[M_START]) % 8 ||
         (meta_off + mo[M_END]) % 8) {
         PyErr_SetString(PyExc_ValueError, "read_round: slot outside the segment or a stamp misaligned");
         goto fail;
     }
-    char *base = bseg.buf, *d = bs[2].buf, *m = bs[3].buf;
-    int64_t *mark = bs[4].buf, *slots = bs[5].buf, *valid = bs[6].buf;
+    char *base = bseg.buf;
     int code = 0;
     uint32_t n = 0, max_q = 0, rows = 0, n_staged = 0, n_misfit = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -106,46 +106,43 @@ fail:
 
 /* ------------------------------------------------------------------ proxy: advance */
 
-/* advance(owner, generation, lo, hi, dirty, announced, unknown, counts, slots, req_ids, first_pos, valid,
- *         anchor, new_owner, new_gen, resync, held_first, held_rows, W) -> (n_new_owner, n_resync, n_unknown)
+/* advance(held, slots, req_ids, first_pos, valid, W) -> (n_new_owner, n_resync, n_unknown)
+ * held: a Held (_fastround_held.c) of the table's owner, generation, lo, hi (int64 [S]), dirty, announced,
+ * unknown (bool [S]), counts (int64 [2]), and the plan's scratch anchor (int64), new_owner, new_gen,
+ * resync (bool), held_first, held_rows (int64), each at least [n]: the first n items are written.
  * SlotTable.advance (ring_model.py) on its arrays, request by request: begin_requests (with _activate's
  * unknown bookkeeping when counts[1], the table's _any_unknown, is set), apply, and the plan's flags at
  * the round's own anchors. counts[0] is the table's n_unknown (read and written). Requires what the
- * proxy checked while reading the descriptor: slots in range and unique, 0 <= valid <= W. Outputs are
- * int64 [n] (anchor, held_first, held_rows) and bool [n] (new_owner, new_gen, resync). */
+ * proxy checked while reading the descriptor: slots in range and unique, 0 <= valid <= W. */
 PyObject *fr_advance(PyObject *mod, PyObject *args) {
-    PyObject *o[18];
+    PyObject *held, *o[4];
     Py_ssize_t W;
     (void)mod;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOOOOn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8],
-                          &o[9], &o[10], &o[11], &o[12], &o[13], &o[14], &o[15], &o[16], &o[17], &W))
+    if (!PyArg_ParseTuple(args, "OOOOOn", &held, &o[0], &o[1], &o[2], &o[3], &W))
         return NULL;
-    Py_buffer bs[18];
+    Py_buffer bs[4];
     memset(bs, 0, sizeof bs);
-    Py_buffer *all[19];
-    for (int i = 0; i < 18; i++)
-        all[i] = &bs[i];
-    all[18] = NULL;
-    static const char *names[18] = {"owner", "generation", "lo", "hi", "dirty", "announced", "unknown", "counts",
-                                    "slots", "req_ids", "first_pos", "valid", "anchor", "new_owner", "new_gen",
-                                    "resync", "held_first", "held_rows"};
-    if (get_arr(o[0], &bs[0], 8, 0, 1, names[0]) < 0)
+    Py_buffer *all[5] = {&bs[0], &bs[1], &bs[2], &bs[3], NULL};
+    static const char *names[4] = {"slots", "req_ids", "first_pos", "valid"};
+    if (get_arr(o[0], &bs[0], 8, 0, 0, names[0]) < 0)
         return NULL;
-    Py_ssize_t S = bs[0].len / 8;
-    for (int i = 1; i < 8; i++)
-        if (get_arr(o[i], &bs[i], (i < 4 || i == 7) ? 8 : 1, i == 7 ? 2 : S, 1, names[i]) < 0)
+    Py_ssize_t n = bs[0].len / 8;
+    for (int i = 1; i < 4; i++)
+        if (get_arr(o[i], &bs[i], 8, n, 0, names[i]) < 0)
             goto fail;
-    if (get_arr(o[8], &bs[8], 8, 0, 0, names[8]) < 0)
-        goto fail;
-    Py_ssize_t n = bs[8].len / 8;
-    for (int i = 9; i < 18; i++) /* req_ids, first_pos, valid in; the rest out */
-        if (get_arr(o[i], &bs[i], (i >= 13 && i <= 15) ? 1 : 8, n, i >= 12, names[i]) < 0)
+    static const char *hnames[14] = {"owner", "generation", "lo", "hi", "dirty", "announced", "unknown", "counts",
+                                     "anchor", "new_owner", "new_gen", "resync", "held_first", "held_rows"};
+    static const Py_ssize_t hsz[14] = {8, 8, 8, 8, 1, 1, 1, 8, 8, 1, 1, 1, 8, 8};
+    void *h[14];
+    Py_ssize_t S = held_items(held, 0);
+    for (int i = 0; i < 14; i++)
+        if (!(h[i] = held_get(held, i, hsz[i], i < 7 ? S : (i == 7 ? 2 : n), hnames[i])))
             goto fail;
-    int64_t *owner = bs[0].buf, *gen = bs[1].buf, *lo = bs[2].buf, *hi = bs[3].buf, *counts = bs[7].buf;
-    uint8_t *dirty = bs[4].buf, *ann = bs[5].buf, *unk = bs[6].buf;
-    const int64_t *slots = bs[8].buf, *req = bs[9].buf, *first = bs[10].buf, *valid = bs[11].buf;
-    int64_t *anchor = bs[12].buf, *hfirst = bs[16].buf, *hrows = bs[17].buf;
-    uint8_t *new_owner = bs[13].buf, *new_gen = bs[14].buf, *resync = bs[15].buf;
+    int64_t *owner = h[0], *gen = h[1], *lo = h[2], *hi = h[3], *counts = h[7];
+    uint8_t *dirty = h[4], *ann = h[5], *unk = h[6];
+    const int64_t *slots = bs[0].buf, *req = bs[1].buf, *first = bs[2].buf, *valid = bs[3].buf;
+    int64_t *anchor = h[8], *hfirst = h[12], *hrows = h[13];
+    uint8_t *new_owner = h[9], *new_gen = h[10], *resync = h[11];
     for (Py_ssize_t i = 0; i < n; i++)
         if ((uint64_t)slots[i] >= (uint64_t)S) {
             PyErr_Format(PyExc_ValueError, "slot %lld out of range", (long long)slots[i]);
@@ -211,28 +208,29 @@ fail:
 
 
 /* fill_entries(prefix, entries_off, entry_size, eoffs, idx, slots, n_rows, generation, first_pos, anchor_pos,
- *              anchor_token, flags, k_window, n_out)
+ *              anchor_token, need, new_gen, k_window, n_out)
  * The round's k entries (round.py step 4, the usual round: this round's rows, no window): entry e is
  * request j = idx[e] (idx None: j = e, k = len(slots)); slot, n_rows, first_pos, anchor_pos, anchor_token,
- * flags, k_window (at most 255) of request j, generation of its slot, n_out. Integer fields take the low
- * bytes, as numpy's assignment into the entry's narrower fields does. Returns k. */
+ * flags (RF_NEED_DRAFT if need[j], RF_NEW_GEN if new_gen[j]: bool bytes), k_window (at most 255) of
+ * request j, generation of its slot, n_out. Integer fields take the low bytes, as numpy's assignment
+ * into the entry's narrower fields does. Returns k. */
 PyObject *fr_fill_entries(PyObject *mod, PyObject *args) {
-    PyObject *prefix, *o[10];
+    PyObject *prefix, *o[11];
     Py_ssize_t ent_off, ent_size, n_out;
     (void)mod;
-    if (!PyArg_ParseTuple(args, "OnnOOOOOOOOOOn", &prefix, &ent_off, &ent_size, &o[0], &o[1], &o[2], &o[3], &o[4],
-                          &o[5], &o[6], &o[7], &o[8], &o[9], &n_out))
+    if (!PyArg_ParseTuple(args, "OnnOOOOOOOOOOOn", &prefix, &ent_off, &ent_size, &o[0], &o[1], &o[2], &o[3], &o[4],
+                          &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &n_out))
         return NULL;
-    Py_buffer bp = {0}, bs[10];
+    Py_buffer bp = {0}, bs[11];
     memset(bs, 0, sizeof bs);
-    Py_buffer *all[12] = {&bp};
-    for (int i = 0; i < 10; i++)
+    Py_buffer *all[13] = {&bp};
+    for (int i = 0; i < 11; i++)
         all[1 + i] = &bs[i];
-    all[11] = NULL;
+    all[12] = NULL;
     if (PyObject_GetBuffer(prefix, &bp, PyBUF_WRITABLE) < 0)
         return NULL;
     /* eoffs int64; idx int64 or None; slots int64 [n]; n_rows, generation (the table), first_pos,
-     * anchor_pos int64; anchor_token int64 [n]; flags u1 [n]; k_window int32 [n] */
+     * anchor_pos int64; anchor_token int64 [n]; need, new_gen u1 [n]; k_window int32 [n] */
     if (get_arr(o[0], &bs[0], 8, E_COUNT, 0, "eoffs") < 0 || get_arr(o[2], &bs[2], 8, 0, 0, "slots") < 0)
         goto fail;
     Py_ssize_t n = bs[2].len / 8, k = n;
@@ -241,17 +239,17 @@ PyObject *fr_fill_entries(PyObject *mod, PyObject *args) {
             goto fail;
         k = bs[1].len / 8;
     }
-    static const char *names[10] = {"eoffs", "idx", "slots", "n_rows", "generation", "first_pos", "anchor_pos",
-                                    "anchor_token", "flags", "k_window"};
-    static const Py_ssize_t isz[10] = {8, 8, 8, 8, 8, 8, 8, 8, 1, 4};
-    for (int i = 3; i < 10; i++)
+    static const char *names[11] = {"eoffs", "idx", "slots", "n_rows", "generation", "first_pos", "anchor_pos",
+                                    "anchor_token", "need", "new_gen", "k_window"};
+    static const Py_ssize_t isz[11] = {8, 8, 8, 8, 8, 8, 8, 8, 1, 1, 4};
+    for (int i = 3; i < 11; i++)
         if (get_arr(o[i], &bs[i], isz[i], i == 4 ? 0 : n, 0, names[i]) < 0)
             goto fail;
     Py_ssize_t S = bs[4].len / 8;
     const int64_t *eo = bs[0].buf, *idx = bs[1].buf, *slots = bs[2].buf, *rows = bs[3].buf, *gen = bs[4].buf,
                   *first = bs[5].buf, *anchor = bs[6].buf, *tok = bs[7].buf;
-    const uint8_t *flags = bs[8].buf;
-    const int32_t *kw = bs[9].buf;
+    const uint8_t *need = bs[8].buf, *new_gen = bs[9].buf;
+    const int32_t *kw = bs[10].buf;
     if (ent_off < 0 || ent_size < 40 || ent_off + k * ent_size > bp.len) {
         PyErr_SetString(PyExc_ValueError, "fill_entries: entries outside the prefix");
         goto fail;
@@ -273,7 +271,7 @@ PyObject *fr_fill_entries(PyObject *mod, PyObject *args) {
         put_u64(ent + eo[E_FIRST], (uint64_t)first[j]);
         put_u64(ent + eo[E_ANCHOR], (uint64_t)anchor[j]);
         put_u32(ent + eo[E_TOKEN], (uint64_t)tok[j]);
-        ent[eo[E_FLAGS]] = (char)flags[j];
+        ent[eo[E_FLAGS]] = (char)((need[j] ? 1 : 0) | (new_gen[j] ? 2 : 0)); /* RF_NEED_DRAFT | RF_NEW_GEN */
         ent[eo[E_K]] = (char)(uint8_t)(kw[j] < 255 ? kw[j] : 255);
         ent[eo[E_NOUT]] = (char)(uint8_t)n_out;
     }

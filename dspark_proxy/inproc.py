@@ -80,7 +80,8 @@ class InProcessClient:
             return StepOutcome(False, "reconnected", None, 0.0)
         self.counters["steps"] += 1
         k = int(entries.shape[0])
-        out = self._out(k, bool(step_flags & SF_SAMPLED) and sample_meta is not None)
+        # null: every array below is overwritten, so the reply's own clearing is skipped
+        out = self._out(k, bool(step_flags & SF_SAMPLED) and sample_meta is not None, clear=not self.null)
         if self.null:
             out.status[:] = 0
             out.window_rows[:] = self.W
@@ -104,15 +105,17 @@ class InProcessClient:
                           out.sampled_mask, out.support_ids, out.proposal_q, us)
         return StepOutcome(True, None, reply, us)
 
-    def _out(self, k: int, sampled: bool) -> _Out:
-        """This step's reply arrays, cleared as a fresh REPLY is (ids -1, the rest 0)."""
+    def _out(self, k: int, sampled: bool, clear: bool = True) -> _Out:
+        """This step's reply arrays, cleared as a fresh REPLY is (ids -1, the rest 0); `clear` False:
+        the caller overwrites the four per-request arrays itself (the sampled ones are cleared anyway)."""
         out = _Out()
         out.status, out.window_rows = self._status[:k], self._wrows[:k]
         out.draft_ids, out.confidence = self._ids[:k], self._conf[:k]
-        out.status[:] = 0
-        out.window_rows[:] = 0
-        out.draft_ids[:] = -1
-        out.confidence[:] = 0.0
+        if clear:
+            out.status[:] = 0
+            out.window_rows[:] = 0
+            out.draft_ids[:] = -1
+            out.confidence[:] = 0.0
         out.margin = out.sampled_mask = out.support_ids = out.proposal_q = None
         if sampled:
             if self._smask is None:

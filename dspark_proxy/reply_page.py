@@ -4,7 +4,8 @@ Packing is the round's step 8 on the page side: for the requests that get drafts
 non-negative drafts (the ok word is n_drafts, at most the round's n_out), -1 / 0 past them, and in a
 sampled segment the support ids and q; every other row cleared. Only the rows an earlier round wrote
 are cleared (the rest are already zero), and the usual round (every request drafted in full) is
-filled from slices. A failed round writes only status, n and the ok words: the engine's reader hands
+filled from slices, or on the C path (native.py) by one `_fastround.pack_whole` call that writes the
+same bytes. A failed round writes only status, n and the ok words: the engine's reader hands
 out its own cleared arrays for a failed status.
 
 Owned by the round thread; published by HostFlags.publish.
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from . import native
 from .ndrafts import leading_drafts, trim_rows
 from .shm.layout import STATUS_OK, STATUS_ROUND_FAILED, STATUS_SOME_FAILED, SUPPORT_K, ReplyPageLayout
 
@@ -25,9 +27,11 @@ __all__ = ["PagePacker"]
 class PagePacker:
     """The round's private copy of the reply page (`page`), packed here and published by the round."""
 
-    def __init__(self, layout: ReplyPageLayout, num_spec: int, n_out_table: tuple[int, ...]) -> None:
+    def __init__(self, layout: ReplyPageLayout, num_spec: int, n_out_table: tuple[int, ...],
+                 native_path: bool | None = None) -> None:
         L, M, N = layout, layout.M, num_spec
         self.L, self.N = L, N
+        self.native = native.enabled() if native_path is None else native_path  # pack_whole (_fastround_page.c)
         self.page = np.zeros(L.size, dtype=np.int32)
         # the page's per-request blocks, and how many of their rows may hold an earlier round's values
         # (the rest are zero): packing zeroes only those rows, not the whole page
@@ -61,9 +65,13 @@ class PagePacker:
         cap = self.n_out(n) or self.N
         nd = None
         whole = usable is None and idx is None and n_need == n
-        if whole:
-            nd = leading_drafts(reply.draft_ids, cap)
-        if whole and nd is None:  # every request gets all N drafts: slices
+        if whole and self.native and native.fastround.pack_whole(
+                b, L.o_ok, L.o_ids, L.o_conf, L.M, self.N, n, cap, self._ok_rows, self._ids_rows, reply.draft_ids,
+                reply.confidence):  # the slices below in one C call (False: not that round, nothing written)
+            self._ok_rows = self._ids_rows = n
+            give = None
+            n_give = n
+        elif whole and (nd := leading_drafts(reply.draft_ids, cap)) is None:  # every request gets all N: slices
             ok_rows, ids_rows = self._ok_rows, self._ids_rows
             self._ok_rows = self._ids_rows = n
             if ok_rows > n:

@@ -148,6 +148,7 @@ class SlotTable:
         self._adv_scratch = tuple(np.zeros(m, dt) for dt in (np.int64, np.bool_, np.bool_, np.bool_, np.int64,
                                                                np.int64))
         self._adv_views: dict[int, tuple[np.ndarray, ...]] = {}
+        self._held = None  # a _fastround.Held of the tables, the counts and the scratch: made at the first advance
 
     # ------------------------------------------------------------------ validation
 
@@ -399,9 +400,11 @@ class SlotTable:
             out = self._adv_views[n] = tuple(a[:n] for a in self._adv_scratch)
         c = self._counts
         c[0], c[1] = self.n_unknown, self._any_unknown
-        n_new, n_resync, n_unknown = fastround.advance(
-            self.owner, self.generation, self.lo, self.hi, self.dirty, self.announced, self.unknown, c, slots, req_ids,
-            first_pos, valid, *out, self.W)
+        held = self._held
+        if held is None:  # the tables and the scratch, their buffers taken once (_fastround_held.c)
+            held = self._held = fastround.Held((self.owner, self.generation, self.lo, self.hi, self.dirty,
+                                                self.announced, self.unknown, c, *self._adv_scratch))
+        n_new, n_resync, n_unknown = fastround.advance(held, slots, req_ids, first_pos, valid, self.W)
         self.n_unknown = int(c[0])
         anchor, new_owner, new_gen, resync, held_first, held_rows = out
         return Advance(anchor, new_owner, n_new, new_gen, resync, n_resync, held_first, held_rows, n_unknown)

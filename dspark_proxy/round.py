@@ -34,6 +34,12 @@ handle() with an in-process null worker, W = 128, N = 5, on a shared 2-core mach
 65 µs at n = 256, 95 µs at n = 1024 for decode rounds (129, 169 and 285 µs before these shortcuts). Of a
 decode round at n = 256, about: reading and validating the descriptor 13 µs, advancing the ring model
 11 µs, entries 6 µs, accepting and packing the reply 9 µs, stats and breaker 4 µs, the rest Python glue.
+On the default (C) path the descriptor read, the ring model, the acceptance sums, the entries (their
+flags included), the small rows' gather and the usual round's reply page are one C call each
+(native.py), the long-lived arrays' buffers held across calls (_fastround_held.c); with the sums, the
+flags, the page and the held buffers in C, the same rig at M=256 with 256-byte rows went from p50 44.5
+to 28.8 µs at n=1 and 63.0 to 43.1 µs at n=256 (README, "Native hot paths"). What is left is mostly
+the interpreter: the glue between those calls, and ~0.1 µs per buffer still taken per call.
 
 Thread ownership: one round thread owns everything here; `stats` is shared read-only with the
 heartbeat thread's snapshot.
@@ -124,7 +130,7 @@ class RoundCore:
         self.ring_rows = RingRows(seg, self.native)  # the engine's shared ring, once it names one
         self._shared: bool | None = None  # rows from the shared ring (True) or the staging; None: not yet read
         self._last_epoch: int | None = None
-        self.packer = PagePacker(self.lay.reply, self.N, settings.n_out_table)  # the reply page
+        self.packer = PagePacker(self.lay.reply, self.N, settings.n_out_table, self.native)  # the reply page
         self.page = self.packer.page
         self._no_entry = np.ones(self.M, dtype=np.bool_)
         self._prefix = wire.StepPrefix(self.M, self.sampled)  # the STEP, built in place (wire/step.py)
@@ -133,7 +139,7 @@ class RoundCore:
         self.rounds = 0  # the last round handled
         self._gathered_ns_off = self.lay.word_off(Word.GATHERED_NS)
         self._advanced = False  # round t's rows reached the ring model (set by _run)
-        self.accept = Acceptance(self.M, self.N, settings.gate, stats)  # drafts' effect; the gate
+        self.accept = Acceptance(self.M, self.N, settings.gate, stats, self.native)  # drafts' effect; the gate
 
     # ------------------------------------------------------------------ entry point
 
@@ -252,13 +258,13 @@ class RoundCore:
         ent = self._entries[:k]
         need = np.not_equal(v.need_raw, 0, out=v.need)
         self.accept.mask(slots, need)  # paused by the acceptance gate: rows sent, no drafts asked
-        flags = v.need_u8 | (plan.new_gen.view(np.uint8) << 1)  # RF_NEED_DRAFT | RF_NEW_GEN
-        if have_win is not None:
-            flags |= have_win.view(np.uint8) << 2  # RF_RESYNC
         n_out = self.packer.n_out(n)
         if have_win is None and self.native:  # the usual round's entries in one C call (its reference: below)
-            self._fill_entries(idx, slots, valid, first_pos, plan, flags, n_out)
+            self._fill_entries(idx, slots, valid, first_pos, plan, v.need_u8, n_out)
         else:
+            flags = v.need_u8 | (plan.new_gen.view(np.uint8) << 1)  # RF_NEED_DRAFT | RF_NEW_GEN
+            if have_win is not None:
+                flags |= have_win.view(np.uint8) << 2  # RF_RESYNC
             e_first = first_pos[sel] if have_win is None else np.where(have_win, plan.held_first, first_pos)[sel]
             ent["slot"] = e_slots
             ent["n_rows"] = e_rows
@@ -315,12 +321,13 @@ class RoundCore:
         self._accept(t, n, idx, e_slots, slots, plan, need, pending if n_pending else None, out.reply)
 
     def _fill_entries(self, idx: np.ndarray | None, slots: np.ndarray, valid: np.ndarray, first_pos: np.ndarray,
-                      plan: Advance, flags: np.ndarray, n_out: int) -> None:
+                      plan: Advance, need_u8: np.ndarray, n_out: int) -> None:
         """Step 4's entries for the requests `idx` (None: all), each with this round's rows, written into
-        the STEP prefix by _fastround.fill_entries: the reference is the field assignments in _run."""
+        the STEP prefix by _fastround.fill_entries (the flags too, from need and new_gen): the reference is
+        the flags and field assignments in _run."""
         native.fastround.fill_entries(self._prefix, _ENTRIES_AT, wire.ENTRY_SIZE, self._entry_offs, idx, slots,
                                       valid, self.slots.generation, first_pos, plan.anchor_pos, self.desc.v.anchor,
-                                      flags, self.desc.v.k_window, n_out)
+                                      need_u8, plan.new_gen, self.desc.v.k_window, n_out)
 
     def _fail(self, slots: np.ndarray, n: int, reason: str) -> None:
         self.slots.mark_dirty(slots)

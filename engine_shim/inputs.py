@@ -12,6 +12,9 @@ from dspark_proxy import native
 __all__ = ["EnqueueInputs", "ShimError"]
 
 
+_NEGATIVE_IDS = "req_ids: integer request ids must be >= 0"
+
+
 class ShimError(ValueError):
     """Bad input to enqueue/read_reply: raised before anything is written."""
 
@@ -77,12 +80,41 @@ class EnqueueInputs:
         self._req_ids = _ReqIds(limit=16 * max_reqs + 1024)
         self._arange = np.arange(max_reqs, dtype=np.int64)
         self._mark = np.zeros(max_reqs, dtype=np.int64)  # scratch for the duplicate-slot check
+        self._no_sampled = np.zeros(max_reqs, dtype=np.bool_)  # `sampled` not given: never written
         self._pinned = None  # CUDA rows: a pinned host bounce buffer (see _rows_from_device)
 
     def check(self, req_ids, slots, qsl, need_draft, k_window, rows, valid, first_pos, anchor, sampled,
               seed, temperature) -> tuple[int, dict[str, np.ndarray]]:
         """enqueue's arguments, checked and converted: n and the arrays by name (rows as [total,
-        row_bytes] bytes). Cheap checks first, in one pass; `_explain` names the culprit."""
+        row_bytes] bytes). Cheap checks first, in one pass; `_explain` names the culprit. On the C path,
+        arguments that need no conversion (C-contiguous numpy arrays of the right dtypes and shapes) are
+        checked by one `_fastround.check_fast` call; anything else takes the reference (`_convert`,
+        `_finish`)."""
+        M, W = self.max_reqs, self.window
+        code = taken = -1
+        if self.native:  # arguments that are already what is needed: taken as they are, checked in one call
+            code, n, total, taken = native.fastround.check_fast(np.ndarray, M, W, self.row_bytes, self._mark, slots,
+                                                                valid, first_pos, anchor, k_window, need_draft, qsl,
+                                                                req_ids, rows)
+        if code < 0:
+            n, a, total = self._convert(slots, valid, first_pos, anchor, k_window, need_draft, qsl)
+            return self._finish(n, a, total, req_ids, rows, sampled, seed, temperature)
+        a = {"slots": slots, "valid": valid, "first_pos": first_pos, "anchor": anchor, "k_window": k_window,
+             "need_draft": need_draft, "qsl": qsl}
+        if code == 1:
+            self._explain(slots, qsl, a)
+        if code == 2:
+            raise ShimError("slots: a slot appears more than once in the round")
+        if code == 3:
+            raise ShimError(_NEGATIVE_IDS)
+        if taken == 3 and sampled is None and not self.sampled:  # the usual round: nothing left to convert
+            a["req_ids"], a["rows"], a["sampled"] = req_ids, rows, self._no_sampled[:n]
+            return n, a
+        return self._finish(n, a, total, req_ids, rows, sampled, seed, temperature)
+
+    def _convert(self, slots, valid, first_pos, anchor, k_window, need_draft, qsl) -> tuple[int, dict, int]:
+        """check()'s reference: each argument converted (_as_numpy) and its shape checked, then the
+        cheap checks (check_round, or numpy); n, the arrays by name, and the sum of valid (-1: not yet)."""
         M, W = self.max_reqs, self.window
         slots_a = _as_numpy(slots, np.int64, "slots")
         n = int(slots_a.shape[0]) if slots_a.ndim == 1 else -1
@@ -123,15 +155,20 @@ class EnqueueInputs:
             self._mark[slots_a] = idx
             if np.count_nonzero(self._mark[slots_a] != idx):
                 raise ShimError("slots: a slot appears more than once in the round")
+        return n, a, total
+
+    def _finish(self, n: int, a: dict[str, np.ndarray], total: int, req_ids, rows, sampled, seed,
+                temperature) -> tuple[int, dict[str, np.ndarray]]:
+        """check() past the per-request arrays: request ids, rows, the sampled fields."""
         a["req_ids"] = self._req_ids(req_ids, n)
         if a["req_ids"].shape != (n,):
             raise ShimError(f"req_ids: expected {n} ids, got {a['req_ids'].shape}")
         if n and np.minimum.reduce(a["req_ids"]) < 0:
-            raise ShimError("req_ids: integer request ids must be >= 0")
+            raise ShimError(_NEGATIVE_IDS)
         if total < 0:
             total = int(a["valid"].sum()) if n else 0
         a["rows"] = self._rows(rows, total)
-        s = np.zeros(n, np.bool_) if sampled is None else _as_numpy(sampled, np.bool_, "sampled")
+        s = self._no_sampled[:n] if sampled is None else _as_numpy(sampled, np.bool_, "sampled")
         if s.shape != (n,):
             raise ShimError(f"sampled: expected shape ({n},), got {s.shape}")
         a["sampled"] = s

@@ -71,6 +71,7 @@ class EngineRing:
         self._flat = self.rows.view(self._row_t).reshape(self.max_slots * self.W)
         self._j = np.arange(self.max_slots * self.W, dtype=np.int64)  # the flat row counter, never rebuilt
         self._ring_u8 = self.rows.reshape(-1)
+        self._held = None  # the table's arrays for the C write (_hold), made at its first use
 
     def write(self, slots: np.ndarray, req_ids: np.ndarray, first_pos: np.ndarray, valid: np.ndarray,
               rows: np.ndarray) -> np.ndarray:
@@ -114,16 +115,33 @@ class EngineRing:
         self._flat[dst] = src
         return anchor
 
+    def write_checked(self, slots: np.ndarray, req_ids: np.ndarray, first_pos: np.ndarray, valid: np.ndarray,
+                      rows: np.ndarray) -> None:
+        """``write`` for the shim's round, whose arrays EnqueueInputs has made C-contiguous int64 (rows
+        uint8 [total, row_bytes]): on the C path one ring_write with no conversion (nor anchors)."""
+        if self.native and not self.table.n_unknown:
+            held = self._held if self._held is not None else self._hold()
+            native.fastround.ring_write(held, self._ring_u8, slots, req_ids, first_pos, valid, rows, self.W,
+                                        self.row_bytes)
+            return
+        self.write(slots, req_ids, first_pos, valid, rows)
+
     def _write_native(self, slots: np.ndarray, req_ids: np.ndarray, first_pos: np.ndarray, valid: np.ndarray,
                       rows: np.ndarray) -> np.ndarray:
         if rows.dtype != np.uint8 or rows.ndim != 2 or rows.shape[1] != self.row_bytes:
             raise ValueError(f"rows must be uint8 [total, {self.row_bytes}], got {rows.dtype} {rows.shape}")
-        t = self.table
-        native.fastround.ring_write(t.owner, t.generation, t.lo, t.hi, t.dirty, t.announced, self._ring_u8,
-                                    np.ascontiguousarray(slots), np.ascontiguousarray(req_ids, dtype=np.int64),
+        held = self._held if self._held is not None else self._hold()
+        native.fastround.ring_write(held, self._ring_u8, np.ascontiguousarray(slots),
+                                    np.ascontiguousarray(req_ids, dtype=np.int64),
                                     np.ascontiguousarray(first_pos), np.ascontiguousarray(valid),
                                     np.ascontiguousarray(rows), self.W, self.row_bytes)
         return first_pos + valid
+
+    def _hold(self):
+        """The table's arrays, their buffers taken once for ring_write (_fastround_held.c)."""
+        t = self.table
+        self._held = native.fastround.Held((t.owner, t.generation, t.lo, t.hi, t.dirty, t.announced))
+        return self._held
 
     def window_range(self, slot: int) -> tuple[int, int, int]:
         """``(generation, lo, hi)`` of what the slot's block holds now (a shared ring's window record)."""

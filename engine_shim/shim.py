@@ -30,7 +30,7 @@ from dspark_proxy.shm.hostflag import (
     WAIT_PUBLISHED,
     HostFlags,
 )
-from dspark_proxy.shm.layout import META_SLOTS, ReplyPageLayout, Word
+from dspark_proxy.shm.layout import META_SLOTS, STATUS_NAMES, ReplyPageLayout, Word
 from dspark_proxy.shm.segment import DEFAULT_NAME, Segment
 from dspark_proxy.shm.target import check_target_id
 from dspark_proxy.stats import Stats
@@ -44,6 +44,7 @@ from .row_ring import EngineRing
 __all__ = ["Shim", "ShimError"]
 
 log = logging.getLogger(__name__)
+_REPLY_KEYS = {code: f"replies_{name}" for code, name in STATUS_NAMES.items()}  # built once, not per reply
 
 
 class Shim:
@@ -78,6 +79,8 @@ class Shim:
         self._rejected = ""  # round _t had a bad input: why (read_reply's reason)
         self._awaiting_reply = False  # round _t was enqueued and its read_reply has not come yet
         self._deadline_ns = 0
+        self._deadline_delta_ns = -1  # the attached segment's deadline in ns (-1: read it at the next enqueue)
+        self._deadline_ov: float | None = None  # the override it was worked out with
         # per round t (slot t % 64): (t, n, rows staged, longest query, incarnation), so an event about
         # a round reported rounds later (the watcher's claims are drained later) carries its own fields
         self._rounds_seen: list[tuple[int, int, int, int, int]] = [(0, 0, 0, 0, 0)] * META_SLOTS
@@ -136,6 +139,7 @@ class Shim:
 
     def _watch(self, seg: Segment, flags: HostFlags) -> None:
         """Just attached: round t's deadline is watched from now, GIL or not."""
+        self._deadline_delta_ns = -1  # this segment's deadline, read at the next enqueue
         if self.watchdog.started:
             self.watchdog.watch(seg, flags)
 
@@ -163,7 +167,7 @@ class Shim:
             self._reject(t, slots, err)
             raise err from (None if err is e else e)
         self._att.boundary(t)
-        self.ring.write(a["slots"], a["req_ids"], a["first_pos"], a["valid"], a["rows"])
+        self.ring.write_checked(a["slots"], a["req_ids"], a["first_pos"], a["valid"], a["rows"])
         self._t, self._n = t, n
         self._rejected = ""
         self._round_attached = False
@@ -175,7 +179,10 @@ class Shim:
         assert seg is not None and flags is not None
         self._write_round(seg, t, n, a)
         flags.raise_gathered(t, n)
-        self._deadline_ns = seg.word(Word.GATHERED_NS) + int(self.deadline_ms() * 1e6)
+        ov = self.deadline_override_ms  # the deadline in ns, worked out again only when it may have changed
+        if self._deadline_delta_ns < 0 or ov != self._deadline_ov:
+            self._deadline_ov, self._deadline_delta_ns = ov, int(self.deadline_ms() * 1e6)
+        self._deadline_ns = seg.word(Word.GATHERED_NS) + self._deadline_delta_ns
         self._round_attached = True
 
     def _reject(self, t: int, slots: Any, err: ShimError) -> None:
@@ -262,7 +269,8 @@ class Shim:
             self.counters.inc("pages_not_this_round")
             return self._reader.failed(t, n, reason or "failed_ahead")
         reply = self._reader.parse(t, n)
-        self.counters.inc(f"replies_{reply.status_name}")
+        key = _REPLY_KEYS.get(reply.status)
+        self.counters.inc(key or f"replies_{reply.status_name}")
         if not reply.ok:
             self.watchdog.report()  # the watcher thread may have failed it: its event, now
         return reply

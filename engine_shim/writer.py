@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from dspark_proxy import native
+from dspark_proxy.shm.layout import META_SLOTS
 from dspark_proxy.shm.resync import WindowStager
 from dspark_proxy.shm.segment import Segment
 from dspark_proxy.shm.stamped import SlotWriter
@@ -35,33 +36,37 @@ class RoundWriter:
         lay = seg.layout
         self._moffs, self._doffs = native.meta_offsets(lay.meta_dtype), native.desc_offsets(lay.desc_dtype)
         self._staging_off = lay.staging
+        # per round: the slots' offsets and the counts, looked up once here rather than through properties
+        self._slot_offs = [(lay.meta_off(i), lay.desc_off(i)) for i in range(META_SLOTS)]
+        p = seg.params
+        self._max_rows, self._max_reqs, self._R = p.max_rows, p.max_reqs, p.resync_per_round
         self._no_staged = np.zeros(0, dtype=np.int64)
         self._no_rows = np.zeros((0, seg.params.row_bytes), dtype=np.uint8)
 
     def write(self, t: int, n: int, a: dict[str, np.ndarray]) -> tuple[int, int]:
         """Round t of n requests; returns (rows staged, longest query) for the round's events."""
-        seg, p = self.seg, self.seg.params
+        seg, max_rows = self.seg, self._max_rows
         valid = a["valid"]
         total = int(a["rows"].shape[0])
-        if total <= p.max_rows:  # the usual round: every request's rows fit
+        if total <= max_rows:  # the usual round: every request's rows fit
             k, rows_staged = n, total
         else:
             # requests whose rows do not fit stage none this round (the proxy resyncs them later); the
             # ends only grow, so those that fit are a prefix
             ends = np.cumsum(valid)
-            k = int(np.searchsorted(ends, p.max_rows, side="right"))
+            k = int(np.searchsorted(ends, max_rows, side="right"))
             rows_staged = int(ends[k - 1]) if k else 0
         qsl = a["qsl"]
         if self.native:
             staged = self.stager.stage(t, a["slots"])
-            max_q = int(np.subtract(qsl[1:], qsl[:-1]).max()) if n else 0
             st = np.array(staged, dtype=np.int64) if staged else self._no_staged
             s = self.sampled
-            native.fastround.write_round(
-                seg.mm, seg.layout.meta_off(t), seg.layout.desc_off(t), self._moffs, self._doffs, t, n, rows_staged,
-                k, max_q, st, self._staging_off, self._no_rows if self.shared else a["rows"][:rows_staged], valid, a["first_pos"], a["anchor"],
+            meta_off, desc_off = self._slot_offs[t % META_SLOTS]
+            max_q = native.fastround.write_round(  # max_q -1: computed there from qsl, as below
+                seg.mm, meta_off, desc_off, self._moffs, self._doffs, t, n, rows_staged,
+                k, -1, st, self._staging_off, self._no_rows if self.shared else a["rows"][:rows_staged], valid, a["first_pos"], a["anchor"],
                 a["sampled"], a["seed"] if s else None, a["temperature"] if s else None, a["req_ids"], a["slots"], qsl,
-                a["need_draft"], a["k_window"], p.max_reqs, p.resync_per_round)
+                a["need_draft"], a["k_window"], self._max_reqs, self._R)
             return rows_staged, max_q
         if rows_staged and not self.shared:
             seg.staging[:rows_staged] = a["rows"][:rows_staged]

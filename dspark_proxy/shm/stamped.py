@@ -205,6 +205,7 @@ class SlotReader:
         self._need = np.zeros(self.M, dtype=np.bool_)
         self._views: dict[int, RoundViews] = {}
         self.v = self._views_of(0)
+        self._held = None  # a _fastround.Held of what read_round writes and reads, made at the first read
 
     def _views_of(self, n: int) -> RoundViews:
         v = self._views.get(n)
@@ -226,9 +227,13 @@ class SlotReader:
         n is; the exact count for the error message is only computed when something is wrong."""
         slot = t % META_SLOTS
         if self.native:
+            held = self._held
+            if held is None:  # the offsets, copies and scratch, their buffers taken once (_fastround_held.c)
+                held = self._held = native.fastround.Held((self._moffs, self._doffs, self._desc_u8, self._meta_u8,
+                                                           self._mark, self._slots, self._valid))
             code, n, self.max_q, rows, n_staged, n_misfit = native.fastround.read_round(
-                self.seg.mm, self._desc_offs[slot], self._meta_offs[slot], self._moffs, self._doffs, t, self._desc_u8,
-                self._meta_u8, self._mark, self._slots, self._valid, self.M, self.W, self.R, self.max_rows)
+                self.seg.mm, self._desc_offs[slot], self._meta_offs[slot], held, t, self.M, self.W, self.R,
+                self.max_rows)
             if code == 0:
                 self.v = self._views.get(n) or self._views_of(n)
                 self.rows_staged, self.n_staged, self.n_misfit = rows, n_staged, n_misfit
