@@ -172,3 +172,19 @@ def test_offline_confidences_are_the_served_ones(tmp_path):
     ids, conf, marg = dr.runner.greedy(proj[None], np.array([W]), np.array([11]), N)
     assert np.array_equal(out.draft_ids[0], ids[0]) and np.array_equal(out.confidence[0], conf[0])
     assert np.array_equal(out.margin[0], marg[0])
+
+
+def test_every_product_is_the_kernels_defined_order(monkeypatch):
+    """The runner with its native kernel swapped for the kernel's readable reference (headmm.mm_reference)
+    drafts the same bytes: every product of the head goes through the batch-invariant kernel."""
+    from dspark_proxy.model import head_runner, headmm
+
+    r = HeadRunner(_head(5, draft=list(range(0, V, 3))))
+    rng = np.random.default_rng(8)
+    win, lens, anchor = _batch(rng, 9)
+    rows = rng.standard_normal((7, 32)).astype(np.float32)
+    fast = r.greedy(win, lens, anchor, N), r.project(rows)
+    monkeypatch.setattr(head_runner.headmm, "mm", lambda x, w: headmm.mm_reference(x, w.w))
+    slow = r.greedy(win, lens, anchor, N), r.project(rows)
+    for a, b in zip([*fast[0], fast[1]], [*slow[0], slow[1]], strict=True):
+        assert a.tobytes() == b.tobytes()

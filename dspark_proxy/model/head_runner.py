@@ -7,12 +7,12 @@ call `greedy`, so what is measured is what is served, bit for bit (tests/test_he
 GELU is the exact (erf) one, as in training, computed by torch (numpy has no erf).
 
 Batch-invariant: a request's drafts do not depend on what else is in the batch. BLAS picks another
-kernel (another summation order) for another number of rows, so every product here is a stack of
-one-row products (`_mm`); the same row always takes the same path. It costs little at one request
-and about 2x on the output matmul at 32. The row projection, whose matrix is wide at real row sizes,
-goes in fixed blocks of 8 rows instead (`_mm_blocked`). And single-threaded: the products are a few hundred
-kFLOP, where OpenBLAS's threads only add a wake-up, and on a loaded machine a wait for a thread the
-kernel has not scheduled (measured: 40 µs → 15-40 ms for the 192 x 4096 product). The calling
+kernel (another summation order) for another number of rows, so every product here goes through `_mm`,
+the native kernel of model/headmm.py: each element summed over k in one fixed order whatever the row
+count, and a tile of 4 rows reads w once (2-2.5x the one-row-at-a-time BLAS products it replaces at
+4-20 rows, as fast at one). The attention's small products stay one row at a time in numpy, and
+single-threaded: they are small, where OpenBLAS's threads only add a wake-up, and on a loaded machine a
+wait for a thread the kernel has not scheduled (measured: 40 µs → 15-40 ms for the 192 x 4096 product). The calling
 thread's BLAS is set to one thread (`_blas_one_thread`, OpenBLAS's thread-local setting where numpy
 ships OpenBLAS; elsewhere nothing changes).
 """
@@ -20,12 +20,14 @@ ships OpenBLAS; elsewhere nothing changes).
 from __future__ import annotations
 
 import ctypes
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from . import headmm
 from .head import DraftHead
 
 __all__ = ["HeadRunner", "bf16_to_f32"]
@@ -68,23 +70,24 @@ def _gelu(x: np.ndarray) -> np.ndarray:
 
 
 def _mm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """x [..., k] @ w [k, m], one row at a time (see the module docstring)."""
-    return (x[..., None, :] @ w)[..., 0, :]
+    """x [..., k] @ w [k, m] by the batch-invariant kernel (model/headmm.py), w packed on first use."""
+    return headmm.mm(x, _packed(w))
 
 
-_BLOCK = 8
+_mm_blocked = _mm  # the kernel reads w once per 4 rows already: one product rule for every matrix
+
+_packs: dict[int, tuple[weakref.ref, headmm.Packed]] = {}
 
 
-def _mm_blocked(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """x [R, k] @ w [k, m] in blocks of exactly _BLOCK rows (the last one zero-padded): a wide w is
-    read once a block rather than once a row, and a fixed block height keeps BLAS on one kernel, so a
-    row's result depends on neither its block-mates nor its place among them (checked at start:
-    `HeadRunner._check_blocked`)."""
-    R = len(x)
-    pad = -R % _BLOCK
-    if pad:
-        x = np.concatenate([x, np.zeros((pad, x.shape[1]), dtype=x.dtype)])
-    return (x.reshape(-1, _BLOCK, x.shape[1]) @ w).reshape(-1, w.shape[1])[:R]
+def _packed(w: np.ndarray) -> headmm.Packed:
+    """w's panels, made once per weight array (while it lives; weights are never written after
+    folding, so the panels stay its copy)."""
+    got = _packs.get(id(w))
+    if got is not None and got[0]() is w:
+        return got[1]
+    key = id(w)
+    _packs[key] = got = (weakref.ref(w, lambda _r, k=key, d=_packs: d.pop(k, None)), headmm.Packed(w))
+    return got[1]
 
 
 def _rms(x: np.ndarray) -> np.ndarray:
@@ -110,7 +113,6 @@ class HeadRunner:
         self.in_w = np.ascontiguousarray((sd["in_proj.weight"] * tn[None, :]).T)  # [F, d]
         self.in_b = sd["in_proj.bias"]
         self.c_w = np.ascontiguousarray(sd["cache_proj.weight"].T)  # [d, 3d]
-        self._in = _mm_blocked if self._check_blocked(self.in_w) else _mm
         self.pos = np.ascontiguousarray(sd["pos.weight"][:head.window][::-1])  # row i: distance W-1-i
         self.queries = sd["queries"]
         self.tok = sd["tok.weight"]
@@ -127,22 +129,12 @@ class HeadRunner:
         self.cache_width = 3 * d
         self._scale = f32(1.0 / np.sqrt(self.dh))
 
-    @staticmethod
-    def _check_blocked(w: np.ndarray) -> bool:
-        """Whether this BLAS gives a row the same bits in any block and place (else one row at a time)."""
-        _one_thread()
-        x = np.random.default_rng(0).standard_normal((2 * _BLOCK - 3, w.shape[0])).astype(np.float32)
-        a = _mm_blocked(x, w)
-        b = _mm_blocked(x[::-1].copy(), w)[::-1]
-        c = np.concatenate([_mm_blocked(x[i:i + 1], w) for i in range(3)])
-        return bool(np.array_equal(a, b) and np.array_equal(a[:3], c))
-
     def project(self, x: np.ndarray) -> np.ndarray:
         """x float32 [R, n_taps * hidden] → [R, 3d]: what a slot caches for each row."""
         _one_thread()
         r = x.reshape(len(x), self.n_taps, self.hidden)
         r = _rms(r).reshape(len(x), -1)
-        return _mm(self._in(r, self.in_w) + self.in_b, self.c_w)
+        return _mm(_mm(r, self.in_w) + self.in_b, self.c_w)
 
     def backbone(self, win: np.ndarray, lens: np.ndarray, anchor: np.ndarray, n: int) -> np.ndarray:
         """win [B, W, 3d] projected rows right-aligned (index W-1 next to the anchor), lens [B] rows

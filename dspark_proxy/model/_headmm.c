@@ -1,0 +1,167 @@
+/*
+ * _headmm: the draft head's matrix products (model/head_runner.py), batch-invariant by construction.
+ *
+ *   mm(x, w, out)   out[r, j] = (((0 + x[r,0] w[0,j]) + x[r,1] w[1,j]) + ...) + x[r,K-1] w[K-1,j]
+ *
+ * in float32, each product rounded, then each sum, in that order, for every element whatever the number
+ * of rows: a row's result depends on nothing but the row and w, which BLAS does not promise (it picks
+ * another kernel, another summation order, for another number of rows). The Python reference model of
+ * the same order is model/headmm.py `mm_reference`; tests/test_headmm.py requires identical bytes.
+ *
+ * Why no FMA: a fused multiply-add rounds once, and numpy (the reference model) has none; the file is
+ * built with -ffp-contract=off so the compiler fuses nothing either. Vectorising across output columns
+ * j changes no element's order, so the SIMD width (AVX-512, AVX2, SSE2: chosen at load time by
+ * target_clones) gives the same bits as the scalar tail.
+ *
+ * Speed: rows go in tiles of 4 (16 columns a step) or 1 (64 columns a step), so a tile reads w once
+ * for 4 rows where the one-row-at-a-time BLAS products read it once a row; w is read from panels
+ * packed once (below).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+typedef float v8 __attribute__((vector_size(32)));
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TC __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define TC
+#endif
+
+/* an unaligned 8-float load or store (a vector type aliases its element type) */
+typedef float v8u __attribute__((vector_size(32), aligned(4)));
+#define LD(p) (*(const v8u *)(p))
+#define ST(p, v) (*(v8u *)(p) = (v))
+
+/* The kernel reads w packed in panels of 16 columns, wp[b, k, 0:16] = w[k, 16b:16b+16] (the last panel
+ * zero-padded; see model/headmm.py `pack`), so a tile streams contiguous memory: w itself read column
+ * block by column block would step M floats a k, and at M = 2048 every step lands in one L1 set. */
+#define PW 16
+
+/* rows r0..r0+3 of x, panel b → out columns 16b.. (only the first `ncol` written) */
+static inline __attribute__((always_inline)) void tile4(const float *x0, Py_ssize_t K, const float *p, float *o0,
+                                                        Py_ssize_t M, Py_ssize_t ncol) {
+    const float *x1 = x0 + K, *x2 = x1 + K, *x3 = x2 + K;
+    v8 a0 = {0}, b0 = {0}, a1 = {0}, b1 = {0}, a2 = {0}, b2 = {0}, a3 = {0}, b3 = {0};
+    for (Py_ssize_t k = 0; k < K; k++, p += PW) {
+        v8 w0 = LD(p), w1 = LD(p + 8);
+        float s0 = x0[k], s1 = x1[k], s2 = x2[k], s3 = x3[k];
+        a0 = a0 + s0 * w0, b0 = b0 + s0 * w1;
+        a1 = a1 + s1 * w0, b1 = b1 + s1 * w1;
+        a2 = a2 + s2 * w0, b2 = b2 + s2 * w1;
+        a3 = a3 + s3 * w0, b3 = b3 + s3 * w1;
+    }
+    if (ncol == PW) {
+        ST(o0, a0), ST(o0 + 8, b0), ST(o0 + M, a1), ST(o0 + M + 8, b1);
+        ST(o0 + 2 * M, a2), ST(o0 + 2 * M + 8, b2), ST(o0 + 3 * M, a3), ST(o0 + 3 * M + 8, b3);
+    } else {
+        float t[4][PW];
+        ST(t[0], a0), ST(t[0] + 8, b0), ST(t[1], a1), ST(t[1] + 8, b1);
+        ST(t[2], a2), ST(t[2] + 8, b2), ST(t[3], a3), ST(t[3] + 8, b3);
+        for (int r = 0; r < 4; r++)
+            memcpy(o0 + r * M, t[r], (size_t)ncol * sizeof(float));
+    }
+}
+
+/* one row, four panels at once (eight independent sums in flight; one panel's two would wait on the
+ * adder's latency) */
+static inline __attribute__((always_inline)) void row4p(const float *x0, Py_ssize_t K, const float *p, float *o0) {
+    const Py_ssize_t S = K * PW;
+    v8 a[8] = {{0}};
+    for (Py_ssize_t k = 0; k < K; k++, p += PW) {
+        float s = x0[k];
+        a[0] = a[0] + s * LD(p), a[1] = a[1] + s * LD(p + 8);
+        a[2] = a[2] + s * LD(p + S), a[3] = a[3] + s * LD(p + S + 8);
+        a[4] = a[4] + s * LD(p + 2 * S), a[5] = a[5] + s * LD(p + 2 * S + 8);
+        a[6] = a[6] + s * LD(p + 3 * S), a[7] = a[7] + s * LD(p + 3 * S + 8);
+    }
+    for (int q = 0; q < 8; q++)
+        ST(o0 + 8 * q, a[q]);
+}
+
+static inline __attribute__((always_inline)) void row1p(const float *x0, Py_ssize_t K, const float *p, float *o0,
+                                                        Py_ssize_t ncol) {
+    v8 a0 = {0}, b0 = {0};
+    for (Py_ssize_t k = 0; k < K; k++, p += PW) {
+        float s = x0[k];
+        a0 = a0 + s * LD(p), b0 = b0 + s * LD(p + 8);
+    }
+    float t[PW];
+    ST(t, a0), ST(t + 8, b0);
+    memcpy(o0, t, (size_t)ncol * sizeof(float));
+}
+
+TC static void mm_kernel(const float *x, const float *wp, float *out, Py_ssize_t R, Py_ssize_t K, Py_ssize_t M) {
+    const Py_ssize_t nb = (M + PW - 1) / PW;
+    Py_ssize_t r = 0;
+    for (; r + 4 <= R; r += 4)
+        for (Py_ssize_t b = 0; b < nb; b++) {
+            Py_ssize_t ncol = M - b * PW < PW ? M - b * PW : PW;
+            tile4(x + r * K, K, wp + b * K * PW, out + r * M + b * PW, M, ncol);
+        }
+    for (; r < R; r++) {
+        Py_ssize_t b = 0;
+        for (; b + 4 <= nb && (b + 4) * PW <= M; b += 4)
+            row4p(x + r * K, K, wp + b * K * PW, out + r * M + b * PW);
+        for (; b < nb; b++) {
+            Py_ssize_t ncol = M - b * PW < PW ? M - b * PW : PW;
+            row1p(x + r * K, K, wp + b * K * PW, out + r * M + b * PW, ncol);
+        }
+    }
+}
+
+static int get_f32(PyObject *o, Py_buffer *b, int ndim, int writable, const char *name) {
+    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    if (b->ndim != ndim || b->itemsize != 4 || b->format == NULL || strcmp(b->format, "f") != 0) {
+        PyErr_Format(PyExc_ValueError, "mm: %s must be a %d-D C-contiguous float32 array", name, ndim);
+        PyBuffer_Release(b);
+        return -1;
+    }
+    return 0;
+}
+
+/* mm(x [R, K], wp [ceil(M/16), K, 16], out [R, M]): float32, C-contiguous; out written in place */
+static PyObject *hm_mm(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *ox, *ow, *oo;
+    if (!PyArg_ParseTuple(args, "OOO", &ox, &ow, &oo))
+        return NULL;
+    Py_buffer bx, bw, bo;
+    if (get_f32(ox, &bx, 2, 0, "x") < 0)
+        return NULL;
+    if (get_f32(ow, &bw, 3, 0, "wp") < 0) {
+        PyBuffer_Release(&bx);
+        return NULL;
+    }
+    if (get_f32(oo, &bo, 2, 1, "out") < 0) {
+        PyBuffer_Release(&bx);
+        PyBuffer_Release(&bw);
+        return NULL;
+    }
+    Py_ssize_t R = bx.shape[0], K = bx.shape[1], M = bo.shape[1];
+    PyObject *res = NULL;
+    if (bw.shape[1] != K || bw.shape[2] != PW || bw.shape[0] != (M + PW - 1) / PW || bo.shape[0] != R)
+        PyErr_Format(PyExc_ValueError, "mm: shapes x [%zd, %zd], wp [%zd, %zd, %zd], out [%zd, %zd] do not chain",
+                     R, K, bw.shape[0], bw.shape[1], bw.shape[2], bo.shape[0], M);
+    else {
+        mm_kernel((const float *)bx.buf, (const float *)bw.buf, (float *)bo.buf, R, K, M);
+        res = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&bx);
+    PyBuffer_Release(&bw);
+    PyBuffer_Release(&bo);
+    return res;
+}
+
+static PyMethodDef methods[] = {
+    {"mm", hm_mm, METH_VARARGS, "mm(x, wp, out): out = x @ w (wp: w packed in 16-column panels), each element summed over k in order"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_headmm",
+                                    "The draft head's products, batch-invariant by construction.", -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__headmm(void) { return PyModule_Create(&moddef); }

@@ -1,0 +1,56 @@
+"""The draft head's matrix products, batch-invariant by construction (the C kernel `_headmm.c`).
+
+Every element of x @ w is summed over k in order, each product and each sum rounded to float32, for
+any number of rows: a request's numbers cannot depend on what else is in the batch, where BLAS picks
+another kernel (another order) for another row count. `mm_reference` is that order in numpy, the
+readable definition the kernel is checked against byte for byte (tests/test_headmm.py). The kernel
+reads w from 16-column panels packed once (`Packed`), and a tile of 4 rows reads them once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _headmm
+
+__all__ = ["Packed", "mm", "mm_reference"]
+
+_PW = 16  # panel width, as _headmm.c's PW
+
+
+class Packed:
+    """w [K, M] float32 as the kernel reads it: panels [ceil(M/16), K, 16], the last zero-padded."""
+
+    __slots__ = ("w", "panels", "shape")
+
+    def __init__(self, w: np.ndarray) -> None:
+        w = np.asarray(w, dtype=np.float32)
+        if w.ndim != 2:
+            raise ValueError(f"a product's matrix is 2-D, not {w.shape}")
+        K, M = w.shape
+        nb = -(-M // _PW)
+        p = np.zeros((K, nb * _PW), dtype=np.float32)
+        p[:, :M] = w
+        self.w = w  # the plain form, for the reference model and for readers
+        self.panels = np.ascontiguousarray(p.reshape(K, nb, _PW).transpose(1, 0, 2))
+        self.shape = (K, M)
+
+
+def mm(x: np.ndarray, w: Packed) -> np.ndarray:
+    """x [..., K] @ w [K, M] → [..., M] float32, each row by `mm_reference`'s order."""
+    K, M = w.shape
+    if x.shape[-1] != K:
+        raise ValueError(f"x [..., {x.shape[-1]}] @ w [{K}, {M}]")
+    x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, K)
+    out = np.empty((x2.shape[0], M), dtype=np.float32)
+    _headmm.mm(x2, w.panels, out)
+    return out.reshape(*x.shape[:-1], M)
+
+
+def mm_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The kernel's definition: acc = 0; acc = acc + x[..., k] * w[k] for k = 0..K-1, in float32."""
+    x = np.asarray(x, dtype=np.float32)
+    acc = np.zeros((*x.shape[:-1], w.shape[1]), dtype=np.float32)
+    for k in range(x.shape[-1]):
+        acc = acc + x[..., k, None] * w[k]
+    return acc

@@ -1,0 +1,77 @@
+"""The head's product kernel (model/_headmm.c) against its reference model (headmm.mm_reference):
+identical bytes for any shape, any row count, and a row's result the same alone or in any batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dspark_proxy.model.headmm import Packed, mm, mm_reference
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _arrays(seed: int, R: int, K: int, M: int, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((R, K)) * scale).astype(np.float32)
+    w = rng.standard_normal((K, M)).astype(np.float32)
+    return x, w
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), R=st.integers(1, 13), K=st.integers(1, 70), M=st.integers(1, 150),
+       scale=st.sampled_from([1.0, 1e-3, 1e20, 1e-39]))
+def test_kernel_is_its_reference_byte_for_byte(seed, R, K, M, scale):
+    """Every tile shape (4 rows, 1 row; 4 panels, 1 panel, a partial panel) and tiny, huge and
+    subnormal magnitudes: the same float32 bytes as the reference's order."""
+    x, w = _arrays(seed, R, K, M, scale)
+    got = mm(x, Packed(w))
+    assert got.dtype == np.float32 and got.shape == (R, M)
+    assert got.tobytes() == mm_reference(x, w).tobytes()
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), R=st.integers(2, 11), K=st.integers(1, 40), M=st.integers(1, 90),
+       data=st.data())
+def test_a_rows_result_does_not_depend_on_its_batch(seed, R, K, M, data):
+    """Any subset of the rows, in any order, gives each row the bytes it gets in the full batch."""
+    x, w = _arrays(seed, R, K, M, 1.0)
+    p = Packed(w)
+    full = mm(x, p)
+    pick = data.draw(st.lists(st.integers(0, R - 1), min_size=1, max_size=2 * R))
+    sub = mm(x[pick], p)
+    assert sub.tobytes() == full[pick].tobytes()
+
+
+def test_the_served_shapes_are_exact():
+    """The shipped head's products (d = 192, a 2048-id draft vocabulary, rows of 3 x 192) at the row
+    counts a round uses."""
+    for R, K, M in [(1, 192, 2048), (4, 192, 2048), (20, 192, 768), (20, 768, 192), (12, 576, 192), (5, 192, 576)]:
+        x, w = _arrays(R * K + M, R, K, M, 1.0)
+        assert mm(x, Packed(w)).tobytes() == mm_reference(x, w).tobytes(), (R, K, M)
+
+
+def test_leading_axes_and_strided_input():
+    x, w = _arrays(3, 24, 10, 33, 1.0)
+    p = Packed(w)
+    x3 = x.reshape(2, 12, 10)
+    assert mm(x3, p).shape == (2, 12, 33)
+    assert mm(x3, p).tobytes() == mm(x, p).tobytes()
+    assert mm(x[::2], p).tobytes() == mm_reference(x[::2], w).tobytes()  # a strided view is copied first
+
+
+def test_bad_shapes_are_refused_with_a_clear_error():
+    from dspark_proxy.model import _headmm
+
+    x, w = _arrays(4, 3, 8, 20, 1.0)
+    p = Packed(w)
+    with pytest.raises(ValueError, match=r"x \[\.\.\., 7\] @ w \[8, 20\]"):
+        mm(x[:, :7], p)
+    with pytest.raises(ValueError, match="do not chain"):
+        _headmm.mm(x, p.panels, np.empty((3, 40), np.float32))
+    with pytest.raises(ValueError, match="float32"):
+        _headmm.mm(x.astype(np.float64), p.panels, np.empty((3, 20), np.float32))
+    with pytest.raises(ValueError, match="2-D"):
+        Packed(np.zeros(5, np.float32))
