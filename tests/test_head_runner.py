@@ -175,8 +175,9 @@ def test_offline_confidences_are_the_served_ones(tmp_path):
 
 
 def test_every_product_is_the_kernels_defined_order(monkeypatch):
-    """The runner with its native kernel swapped for the kernel's readable reference (headmm.mm_reference)
-    drafts the same bytes: every product of the head goes through the batch-invariant kernel."""
+    """The runner with its native kernels swapped for their readable references (headmm.mm_reference,
+    rms_reference) drafts the same bytes: every product and norm of the head goes through the
+    batch-invariant kernels."""
     from dspark_proxy.model import head_runner, headmm
 
     r = HeadRunner(_head(5, draft=list(range(0, V, 3))))
@@ -184,7 +185,8 @@ def test_every_product_is_the_kernels_defined_order(monkeypatch):
     win, lens, anchor = _batch(rng, 9)
     rows = rng.standard_normal((7, 32)).astype(np.float32)
     fast = r.greedy(win, lens, anchor, N), r.project(rows)
-    monkeypatch.setattr(head_runner.headmm, "mm", lambda x, w: headmm.mm_reference(x, w.w))
+    monkeypatch.setattr(head_runner.headmm, "mm", lambda x, w, *a: headmm.mm_reference(x, w.w, *a))
+    monkeypatch.setattr(head_runner, "_rms", headmm.rms_reference)
     slow = r.greedy(win, lens, anchor, N), r.project(rows)
     for a, b in zip([*fast[0], fast[1]], [*slow[0], slow[1]], strict=True):
         assert a.tobytes() == b.tobytes()

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dspark_proxy.model.headmm import Packed, mm, mm_reference
+from dspark_proxy.model.headmm import EPS, Packed, mm, mm_reference, rms, rms_reference
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,6 +30,27 @@ def test_kernel_is_its_reference_byte_for_byte(seed, R, K, M, scale):
     got = mm(x, Packed(w))
     assert got.dtype == np.float32 and got.shape == (R, M)
     assert got.tobytes() == mm_reference(x, w).tobytes()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), R=st.integers(1, 9), K=st.integers(1, 50), M=st.integers(1, 70),
+       scale=st.sampled_from([1.0, 1e-3, 1e15, 1e-39]), with_b=st.booleans(), with_resid=st.booleans(),
+       with_rms=st.booleans())
+def test_the_fused_norm_bias_and_residual_are_their_reference(seed, R, K, M, scale, with_b, with_resid, with_rms):
+    x, w = _arrays(seed, R, K, M, scale)
+    rng = np.random.default_rng(seed + 1)
+    b = rng.standard_normal(M).astype(np.float32) if with_b else None
+    resid = rng.standard_normal((R, M)).astype(np.float32) if with_resid else None
+    got = mm(x, Packed(w), b, resid, with_rms)
+    assert got.tobytes() == mm_reference(x, w, b, resid, with_rms).tobytes()
+    assert rms(x).tobytes() == rms_reference(x).tobytes()
+
+
+def test_rms_is_the_norm_it_stands_for():
+    """The reference is an RMS norm (not just some order): it agrees with the float64 formula."""
+    x = np.random.default_rng(2).standard_normal((6, 192)).astype(np.float32) * 3
+    want = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + float(EPS))
+    assert np.allclose(rms(x), want, rtol=1e-5, atol=0)
 
 
 @settings(max_examples=60, deadline=None)
@@ -69,9 +90,18 @@ def test_bad_shapes_are_refused_with_a_clear_error():
     p = Packed(w)
     with pytest.raises(ValueError, match=r"x \[\.\.\., 7\] @ w \[8, 20\]"):
         mm(x[:, :7], p)
+    out = np.empty((3, 20), np.float32)
     with pytest.raises(ValueError, match="do not chain"):
-        _headmm.mm(x, p.panels, np.empty((3, 40), np.float32))
+        _headmm.mm(x, p.panels, np.empty((3, 40), np.float32), None, None, False, EPS)
+    with pytest.raises(ValueError, match="do not chain"):
+        _headmm.mm(x, p.panels, out, np.zeros(19, np.float32), None, False, EPS)
+    with pytest.raises(ValueError, match="do not chain"):
+        _headmm.mm(x, p.panels, out, None, np.zeros((2, 20), np.float32), False, EPS)
     with pytest.raises(ValueError, match="float32"):
-        _headmm.mm(x.astype(np.float64), p.panels, np.empty((3, 20), np.float32))
+        _headmm.mm(x.astype(np.float64), p.panels, out, None, None, False, EPS)
+    with pytest.raises(ValueError, match="float32"):
+        _headmm.mm(x, p.panels, out, np.zeros(20), None, False, EPS)
+    with pytest.raises(ValueError, match="shape"):
+        _headmm.rms(x, np.empty((3, 9), np.float32), EPS)
     with pytest.raises(ValueError, match="2-D"):
         Packed(np.zeros(5, np.float32))

@@ -1,12 +1,14 @@
 /*
  * _headmm: the draft head's matrix products (model/head_runner.py), batch-invariant by construction.
  *
- *   mm(x, w, out)   out[r, j] = (((0 + x[r,0] w[0,j]) + x[r,1] w[1,j]) + ...) + x[r,K-1] w[K-1,j]
+ *   mm    out[r, j] = (((0 + x[r,0] w[0,j]) + x[r,1] w[1,j]) + ...) + x[r,K-1] w[K-1,j], then
+ *         out = resid + (out + bias) where given, x first RMS-normed where asked (as `rms`)
+ *   rms   y[r] = x[r] * (1 / sqrt(s / K + eps)), s = (((0 + x[r,0]^2) + x[r,1]^2) + ...)
  *
  * in float32, each product rounded, then each sum, in that order, for every element whatever the number
  * of rows: a row's result depends on nothing but the row and w, which BLAS does not promise (it picks
- * another kernel, another summation order, for another number of rows). The Python reference model of
- * the same order is model/headmm.py `mm_reference`; tests/test_headmm.py requires identical bytes.
+ * another kernel, another summation order, for another number of rows). The Python reference models of
+ * the same order are model/headmm.py `mm_reference` and `rms_reference`; tests/test_headmm.py requires identical bytes.
  *
  * Why no FMA: a fused multiply-add rounds once, and numpy (the reference model) has none; the file is
  * built with -ffp-contract=off so the compiler fuses nothing either. Vectorising across output columns
@@ -19,6 +21,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <string.h>
 
 typedef float v8 __attribute__((vector_size(32)));
@@ -111,52 +114,120 @@ TC static void mm_kernel(const float *x, const float *wp, float *out, Py_ssize_t
     }
 }
 
+/* RMS norm of each row: s = sum over k in order of x*x (float32), y = x * (1 / sqrt(s / K + eps)) */
+TC static void rms_rows(const float *x, float *y, Py_ssize_t R, Py_ssize_t K, float eps) {
+    for (Py_ssize_t r = 0; r < R; r++, x += K, y += K) {
+        float s = 0.0f;
+        for (Py_ssize_t k = 0; k < K; k++)
+            s = s + x[k] * x[k];
+        float inv = 1.0f / sqrtf(s / (float)K + eps);
+        for (Py_ssize_t k = 0; k < K; k++)
+            y[k] = x[k] * inv;
+    }
+}
+
+/* out = resid + (out + bias), each optional, elementwise */
+TC static void epilogue(float *out, const float *bias, const float *resid, Py_ssize_t R, Py_ssize_t M) {
+    for (Py_ssize_t r = 0; r < R; r++, out += M) {
+        if (bias != NULL)
+            for (Py_ssize_t j = 0; j < M; j++)
+                out[j] = out[j] + bias[j];
+        if (resid != NULL) {
+            const float *rr = resid + r * M;
+            for (Py_ssize_t j = 0; j < M; j++)
+                out[j] = rr[j] + out[j];
+        }
+    }
+}
+
 static int get_f32(PyObject *o, Py_buffer *b, int ndim, int writable, const char *name) {
     if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
         return -1;
     if (b->ndim != ndim || b->itemsize != 4 || b->format == NULL || strcmp(b->format, "f") != 0) {
-        PyErr_Format(PyExc_ValueError, "mm: %s must be a %d-D C-contiguous float32 array", name, ndim);
+        PyErr_Format(PyExc_ValueError, "%s must be a %d-D C-contiguous float32 array", name, ndim);
         PyBuffer_Release(b);
         return -1;
     }
     return 0;
 }
 
-/* mm(x [R, K], wp [ceil(M/16), K, 16], out [R, M]): float32, C-contiguous; out written in place */
+static void release_all(Py_buffer *bs, int n) {
+    for (int i = 0; i < n; i++)
+        if (bs[i].obj != NULL)
+            PyBuffer_Release(&bs[i]);
+}
+
+/* mm(x [R, K], wp [ceil(M/16), K, 16], out [R, M], bias [M] | None, resid [R, M] | None, rms, eps):
+ * out = resid + ((rms ? rms_rows(x) : x) @ w + bias), float32, C-contiguous; out written in place */
 static PyObject *hm_mm(PyObject *mod, PyObject *args) {
     (void)mod;
-    PyObject *ox, *ow, *oo;
-    if (!PyArg_ParseTuple(args, "OOO", &ox, &ow, &oo))
+    PyObject *ox, *ow, *oo, *ob, *orr;
+    int rms;
+    float eps;
+    if (!PyArg_ParseTuple(args, "OOOOOpf", &ox, &ow, &oo, &ob, &orr, &rms, &eps))
         return NULL;
-    Py_buffer bx, bw, bo;
-    if (get_f32(ox, &bx, 2, 0, "x") < 0)
-        return NULL;
-    if (get_f32(ow, &bw, 3, 0, "wp") < 0) {
-        PyBuffer_Release(&bx);
-        return NULL;
-    }
-    if (get_f32(oo, &bo, 2, 1, "out") < 0) {
-        PyBuffer_Release(&bx);
-        PyBuffer_Release(&bw);
+    Py_buffer bs[5] = {{0}};  /* x, wp, out, bias, resid */
+    if (get_f32(ox, &bs[0], 2, 0, "mm: x") < 0 || get_f32(ow, &bs[1], 3, 0, "mm: wp") < 0 ||
+        get_f32(oo, &bs[2], 2, 1, "mm: out") < 0 || (ob != Py_None && get_f32(ob, &bs[3], 1, 0, "mm: bias") < 0) ||
+        (orr != Py_None && get_f32(orr, &bs[4], 2, 0, "mm: resid") < 0)) {
+        release_all(bs, 5);
         return NULL;
     }
-    Py_ssize_t R = bx.shape[0], K = bx.shape[1], M = bo.shape[1];
-    PyObject *res = NULL;
-    if (bw.shape[1] != K || bw.shape[2] != PW || bw.shape[0] != (M + PW - 1) / PW || bo.shape[0] != R)
-        PyErr_Format(PyExc_ValueError, "mm: shapes x [%zd, %zd], wp [%zd, %zd, %zd], out [%zd, %zd] do not chain",
-                     R, K, bw.shape[0], bw.shape[1], bw.shape[2], bo.shape[0], M);
-    else {
-        mm_kernel((const float *)bx.buf, (const float *)bw.buf, (float *)bo.buf, R, K, M);
-        res = Py_NewRef(Py_None);
+    Py_ssize_t R = bs[0].shape[0], K = bs[0].shape[1], M = bs[2].shape[1];
+    if (bs[1].shape[1] != K || bs[1].shape[2] != PW || bs[1].shape[0] != (M + PW - 1) / PW || bs[2].shape[0] != R ||
+        (ob != Py_None && bs[3].shape[0] != M) ||
+        (orr != Py_None && (bs[4].shape[0] != R || bs[4].shape[1] != M))) {
+        PyErr_Format(PyExc_ValueError, "mm: shapes x [%zd, %zd], wp [%zd, %zd, %zd], out [%zd, %zd] (and bias, "
+                     "resid) do not chain", R, K, bs[1].shape[0], bs[1].shape[1], bs[1].shape[2], bs[2].shape[0], M);
+        release_all(bs, 5);
+        return NULL;
     }
-    PyBuffer_Release(&bx);
-    PyBuffer_Release(&bw);
-    PyBuffer_Release(&bo);
-    return res;
+    const float *x = (const float *)bs[0].buf;
+    float *tmp = NULL;
+    if (rms && R * K > 0) {
+        tmp = PyMem_Malloc((size_t)(R * K) * sizeof(float));
+        if (tmp == NULL) {
+            release_all(bs, 5);
+            return PyErr_NoMemory();
+        }
+        rms_rows(x, tmp, R, K, eps);
+        x = tmp;
+    }
+    mm_kernel(x, (const float *)bs[1].buf, (float *)bs[2].buf, R, K, M);
+    epilogue((float *)bs[2].buf, ob != Py_None ? (const float *)bs[3].buf : NULL,
+             orr != Py_None ? (const float *)bs[4].buf : NULL, R, M);
+    PyMem_Free(tmp);
+    release_all(bs, 5);
+    Py_RETURN_NONE;
+}
+
+/* rms(x [R, K], out [R, K], eps): each row's RMS norm, as rms_rows */
+static PyObject *hm_rms(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *ox, *oo;
+    float eps;
+    if (!PyArg_ParseTuple(args, "OOf", &ox, &oo, &eps))
+        return NULL;
+    Py_buffer bs[2] = {{0}};
+    if (get_f32(ox, &bs[0], 2, 0, "rms: x") < 0 || get_f32(oo, &bs[1], 2, 1, "rms: out") < 0) {
+        release_all(bs, 2);
+        return NULL;
+    }
+    if (bs[0].shape[0] != bs[1].shape[0] || bs[0].shape[1] != bs[1].shape[1]) {
+        PyErr_SetString(PyExc_ValueError, "rms: x and out differ in shape");
+        release_all(bs, 2);
+        return NULL;
+    }
+    rms_rows((const float *)bs[0].buf, (float *)bs[1].buf, bs[0].shape[0], bs[0].shape[1], eps);
+    release_all(bs, 2);
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
-    {"mm", hm_mm, METH_VARARGS, "mm(x, wp, out): out = x @ w (wp: w packed in 16-column panels), each element summed over k in order"},
+    {"mm", hm_mm, METH_VARARGS,
+     "mm(x, wp, out, bias, resid, rms, eps): out = resid + ((rms ? rms(x) : x) @ w + bias) (wp: w packed in "
+     "16-column panels), each element summed over k in order"},
+    {"rms", hm_rms, METH_VARARGS, "rms(x, out, eps): each row's RMS norm, its sum of squares in order"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -2,8 +2,10 @@
 
 Every element of x @ w is summed over k in order, each product and each sum rounded to float32, for
 any number of rows: a request's numbers cannot depend on what else is in the batch, where BLAS picks
-another kernel (another order) for another row count. `mm_reference` is that order in numpy, the
-readable definition the kernel is checked against byte for byte (tests/test_headmm.py). The kernel
+another kernel (another order) for another row count. The RMS norm, the bias and the residual go into
+the same call (at one request a round's cost is numpy's per-call overhead, a µs a call, more than the
+arithmetic). `mm_reference` and `rms_reference` are those orders in numpy, the readable definitions
+the kernel is checked against byte for byte (tests/test_headmm.py). The kernel
 reads w from 16-column panels packed once (`Packed`), and a tile of 4 rows reads them once.
 """
 
@@ -13,7 +15,7 @@ import numpy as np
 
 from . import _headmm
 
-__all__ = ["Packed", "mm", "mm_reference"]
+__all__ = ["EPS", "Packed", "mm", "mm_reference", "rms", "rms_reference"]
 
 _PW = 16  # panel width, as _headmm.c's PW
 
@@ -36,21 +38,50 @@ class Packed:
         self.shape = (K, M)
 
 
-def mm(x: np.ndarray, w: Packed) -> np.ndarray:
-    """x [..., K] @ w [K, M] → [..., M] float32, each row by `mm_reference`'s order."""
+EPS = np.float32(1e-6)
+
+
+def mm(x: np.ndarray, w: Packed, b: np.ndarray | None = None, resid: np.ndarray | None = None,
+       rms: bool = False) -> np.ndarray:
+    """resid + ((rms(x) if rms else x) @ w + b), b and resid optional: x [..., K] → [..., M] float32, each
+    row by `mm_reference`'s order. One call for what is a norm, a product and two adds in numpy."""
     K, M = w.shape
     if x.shape[-1] != K:
         raise ValueError(f"x [..., {x.shape[-1]}] @ w [{K}, {M}]")
     x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, K)
     out = np.empty((x2.shape[0], M), dtype=np.float32)
-    _headmm.mm(x2, w.panels, out)
+    if resid is not None:
+        resid = np.ascontiguousarray(resid, dtype=np.float32).reshape(x2.shape[0], M)
+    _headmm.mm(x2, w.panels, out, b, resid, rms, EPS)
     return out.reshape(*x.shape[:-1], M)
 
 
-def mm_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """The kernel's definition: acc = 0; acc = acc + x[..., k] * w[k] for k = 0..K-1, in float32."""
+def rms(x: np.ndarray) -> np.ndarray:
+    """x / sqrt(mean(x²) + eps) over the last axis, by `rms_reference`'s order."""
+    x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+    out = np.empty_like(x2)
+    _headmm.rms(x2, out, EPS)
+    return out.reshape(x.shape)
+
+
+def rms_reference(x: np.ndarray) -> np.ndarray:
+    """The kernel's RMS norm: s = 0; s = s + x[..., k]² for k in order; x * (1 / sqrt(s / K + eps))."""
     x = np.asarray(x, dtype=np.float32)
+    s = np.zeros(x.shape[:-1], dtype=np.float32)
+    for k in range(x.shape[-1]):
+        s = s + x[..., k] * x[..., k]
+    inv = np.float32(1.0) / np.sqrt(s / np.float32(x.shape[-1]) + EPS)
+    return x * inv[..., None]
+
+
+def mm_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, resid: np.ndarray | None = None,
+                 rms: bool = False) -> np.ndarray:
+    """The kernel's definition: acc = 0; acc = acc + x[..., k] * w[k] for k = 0..K-1, in float32; then
+    acc + b, then resid + that; x first through `rms_reference` where asked."""
+    x = rms_reference(x) if rms else np.asarray(x, dtype=np.float32)
     acc = np.zeros((*x.shape[:-1], w.shape[1]), dtype=np.float32)
     for k in range(x.shape[-1]):
         acc = acc + x[..., k, None] * w[k]
-    return acc
+    if b is not None:
+        acc = acc + b
+    return acc if resid is None else resid + acc
