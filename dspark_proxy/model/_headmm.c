@@ -17,7 +17,9 @@
  *
  * Speed: rows go in tiles of 4 (16 columns a step) or 1 (64 columns a step), so a tile reads w once
  * for 4 rows where the one-row-at-a-time BLAS products read it once a row; w is read from panels
- * packed once (below).
+ * packed once (below). Measured: with bfloat16 panels widened on load (the shipped weights are
+ * bfloat16) the products were 2x slower, not faster: at 4 rows the tile is bound by its multiplies
+ * and adds, and at one row the widening cost more than the bytes it saved.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -42,10 +44,10 @@ typedef float v8u __attribute__((vector_size(32), aligned(4)));
  * block by column block would step M floats a k, and at M = 2048 every step lands in one L1 set. */
 #define PW 16
 
-/* rows r0..r0+3 of x, panel b → out columns 16b.. (only the first `ncol` written) */
-static inline __attribute__((always_inline)) void tile4(const float *x0, Py_ssize_t K, const float *p, float *o0,
-                                                        Py_ssize_t M, Py_ssize_t ncol) {
-    const float *x1 = x0 + K, *x2 = x1 + K, *x3 = x2 + K;
+/* rows x[0..3], panel p → out rows o[0..3] from column 16b (only the first `ncol` written) */
+static inline __attribute__((always_inline)) void tile4(const float *const *x, Py_ssize_t K, const float *p,
+                                                        float *const *o, Py_ssize_t ncol) {
+    const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
     v8 a0 = {0}, b0 = {0}, a1 = {0}, b1 = {0}, a2 = {0}, b2 = {0}, a3 = {0}, b3 = {0};
     for (Py_ssize_t k = 0; k < K; k++, p += PW) {
         v8 w0 = LD(p), w1 = LD(p + 8);
@@ -56,14 +58,14 @@ static inline __attribute__((always_inline)) void tile4(const float *x0, Py_ssiz
         a3 = a3 + s3 * w0, b3 = b3 + s3 * w1;
     }
     if (ncol == PW) {
-        ST(o0, a0), ST(o0 + 8, b0), ST(o0 + M, a1), ST(o0 + M + 8, b1);
-        ST(o0 + 2 * M, a2), ST(o0 + 2 * M + 8, b2), ST(o0 + 3 * M, a3), ST(o0 + 3 * M + 8, b3);
+        ST(o[0], a0), ST(o[0] + 8, b0), ST(o[1], a1), ST(o[1] + 8, b1);
+        ST(o[2], a2), ST(o[2] + 8, b2), ST(o[3], a3), ST(o[3] + 8, b3);
     } else {
         float t[4][PW];
         ST(t[0], a0), ST(t[0] + 8, b0), ST(t[1], a1), ST(t[1] + 8, b1);
         ST(t[2], a2), ST(t[2] + 8, b2), ST(t[3], a3), ST(t[3] + 8, b3);
         for (int r = 0; r < 4; r++)
-            memcpy(o0 + r * M, t[r], (size_t)ncol * sizeof(float));
+            memcpy(o[r], t[r], (size_t)ncol * sizeof(float));
     }
 }
 
@@ -95,22 +97,30 @@ static inline __attribute__((always_inline)) void row1p(const float *x0, Py_ssiz
     memcpy(o0, t, (size_t)ncol * sizeof(float));
 }
 
+/* Rows in tiles of 4; a tail of 2 or 3 rows goes through the 4-row tile with its last row repeated
+ * (each element's sum is the same whatever tile it is in, so a repeated row writes its own values
+ * again: one pass over w instead of one a row); a single row goes 4 panels at a time. */
 TC static void mm_kernel(const float *x, const float *wp, float *out, Py_ssize_t R, Py_ssize_t K, Py_ssize_t M) {
     const Py_ssize_t nb = (M + PW - 1) / PW;
     Py_ssize_t r = 0;
-    for (; r + 4 <= R; r += 4)
-        for (Py_ssize_t b = 0; b < nb; b++) {
-            Py_ssize_t ncol = M - b * PW < PW ? M - b * PW : PW;
-            tile4(x + r * K, K, wp + b * K * PW, out + r * M + b * PW, M, ncol);
+    for (; R - r >= 2; r += 4) {
+        const float *xs[4];
+        float *os[4];
+        for (int i = 0; i < 4; i++) {
+            Py_ssize_t ri = r + i < R ? r + i : R - 1;
+            xs[i] = x + ri * K, os[i] = out + ri * M;
         }
+        for (Py_ssize_t b = 0; b < nb; b++) {
+            float *ob[4] = {os[0] + b * PW, os[1] + b * PW, os[2] + b * PW, os[3] + b * PW};
+            tile4(xs, K, wp + b * K * PW, ob, M - b * PW < PW ? M - b * PW : PW);
+        }
+    }
     for (; r < R; r++) {
         Py_ssize_t b = 0;
         for (; b + 4 <= nb && (b + 4) * PW <= M; b += 4)
             row4p(x + r * K, K, wp + b * K * PW, out + r * M + b * PW);
-        for (; b < nb; b++) {
-            Py_ssize_t ncol = M - b * PW < PW ? M - b * PW : PW;
-            row1p(x + r * K, K, wp + b * K * PW, out + r * M + b * PW, ncol);
-        }
+        for (; b < nb; b++)
+            row1p(x + r * K, K, wp + b * K * PW, out + r * M + b * PW, M - b * PW < PW ? M - b * PW : PW);
     }
 }
 
