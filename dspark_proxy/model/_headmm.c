@@ -15,18 +15,20 @@
  * j changes no element's order, so the SIMD width (AVX-512, AVX2, SSE2: chosen at load time by
  * target_clones) gives the same bits as the scalar tail.
  *
- * Speed: rows go in tiles of 4 (16 columns a step) or 1 (64 columns a step), so a tile reads w once
+ * Speed: rows go in tiles of 4 (32 columns a step) or 1 (128 columns a step), so a tile reads w once
  * for 4 rows where the one-row-at-a-time BLAS products read it once a row; w is read from panels
  * packed once (below). Measured: with bfloat16 panels widened on load (the shipped weights are
  * bfloat16) the products were 2x slower, not faster: at 4 rows the tile is bound by its multiplies
- * and adds, and at one row the widening cost more than the bytes it saved.
+ * and adds, and at one row the widening cost more than the bytes it saved. 16-float vectors: one
+ * AVX-512 register (measured on the dev machine's AMD EPYC: 1.5-1.9x 8-float tiles at 4-20 rows),
+ * two AVX2 ones, four SSE2 ones.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
 #include <string.h>
 
-typedef float v8 __attribute__((vector_size(32)));
+typedef float v16 __attribute__((vector_size(64)));
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define TC __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -34,23 +36,23 @@ typedef float v8 __attribute__((vector_size(32)));
 #define TC
 #endif
 
-/* an unaligned 8-float load or store (a vector type aliases its element type) */
-typedef float v8u __attribute__((vector_size(32), aligned(4)));
-#define LD(p) (*(const v8u *)(p))
-#define ST(p, v) (*(v8u *)(p) = (v))
+/* an unaligned 16-float load or store (a vector type aliases its element type) */
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
+#define LD(p) (*(const v16u *)(p))
+#define ST(p, v) (*(v16u *)(p) = (v))
 
-/* The kernel reads w packed in panels of 16 columns, wp[b, k, 0:16] = w[k, 16b:16b+16] (the last panel
+/* The kernel reads w packed in panels of 32 columns, wp[b, k, 0:32] = w[k, 32b:32b+32] (the last panel
  * zero-padded; see model/headmm.py `pack`), so a tile streams contiguous memory: w itself read column
  * block by column block would step M floats a k, and at M = 2048 every step lands in one L1 set. */
-#define PW 16
+#define PW 32
 
-/* rows x[0..3], panel p → out rows o[0..3] from column 16b (only the first `ncol` written) */
+/* rows x[0..3], panel p → out rows o[0..3] from column 32b (only the first `ncol` written) */
 static inline __attribute__((always_inline)) void tile4(const float *const *x, Py_ssize_t K, const float *p,
                                                         float *const *o, Py_ssize_t ncol) {
     const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
-    v8 a0 = {0}, b0 = {0}, a1 = {0}, b1 = {0}, a2 = {0}, b2 = {0}, a3 = {0}, b3 = {0};
+    v16 a0 = {0}, b0 = {0}, a1 = {0}, b1 = {0}, a2 = {0}, b2 = {0}, a3 = {0}, b3 = {0};
     for (Py_ssize_t k = 0; k < K; k++, p += PW) {
-        v8 w0 = LD(p), w1 = LD(p + 8);
+        v16 w0 = LD(p), w1 = LD(p + 16);
         float s0 = x0[k], s1 = x1[k], s2 = x2[k], s3 = x3[k];
         a0 = a0 + s0 * w0, b0 = b0 + s0 * w1;
         a1 = a1 + s1 * w0, b1 = b1 + s1 * w1;
@@ -58,12 +60,12 @@ static inline __attribute__((always_inline)) void tile4(const float *const *x, P
         a3 = a3 + s3 * w0, b3 = b3 + s3 * w1;
     }
     if (ncol == PW) {
-        ST(o[0], a0), ST(o[0] + 8, b0), ST(o[1], a1), ST(o[1] + 8, b1);
-        ST(o[2], a2), ST(o[2] + 8, b2), ST(o[3], a3), ST(o[3] + 8, b3);
+        ST(o[0], a0), ST(o[0] + 16, b0), ST(o[1], a1), ST(o[1] + 16, b1);
+        ST(o[2], a2), ST(o[2] + 16, b2), ST(o[3], a3), ST(o[3] + 16, b3);
     } else {
         float t[4][PW];
-        ST(t[0], a0), ST(t[0] + 8, b0), ST(t[1], a1), ST(t[1] + 8, b1);
-        ST(t[2], a2), ST(t[2] + 8, b2), ST(t[3], a3), ST(t[3] + 8, b3);
+        ST(t[0], a0), ST(t[0] + 16, b0), ST(t[1], a1), ST(t[1] + 16, b1);
+        ST(t[2], a2), ST(t[2] + 16, b2), ST(t[3], a3), ST(t[3] + 16, b3);
         for (int r = 0; r < 4; r++)
             memcpy(o[r], t[r], (size_t)ncol * sizeof(float));
     }
@@ -73,27 +75,27 @@ static inline __attribute__((always_inline)) void tile4(const float *const *x, P
  * adder's latency) */
 static inline __attribute__((always_inline)) void row4p(const float *x0, Py_ssize_t K, const float *p, float *o0) {
     const Py_ssize_t S = K * PW;
-    v8 a[8] = {{0}};
+    v16 a[8] = {{0}};
     for (Py_ssize_t k = 0; k < K; k++, p += PW) {
         float s = x0[k];
-        a[0] = a[0] + s * LD(p), a[1] = a[1] + s * LD(p + 8);
-        a[2] = a[2] + s * LD(p + S), a[3] = a[3] + s * LD(p + S + 8);
-        a[4] = a[4] + s * LD(p + 2 * S), a[5] = a[5] + s * LD(p + 2 * S + 8);
-        a[6] = a[6] + s * LD(p + 3 * S), a[7] = a[7] + s * LD(p + 3 * S + 8);
+        a[0] = a[0] + s * LD(p), a[1] = a[1] + s * LD(p + 16);
+        a[2] = a[2] + s * LD(p + S), a[3] = a[3] + s * LD(p + S + 16);
+        a[4] = a[4] + s * LD(p + 2 * S), a[5] = a[5] + s * LD(p + 2 * S + 16);
+        a[6] = a[6] + s * LD(p + 3 * S), a[7] = a[7] + s * LD(p + 3 * S + 16);
     }
     for (int q = 0; q < 8; q++)
-        ST(o0 + 8 * q, a[q]);
+        ST(o0 + 16 * q, a[q]);
 }
 
 static inline __attribute__((always_inline)) void row1p(const float *x0, Py_ssize_t K, const float *p, float *o0,
                                                         Py_ssize_t ncol) {
-    v8 a0 = {0}, b0 = {0};
+    v16 a0 = {0}, b0 = {0};
     for (Py_ssize_t k = 0; k < K; k++, p += PW) {
         float s = x0[k];
-        a0 = a0 + s * LD(p), b0 = b0 + s * LD(p + 8);
+        a0 = a0 + s * LD(p), b0 = b0 + s * LD(p + 16);
     }
     float t[PW];
-    ST(t, a0), ST(t + 8, b0);
+    ST(t, a0), ST(t + 16, b0);
     memcpy(o0, t, (size_t)ncol * sizeof(float));
 }
 
@@ -167,7 +169,7 @@ static void release_all(Py_buffer *bs, int n) {
             PyBuffer_Release(&bs[i]);
 }
 
-/* mm(x [R, K], wp [ceil(M/16), K, 16], out [R, M], bias [M] | None, resid [R, M] | None, rms, eps):
+/* mm(x [R, K], wp [ceil(M/32), K, 32], out [R, M], bias [M] | None, resid [R, M] | None, rms, eps):
  * out = resid + ((rms ? rms_rows(x) : x) @ w + bias), float32, C-contiguous; out written in place */
 static PyObject *hm_mm(PyObject *mod, PyObject *args) {
     (void)mod;
@@ -236,7 +238,7 @@ static PyObject *hm_rms(PyObject *mod, PyObject *args) {
 static PyMethodDef methods[] = {
     {"mm", hm_mm, METH_VARARGS,
      "mm(x, wp, out, bias, resid, rms, eps): out = resid + ((rms ? rms(x) : x) @ w + bias) (wp: w packed in "
-     "16-column panels), each element summed over k in order"},
+     "32-column panels), each element summed over k in order"},
     {"rms", hm_rms, METH_VARARGS, "rms(x, out, eps): each row's RMS norm, its sum of squares in order"},
     {NULL, NULL, 0, NULL},
 };

@@ -6,7 +6,7 @@ another kernel (another order) for another row count. The RMS norm, the bias and
 the same call (at one request a round's cost is numpy's per-call overhead, a µs a call, more than the
 arithmetic). `mm_reference` and `rms_reference` are those orders in numpy, the readable definitions
 the kernel is checked against byte for byte (tests/test_headmm.py). The kernel
-reads w from 16-column panels packed once (`Packed`), and a tile of 4 rows reads them once.
+reads w from 32-column panels packed once (`Packed`), and a tile of 4 rows reads them once.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from . import _headmm
 
 __all__ = ["EPS", "Packed", "mm", "mm_reference", "rms", "rms_reference"]
 
-_PW = 16  # panel width, as _headmm.c's PW
+_PW = 32  # panel width, as _headmm.c's PW
 
 
 class Packed:
-    """w [K, M] float32 as the kernel reads it: panels [ceil(M/16), K, 16], the last zero-padded."""
+    """w [K, M] float32 as the kernel reads it: panels [ceil(M/32), K, 32], the last zero-padded."""
 
     __slots__ = ("w", "panels", "shape")
 
