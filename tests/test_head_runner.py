@@ -111,7 +111,8 @@ def test_draft_vocabulary_survives_save_and_load(tmp_path):
 def test_served_drafts_are_the_offline_drafts_bit_for_bit(tmp_path):
     """A sequence walked round by round as a speculative decoder does (1-4 new rows a round), four
     requests batched with other slots' rows and n_out cuts: the worker's TorchDrafter (projection pool,
-    slot windows, bf16 rows) drafts exactly what head_drafts computes for the same anchors offline."""
+    slot windows, bf16 rows, gathered from the slots' rows as the serve loop passes them or from the
+    window's segments) drafts exactly what head_drafts computes for the same anchors offline."""
     import dspark_proxy.wire as wire
     from dspark_proxy.model.manifest import HeadManifest
     from dspark_proxy.model.train_head import head_drafts, load_head, save_head
@@ -144,7 +145,7 @@ def test_served_drafts_are_the_offline_drafts_bit_for_bit(tmp_path):
             sw.lo = max(0, a - W)
             w = min(W, a)
             items.append(DraftItem(s, int(toks[s, a]), a, w, int(rng.integers(0, N + 1)), sw.segments(w),
-                                   written=sw.write_ids(w)))
+                                   written=sw.write_ids(w), ring=sw.rows if rounds % 3 else None))
         out = wire.ReplyWriter(S, N, wire.SF_WANT_MARGIN)
         dr.draft(items, out)
         for s, it in enumerate(items):

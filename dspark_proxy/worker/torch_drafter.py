@@ -149,21 +149,28 @@ class TorchDrafter:
         return self.head.state_dict()
 
     def _to_float(self, raw: np.ndarray) -> np.ndarray:
+        """Rows' bytes → float32 values, a non-finite value read as 0 and the rest clipped to ±1e4 (a
+        corrupt or hostile row cannot blow up the head)."""
         if self.row_dtype == "uint8":
             x = (raw.astype(np.float32) - 128.0) / 128.0
         elif self.row_dtype == "bfloat16":
             x = bf16_to_f32(raw)
         else:
             x = raw.view(np.dtype(self.row_dtype).newbyteorder("<")).astype(np.float32)
-        with np.errstate(invalid="ignore"):
-            np.nan_to_num(x, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
-            return np.clip(x, -1e4, 1e4, out=x)
+        ok = np.isfinite(x)
+        if not ok.all():
+            x[~ok] = 0.0
+        np.minimum(x, 1e4, out=x)
+        return np.maximum(x, -1e4, out=x)
 
     def _windows(self, items: list[DraftItem]) -> tuple[np.ndarray, np.ndarray]:
         """[B, W, 3d] projected windows, right-aligned, and the rows present; projects only rows the
         pool does not hold for the same position and write."""
         W, B, pool = self.window, len(items), self.pool
-        slot = np.fromiter((pool.index_of(_base(it.segments[0])) for it in items), np.intp, B)
+        rings = [it.ring for it in items]  # each slot's rows at position % W, where the caller gave them
+        whole = all(r is not None for r in rings)
+        bufs = rings if whole else [_base(it.segments[0]) for it in items]  # the same arrays where both exist
+        slot = np.fromiter(map(pool.index_of, bufs), np.intp, B)
         apos = np.fromiter((it.anchor_pos for it in items), np.int64, B)
         lens = np.fromiter((it.w for it in items), np.int64, B)
         pos = apos[:, None] - W + self._cols[None, :]  # column c: position anchor - W + c
@@ -175,14 +182,18 @@ class TorchDrafter:
         sl = slot[:, None]
         miss = have & ((pool.pos[sl, at] != pos) | (pool.wid[sl, at] != wid) | (wid == 0))
         if miss.any():
-            need = np.flatnonzero(miss.any(1))
-            raw = np.concatenate([_take(items[b].segments, np.flatnonzero(miss[b, W - lens[b]:])) for b in need])
+            bi, ci = np.nonzero(miss)  # row-major: request by request, positions ascending
+            ai = at[bi, ci]
+            if whole:  # one gather a request, straight from its slot's rows
+                raw = np.concatenate([rings[b][ai[bi == b]] for b in np.unique(bi).tolist()])
+            else:
+                raw = np.concatenate([_take(items[b].segments, np.flatnonzero(miss[b, W - lens[b]:]))
+                                      for b in np.unique(bi).tolist()])
             proj = self.runner.project(self._to_float(raw))
             self.rows_projected += len(raw)
-            bi, ci = np.nonzero(miss)  # row-major: request by request, positions ascending, as `raw`
-            pool.proj[slot[bi], at[bi, ci]] = proj
-            pool.pos[slot[bi], at[bi, ci]] = pos[bi, ci]
-            pool.wid[slot[bi], at[bi, ci]] = wid[bi, ci]
+            pool.proj[slot[bi], ai] = proj
+            pool.pos[slot[bi], ai] = pos[bi, ci]
+            pool.wid[slot[bi], ai] = wid[bi, ci]
         return pool.proj[sl, at], lens
 
     # -- drafting -----------------------------------------------------------------------------------
