@@ -191,3 +191,22 @@ def test_every_product_is_the_kernels_defined_order(monkeypatch):
     slow = r.greedy(win, lens, anchor, N), r.project(rows)
     for a, b in zip([*fast[0], fast[1]], [*slow[0], slow[1]], strict=True):
         assert a.tobytes() == b.tobytes()
+
+
+def test_non_finite_and_huge_row_values_are_read_as_zero_and_clipped():
+    """A corrupt row cannot blow up the head: NaN and ±inf read as 0, the rest clipped to ±1e4, so
+    such a window drafts exactly what its cleaned copy drafts, with finite confidences."""
+    import dspark_proxy.wire as wire
+    from dspark_proxy.worker.drafters import DraftItem
+    from dspark_proxy.worker.torch_drafter import TorchDrafter
+
+    dr = TorchDrafter(num_spec=N, window=W, row_bytes=64, seed=3, row_dtype="float32")
+    rows = np.random.default_rng(9).standard_normal((W, 16)).astype(np.float32)
+    bad, clean = rows.copy(), rows.copy()
+    bad[1, 2], bad[3, 4], bad[5, 6], bad[6, 7], bad[7, 0] = np.nan, np.inf, -np.inf, 3e30, -2e5
+    clean[1, 2], clean[3, 4], clean[5, 6], clean[6, 7], clean[7, 0] = 0.0, 0.0, 0.0, 1e4, -1e4
+    out = wire.ReplyWriter(2, N, wire.SF_WANT_MARGIN)
+    dr.draft([DraftItem(0, 11, 40, W, 0, [bad.view(np.uint8)]), DraftItem(1, 11, 40, W, 0, [clean.view(np.uint8)])],
+             out)
+    assert np.array_equal(out.draft_ids[0], out.draft_ids[1]) and (out.draft_ids[0] >= 0).all()
+    assert np.array_equal(out.confidence[0], out.confidence[1]) and np.isfinite(out.confidence).all()
