@@ -88,20 +88,21 @@ def test_bad_shapes_are_refused_with_a_clear_error():
 
     x, w = _arrays(4, 3, 8, 20, 1.0)
     p = Packed(w)
-    with pytest.raises(ValueError, match=r"x \[\.\.\., 7\] @ w \[8, 20\]"):
+    with pytest.raises(ValueError, match=r"x \[\.\.\., 7\] @ w \[8, 20\].*do not chain"):
         mm(x[:, :7], p)
-    out = np.empty((3, 20), np.float32)
     with pytest.raises(ValueError, match="do not chain"):
-        _headmm.mm(x, p.panels, np.empty((3, 40), np.float32), None, None, False, EPS)
+        _headmm.mm(x, p.panels, 40, None, None, False, EPS)
     with pytest.raises(ValueError, match="do not chain"):
-        _headmm.mm(x, p.panels, out, np.zeros(19, np.float32), None, False, EPS)
+        mm(x, p, np.zeros(19, np.float32))
     with pytest.raises(ValueError, match="do not chain"):
-        _headmm.mm(x, p.panels, out, None, np.zeros((2, 20), np.float32), False, EPS)
+        mm(x, p, None, np.zeros((2, 20), np.float32))
     with pytest.raises(ValueError, match="float32"):
-        _headmm.mm(x.astype(np.float64), p.panels, out, None, None, False, EPS)
+        mm(x.astype(np.float64), p)
     with pytest.raises(ValueError, match="float32"):
-        _headmm.mm(x, p.panels, out, np.zeros(20), None, False, EPS)
-    with pytest.raises(ValueError, match="shape"):
-        _headmm.rms(x, np.empty((3, 9), np.float32), EPS)
+        mm(x, p, np.zeros(20))
+    with pytest.raises(ValueError, match="float32"):
+        rms(x.astype(np.float16))
+    with pytest.raises(TypeError):
+        _headmm.mm(x, p.panels, 20)
     with pytest.raises(ValueError, match="2-D"):
         Packed(np.zeros(5, np.float32))

@@ -152,11 +152,15 @@ TC static void epilogue(float *out, const float *bias, const float *resid, Py_ss
     }
 }
 
-static int get_f32(PyObject *o, Py_buffer *b, int ndim, int writable, const char *name) {
+static PyObject *np_empty, *np_float32; /* numpy.empty and numpy.float32, for the results */
+
+/* a C-contiguous float32 buffer of at least `min_ndim` dimensions */
+static int get_f32(PyObject *o, Py_buffer *b, int min_ndim, int writable, const char *name) {
     if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
         return -1;
-    if (b->ndim != ndim || b->itemsize != 4 || b->format == NULL || strcmp(b->format, "f") != 0) {
-        PyErr_Format(PyExc_ValueError, "%s must be a %d-D C-contiguous float32 array", name, ndim);
+    if (b->ndim < min_ndim || b->itemsize != 4 || b->format == NULL || strcmp(b->format, "f") != 0) {
+        PyErr_Format(PyExc_ValueError, "%s must be a C-contiguous float32 array of at least %d dimension(s)", name,
+                     min_ndim);
         PyBuffer_Release(b);
         return -1;
     }
@@ -169,77 +173,114 @@ static void release_all(Py_buffer *bs, int n) {
             PyBuffer_Release(&bs[i]);
 }
 
-/* mm(x [R, K], wp [ceil(M/32), K, 32], out [R, M], bias [M] | None, resid [R, M] | None, rms, eps):
- * out = resid + ((rms ? rms_rows(x) : x) @ w + bias), float32, C-contiguous; out written in place */
-static PyObject *hm_mm(PyObject *mod, PyObject *args) {
-    (void)mod;
-    PyObject *ox, *ow, *oo, *ob, *orr;
-    int rms;
-    float eps;
-    if (!PyArg_ParseTuple(args, "OOOOOpf", &ox, &ow, &oo, &ob, &orr, &rms, &eps))
+/* a new float32 array shaped like x with its last axis `last`, its buffer in *b */
+static PyObject *new_like(const Py_buffer *x, Py_ssize_t last, Py_buffer *b) {
+    PyObject *shape = PyTuple_New(x->ndim);
+    if (shape == NULL)
         return NULL;
-    Py_buffer bs[5] = {{0}};  /* x, wp, out, bias, resid */
-    if (get_f32(ox, &bs[0], 2, 0, "mm: x") < 0 || get_f32(ow, &bs[1], 3, 0, "mm: wp") < 0 ||
-        get_f32(oo, &bs[2], 2, 1, "mm: out") < 0 || (ob != Py_None && get_f32(ob, &bs[3], 1, 0, "mm: bias") < 0) ||
-        (orr != Py_None && get_f32(orr, &bs[4], 2, 0, "mm: resid") < 0)) {
+    for (int i = 0; i < x->ndim; i++) {
+        PyObject *d = PyLong_FromSsize_t(i == x->ndim - 1 ? last : x->shape[i]);
+        if (d == NULL) {
+            Py_DECREF(shape);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(shape, i, d);
+    }
+    PyObject *argv[2] = {shape, np_float32};
+    PyObject *out = PyObject_Vectorcall(np_empty, argv, 2, NULL);
+    Py_DECREF(shape);
+    if (out != NULL && PyObject_GetBuffer(out, b, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        Py_CLEAR(out);
+    return out;
+}
+
+/* mm(x [..., K], wp [ceil(M/32), K, 32], M, bias [M] | None, resid [..., M] | None, rms, eps) -> out [..., M]:
+ * out = resid + ((rms ? rms_rows(x) : x) @ w + bias); float32, C-contiguous */
+static PyObject *hm_mm(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    (void)mod;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "mm(x, wp, M, bias, resid, rms, eps)");
+        return NULL;
+    }
+    PyObject *ob = args[3], *orr = args[4];
+    Py_ssize_t M = PyLong_AsSsize_t(args[2]);
+    int rms = PyObject_IsTrue(args[5]);
+    float eps = (float)PyFloat_AsDouble(args[6]);
+    if (PyErr_Occurred() || rms < 0)
+        return NULL;
+    Py_buffer bs[5] = {{0}}; /* x, wp, bias, resid, out */
+    if (get_f32(args[0], &bs[0], 1, 0, "mm: x") < 0 || get_f32(args[1], &bs[1], 3, 0, "mm: wp") < 0 ||
+        (ob != Py_None && get_f32(ob, &bs[2], 1, 0, "mm: bias") < 0) ||
+        (orr != Py_None && get_f32(orr, &bs[3], 1, 0, "mm: resid") < 0)) {
         release_all(bs, 5);
         return NULL;
     }
-    Py_ssize_t R = bs[0].shape[0], K = bs[0].shape[1], M = bs[2].shape[1];
-    if (bs[1].shape[1] != K || bs[1].shape[2] != PW || bs[1].shape[0] != (M + PW - 1) / PW || bs[2].shape[0] != R ||
-        (ob != Py_None && bs[3].shape[0] != M) ||
-        (orr != Py_None && (bs[4].shape[0] != R || bs[4].shape[1] != M))) {
-        PyErr_Format(PyExc_ValueError, "mm: shapes x [%zd, %zd], wp [%zd, %zd, %zd], out [%zd, %zd] (and bias, "
-                     "resid) do not chain", R, K, bs[1].shape[0], bs[1].shape[1], bs[1].shape[2], bs[2].shape[0], M);
+    Py_ssize_t K = bs[0].shape[bs[0].ndim - 1], R = K > 0 ? bs[0].len / 4 / K : 0;
+    if (K <= 0 || M <= 0 || bs[1].ndim != 3 || bs[1].shape[1] != K || bs[1].shape[2] != PW ||
+        bs[1].shape[0] != (M + PW - 1) / PW || (ob != Py_None && (bs[2].ndim != 1 || bs[2].shape[0] != M)) ||
+        (orr != Py_None && (bs[3].len != R * M * 4 || bs[3].shape[bs[3].ndim - 1] != M))) {
+        PyErr_Format(PyExc_ValueError, "mm: x [..., %zd] @ w [%zd, %zd] (panels [%zd, %zd, %zd]) with its bias and "
+                     "residual: the shapes do not chain", K, bs[1].ndim > 1 ? bs[1].shape[1] : 0, M, bs[1].shape[0],
+                     bs[1].ndim > 1 ? bs[1].shape[1] : 0, bs[1].ndim > 2 ? bs[1].shape[2] : 0);
+        release_all(bs, 5);
+        return NULL;
+    }
+    PyObject *out = new_like(&bs[0], M, &bs[4]);
+    if (out == NULL) {
         release_all(bs, 5);
         return NULL;
     }
     const float *x = (const float *)bs[0].buf;
     float *tmp = NULL;
-    if (rms && R * K > 0) {
+    if (rms && R > 0) {
         tmp = PyMem_Malloc((size_t)(R * K) * sizeof(float));
         if (tmp == NULL) {
             release_all(bs, 5);
+            Py_DECREF(out);
             return PyErr_NoMemory();
         }
         rms_rows(x, tmp, R, K, eps);
         x = tmp;
     }
-    mm_kernel(x, (const float *)bs[1].buf, (float *)bs[2].buf, R, K, M);
-    epilogue((float *)bs[2].buf, ob != Py_None ? (const float *)bs[3].buf : NULL,
-             orr != Py_None ? (const float *)bs[4].buf : NULL, R, M);
+    mm_kernel(x, (const float *)bs[1].buf, (float *)bs[4].buf, R, K, M);
+    epilogue((float *)bs[4].buf, ob != Py_None ? (const float *)bs[2].buf : NULL,
+             orr != Py_None ? (const float *)bs[3].buf : NULL, R, M);
     PyMem_Free(tmp);
     release_all(bs, 5);
-    Py_RETURN_NONE;
+    return out;
 }
 
-/* rms(x [R, K], out [R, K], eps): each row's RMS norm, as rms_rows */
-static PyObject *hm_rms(PyObject *mod, PyObject *args) {
+/* rms(x [..., K], eps) -> each row's RMS norm over the last axis, as rms_rows */
+static PyObject *hm_rms(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     (void)mod;
-    PyObject *ox, *oo;
-    float eps;
-    if (!PyArg_ParseTuple(args, "OOf", &ox, &oo, &eps))
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "rms(x, eps)");
+        return NULL;
+    }
+    float eps = (float)PyFloat_AsDouble(args[1]);
+    if (PyErr_Occurred())
         return NULL;
     Py_buffer bs[2] = {{0}};
-    if (get_f32(ox, &bs[0], 2, 0, "rms: x") < 0 || get_f32(oo, &bs[1], 2, 1, "rms: out") < 0) {
+    if (get_f32(args[0], &bs[0], 1, 0, "rms: x") < 0)
+        return NULL;
+    Py_ssize_t K = bs[0].shape[bs[0].ndim - 1];
+    PyObject *out = new_like(&bs[0], K, &bs[1]);
+    if (out == NULL) {
         release_all(bs, 2);
         return NULL;
     }
-    if (bs[0].shape[0] != bs[1].shape[0] || bs[0].shape[1] != bs[1].shape[1]) {
-        PyErr_SetString(PyExc_ValueError, "rms: x and out differ in shape");
-        release_all(bs, 2);
-        return NULL;
-    }
-    rms_rows((const float *)bs[0].buf, (float *)bs[1].buf, bs[0].shape[0], bs[0].shape[1], eps);
+    if (K > 0)
+        rms_rows((const float *)bs[0].buf, (float *)bs[1].buf, bs[0].len / 4 / K, K, eps);
     release_all(bs, 2);
-    Py_RETURN_NONE;
+    return out;
 }
 
 static PyMethodDef methods[] = {
-    {"mm", hm_mm, METH_VARARGS,
-     "mm(x, wp, out, bias, resid, rms, eps): out = resid + ((rms ? rms(x) : x) @ w + bias) (wp: w packed in "
+    {"mm", (PyCFunction)(void (*)(void))hm_mm, METH_FASTCALL,
+     "mm(x, wp, M, bias, resid, rms, eps) -> resid + ((rms ? rms(x) : x) @ w + bias) (wp: w [K, M] packed in "
      "32-column panels), each element summed over k in order"},
-    {"rms", hm_rms, METH_VARARGS, "rms(x, out, eps): each row's RMS norm, its sum of squares in order"},
+    {"rms", (PyCFunction)(void (*)(void))hm_rms, METH_FASTCALL,
+     "rms(x, eps) -> each row's RMS norm over the last axis, its sum of squares in order"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -247,4 +288,14 @@ static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_headmm",
                                     "The draft head's products, batch-invariant by construction.", -1, methods,
                                     NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__headmm(void) { return PyModule_Create(&moddef); }
+PyMODINIT_FUNC PyInit__headmm(void) {
+    PyObject *np = PyImport_ImportModule("numpy");
+    if (np == NULL)
+        return NULL;
+    np_empty = PyObject_GetAttrString(np, "empty");
+    np_float32 = PyObject_GetAttrString(np, "float32");
+    Py_DECREF(np);
+    if (np_empty == NULL || np_float32 == NULL)
+        return NULL;
+    return PyModule_Create(&moddef);
+}

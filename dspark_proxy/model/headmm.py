@@ -44,24 +44,18 @@ EPS = np.float32(1e-6)
 def mm(x: np.ndarray, w: Packed, b: np.ndarray | None = None, resid: np.ndarray | None = None,
        rms: bool = False) -> np.ndarray:
     """resid + ((rms(x) if rms else x) @ w + b), b and resid optional: x [..., K] → [..., M] float32, each
-    row by `mm_reference`'s order. One call for what is a norm, a product and two adds in numpy."""
-    K, M = w.shape
-    if x.shape[-1] != K:
-        raise ValueError(f"x [..., {x.shape[-1]}] @ w [{K}, {M}]")
-    x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, K)
-    out = np.empty((x2.shape[0], M), dtype=np.float32)
-    if resid is not None:
-        resid = np.ascontiguousarray(resid, dtype=np.float32).reshape(x2.shape[0], M)
-    _headmm.mm(x2, w.panels, out, b, resid, rms, EPS)
-    return out.reshape(*x.shape[:-1], M)
+    row by `mm_reference`'s order. One call for what is a norm, a product and two adds in numpy; the
+    shapes are checked in C (a ValueError names them)."""
+    if not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x)
+    if resid is not None and not resid.flags.c_contiguous:
+        resid = np.ascontiguousarray(resid)
+    return _headmm.mm(x, w.panels, w.shape[1], b, resid, rms, EPS)
 
 
 def rms(x: np.ndarray) -> np.ndarray:
     """x / sqrt(mean(x²) + eps) over the last axis, by `rms_reference`'s order."""
-    x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
-    out = np.empty_like(x2)
-    _headmm.rms(x2, out, EPS)
-    return out.reshape(x.shape)
+    return _headmm.rms(x if x.flags.c_contiguous else np.ascontiguousarray(x), EPS)
 
 
 def rms_reference(x: np.ndarray) -> np.ndarray:
