@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dspark_proxy.model.headmm import EPS, Packed, mm, mm_reference, rms, rms_reference
+from dspark_proxy.model.headmm import EPS, Packed, gelu, gelu_reference, mm, mm_reference, rms, rms_reference
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -72,6 +72,27 @@ def test_the_served_shapes_are_exact():
     for R, K, M in [(1, 192, 2048), (4, 192, 2048), (20, 192, 768), (20, 768, 192), (12, 576, 192), (5, 192, 576)]:
         x, w = _arrays(R * K + M, R, K, M, 1.0)
         assert mm(x, Packed(w)).tobytes() == mm_reference(x, w).tobytes(), (R, K, M)
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 70), scale=st.sampled_from([1.0, 3.0, 30.0, 1e-3, 1e-39, 1e4]))
+def test_gelu_is_its_reference_byte_for_byte(seed, n, scale):
+    """Any length (whole 16-lane groups and a tail) and magnitude, including the clip at |x| / sqrt 2 > 6."""
+    x = (np.random.default_rng(seed).standard_normal(n) * scale).astype(np.float32)
+    assert gelu(x).tobytes() == gelu_reference(x).tobytes()
+
+
+def test_gelu_is_the_erf_gelu():
+    """Within 5e-7 of 0.5 x (1 + erf(x / sqrt 2)) in float64 (torch's float32 GELU is within 1.1e-6),
+    exact at 0 and for large x, NaN for NaN."""
+    import math
+
+    x = np.concatenate([np.linspace(-12, 12, 20001), np.random.default_rng(3).standard_normal(5000) * 4]).astype(np.float32)
+    exact = np.array([0.5 * v * (1.0 + math.erf(v / math.sqrt(2.0))) for v in x.astype(np.float64)])
+    assert np.abs(gelu(x) - exact).max() < 5e-7
+    assert gelu(np.array([0.0, 50.0, 1e4], np.float32)).tolist() == [0.0, 50.0, 1e4]
+    assert np.isnan(gelu(np.array([np.nan], np.float32))).all()
+    assert gelu(x[:25000].reshape(5, -1)).tobytes() == gelu(x[:25000]).tobytes()
 
 
 def test_leading_axes_and_strided_input():

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _headmm
 
-__all__ = ["EPS", "Packed", "mm", "mm_reference", "rms", "rms_reference"]
+__all__ = ["EPS", "Packed", "gelu", "gelu_reference", "mm", "mm_reference", "rms", "rms_reference"]
 
 _PW = 32  # panel width, as _headmm.c's PW
 
@@ -79,3 +79,42 @@ def mm_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, resi
     if b is not None:
         acc = acc + b
     return acc if resid is None else resid + acc
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """0.5 x (1 + erf(x / sqrt 2)) elementwise in float32, as `gelu_reference` computes it: within 5e-7
+    of the exact GELU (torch's float32 GELU: 1.1e-6); erf by Abramowitz & Stegun 7.1.26."""
+    return _headmm.gelu(x if x.flags.c_contiguous else np.ascontiguousarray(x))
+
+
+_f = np.float32
+_A = tuple(map(_f, (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)))  # A&S 7.1.26
+_EXP_TAYLOR = tuple(_f(1.0) / _f(c) for c in (1, 1, 2, 6, 24, 120, 720, 5040))  # 1 / k!, k = 0..7
+_LN2_HI, _LN2_LO, _INV_LN2 = _f(0.693145751953125), _f(1.428606765330187e-06), _f(1.44269504088896341)
+_RND, _RND_BITS = _f(12582912.0), np.int32(0x4B400000)  # 1.5 * 2**23 and its bits
+
+
+def gelu_reference(x: np.ndarray) -> np.ndarray:
+    """The kernel's GELU step by step in float32 numpy (only +, -, *, / and exact bit moves, so the
+    same bits): z = clip(x / sqrt 2, ±6); erf(|z|) = 1 - t (a1 + t (a2 + ...)) exp(-z²), t = 1 / (1 +
+    p |z|); exp(y) as 2**n times a degree-7 Taylor polynomial of y - n ln 2, n = round(y / ln 2). NaN
+    stays NaN; -inf gives NaN (0 * inf), never reached: rows are clipped to ±1e4 before the head."""
+    x = np.asarray(x, dtype=np.float32)
+    z = x * _f(0.70710678118654752)
+    z = np.where(z < _f(-6.0), _f(-6.0), z)
+    z = np.where(z > _f(6.0), _f(6.0), z)
+    neg = z < _f(0.0)
+    az = np.where(neg, -z, z)
+    t = _f(1.0) / (_f(1.0) + _f(0.3275911) * az)
+    y = -(az * az)
+    nr = y * _INV_LN2 + _RND  # n + 1.5 * 2**23: n sits in the low bits of the mantissa
+    n = nr - _RND
+    r = (y - n * _LN2_HI) - n * _LN2_LO
+    e = r * _EXP_TAYLOR[7] + _EXP_TAYLOR[6]
+    for c in _EXP_TAYLOR[5::-1]:
+        e = e * r + c
+    e = e * ((nr.view(np.int32) - _RND_BITS + np.int32(127)) << np.int32(23)).view(np.float32)
+    poly = ((((_A[4] * t + _A[3]) * t + _A[2]) * t + _A[1]) * t + _A[0]) * t
+    erfa = _f(1.0) - poly * e
+    erf = np.where(neg, -erfa, erfa)
+    return (_f(0.5) * x * (_f(1.0) + erf)).astype(np.float32)
