@@ -177,8 +177,8 @@ def test_offline_confidences_are_the_served_ones(tmp_path):
 
 def test_every_product_is_the_kernels_defined_order(monkeypatch):
     """The runner with its native kernels swapped for their readable references (headmm.mm_reference,
-    rms_reference, gelu_reference) drafts the same bytes: every product, norm and GELU of the head goes
-    through the batch-invariant kernels."""
+    rms_reference, gelu_reference, top1_reference) drafts the same bytes: every product, norm, GELU and
+    top-1 of the head goes through the batch-invariant kernels."""
     from dspark_proxy.model import head_runner, headmm
 
     r = HeadRunner(_head(5, draft=list(range(0, V, 3))))
@@ -189,6 +189,7 @@ def test_every_product_is_the_kernels_defined_order(monkeypatch):
     monkeypatch.setattr(head_runner.headmm, "mm", lambda x, w, *a: headmm.mm_reference(x, w.w, *a))
     monkeypatch.setattr(head_runner, "_rms", headmm.rms_reference)
     monkeypatch.setattr(head_runner, "_gelu", headmm.gelu_reference)
+    monkeypatch.setattr(head_runner.headmm, "top1", headmm.top1_reference)
     slow = r.greedy(win, lens, anchor, N), r.project(rows)
     for a, b in zip([*fast[0], fast[1]], [*slow[0], slow[1]], strict=True):
         assert a.tobytes() == b.tobytes()

@@ -8,7 +8,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dspark_proxy.model.headmm import EPS, Packed, gelu, gelu_reference, mm, mm_reference, rms, rms_reference
+from dspark_proxy.model.headmm import (
+    EPS,
+    Packed,
+    gelu,
+    gelu_reference,
+    mm,
+    mm_reference,
+    rms,
+    rms_reference,
+    top1,
+    top1_reference,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -93,6 +104,38 @@ def test_gelu_is_the_erf_gelu():
     assert gelu(np.array([0.0, 50.0, 1e4], np.float32)).tolist() == [0.0, 50.0, 1e4]
     assert np.isnan(gelu(np.array([np.nan], np.float32))).all()
     assert gelu(x[:25000].reshape(5, -1)).tobytes() == gelu(x[:25000]).tobytes()
+
+
+@settings(max_examples=120, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), B=st.integers(1, 5), V=st.integers(1, 70),
+       scale=st.sampled_from([1.0, 10.0, 100.0, 1e-3]), tie=st.booleans(), nan=st.booleans())
+def test_top1_is_its_reference_byte_for_byte(seed, B, V, scale, tie, nan):
+    """Any width (whole 16-lane blocks and a tail), ties (the first max wins, the margin is 0), a NaN
+    (numpy's arg max: the first NaN; confidence and margin NaN)."""
+    rng = np.random.default_rng(seed)
+    lg = (rng.standard_normal((B, V)) * scale).astype(np.float32)
+    if tie and V > 2:
+        lg[0, V - 1] = lg[0, 1] = lg[0].max() + 1
+    if nan:
+        lg[B - 1, rng.integers(0, V)] = np.nan
+    c, cm = top1(lg)
+    c2, cm2 = top1_reference(lg)
+    assert c.dtype == np.int64 and c.tobytes() == c2.tobytes() and np.array_equal(c, lg.argmax(-1))
+    ok = ~np.isnan(lg).any(-1)
+    assert cm[ok].tobytes() == cm2[ok].tobytes() and np.isnan(cm[~ok]).all() and np.isnan(cm2[~ok]).all()
+    if tie and V > 2 and ok[0]:
+        assert c[0] == 1 and cm[0, 1] == 0.0
+
+
+def test_top1_is_the_softmax_top1():
+    """Confidence and margin are the softmax's top-1 probability and its lead over the runner-up."""
+    lg = (np.random.default_rng(4).standard_normal((6, 2048)) * 4).astype(np.float32)
+    p = np.exp(lg.astype(np.float64) - lg.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    s = np.sort(p, -1)
+    c, cm = top1(lg)
+    assert np.array_equal(c, p.argmax(-1))
+    assert np.allclose(cm[:, 0], s[:, -1], rtol=1e-6) and np.allclose(cm[:, 1], s[:, -1] - s[:, -2], rtol=1e-5, atol=1e-7)
 
 
 def test_leading_axes_and_strided_input():

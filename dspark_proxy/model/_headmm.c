@@ -176,17 +176,13 @@ typedef float v16fu __attribute__((vector_size(64), aligned(4)));
 /* lane-wise m ? a : b for a comparison's mask m (all ones or zeros a lane) */
 #define SEL(m, a, b) ((v16)(((m) & (v16i)(a)) | (~(m) & (v16i)(b))))
 
-/* out[0..15] = GELU(x[0..15]) */
-static inline __attribute__((always_inline)) void gelu16(const float *xs, float *out) {
-    v16 x = *(const v16fu *)xs;
-    v16 z = x * 0.70710678118654752f;
-    const v16 lo = z * 0.0f - 6.0f, hi = -lo;
-    z = SEL(z < lo, lo, z);
-    z = SEL(z > hi, hi, z);
-    v16i neg = z < 0.0f;
-    v16 az = SEL(neg, -z, z);
-    v16 t = 1.0f / (1.0f + G_P * az);
-    v16 y = -(az * az); /* exp(y), y in [-36, 0] */
+/* exp(y) for y <= 0 (y clamped to >= -87, where 2^n is still a normal float): n = round(y / ln 2) by
+ * the 1.5 * 2^23 trick, a degree-7 Taylor polynomial of r = y - n ln 2 (|r| <= ln2 / 2: error 5e-9),
+ * times 2^n built from n's bits */
+static inline __attribute__((always_inline)) void exp16(v16 *py) {
+    v16 y = *py;
+    const v16 floor_ = y * 0.0f - 87.0f;
+    y = SEL(y < floor_, floor_, y);
     v16 nr = y * G_INV_LN2 + G_RND; /* n + 1.5 * 2^23: n is in the low bits of its mantissa */
     v16 n = nr - G_RND;
     v16 r = (y - n * G_LN2_HI) - n * G_LN2_LO;
@@ -198,7 +194,21 @@ static inline __attribute__((always_inline)) void gelu16(const float *xs, float 
     e = e * r + 1.0f;
     e = e * r + 1.0f;
     v16i bits = ((v16i)nr - G_RND_BITS + 127) << 23; /* 2^n, built from those bits */
-    e = e * (v16)bits;
+    *py = e * (v16)bits;
+}
+
+/* out[0..15] = GELU(x[0..15]) */
+static inline __attribute__((always_inline)) void gelu16(const float *xs, float *out) {
+    v16 x = *(const v16fu *)xs;
+    v16 z = x * 0.70710678118654752f;
+    const v16 lo = z * 0.0f - 6.0f, hi = -lo;
+    z = SEL(z < lo, lo, z);
+    z = SEL(z > hi, hi, z);
+    v16i neg = z < 0.0f;
+    v16 az = SEL(neg, -z, z);
+    v16 t = 1.0f / (1.0f + G_P * az);
+    v16 e = -(az * az); /* y in [-36, 0] */
+    exp16(&e);
     v16 poly = ((((G_A5 * t + G_A4) * t + G_A3) * t + G_A2) * t + G_A1) * t;
     v16 erfa = 1.0f - poly * e;
     v16 erf = SEL(neg, -erfa, erfa);
@@ -217,7 +227,98 @@ TC static void gelu_rows(const float *x, float *y, Py_ssize_t n) {
     }
 }
 
-static PyObject *np_empty, *np_float32; /* numpy.empty and numpy.float32, for the results */
+/* One row's top-1 over its V logits: c = the first index of the max (of the first NaN, as numpy's
+ * argmax), conf = 1 / sum_j exp(l_j - l_c), marg = (1 - exp(l_2nd - l_c)) / sum (the runner-up: the max
+ * over j != c; with V = 1 none, and exp(...) taken as -1, as numpy's top1 had it), exp by exp16, the sum in double over 16
+ * interleaved partial sums (lane k: j = k, k + 16, ...; the last block zero-padded) added lane 0 to
+ * 15: a fixed order (model/headmm.py `top1_reference`). */
+typedef double v8db __attribute__((vector_size(64)));
+
+/* the max of l[0..V) with l[skip] left out (skip < 0: none), 16 lanes at a time; *nan set when a NaN
+ * was seen (max is exact, so any order gives the same value) */
+static inline __attribute__((always_inline)) float vmax_skip(const float *l, Py_ssize_t V, Py_ssize_t skip,
+                                                             int *nan) {
+    v16 m = (v16){0} - INFINITY;
+    v16i bad = (v16i){0};
+    Py_ssize_t j = 0;
+    float t[16];
+    for (; j + 16 <= V; j += 16) {
+        v16 v;
+        if (skip >= j && skip < j + 16) {
+            memcpy(t, l + j, sizeof t);
+            t[skip - j] = -INFINITY;
+            v = *(const v16fu *)t;
+        } else
+            v = *(const v16fu *)(l + j);
+        bad |= v != v;
+        m = SEL(v > m, v, m);
+    }
+    for (int k = 0; k < 16; k++)
+        t[k] = j + k < V && j + k != skip ? l[j + k] : -INFINITY;
+    v16 v = *(const v16fu *)t;
+    bad |= v != v;
+    m = SEL(v > m, v, m);
+    float r = m[0];
+    int any = bad[0];
+    for (int k = 1; k < 16; k++)
+        r = m[k] > r ? m[k] : r, any |= bad[k];
+    *nan = any != 0;
+    return r;
+}
+
+TC static void top1_rows(const float *l, Py_ssize_t B, Py_ssize_t V, long long *c_out, float *cm) {
+    for (Py_ssize_t b = 0; b < B; b++, l += V) {
+        int nan;
+        float top = vmax_skip(l, V, -1, &nan);
+        Py_ssize_t c = 0;
+        if (nan) { /* numpy's argmax: the first NaN */
+            while (l[c] == l[c])
+                c++;
+            top = l[c];
+        } else
+            while (l[c] != top)
+                c++;
+        int nan2;
+        float second = V > 1 ? vmax_skip(l, V, c, &nan2) : 0.0f;
+        v8db p0 = {0}, p1 = {0};
+        const v16 topv = (v16){0} + top;
+        Py_ssize_t j = 0;
+        for (; j < V; j += 16) {
+            v16 e;
+            if (j + 16 <= V)
+                e = *(const v16fu *)(l + j) - topv;
+            else {
+                float t[16];
+                for (int k = 0; k < 16; k++)
+                    t[k] = j + k < V ? l[j + k] : top;
+                e = *(const v16fu *)t - topv;
+            }
+            exp16(&e);
+            if (j + 16 > V)
+                for (int k = 0; k < 16; k++)
+                    if (j + k >= V)
+                        e[k] = 0.0f;
+            p0 = p0 + __builtin_convertvector(__builtin_shufflevector(e, e, 0, 1, 2, 3, 4, 5, 6, 7), v8db);
+            p1 = p1 + __builtin_convertvector(__builtin_shufflevector(e, e, 8, 9, 10, 11, 12, 13, 14, 15), v8db);
+        }
+        double tot = p0[0];
+        for (int k = 1; k < 8; k++)
+            tot = tot + p0[k];
+        for (int k = 0; k < 8; k++)
+            tot = tot + p1[k];
+        double e2 = -1.0;
+        if (V > 1) {
+            v16 d = (v16){0} + (second - top);
+            exp16(&d);
+            e2 = (double)d[0];
+        }
+        c_out[b] = (long long)c;
+        cm[2 * b] = (float)(1.0 / tot);
+        cm[2 * b + 1] = (float)((1.0 - e2) / tot);
+    }
+}
+
+static PyObject *np_empty, *np_float32, *np_int64; /* numpy.empty, numpy.float32 and int64, for the results */
 
 /* a C-contiguous float32 buffer of at least `min_ndim` dimensions */
 static int get_f32(PyObject *o, Py_buffer *b, int min_ndim, int writable, const char *name) {
@@ -360,6 +461,45 @@ static PyObject *hm_gelu(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+/* top1(logits [B, V]) -> (c int64 [B], conf_marg float32 [B, 2]), as top1_rows */
+static PyObject *hm_top1(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    (void)mod;
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "top1(logits)");
+        return NULL;
+    }
+    Py_buffer bl = {0}, bc = {0}, bm = {0};
+    if (get_f32(args[0], &bl, 2, 0, "top1: logits") < 0)
+        return NULL;
+    Py_ssize_t B = bl.shape[0], V = bl.shape[1];
+    if (bl.ndim != 2 || V < 1) {
+        PyErr_SetString(PyExc_ValueError, "top1: logits must be [B, V] with V >= 1");
+        PyBuffer_Release(&bl);
+        return NULL;
+    }
+    PyObject *shape_c = Py_BuildValue("(n)", B), *shape_m = Py_BuildValue("(ni)", B, 2);
+    PyObject *c = NULL, *cm = NULL, *res = NULL;
+    if (shape_c != NULL && shape_m != NULL) {
+        PyObject *a1[2] = {shape_c, np_int64}, *a2[2] = {shape_m, np_float32};
+        c = PyObject_Vectorcall(np_empty, a1, 2, NULL);
+        cm = c != NULL ? PyObject_Vectorcall(np_empty, a2, 2, NULL) : NULL;
+    }
+    if (cm != NULL && PyObject_GetBuffer(c, &bc, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) == 0) {
+        if (PyObject_GetBuffer(cm, &bm, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) == 0) {
+            top1_rows((const float *)bl.buf, B, V, (long long *)bc.buf, (float *)bm.buf);
+            res = PyTuple_Pack(2, c, cm);
+            PyBuffer_Release(&bm);
+        }
+        PyBuffer_Release(&bc);
+    }
+    Py_XDECREF(shape_c);
+    Py_XDECREF(shape_m);
+    Py_XDECREF(c);
+    Py_XDECREF(cm);
+    PyBuffer_Release(&bl);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"mm", (PyCFunction)(void (*)(void))hm_mm, METH_FASTCALL,
      "mm(x, wp, M, bias, resid, rms, eps) -> resid + ((rms ? rms(x) : x) @ w + bias) (wp: w [K, M] packed in "
@@ -368,6 +508,8 @@ static PyMethodDef methods[] = {
      "rms(x, eps) -> each row's RMS norm over the last axis, its sum of squares in order"},
     {"gelu", (PyCFunction)(void (*)(void))hm_gelu, METH_FASTCALL,
      "gelu(x) -> 0.5 x (1 + erf(x / sqrt 2)) elementwise in float32, within 5e-7 (erf by A&S 7.1.26), bit-reproducible"},
+    {"top1", (PyCFunction)(void (*)(void))hm_top1, METH_FASTCALL,
+     "top1(logits) -> (arg max, [confidence, margin]) per row, a fixed-order softmax sum (top1_reference)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -381,8 +523,9 @@ PyMODINIT_FUNC PyInit__headmm(void) {
         return NULL;
     np_empty = PyObject_GetAttrString(np, "empty");
     np_float32 = PyObject_GetAttrString(np, "float32");
+    np_int64 = PyObject_GetAttrString(np, "int64");
     Py_DECREF(np);
-    if (np_empty == NULL || np_float32 == NULL)
+    if (np_empty == NULL || np_float32 == NULL || np_int64 == NULL)
         return NULL;
     return PyModule_Create(&moddef);
 }

@@ -165,14 +165,11 @@ class HeadRunner:
     @staticmethod
     def top1(logits: np.ndarray, rows: np.ndarray, conf: np.ndarray, marg: np.ndarray) -> np.ndarray:
         """Each row's arg max over the draft vocabulary, its softmax probability written to `conf` and
-        its lead over the runner-up to `marg` (the one definition the offline measure and the worker share)."""
-        c = logits.argmax(-1)
-        top = logits[rows, c]
-        ex = np.exp(logits - top[:, None])
-        tot = ex.sum(-1)
-        ex[rows, c] = -1.0
-        conf[:] = 1.0 / tot
-        marg[:] = (1.0 - ex.max(-1)) / tot
+        its lead over the runner-up to `marg` (the one definition the offline measure and the worker
+        share: model/headmm.py `top1`, one native call; `rows` is kept for callers)."""
+        c, cm = headmm.top1(logits)
+        conf[:] = cm[:, 0]
+        marg[:] = cm[:, 1]
         return c
 
     def greedy(self, win: np.ndarray, lens: np.ndarray, anchor: np.ndarray, n: int

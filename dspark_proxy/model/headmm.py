@@ -15,7 +15,8 @@ import numpy as np
 
 from . import _headmm
 
-__all__ = ["EPS", "Packed", "gelu", "gelu_reference", "mm", "mm_reference", "rms", "rms_reference"]
+__all__ = ["EPS", "Packed", "exp_reference", "gelu", "gelu_reference", "mm", "mm_reference", "rms", "rms_reference",
+           "top1", "top1_reference"]
 
 _PW = 32  # panel width, as _headmm.c's PW
 
@@ -94,11 +95,25 @@ _LN2_HI, _LN2_LO, _INV_LN2 = _f(0.693145751953125), _f(1.428606765330187e-06), _
 _RND, _RND_BITS = _f(12582912.0), np.int32(0x4B400000)  # 1.5 * 2**23 and its bits
 
 
+def exp_reference(y: np.ndarray) -> np.ndarray:
+    """The kernel's exp for y <= 0, float32: y clamped to >= -87 (2**n stays a normal float), n =
+    round(y / ln 2) by adding and taking away 1.5 * 2**23, a degree-7 Taylor polynomial of r = y - n ln 2
+    (|r| <= ln2 / 2: error 5e-9), times 2**n built from n's bits."""
+    y = np.asarray(y, dtype=np.float32)
+    y = np.where(y < _f(-87.0), _f(-87.0), y)
+    nr = y * _INV_LN2 + _RND  # n + 1.5 * 2**23: n sits in the low bits of the mantissa
+    n = nr - _RND
+    r = (y - n * _LN2_HI) - n * _LN2_LO
+    e = r * _EXP_TAYLOR[7] + _EXP_TAYLOR[6]
+    for c in _EXP_TAYLOR[5::-1]:
+        e = e * r + c
+    return e * ((nr.view(np.int32) - _RND_BITS + np.int32(127)) << np.int32(23)).view(np.float32)
+
+
 def gelu_reference(x: np.ndarray) -> np.ndarray:
     """The kernel's GELU step by step in float32 numpy (only +, -, *, / and exact bit moves, so the
     same bits): z = clip(x / sqrt 2, ±6); erf(|z|) = 1 - t (a1 + t (a2 + ...)) exp(-z²), t = 1 / (1 +
-    p |z|); exp(y) as 2**n times a degree-7 Taylor polynomial of y - n ln 2, n = round(y / ln 2). NaN
-    stays NaN; -inf gives NaN (0 * inf), never reached: rows are clipped to ±1e4 before the head."""
+    p |z|), exp by `exp_reference`. NaN stays NaN; -inf gives NaN (0 * inf), never reached: rows are clipped to ±1e4 before the head."""
     x = np.asarray(x, dtype=np.float32)
     z = x * _f(0.70710678118654752)
     z = np.where(z < _f(-6.0), _f(-6.0), z)
@@ -106,15 +121,41 @@ def gelu_reference(x: np.ndarray) -> np.ndarray:
     neg = z < _f(0.0)
     az = np.where(neg, -z, z)
     t = _f(1.0) / (_f(1.0) + _f(0.3275911) * az)
-    y = -(az * az)
-    nr = y * _INV_LN2 + _RND  # n + 1.5 * 2**23: n sits in the low bits of the mantissa
-    n = nr - _RND
-    r = (y - n * _LN2_HI) - n * _LN2_LO
-    e = r * _EXP_TAYLOR[7] + _EXP_TAYLOR[6]
-    for c in _EXP_TAYLOR[5::-1]:
-        e = e * r + c
-    e = e * ((nr.view(np.int32) - _RND_BITS + np.int32(127)) << np.int32(23)).view(np.float32)
+    e = exp_reference(-(az * az))  # y in [-36, 0]
     poly = ((((_A[4] * t + _A[3]) * t + _A[2]) * t + _A[1]) * t + _A[0]) * t
     erfa = _f(1.0) - poly * e
     erf = np.where(neg, -erfa, erfa)
     return (_f(0.5) * x * (_f(1.0) + erf)).astype(np.float32)
+
+
+def top1(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's arg max (int64 [B]) and [confidence, margin] (float32 [B, 2]), by `top1_reference`."""
+    return _headmm.top1(logits if logits.flags.c_contiguous else np.ascontiguousarray(logits))
+
+
+def top1_reference(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's top-1: c = the arg max (numpy's: the first max, or the first NaN), confidence =
+    1 / sum_j exp(l_j - l_c), margin = (1 - exp(l_2nd - l_c)) / sum (the runner-up: the max over j != c;
+    with one column none, and that exp taken as -1); exp by `exp_reference`, the sum in float64 over 16
+    interleaved partial sums (lane k: columns k, k + 16, ...; a last block zero-padded) added lane 0 to
+    15 (a fixed order, vectorisable)."""
+    lg = np.asarray(logits, dtype=np.float32)
+    B, V = lg.shape
+    rows = np.arange(B)
+    c = lg.argmax(-1)
+    top = lg[rows, c]
+    e = exp_reference(lg - top[:, None]).astype(np.float64)
+    e = np.concatenate([e, np.zeros((B, -V % 16))], axis=1).reshape(B, -1, 16)
+    part = np.zeros((B, 16))
+    for blk in range(e.shape[1]):
+        part = part + e[:, blk]
+    tot = part[:, 0]
+    for k in range(1, 16):
+        tot = tot + part[:, k]
+    if V > 1:
+        rest = lg.copy()
+        rest[rows, c] = -np.inf
+        e2 = exp_reference(rest.max(-1) - top).astype(np.float64)
+    else:
+        e2 = np.full(B, -1.0)
+    return c.astype(np.int64), np.stack([1.0 / tot, (1.0 - e2) / tot], axis=1).astype(np.float32)
