@@ -20,5 +20,12 @@ setup(
             depends=["dspark_proxy/_fastround.h"],
             extra_compile_args=_FLAGS,
         ),
+        # the draft head's products; no contraction into FMA: the Python reference rounds each step
+        Extension(
+            "dspark_proxy.model._headmm",
+            sources=["dspark_proxy/model/_headmm.c", "dspark_proxy/model/_headmm_fn.c"],
+            depends=["dspark_proxy/model/_headmm.h"],
+            extra_compile_args=[*_FLAGS, "-O3", "-ffp-contract=off"],
+        ),
     ]
 )

@@ -111,7 +111,8 @@ def test_draft_vocabulary_survives_save_and_load(tmp_path):
 def test_served_drafts_are_the_offline_drafts_bit_for_bit(tmp_path):
     """A sequence walked round by round as a speculative decoder does (1-4 new rows a round), four
     requests batched with other slots' rows and n_out cuts: the worker's TorchDrafter (projection pool,
-    slot windows, bf16 rows) drafts exactly what head_drafts computes for the same anchors offline."""
+    slot windows, bf16 rows, gathered from the slots' rows as the serve loop passes them or from the
+    window's segments) drafts exactly what head_drafts computes for the same anchors offline."""
     import dspark_proxy.wire as wire
     from dspark_proxy.model.manifest import HeadManifest
     from dspark_proxy.model.train_head import head_drafts, load_head, save_head
@@ -144,7 +145,7 @@ def test_served_drafts_are_the_offline_drafts_bit_for_bit(tmp_path):
             sw.lo = max(0, a - W)
             w = min(W, a)
             items.append(DraftItem(s, int(toks[s, a]), a, w, int(rng.integers(0, N + 1)), sw.segments(w),
-                                   written=sw.write_ids(w)))
+                                   written=sw.write_ids(w), ring=sw.rows if rounds % 3 else None))
         out = wire.ReplyWriter(S, N, wire.SF_WANT_MARGIN)
         dr.draft(items, out)
         for s, it in enumerate(items):
@@ -172,3 +173,42 @@ def test_offline_confidences_are_the_served_ones(tmp_path):
     ids, conf, marg = dr.runner.greedy(proj[None], np.array([W]), np.array([11]), N)
     assert np.array_equal(out.draft_ids[0], ids[0]) and np.array_equal(out.confidence[0], conf[0])
     assert np.array_equal(out.margin[0], marg[0])
+
+
+def test_every_product_is_the_kernels_defined_order(monkeypatch):
+    """The runner with its native kernels swapped for their readable references (headmm.mm_reference,
+    rms_reference, gelu_reference, top1_reference) drafts the same bytes: every product, norm, GELU and
+    top-1 of the head goes through the batch-invariant kernels."""
+    from dspark_proxy.model import head_runner, headmm
+
+    r = HeadRunner(_head(5, draft=list(range(0, V, 3))))
+    rng = np.random.default_rng(8)
+    win, lens, anchor = _batch(rng, 9)
+    rows = rng.standard_normal((7, 32)).astype(np.float32)
+    fast = r.greedy(win, lens, anchor, N), r.project(rows)
+    monkeypatch.setattr(head_runner.headmm, "mm", lambda x, w, *a: headmm.mm_reference(x, w.w, *a))
+    monkeypatch.setattr(head_runner, "_rms", headmm.rms_reference)
+    monkeypatch.setattr(head_runner, "_gelu", headmm.gelu_reference)
+    monkeypatch.setattr(head_runner.headmm, "top1", headmm.top1_reference)
+    slow = r.greedy(win, lens, anchor, N), r.project(rows)
+    for a, b in zip([*fast[0], fast[1]], [*slow[0], slow[1]], strict=True):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_non_finite_and_huge_row_values_are_read_as_zero_and_clipped():
+    """A corrupt row cannot blow up the head: NaN and ±inf read as 0, the rest clipped to ±1e4, so
+    such a window drafts exactly what its cleaned copy drafts, with finite confidences."""
+    import dspark_proxy.wire as wire
+    from dspark_proxy.worker.drafters import DraftItem
+    from dspark_proxy.worker.torch_drafter import TorchDrafter
+
+    dr = TorchDrafter(num_spec=N, window=W, row_bytes=64, seed=3, row_dtype="float32")
+    rows = np.random.default_rng(9).standard_normal((W, 16)).astype(np.float32)
+    bad, clean = rows.copy(), rows.copy()
+    bad[1, 2], bad[3, 4], bad[5, 6], bad[6, 7], bad[7, 0] = np.nan, np.inf, -np.inf, 3e30, -2e5
+    clean[1, 2], clean[3, 4], clean[5, 6], clean[6, 7], clean[7, 0] = 0.0, 0.0, 0.0, 1e4, -1e4
+    out = wire.ReplyWriter(2, N, wire.SF_WANT_MARGIN)
+    dr.draft([DraftItem(0, 11, 40, W, 0, [bad.view(np.uint8)]), DraftItem(1, 11, 40, W, 0, [clean.view(np.uint8)])],
+             out)
+    assert np.array_equal(out.draft_ids[0], out.draft_ids[1]) and (out.draft_ids[0] >= 0).all()
+    assert np.array_equal(out.confidence[0], out.confidence[1]) and np.isfinite(out.confidence).all()

@@ -4,15 +4,17 @@ At one request a round is ~100 tiny operations, where torch's per-call overhead 
 more than the arithmetic; numpy's is a fraction of it. Folding: each RMS norm's weight goes into the
 matrix after it and `markov(tok(prev))` is a table lookup. Both the worker (`worker/torch_drafter.py`) and the offline measurement (`train_head.evaluate`)
 call `greedy`, so what is measured is what is served, bit for bit (tests/test_head_runner.py).
-GELU is the exact (erf) one, as in training, computed by torch (numpy has no erf).
+GELU is the erf one, as in training, within 5e-7 (model/headmm.py `gelu`: native, 0.6 µs where torch's
+call cost ~7 µs a step; torch's own float32 GELU is within 1.1e-6).
 
 Batch-invariant: a request's drafts do not depend on what else is in the batch. BLAS picks another
-kernel (another summation order) for another number of rows, so every product here is a stack of
-one-row products (`_mm`); the same row always takes the same path. It costs little at one request
-and about 2x on the output matmul at 32. The row projection, whose matrix is wide at real row sizes,
-goes in fixed blocks of 8 rows instead (`_mm_blocked`). And single-threaded: the products are a few hundred
-kFLOP, where OpenBLAS's threads only add a wake-up, and on a loaded machine a wait for a thread the
-kernel has not scheduled (measured: 40 µs → 15-40 ms for the 192 x 4096 product). The calling
+kernel (another summation order) for another number of rows, so every product here goes through `_mm`,
+the native kernel of model/headmm.py: each element summed over k in one fixed order whatever the row
+count, and a tile of 4 rows reads w once (2-2.5x the one-row-at-a-time BLAS products it replaces at
+4-20 rows, as fast at one); it also takes the RMS norm before a product and the bias and residual
+after it (one call for what was about seven numpy calls). The attention's small products stay one
+row at a time in numpy, and single-threaded: they are small, where OpenBLAS's threads only add a wake-up, and on a loaded machine a
+wait for a thread the kernel has not scheduled (measured: 40 µs → 15-40 ms for the 192 x 4096 product). The calling
 thread's BLAS is set to one thread (`_blas_one_thread`, OpenBLAS's thread-local setting where numpy
 ships OpenBLAS; elsewhere nothing changes).
 """
@@ -20,17 +22,17 @@ ships OpenBLAS; elsewhere nothing changes).
 from __future__ import annotations
 
 import ctypes
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import torch
 
+from . import headmm
 from .head import DraftHead
 
 __all__ = ["HeadRunner", "bf16_to_f32"]
 
-_EPS = np.float32(1e-6)
 
 
 def bf16_to_f32(raw: np.ndarray) -> np.ndarray:
@@ -63,34 +65,33 @@ def _blas_one_thread() -> Callable[[], None]:
 _one_thread = _blas_one_thread()
 
 
-def _gelu(x: np.ndarray) -> np.ndarray:
-    return torch.nn.functional.gelu(torch.from_numpy(x)).numpy()
+_gelu = headmm.gelu  # 0.5 x (1 + erf(x / sqrt 2)), natively (see the module docstring)
 
 
-def _mm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """x [..., k] @ w [k, m], one row at a time (see the module docstring)."""
-    return (x[..., None, :] @ w)[..., 0, :]
+def _mm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, resid: np.ndarray | None = None,
+        rms: bool = False) -> np.ndarray:
+    """resid + ((_rms(x) if rms else x) @ w + b) (b, resid optional) by the batch-invariant kernel
+    (model/headmm.py), w packed on first use."""
+    return headmm.mm(x, _packed(w), b, resid, rms)
 
 
-_BLOCK = 8
+_mm_blocked = _mm  # the kernel reads w once per 4 rows already: one product rule for every matrix
+
+_packs: dict[int, tuple[weakref.ref, headmm.Packed]] = {}
 
 
-def _mm_blocked(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """x [R, k] @ w [k, m] in blocks of exactly _BLOCK rows (the last one zero-padded): a wide w is
-    read once a block rather than once a row, and a fixed block height keeps BLAS on one kernel, so a
-    row's result depends on neither its block-mates nor its place among them (checked at start:
-    `HeadRunner._check_blocked`)."""
-    R = len(x)
-    pad = -R % _BLOCK
-    if pad:
-        x = np.concatenate([x, np.zeros((pad, x.shape[1]), dtype=x.dtype)])
-    return (x.reshape(-1, _BLOCK, x.shape[1]) @ w).reshape(-1, w.shape[1])[:R]
+def _packed(w: np.ndarray) -> headmm.Packed:
+    """w's panels, made once per weight array (while it lives; weights are never written after
+    folding, so the panels stay its copy)."""
+    got = _packs.get(id(w))
+    if got is not None and got[0]() is w:
+        return got[1]
+    key = id(w)
+    _packs[key] = got = (weakref.ref(w, lambda _r, k=key, d=_packs: d.pop(k, None)), headmm.Packed(w))
+    return got[1]
 
 
-def _rms(x: np.ndarray) -> np.ndarray:
-    """x / sqrt(mean(x²) + eps); the mean as np.mean computes it, without its Python wrapper (a
-    dozen calls a round at one request)."""
-    return x * (1.0 / np.sqrt(np.add.reduce(x * x, axis=-1, keepdims=True) / np.float32(x.shape[-1]) + _EPS))
+_rms = headmm.rms  # x / sqrt(mean(x²) + eps) over the last axis, natively (a dozen calls a round)
 
 
 class HeadRunner:
@@ -110,7 +111,6 @@ class HeadRunner:
         self.in_w = np.ascontiguousarray((sd["in_proj.weight"] * tn[None, :]).T)  # [F, d]
         self.in_b = sd["in_proj.bias"]
         self.c_w = np.ascontiguousarray(sd["cache_proj.weight"].T)  # [d, 3d]
-        self._in = _mm_blocked if self._check_blocked(self.in_w) else _mm
         self.pos = np.ascontiguousarray(sd["pos.weight"][:head.window][::-1])  # row i: distance W-1-i
         self.queries = sd["queries"]
         self.tok = sd["tok.weight"]
@@ -127,22 +127,10 @@ class HeadRunner:
         self.cache_width = 3 * d
         self._scale = f32(1.0 / np.sqrt(self.dh))
 
-    @staticmethod
-    def _check_blocked(w: np.ndarray) -> bool:
-        """Whether this BLAS gives a row the same bits in any block and place (else one row at a time)."""
-        _one_thread()
-        x = np.random.default_rng(0).standard_normal((2 * _BLOCK - 3, w.shape[0])).astype(np.float32)
-        a = _mm_blocked(x, w)
-        b = _mm_blocked(x[::-1].copy(), w)[::-1]
-        c = np.concatenate([_mm_blocked(x[i:i + 1], w) for i in range(3)])
-        return bool(np.array_equal(a, b) and np.array_equal(a[:3], c))
-
     def project(self, x: np.ndarray) -> np.ndarray:
         """x float32 [R, n_taps * hidden] → [R, 3d]: what a slot caches for each row."""
-        _one_thread()
-        r = x.reshape(len(x), self.n_taps, self.hidden)
-        r = _rms(r).reshape(len(x), -1)
-        return _mm(self._in(r, self.in_w) + self.in_b, self.c_w)
+        r = _rms(x.reshape(len(x), self.n_taps, self.hidden)).reshape(len(x), -1)
+        return _mm(_mm(r, self.in_w, self.in_b), self.c_w)
 
     def backbone(self, win: np.ndarray, lens: np.ndarray, anchor: np.ndarray, n: int) -> np.ndarray:
         """win [B, W, 3d] projected rows right-aligned (index W-1 next to the anchor), lens [B] rows
@@ -164,28 +152,24 @@ class HeadRunner:
         s /= s.sum(-1, keepdims=True)
         att = (s[..., None, :] @ v)[..., 0, :].transpose(0, 2, 1, 3).reshape(B, n, d)
         ctx = _mm(att, self.o) + (win[:, -1, :d] + e)[:, None]
-        h = _gelu(_mm(_rms(ctx), self.m1) + self.m1b)
-        return ctx + (_mm(h, self.m2) + self.m2b)
+        h = _gelu(_mm(ctx, self.m1, self.m1b, rms=True))
+        return _mm(h, self.m2, self.m2b, resid=ctx)
 
     def step(self, ctx_j: np.ndarray, prev: np.ndarray) -> np.ndarray:
         """ctx_j [B, d], prev [B] target ids (draft j - 1) → logits [B, V'] over draft_ids."""
-        _one_thread()
         z = ctx_j + self.markov[prev]
-        h = _gelu(_mm(_rms(z), self.s1) + self.s1b)
-        z = z + (_mm(h, self.s2) + self.s2b)
-        return _mm(_rms(z), self.out)
+        h = _gelu(_mm(z, self.s1, self.s1b, rms=True))
+        z = _mm(h, self.s2, self.s2b, resid=z)
+        return _mm(z, self.out, rms=True)
 
     @staticmethod
     def top1(logits: np.ndarray, rows: np.ndarray, conf: np.ndarray, marg: np.ndarray) -> np.ndarray:
         """Each row's arg max over the draft vocabulary, its softmax probability written to `conf` and
-        its lead over the runner-up to `marg` (the one definition the offline measure and the worker share)."""
-        c = logits.argmax(-1)
-        top = logits[rows, c]
-        ex = np.exp(logits - top[:, None])
-        tot = ex.sum(-1)
-        ex[rows, c] = -1.0
-        conf[:] = 1.0 / tot
-        marg[:] = (1.0 - ex.max(-1)) / tot
+        its lead over the runner-up to `marg` (the one definition the offline measure and the worker
+        share: model/headmm.py `top1`, one native call; `rows` is kept for callers)."""
+        c, cm = headmm.top1(logits)
+        conf[:] = cm[:, 0]
+        marg[:] = cm[:, 1]
         return c
 
     def greedy(self, win: np.ndarray, lens: np.ndarray, anchor: np.ndarray, n: int

@@ -36,6 +36,7 @@ class DraftItem:
     temperature: float = 0.0
     crc: int | None = None  # the integrity hash, when the worker assembled it from its CRC chains
     written: np.ndarray | None = None  # the rows' write ids (SlotWindow.write_ids): per-row caches key on them
+    ring: np.ndarray | None = None  # the slot's rows [W, row_bytes] at position % W (SlotWindow.rows), when given
 
 
 class Drafter(Protocol):

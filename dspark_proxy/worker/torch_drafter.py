@@ -149,23 +149,28 @@ class TorchDrafter:
         return self.head.state_dict()
 
     def _to_float(self, raw: np.ndarray) -> np.ndarray:
+        """Rows' bytes → float32 values, a non-finite value read as 0 and the rest clipped to ±1e4 (a
+        corrupt or hostile row cannot blow up the head)."""
         if self.row_dtype == "uint8":
             x = (raw.astype(np.float32) - 128.0) / 128.0
         elif self.row_dtype == "bfloat16":
             x = bf16_to_f32(raw)
         else:
             x = raw.view(np.dtype(self.row_dtype).newbyteorder("<")).astype(np.float32)
-        with np.errstate(invalid="ignore"):
-            np.nan_to_num(x, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
-            return np.clip(x, -1e4, 1e4, out=x)
+        ok = np.isfinite(x)
+        if not ok.all():
+            x[~ok] = 0.0
+        np.minimum(x, 1e4, out=x)
+        return np.maximum(x, -1e4, out=x)
 
-    def _windows(self, items: list[DraftItem]) -> tuple[np.ndarray, np.ndarray]:
-        """[B, W, 3d] projected windows, right-aligned, and the rows present; projects only rows the
-        pool does not hold for the same position and write."""
+    def _windows(self, items: list[DraftItem], apos: np.ndarray, lens: np.ndarray) -> np.ndarray:
+        """[B, W, 3d] projected windows, right-aligned (apos: anchor positions, lens: rows present);
+        projects only rows the pool does not hold for the same position and write."""
         W, B, pool = self.window, len(items), self.pool
-        slot = np.fromiter((pool.index_of(_base(it.segments[0])) for it in items), np.intp, B)
-        apos = np.fromiter((it.anchor_pos for it in items), np.int64, B)
-        lens = np.fromiter((it.w for it in items), np.int64, B)
+        rings = [it.ring for it in items]  # each slot's rows at position % W, where the caller gave them
+        whole = all(r is not None for r in rings)
+        bufs = rings if whole else [_base(it.segments[0]) for it in items]  # the same arrays where both exist
+        slot = np.fromiter(map(pool.index_of, bufs), np.intp, B)
         pos = apos[:, None] - W + self._cols[None, :]  # column c: position anchor - W + c
         at = pos % W
         have = self._cols[None, :] >= (W - lens)[:, None]
@@ -175,15 +180,19 @@ class TorchDrafter:
         sl = slot[:, None]
         miss = have & ((pool.pos[sl, at] != pos) | (pool.wid[sl, at] != wid) | (wid == 0))
         if miss.any():
-            need = np.flatnonzero(miss.any(1))
-            raw = np.concatenate([_take(items[b].segments, np.flatnonzero(miss[b, W - lens[b]:])) for b in need])
+            bi, ci = np.nonzero(miss)  # row-major: request by request, positions ascending
+            ai = at[bi, ci]
+            if whole:  # one gather a request, straight from its slot's rows
+                raw = np.concatenate([rings[b][ai[bi == b]] for b in np.unique(bi).tolist()])
+            else:
+                raw = np.concatenate([_take(items[b].segments, np.flatnonzero(miss[b, W - lens[b]:]))
+                                      for b in np.unique(bi).tolist()])
             proj = self.runner.project(self._to_float(raw))
             self.rows_projected += len(raw)
-            bi, ci = np.nonzero(miss)  # row-major: request by request, positions ascending, as `raw`
-            pool.proj[slot[bi], at[bi, ci]] = proj
-            pool.pos[slot[bi], at[bi, ci]] = pos[bi, ci]
-            pool.wid[slot[bi], at[bi, ci]] = wid[bi, ci]
-        return pool.proj[sl, at], lens
+            pool.proj[slot[bi], ai] = proj
+            pool.pos[slot[bi], ai] = pos[bi, ci]
+            pool.wid[slot[bi], ai] = wid[bi, ci]
+        return pool.proj[sl, at]
 
     # -- drafting -----------------------------------------------------------------------------------
     def draft(self, items: list[DraftItem], out: ReplyWriter) -> None:
@@ -192,14 +201,20 @@ class TorchDrafter:
             return
         N, r = self.num_spec, self.runner
         B = len(items)
-        n_req = np.fromiter((it.n_out for it in items), np.int64, B)
-        n_out = np.where(n_req <= 0, N, np.minimum(n_req, N))
+        # the per-request fields in one pass over the items (n_out, anchor token, index, anchor position, w)
+        f = np.array([(it.n_out, it.anchor_token, it.index, it.anchor_pos, it.w) for it in items],
+                     dtype=np.int64).reshape(B, 5)
+        n_out = np.where(f[:, 0] <= 0, N, np.minimum(f[:, 0], N))
         n = int(n_out.max())
-        win, lens = self._windows(items)
-        anchor = np.fromiter((it.anchor_token for it in items), np.int64, B) % r.vocab
-        idx = np.fromiter((it.index for it in items), np.intp, B)
-        temps = np.fromiter((max(0.0, float(it.temperature)) for it in items), np.float64, B)
-        sampled = (temps > 0) & (out.sampled_mask is not None)
+        lens = f[:, 4]
+        win = self._windows(items, f[:, 3], lens)
+        anchor = f[:, 1] % r.vocab
+        idx = f[:, 2]
+        if out.sampled_mask is None:  # sampled mode not agreed: every request greedy
+            temps = np.zeros(B)
+        else:
+            temps = np.fromiter((max(0.0, float(it.temperature)) for it in items), np.float64, B)
+        sampled = temps > 0
         ids = np.full((B, N), -1, dtype=np.int32)
         conf = np.zeros((B, N), dtype=np.float32)
         marg = np.zeros((B, N), dtype=np.float32)
