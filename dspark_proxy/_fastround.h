@@ -98,6 +98,15 @@ extern PyTypeObject HeldType;
 void *held_get(PyObject *o, Py_ssize_t i, Py_ssize_t itemsize, Py_ssize_t count, const char *name);
 Py_ssize_t held_items(PyObject *o, Py_ssize_t i);
 
+/* the single-job cores the fused calls (_fastround_fused.c) share with their own functions */
+int advance_core(PyObject *held, const int64_t *slots, const int64_t *req, const int64_t *first,
+                 const int64_t *valid, Py_ssize_t n, Py_ssize_t W, int64_t out[3]);
+int accept_core(PyObject *held, const int64_t *slots, const int32_t *valid, const int32_t *kw, Py_ssize_t n,
+                Py_ssize_t N, int gate, int probing, int64_t out[3]);
+int pack_whole_core(int32_t *page, Py_ssize_t words, Py_ssize_t o_ok, Py_ssize_t o_id, Py_ssize_t o_cf, Py_ssize_t M,
+                    Py_ssize_t N, Py_ssize_t n, Py_ssize_t cap, Py_ssize_t ok_rows, Py_ssize_t ids_rows,
+                    PyObject *o_ids, PyObject *o_conf);
+
 /* the functions of each half (the method table is _fastround.c's) */
 PyObject *fr_check_round(PyObject *mod, PyObject *args);
 PyObject *fr_ring_write(PyObject *mod, PyObject *args);
@@ -111,5 +120,7 @@ PyObject *fr_ring_gather(PyObject *mod, PyObject *args);
 PyObject *fr_accept_round(PyObject *mod, PyObject *args);
 PyObject *fr_pack_whole(PyObject *mod, PyObject *args);
 PyObject *fr_check_fast(PyObject *mod, PyObject *args);
+PyObject *fr_advance_accept(PyObject *mod, PyObject *args);
+PyObject *fr_finish_whole(PyObject *mod, PyObject *args);
 
 #endif

@@ -114,22 +114,10 @@ fail:
  * unknown bookkeeping when counts[1], the table's _any_unknown, is set), apply, and the plan's flags at
  * the round's own anchors. counts[0] is the table's n_unknown (read and written). Requires what the
  * proxy checked while reading the descriptor: slots in range and unique, 0 <= valid <= W. */
-PyObject *fr_advance(PyObject *mod, PyObject *args) {
-    PyObject *held, *o[4];
-    Py_ssize_t W;
-    (void)mod;
-    if (!PyArg_ParseTuple(args, "OOOOOn", &held, &o[0], &o[1], &o[2], &o[3], &W))
-        return NULL;
-    Py_buffer bs[4];
-    memset(bs, 0, sizeof bs);
-    Py_buffer *all[5] = {&bs[0], &bs[1], &bs[2], &bs[3], NULL};
-    static const char *names[4] = {"slots", "req_ids", "first_pos", "valid"};
-    if (get_arr(o[0], &bs[0], 8, 0, 0, names[0]) < 0)
-        return NULL;
-    Py_ssize_t n = bs[0].len / 8;
-    for (int i = 1; i < 4; i++)
-        if (get_arr(o[i], &bs[i], 8, n, 0, names[i]) < 0)
-            goto fail;
+/* The advance itself on C arrays of n requests (fr_advance's contract; advance_accept in
+ * _fastround_fused.c runs the same): out = (n_new_owner, n_resync, n_unknown). -1 with an error set. */
+int advance_core(PyObject *held, const int64_t *slots, const int64_t *req, const int64_t *first,
+                 const int64_t *valid, Py_ssize_t n, Py_ssize_t W, int64_t out[3]) {
     static const char *hnames[14] = {"owner", "generation", "lo", "hi", "dirty", "announced", "unknown", "counts",
                                      "anchor", "new_owner", "new_gen", "resync", "held_first", "held_rows"};
     static const Py_ssize_t hsz[14] = {8, 8, 8, 8, 1, 1, 1, 8, 8, 1, 1, 1, 8, 8};
@@ -137,16 +125,15 @@ PyObject *fr_advance(PyObject *mod, PyObject *args) {
     Py_ssize_t S = held_items(held, 0);
     for (int i = 0; i < 14; i++)
         if (!(h[i] = held_get(held, i, hsz[i], i < 7 ? S : (i == 7 ? 2 : n), hnames[i])))
-            goto fail;
+            return -1;
     int64_t *owner = h[0], *gen = h[1], *lo = h[2], *hi = h[3], *counts = h[7];
     uint8_t *dirty = h[4], *ann = h[5], *unk = h[6];
-    const int64_t *slots = bs[0].buf, *req = bs[1].buf, *first = bs[2].buf, *valid = bs[3].buf;
     int64_t *anchor = h[8], *hfirst = h[12], *hrows = h[13];
     uint8_t *new_owner = h[9], *new_gen = h[10], *resync = h[11];
     for (Py_ssize_t i = 0; i < n; i++)
         if ((uint64_t)slots[i] >= (uint64_t)S) {
             PyErr_Format(PyExc_ValueError, "slot %lld out of range", (long long)slots[i]);
-            goto fail;
+            return -1;
         }
     int64_t n_new = 0, n_resync = 0, n_unknown_left = 0;
     /* begin_requests: new owners (a slot once per round, so the order of requests does not matter) */
@@ -197,8 +184,31 @@ PyObject *fr_advance(PyObject *mod, PyObject *args) {
         resync[i] = hrows[i] > valid[i] && new_gen[i];
         n_resync += resync[i];
     }
+    out[0] = n_new, out[1] = n_resync, out[2] = n_unknown_left;
+    return 0;
+}
+
+PyObject *fr_advance(PyObject *mod, PyObject *args) {
+    PyObject *held, *o[4];
+    Py_ssize_t W;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "OOOOOn", &held, &o[0], &o[1], &o[2], &o[3], &W))
+        return NULL;
+    Py_buffer bs[4];
+    memset(bs, 0, sizeof bs);
+    Py_buffer *all[5] = {&bs[0], &bs[1], &bs[2], &bs[3], NULL};
+    static const char *names[4] = {"slots", "req_ids", "first_pos", "valid"};
+    if (get_arr(o[0], &bs[0], 8, 0, 0, names[0]) < 0)
+        return NULL;
+    Py_ssize_t n = bs[0].len / 8;
+    for (int i = 1; i < 4; i++)
+        if (get_arr(o[i], &bs[i], 8, n, 0, names[i]) < 0)
+            goto fail;
+    int64_t r[3];
+    if (advance_core(held, bs[0].buf, bs[1].buf, bs[2].buf, bs[3].buf, n, W, r) < 0)
+        goto fail;
     release_all(all);
-    return Py_BuildValue("LLL", (long long)n_new, (long long)n_resync, (long long)n_unknown_left);
+    return Py_BuildValue("LLL", (long long)r[0], (long long)r[1], (long long)r[2]);
 fail:
     release_all(all);
     return NULL;

@@ -136,6 +136,14 @@ class PagePacker:
         b[0] = STATUS_OK if all_ok else STATUS_SOME_FAILED
         return all_ok, e_need, n_e_need
 
+    def rows_written(self) -> tuple[int, int]:
+        """The ok and ids rows an earlier round may have written (the rest are zero)."""
+        return self._ok_rows, self._ids_rows
+
+    def wrote_whole(self, n: int) -> None:
+        """A fused call (round_fused.py) packed the usual round of n requests, as pack's C path does."""
+        self._ok_rows = self._ids_rows = n
+
     def failed(self, n: int) -> None:
         """status ROUND_FAILED, n, and n_drafts 0 for every request: the reader hands the engine its own
         cleared arrays for a failed status, so nothing past the ok words is read (shm_layout.md)."""

@@ -64,6 +64,7 @@ from .reply_page import PagePacker
 from .resync_plan import ResyncPlanner
 from .ring_model import Advance, SlotTable
 from .ring_rows import RingRows
+from .round_fused import FusedRound
 from .shm import hostflag as hf
 from .shm.hostflag import HostFlags
 from .shm.layout import (
@@ -140,6 +141,8 @@ class RoundCore:
         self._gathered_ns_off = self.lay.word_off(Word.GATHERED_NS)
         self._advanced = False  # round t's rows reached the ring model (set by _run)
         self.accept = Acceptance(self.M, self.N, settings.gate, stats, self.native)  # drafts' effect; the gate
+        # the C path's usual round in fewer calls (round_fused.py); None on the reference path
+        self.fused = FusedRound(self.slots, self.accept, self.packer, self.N, self.W) if self.native else None
 
     # ------------------------------------------------------------------ entry point
 
@@ -212,9 +215,12 @@ class RoundCore:
             st.inc("pool_slots_resent", int(moved.shape[0]))
         st.inc(_ROUNDS_KEY[phase])
         # 2. ring model: always, so it stays exact (and step 4's flags, from the same pass)
-        plan = self.slots.advance(slots, v.req, first_pos, valid)
+        if self.fused is not None:  # the advance and the acceptance sums in one C call (round_fused.py)
+            plan = self.fused.advance(t, slots, v.req, first_pos, valid, v.valid_raw, v.k_window)
+        else:
+            plan = self.slots.advance(slots, v.req, first_pos, valid)
+            self.accept.round(t, slots, v.valid_raw, v.k_window, plan.new_owner, plan.n_new_owner)
         self._advanced = True
-        self.accept.round(t, slots, v.valid_raw, v.k_window, plan.new_owner, plan.n_new_owner)
         if plan.n_new_owner:
             self.want_resync[slots[plan.new_owner]] = False
         w_of = None
@@ -359,6 +365,13 @@ class RoundCore:
         """Step 8. `idx`: the requests with an entry (None: all n, in order); `e_slots` their slots;
         `pending`: requests sent without the window they need (None: no such request)."""
         st = self.stats
+        if idx is None and pending is None and self.fused is not None and \
+                self.fused.finish(n, e_slots, need, reply, self.packer.n_out(n) or self.N):
+            # the usual round, done in one C call: below, it is the n_failed == 0 and `whole` branches
+            st.inc(_STATUS_KEYS[wire.RS_OK], n)
+            st.inc("rounds_ok")
+            self._breaker_record(t, True, "every request failed")
+            return
         sel = slice(None) if idx is None else idx
         k = int(e_slots.shape[0])
         status = reply.status

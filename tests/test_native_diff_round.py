@@ -109,27 +109,29 @@ def test_usual_rounds_write_the_same_bytes(rounds, n_out, gate):
         nat.close()
 
 
-def test_the_usual_round_is_packed_by_the_c_path(monkeypatch):
-    """The test above means something only if its rounds take pack_whole: a plain round of every
-    request asking, answered in full, does (and writes what the reference writes)."""
-    from dspark_proxy import native
-
-    calls = []
-    real = native.fastround.pack_whole
-    monkeypatch.setattr(native.fastround, "pack_whole", lambda *a: calls.append(real(*a)) or calls[-1])
+def test_the_usual_round_is_packed_by_the_c_path():
+    """The test above means something only if its rounds take the C path's usual round: a plain round of
+    every request asking, answered in full, is advanced with its sums in one call and finished (ring
+    model, page) in another (round_fused.py: pack_whole's code inside finish_whole), and writes what the
+    reference writes."""
     ref, nat = _rig(False, GateSettings(), ()), _rig(True, GateSettings(), ())
     try:
         drv = Driver(False)
         r = {"n": M, "perm_seed": 1, "new": [False] * M, "valid": [1] * M, "move": ["go"] * M,
              "need": [True] * M, "k_window": [N] * M}
-        for t in range(1, 4):
+        for t in range(1, 5):
             b, _ = drv.batch(dict(r, n=M - t))  # a shrinking batch: rows beyond n are cleared
             assert _one(ref, t, b, "none") == _one(nat, t, b, "none")
             assert np.array_equal(ref.core.page, nat.core.page)
+            s_ref, s_nat = _state(ref, t), _state(nat, t)
+            for k in s_ref:
+                assert s_nat[k] == s_ref[k], f"round {t}: {k} differs"
+        assert ref.core.fused is None
+        # round 1's requests are new owners (the gate's begin runs first); every later round is fused
+        assert nat.core.fused.advanced == 3 and nat.core.fused.finished == 4
     finally:
         ref.close()
         nat.close()
-    assert calls and all(calls)
 
 
 def test_check_fast_takes_only_what_needs_no_conversion():
