@@ -18,6 +18,7 @@
  *                                          gate's per-slot scatter-adds and probes that are due
  *   advance_accept round_fused.py          advance then accept_round, one call (_fastround_fused.c)
  *   finish_whole   round_fused.py          the usual round's announce + pack_whole + status, one call
+ *   round_front    round_fused.py          read_round + advance + accept_round + fill_entries, one call
  *
  * Why C: at the batch sizes that matter a round's cost was numpy's per-call overhead (0.3-1 us a call,
  * some 40 calls a side), not the data; one call per job removes it. Nothing here decides policy: on
@@ -375,6 +376,10 @@ static PyMethodDef methods[] = {
     {"finish_whole", fr_finish_whole, METH_VARARGS,
      "finish_whole(held, slots, status, need, draft_ids, confidence, o_ok, o_ids, o_conf, M, N, cap, ok_rows, ids_rows, "
      "status_ok) -> bool: the usual round's announce, page and status (held: announced, dirty, page)"},
+    {"round_front", fr_round_front, METH_VARARGS,
+     "round_front(seg, desc_off, meta_off, held_rd, t, M, W, R, max_rows, held_tab, held_acc, N, gate, probing, sums, "
+     "go, fill, prefix, ent_off, ent_size) -> (code, n, max_q, rows_staged, n_staged, n_misfit, stage, k_staged, "
+     "n_new_owner, n_resync, n_unknown, n_ver, tokens, n_ready): read_round, advance, accept_round, fill_entries"},
     {NULL, NULL, 0, NULL},
 };
 

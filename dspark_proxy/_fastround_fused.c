@@ -104,3 +104,95 @@ fail:
     release_all(all);
     return NULL;
 }
+
+/* round_front(seg, desc_off, meta_off, held_rd, t, M, W, R, max_rows, held_tab, held_acc, N, gate, probing, sums, go,
+ *             fill, prefix, ent_off, ent_size)
+ *   -> (code, n, max_q, rows_staged, n_staged, n_misfit, stage, k_staged, n_new_owner, n_resync, n_unknown, n_ver,
+ *       tokens, n_ready)
+ * The usual round's front, from the descriptor to the STEP's entries, stopping where the round stops
+ * being the usual one; `stage` says how far it went:
+ *   0  read_round only (its code; or `go` clear: the caller has a connection epoch or moved slots to
+ *      apply before the ring model advances)
+ *   1  + need (bool, held_rd's [7]: need_draft != 0) and k_staged (requests with staged rows), then
+ *      advance (held_tab) on the copies' slots, req_id, first_pos and valid
+ *   2  + accept_round (held_acc), as advance_accept decides it (`sums`, no new owner while the gate is on)
+ *   3  + every request's entry, fill_entries' bytes with n_out 0, when `fill` is set (the caller knows
+ *      the breaker, the link's row cap, the gate's mask and n_out leave the usual round as it is) and
+ *      the round needs no window: no resync, no staged window, no unknown range, and all n > 0
+ *      requests have staged rows.
+ * held_rd: read_round's Held (moffs, doffs, desc_copy, meta_copy, mark, slots_out, valid_out), then need
+ * (bool [M]) and eoffs (int64, ENTRY_DTYPE's offsets). */
+PyObject *fr_round_front(PyObject *mod, PyObject *args) {
+    PyObject *seg, *held_rd, *held_tab, *held_acc, *prefix;
+    Py_ssize_t desc_off, meta_off, M, W, R, max_rows, N, ent_off, ent_size;
+    unsigned long long t;
+    int gate, probing, sums, go, fill;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "OnnOKnnnnOOnpppppOnn", &seg, &desc_off, &meta_off, &held_rd, &t, &M, &W, &R,
+                          &max_rows, &held_tab, &held_acc, &N, &gate, &probing, &sums, &go, &fill, &prefix, &ent_off,
+                          &ent_size))
+        return NULL;
+    Py_buffer bseg = {0};
+    if (PyObject_GetBuffer(seg, &bseg, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint32_t rd[6];
+    int rc = read_core(bseg.buf, bseg.len, desc_off, meta_off, held_rd, t, M, W, R, max_rows, rd);
+    PyBuffer_Release(&bseg);
+    if (rc < 0)
+        return NULL;
+    int stage = 0;
+    int64_t k_staged = 0, r[3] = {0, 0, 0}, a[3] = {0, 0, 0};
+    Py_ssize_t n = rd[1];
+    const int64_t *mo = held_get(held_rd, 0, 8, M_COUNT, "moffs"), *dof = held_get(held_rd, 1, 8, D_COUNT, "doffs");
+    char *d = held_get(held_rd, 2, 1, 0, "desc_copy"), *m = held_get(held_rd, 3, 1, 0, "meta_copy");
+    int64_t *slots = held_get(held_rd, 5, 8, M, "slots_out"), *valid = held_get(held_rd, 6, 8, M, "valid_out");
+    uint8_t *need = held_get(held_rd, 7, 1, M, "need");
+    const int64_t *eo = held_get(held_rd, 8, 8, E_COUNT, "eoffs");
+    if (!mo || !dof || !d || !m || !slots || !valid || !need || !eo)
+        return NULL;
+    /* the copies' int64 fields are read in place: each must be 8-aligned in memory (the layout aligns
+     * them; anything else takes the caller's path) */
+    if (rd[0] != 0 || !go || ((uintptr_t)(d + dof[D_REQ]) | (uintptr_t)(m + mo[M_FIRST]) |
+                              (uintptr_t)(m + mo[M_ANCHOR])) % 8 ||
+        ((uintptr_t)(m + mo[M_VALID]) | (uintptr_t)(d + dof[D_K])) % 4)
+        goto out;
+    const int64_t *req = (const int64_t *)(d + dof[D_REQ]), *first = (const int64_t *)(m + mo[M_FIRST]),
+                  *tok = (const int64_t *)(m + mo[M_ANCHOR]);
+    const int32_t *valid_raw = (const int32_t *)(m + mo[M_VALID]), *kw = (const int32_t *)(d + dof[D_K]);
+    const uint8_t *need_raw = (const uint8_t *)(d + dof[D_NEED]);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        need[i] = need_raw[i] != 0;
+        k_staged += get_i32(m + mo[M_STAGED] + 4 * i) != 0;
+    }
+    if (advance_core(held_tab, slots, req, first, valid, n, W, r) < 0)
+        return NULL;
+    stage = 1;
+    if (!sums || (gate && r[0]))
+        goto out;
+    if (accept_core(held_acc, slots, valid_raw, kw, n, N, gate, probing, a) < 0)
+        return NULL;
+    stage = 2;
+    if (!fill || r[1] || rd[4] || r[2] || k_staged != n || n == 0)
+        goto out;
+    Py_ssize_t S = held_items(held_tab, 0);
+    const int64_t *gen = held_get(held_tab, 1, 8, S, "generation"), *anchor = held_get(held_tab, 8, 8, n, "anchor");
+    const uint8_t *new_gen = held_get(held_tab, 10, 1, n, "new_gen");
+    if (!gen || !anchor || !new_gen)
+        return NULL;
+    Py_buffer bp = {0};
+    if (PyObject_GetBuffer(prefix, &bp, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (ent_off < 0 || ent_size < 40 || ent_off + n * ent_size > bp.len) {
+        PyBuffer_Release(&bp);
+        PyErr_SetString(PyExc_ValueError, "round_front: entries outside the prefix");
+        return NULL;
+    }
+    fill_core((char *)bp.buf + ent_off, ent_size, eo, NULL, n, slots, valid, gen, first, anchor, tok, need, new_gen, kw,
+              0);
+    PyBuffer_Release(&bp);
+    stage = 3;
+out:
+    return Py_BuildValue("iIIIIIiLLLLLLL", (int)rd[0], rd[1], rd[2], rd[3], rd[4], rd[5], stage, (long long)k_staged,
+                         (long long)r[0], (long long)r[1], (long long)r[2], (long long)a[0], (long long)a[1],
+                         (long long)a[2]);
+}

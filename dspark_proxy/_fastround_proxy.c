@@ -25,34 +25,26 @@ static int stamped_copy(char *src, Py_ssize_t start_off, Py_ssize_t end_off, uin
  * SlotReader.read: code 1 desc stamps, 2 meta stamps (not round t's), 3 something does not hold
  * together (the reference validation, run on the copies, says what), 0 fine: slots_out[:n] and
  * valid_out[:n] (int64) hold the round's slots and valid, mark[slots[i]] = i as check_slots leaves it. */
-PyObject *fr_read_round(PyObject *mod, PyObject *args) {
-    PyObject *seg, *held;
-    Py_ssize_t desc_off, meta_off, M, W, R, max_rows;
-    unsigned long long t;
-    (void)mod;
-    if (!PyArg_ParseTuple(args, "OnnOKnnnn", &seg, &desc_off, &meta_off, &held, &t, &M, &W, &R, &max_rows))
-        return NULL;
-    Py_buffer bseg = {0};
-    Py_buffer *all[2] = {&bseg, NULL};
+/* read_round's work on the segment's memory (`base`, `seg_len` bytes): res = (code, n, max_q, rows_staged,
+ * n_staged, n_misfit). -1 with an error set (a bad Held, or slots outside the segment). */
+int read_core(char *base, Py_ssize_t seg_len, Py_ssize_t desc_off, Py_ssize_t meta_off, PyObject *held, uint64_t t,
+              Py_ssize_t M, Py_ssize_t W, Py_ssize_t R, Py_ssize_t max_rows, uint32_t res[6]) {
     const int64_t *mo = held_get(held, 0, 8, M_COUNT, "moffs"), *dof = held_get(held, 1, 8, D_COUNT, "doffs");
     if (!mo || !dof)
-        return NULL;
+        return -1;
     /* the copies are whole slots (their padding too, as the reference copies them) */
     char *d = held_get(held, 2, 1, dof[D_END] + 8, "desc_copy"), *m = held_get(held, 3, 1, mo[M_END] + 8, "meta_copy");
     int64_t *mark = held_get(held, 4, 8, M, "mark"), *slots = held_get(held, 5, 8, M, "slots_out"),
             *valid = held_get(held, 6, 8, M, "valid_out");
     if (!d || !m || !mark || !slots || !valid)
-        return NULL;
-    if (PyObject_GetBuffer(seg, &bseg, PyBUF_SIMPLE) < 0)
-        return NULL;
+        return -1;
     Py_ssize_t dlen = held_items(held, 2), mlen = held_items(held, 3);
-    if (desc_off < 0 || meta_off < 0 || desc_off + dlen > bseg.len || meta_off + mlen > bseg.len ||
+    if (desc_off < 0 || meta_off < 0 || desc_off + dlen > seg_len || meta_off + mlen > seg_len ||
         (desc_off + dof[D_START]) % 8 || (desc_off + dof[D_END]) % 8 || (meta_off + mo[M_START]) % 8 ||
         (meta_off + mo[M_END]) % 8) {
         PyErr_SetString(PyExc_ValueError, "read_round: slot outside the segment or a stamp misaligned");
-        goto fail;
+        return -1;
     }
-    char *base = bseg.buf;
     int code = 0;
     uint32_t n = 0, max_q = 0, rows = 0, n_staged = 0, n_misfit = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -96,11 +88,26 @@ PyObject *fr_read_round(PyObject *mod, PyObject *args) {
             valid[i] = get_i32(m + mo[M_VALID] + 4 * i);
     }
     Py_END_ALLOW_THREADS
-    release_all(all);
-    return Py_BuildValue("iIIIII", code, n, max_q, rows, n_staged, n_misfit);
-fail:
-    release_all(all);
-    return NULL;
+    res[0] = (uint32_t)code, res[1] = n, res[2] = max_q, res[3] = rows, res[4] = n_staged, res[5] = n_misfit;
+    return 0;
+}
+
+PyObject *fr_read_round(PyObject *mod, PyObject *args) {
+    PyObject *seg, *held;
+    Py_ssize_t desc_off, meta_off, M, W, R, max_rows;
+    unsigned long long t;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "OnnOKnnnn", &seg, &desc_off, &meta_off, &held, &t, &M, &W, &R, &max_rows))
+        return NULL;
+    Py_buffer bseg = {0};
+    if (PyObject_GetBuffer(seg, &bseg, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint32_t r[6];
+    int rc = read_core(bseg.buf, bseg.len, desc_off, meta_off, held, t, M, W, R, max_rows, r);
+    PyBuffer_Release(&bseg);
+    if (rc < 0)
+        return NULL;
+    return Py_BuildValue("iIIIII", (int)r[0], r[1], r[2], r[3], r[4], r[5]);
 }
 
 
@@ -224,6 +231,26 @@ fail:
  * flags (RF_NEED_DRAFT if need[j], RF_NEW_GEN if new_gen[j]: bool bytes), k_window (at most 255) of
  * request j, generation of its slot, n_out. Integer fields take the low bytes, as numpy's assignment
  * into the entry's narrower fields does. Returns k. */
+/* fill_entries' writes (its bounds checked by the caller) */
+void fill_core(char *ent, Py_ssize_t ent_size, const int64_t *eo, const int64_t *idx, Py_ssize_t k,
+               const int64_t *slots, const int64_t *rows, const int64_t *gen, const int64_t *first,
+               const int64_t *anchor, const int64_t *tok, const uint8_t *need, const uint8_t *new_gen,
+               const int32_t *kw, Py_ssize_t n_out) {
+    for (Py_ssize_t e = 0; e < k; e++, ent += ent_size) {
+        Py_ssize_t j = idx ? idx[e] : e;
+        int64_t s = slots[j];
+        put_u32(ent + eo[E_SLOT], (uint64_t)s);
+        put_u32(ent + eo[E_NROWS], (uint64_t)rows[j]);
+        put_u64(ent + eo[E_GEN], (uint64_t)gen[s]);
+        put_u64(ent + eo[E_FIRST], (uint64_t)first[j]);
+        put_u64(ent + eo[E_ANCHOR], (uint64_t)anchor[j]);
+        put_u32(ent + eo[E_TOKEN], (uint64_t)tok[j]);
+        ent[eo[E_FLAGS]] = (char)((need[j] ? 1 : 0) | (new_gen[j] ? 2 : 0)); /* RF_NEED_DRAFT | RF_NEW_GEN */
+        ent[eo[E_K]] = (char)(uint8_t)(kw[j] < 255 ? kw[j] : 255);
+        ent[eo[E_NOUT]] = (char)(uint8_t)n_out;
+    }
+}
+
 PyObject *fr_fill_entries(PyObject *mod, PyObject *args) {
     PyObject *prefix, *o[11];
     Py_ssize_t ent_off, ent_size, n_out;
@@ -271,20 +298,7 @@ PyObject *fr_fill_entries(PyObject *mod, PyObject *args) {
             goto fail;
         }
     }
-    char *ent = (char *)bp.buf + ent_off;
-    for (Py_ssize_t e = 0; e < k; e++, ent += ent_size) {
-        Py_ssize_t j = idx ? idx[e] : e;
-        int64_t s = slots[j];
-        put_u32(ent + eo[E_SLOT], (uint64_t)s);
-        put_u32(ent + eo[E_NROWS], (uint64_t)rows[j]);
-        put_u64(ent + eo[E_GEN], (uint64_t)gen[s]);
-        put_u64(ent + eo[E_FIRST], (uint64_t)first[j]);
-        put_u64(ent + eo[E_ANCHOR], (uint64_t)anchor[j]);
-        put_u32(ent + eo[E_TOKEN], (uint64_t)tok[j]);
-        ent[eo[E_FLAGS]] = (char)((need[j] ? 1 : 0) | (new_gen[j] ? 2 : 0)); /* RF_NEED_DRAFT | RF_NEW_GEN */
-        ent[eo[E_K]] = (char)(uint8_t)(kw[j] < 255 ? kw[j] : 255);
-        ent[eo[E_NOUT]] = (char)(uint8_t)n_out;
-    }
+    fill_core((char *)bp.buf + ent_off, ent_size, eo, idx, k, slots, rows, gen, first, anchor, tok, need, new_gen, kw, n_out);
     release_all(all);
     return PyLong_FromSsize_t(k);
 fail:

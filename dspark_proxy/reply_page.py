@@ -41,6 +41,7 @@ class PagePacker:
         self._ok_rows = self._ids_rows = 0
         self._no = np.ones(M, dtype=np.bool_)  # scratch: the requests given no drafts
         self._n_out_table = np.asarray(n_out_table, dtype=np.int64)
+        self.n_out_table_empty = not n_out_table  # n_out is 0 (all N) for every round
         self._views: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # [:n] of the three, per n
 
     def _views_of(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -394,23 +394,27 @@ class SlotTable:
 
     def _advance_native(self, slots: np.ndarray, req_ids: np.ndarray, first_pos: np.ndarray,
                         valid: np.ndarray) -> Advance:
-        held, out = self.native_held(slots.shape[0])
+        held = self.native_held()
         n_new, n_resync, n_unknown = fastround.advance(held, slots, req_ids, first_pos, valid, self.W)
-        return self.native_plan(out, n_new, n_resync, n_unknown)
+        return self.native_plan(self.native_views(slots.shape[0]), n_new, n_resync, n_unknown)
 
-    def native_held(self, n: int) -> tuple[object, tuple[np.ndarray, ...]]:
-        """The C advance's Held (the tables, the counts and the scratch) with the counts set for a call,
-        and the scratch's [:n] views: for _advance_native and the fused call (round_fused.py)."""
-        out = self._adv_views.get(n)
-        if out is None:
-            out = self._adv_views[n] = tuple(a[:n] for a in self._adv_scratch)
+    def native_held(self) -> object:
+        """The C advance's Held (the tables, the counts and the scratch) with the counts set for a call:
+        for _advance_native and the fused calls (round_fused.py)."""
         c = self._counts
         c[0], c[1] = self.n_unknown, self._any_unknown
         held = self._held
         if held is None:  # the tables and the scratch, their buffers taken once (_fastround_held.c)
             held = self._held = fastround.Held((self.owner, self.generation, self.lo, self.hi, self.dirty,
                                                 self.announced, self.unknown, c, *self._adv_scratch))
-        return held, out
+        return held
+
+    def native_views(self, n: int) -> tuple[np.ndarray, ...]:
+        """The C advance's results for n requests: [:n] views of its scratch, made once per n."""
+        out = self._adv_views.get(n)
+        if out is None:
+            out = self._adv_views[n] = tuple(a[:n] for a in self._adv_scratch)
+        return out
 
     def native_plan(self, out: tuple[np.ndarray, ...], n_new: int, n_resync: int, n_unknown: int) -> Advance:
         """After a C advance: the table's n_unknown back from the counts, and the plan over `out`."""

@@ -54,8 +54,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import native, wire
-from .acceptance import Acceptance, GateSettings
-from .breaker import CircuitBreaker
+from .acceptance import PAUSED, Acceptance, GateSettings
+from .breaker import BreakerState, CircuitBreaker
 from .draft_client import DraftClient, StepReply
 from .events import EventRing
 from .logthrottle import LogThrottle
@@ -158,11 +158,14 @@ class RoundCore:
         phase = "unknown"
         self._advanced = False
         try:
-            n = self.desc.read(t)
+            if self.fused is not None:  # the C path: as much of the usual round's front as fits, one call
+                n, pre = self._front(t)
+            else:
+                n, pre = self.desc.read(t), None
             phase = self._phase()
             if self._shared is None:  # the engine named its ring (or none) before `attached`
                 self._shared = self.ring_rows.open()
-            self._run(t, n, phase)
+            self._run(t, n, phase, pre)
         except BadDescriptor as e:
             self.stats.inc("fallback_bad_descriptor")
             self.stats.inc("rounds_failed")
@@ -199,23 +202,44 @@ class RoundCore:
 
     # ------------------------------------------------------------------ the round proper
 
-    def _run(self, t: int, n: int, phase: str) -> None:
+    def _front(self, t: int) -> tuple[int, tuple]:
+        """The C path's read of round t, with the ring model's advance, the acceptance sums and the
+        entries when the round allows them (round_fused.py `front`). The connection epoch and moved
+        slots are read first: while they change nothing (the usual round) the advance may follow the read
+        in the same call; `_run` applies them otherwise. `fill`: nothing between the sums and the entries
+        can change them (a closed breaker, no row cap, no n_out table, a gate that cannot pause a slot
+        this round)."""
+        epoch, moved = self.client.connection_epoch(), self.client.moved_slots()
+        go = moved is None and (epoch is None or epoch == self._last_epoch)
+        g = self.accept.gate
+        fill = go and epoch is not None and self.breaker.current is BreakerState.CLOSED and not self.pacer.row_cap \
+            and self.packer.n_out_table_empty and (not g.on or (g.n_paused == 0 and g.n_probing == 0 and
+                                                               g.b_state != PAUSED and t < g.next_tick and g.b_left > 1))
+        n, plan, stage = self.fused.front(t, self.seg, self.desc, go, fill, self._prefix, _ENTRIES_AT, wire.ENTRY_SIZE,
+                                          self._entry_offs)
+        return n, (epoch, moved, plan, stage)
+
+    def _run(self, t: int, n: int, phase: str, pre: tuple | None = None) -> None:
+        """`pre`: from `_front` (the C path), what it read and how far it went; None: everything here."""
         st, d, pacer = self.stats, self.desc, self.pacer
         v = d.v
         slots, valid, first_pos = v.slots, v.valid, v.first
         # 1. connection epoch, read once: every entry below is built for this connection
-        epoch = self.client.connection_epoch()
+        epoch, moved, plan, stage = pre if pre is not None else (self.client.connection_epoch(), None, None, 0)
         if epoch is not None and epoch != self._last_epoch:
             self._last_epoch = epoch
             self.slots.mark_all_dirty()
             self.want_resync[:] = False
-        moved = self.client.moved_slots()  # a pool's failover or rebalance: those windows are resent
+        if pre is None:
+            moved = self.client.moved_slots()  # a pool's failover or rebalance: those windows are resent
         if moved is not None:
             self.slots.mark_dirty(moved)
             st.inc("pool_slots_resent", int(moved.shape[0]))
         st.inc(_ROUNDS_KEY[phase])
         # 2. ring model: always, so it stays exact (and step 4's flags, from the same pass)
-        if self.fused is not None:  # the advance and the acceptance sums in one C call (round_fused.py)
+        if plan is not None:  # done by _front
+            pass
+        elif self.fused is not None:  # the advance and the acceptance sums in one C call (round_fused.py)
             plan = self.fused.advance(t, slots, v.req, first_pos, valid, v.valid_raw, v.k_window)
         else:
             plan = self.slots.advance(slots, v.req, first_pos, valid)
@@ -244,7 +268,8 @@ class RoundCore:
                 st.inc("requests_not_staged", d.n_misfit)
             if self.win.asked:
                 self.resync.ask(t, None)
-            k = int(np.count_nonzero(staged))  # staged is valid or 0 (checked): fits and has rows
+            # staged is valid or 0 (checked): fits and has rows
+            k = self.fused.k_staged if stage else int(np.count_nonzero(staged))
             idx = None if k == n else np.flatnonzero(staged)
         # sel picks the requests with an entry: all of them (a slice: views, no gathers) or idx
         sel = slice(None) if idx is None else idx
@@ -262,10 +287,12 @@ class RoundCore:
         if k == 0:
             return self._fail(slots, n, "no_rows")
         ent = self._entries[:k]
-        need = np.not_equal(v.need_raw, 0, out=v.need)
+        need = v.need if stage else np.not_equal(v.need_raw, 0, out=v.need)  # _front wrote it from stage 1
         self.accept.mask(slots, need)  # paused by the acceptance gate: rows sent, no drafts asked
         n_out = self.packer.n_out(n)
-        if have_win is None and self.native:  # the usual round's entries in one C call (its reference: below)
+        if stage == 3:  # _front wrote them
+            pass
+        elif have_win is None and self.native:  # the usual round's entries in one C call (its reference: below)
             self._fill_entries(idx, slots, valid, first_pos, plan, v.need_u8, n_out)
         else:
             flags = v.need_u8 | (plan.new_gen.view(np.uint8) << 1)  # RF_NEED_DRAFT | RF_NEW_GEN

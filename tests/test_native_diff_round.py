@@ -111,9 +111,9 @@ def test_usual_rounds_write_the_same_bytes(rounds, n_out, gate):
 
 def test_the_usual_round_is_packed_by_the_c_path():
     """The test above means something only if its rounds take the C path's usual round: a plain round of
-    every request asking, answered in full, is advanced with its sums in one call and finished (ring
-    model, page) in another (round_fused.py: pack_whole's code inside finish_whole), and writes what the
-    reference writes."""
+    every request asking, answered in full, is read, advanced, summed and given its entries in one call
+    and finished (ring model, page) in another (round_fused.py: pack_whole's code inside finish_whole),
+    and writes what the reference writes."""
     ref, nat = _rig(False, GateSettings(), ()), _rig(True, GateSettings(), ())
     try:
         drv = Driver(False)
@@ -127,8 +127,10 @@ def test_the_usual_round_is_packed_by_the_c_path():
             for k in s_ref:
                 assert s_nat[k] == s_ref[k], f"round {t}: {k} differs"
         assert ref.core.fused is None
-        # round 1's requests are new owners (the gate's begin runs first); every later round is fused
-        assert nat.core.fused.advanced == 3 and nat.core.fused.finished == 4
+        # round 1 brings the first connection epoch: its front stops after the read (every slot is marked
+        # dirty before the advance); every later round's front goes on to the entries; every round is
+        # finished in C
+        assert nat.core.fused.fronts == [1, 0, 0, 3] and nat.core.fused.finished == 4
     finally:
         ref.close()
         nat.close()
