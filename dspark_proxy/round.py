@@ -252,62 +252,67 @@ class RoundCore:
             # the engine's windows of slots whose range we do not know: take the engine's range
             w_of = self.resync.staged_windows(t)[slots]
             plan = self.resync.adopt(t, slots, plan, w_of)
-        # 3. breaker
-        if not self.breaker.allow(t):
-            return self._fail(slots, n, "cooldown")
-        if epoch is None:
-            return self._fail(slots, n, "disabled" if self.client.disabled else "not_ready")
-        # 4-5. entries and rows
-        staged = v.staged
-        if plan.n_resync or d.n_staged or plan.n_unknown:
-            have_win, pending, n_pending, idx, w_of = self.resync.entries(t, n, slots, plan, w_of)
-        else:
-            # no window needed or staged (the usual round): the requests with staged rows have entries
-            have_win, pending, n_pending = None, None, 0
-            if d.n_misfit:
-                st.inc("requests_not_staged", d.n_misfit)
+        if stage == 3:  # _front built the entries of a round it found usual (what steps 3-5 below check)
             if self.win.asked:
                 self.resync.ask(t, None)
-            # staged is valid or 0 (checked): fits and has rows
-            k = self.fused.k_staged if stage else int(np.count_nonzero(staged))
-            idx = None if k == n else np.flatnonzero(staged)
-        # sel picks the requests with an entry: all of them (a slice: views, no gathers) or idx
-        sel = slice(None) if idx is None else idx
-        if have_win is None:
-            e_rows, n_rows = valid[sel], d.rows_staged
+            have_win = pending = idx = None
+            n_pending, sel, e_rows, n_rows, e_slots, k, n_out = 0, slice(None), valid, d.rows_staged, slots, n, 0
+            ent, need = self._entries[:n], v.need
         else:
-            e_rows = np.where(have_win, plan.held_rows, valid)[sel]
-            n_rows = int(e_rows.sum())
-        if pacer.row_cap and pacer.over_cap(n_rows, e_rows.shape[0]):
-            idx, n_rows = self._within_cap(idx, n, e_rows)
-            sel = idx
-            e_rows = e_rows[:idx.shape[0]]
-        e_slots = slots[sel]
-        k = int(e_slots.shape[0])
-        if k == 0:
-            return self._fail(slots, n, "no_rows")
-        ent = self._entries[:k]
-        need = v.need if stage else np.not_equal(v.need_raw, 0, out=v.need)  # _front wrote it from stage 1
-        self.accept.mask(slots, need)  # paused by the acceptance gate: rows sent, no drafts asked
-        n_out = self.packer.n_out(n)
-        if stage == 3:  # _front wrote them
-            pass
-        elif have_win is None and self.native:  # the usual round's entries in one C call (its reference: below)
-            self._fill_entries(idx, slots, valid, first_pos, plan, v.need_u8, n_out)
-        else:
-            flags = v.need_u8 | (plan.new_gen.view(np.uint8) << 1)  # RF_NEED_DRAFT | RF_NEW_GEN
-            if have_win is not None:
-                flags |= have_win.view(np.uint8) << 2  # RF_RESYNC
-            e_first = first_pos[sel] if have_win is None else np.where(have_win, plan.held_first, first_pos)[sel]
-            ent["slot"] = e_slots
-            ent["n_rows"] = e_rows
-            ent["generation"] = self.slots.generation[e_slots]
-            ent["first_pos"] = e_first
-            ent["anchor_pos"] = plan.anchor_pos[sel]
-            ent["anchor_token"] = v.anchor[sel]
-            ent["flags"] = flags[sel]
-            ent["k_window"] = np.minimum(v.k_window[sel], 255)
-            ent["n_out"] = n_out
+            # 3. breaker
+            if not self.breaker.allow(t):
+                return self._fail(slots, n, "cooldown")
+            if epoch is None:
+                return self._fail(slots, n, "disabled" if self.client.disabled else "not_ready")
+            # 4-5. entries and rows
+            staged = v.staged
+            if plan.n_resync or d.n_staged or plan.n_unknown:
+                have_win, pending, n_pending, idx, w_of = self.resync.entries(t, n, slots, plan, w_of)
+            else:
+                # no window needed or staged (the usual round): the requests with staged rows have entries
+                have_win, pending, n_pending = None, None, 0
+                if d.n_misfit:
+                    st.inc("requests_not_staged", d.n_misfit)
+                if self.win.asked:
+                    self.resync.ask(t, None)
+                # staged is valid or 0 (checked): fits and has rows
+                k = self.fused.k_staged if stage else int(np.count_nonzero(staged))
+                idx = None if k == n else np.flatnonzero(staged)
+            # sel picks the requests with an entry: all of them (a slice: views, no gathers) or idx
+            sel = slice(None) if idx is None else idx
+            if have_win is None:
+                e_rows, n_rows = valid[sel], d.rows_staged
+            else:
+                e_rows = np.where(have_win, plan.held_rows, valid)[sel]
+                n_rows = int(e_rows.sum())
+            if pacer.row_cap and pacer.over_cap(n_rows, e_rows.shape[0]):
+                idx, n_rows = self._within_cap(idx, n, e_rows)
+                sel = idx
+                e_rows = e_rows[:idx.shape[0]]
+            e_slots = slots[sel]
+            k = int(e_slots.shape[0])
+            if k == 0:
+                return self._fail(slots, n, "no_rows")
+            ent = self._entries[:k]
+            need = v.need if stage else np.not_equal(v.need_raw, 0, out=v.need)  # _front wrote it from stage 1
+            self.accept.mask(slots, need)  # paused by the acceptance gate: rows sent, no drafts asked
+            n_out = self.packer.n_out(n)
+            if have_win is None and self.native:  # the usual round's entries in one C call (its reference: below)
+                self._fill_entries(idx, slots, valid, first_pos, plan, v.need_u8, n_out)
+            else:
+                flags = v.need_u8 | (plan.new_gen.view(np.uint8) << 1)  # RF_NEED_DRAFT | RF_NEW_GEN
+                if have_win is not None:
+                    flags |= have_win.view(np.uint8) << 2  # RF_RESYNC
+                e_first = first_pos[sel] if have_win is None else np.where(have_win, plan.held_first, first_pos)[sel]
+                ent["slot"] = e_slots
+                ent["n_rows"] = e_rows
+                ent["generation"] = self.slots.generation[e_slots]
+                ent["first_pos"] = e_first
+                ent["anchor_pos"] = plan.anchor_pos[sel]
+                ent["anchor_token"] = v.anchor[sel]
+                ent["flags"] = flags[sel]
+                ent["k_window"] = np.minimum(v.k_window[sel], 255)
+                ent["n_out"] = n_out
         if self._shared:  # straight from the engine's ring: the rows were written once, there
             e_first = first_pos[sel] if have_win is None else np.where(have_win, plan.held_first, first_pos)[sel]
             rows = self.ring_rows.views(e_slots, e_first, e_rows)
