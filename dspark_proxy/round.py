@@ -220,6 +220,7 @@ class RoundCore:
                                                                g.b_state != PAUSED and t < g.next_tick and g.b_left > 1))
         n, plan, stage = self.fused.front(t, self.seg, self.desc, go, fill, self._prefix, _ENTRIES_AT, wire.ENTRY_SIZE,
                                           self._entry_offs)
+        self._advanced = stage > 0  # round t's rows reached the ring model (an error past here keeps it)
         return n, (epoch, moved, plan, stage)
 
     def _run(self, t: int, n: int, phase: str, pre: tuple | None = None) -> None:
