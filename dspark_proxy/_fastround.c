@@ -16,6 +16,9 @@
  *   pack_whole     reply_page.py           PagePacker.pack's usual round: every request drafted in full
  *   accept_round   acceptance.py           Acceptance.round's sums: accepted drafts, their histogram, the
  *                                          gate's per-slot scatter-adds and probes that are due
+ *   advance_accept round_fused.py          advance then accept_round, one call (_fastround_fused.c)
+ *   finish_whole   round_fused.py          the usual round's announce + pack_whole + status, one call
+ *   round_front    round_fused.py          read_round + advance + accept_round + fill_entries, one call
  *
  * Why C: at the batch sizes that matter a round's cost was numpy's per-call overhead (0.3-1 us a call,
  * some 40 calls a side), not the data; one call per job removes it. Nothing here decides policy: on
@@ -28,7 +31,7 @@
  * Files: this one (the engine's half and the module), _fastround_proxy.c (the proxy's half),
  * _fastround_held.c (Held: long-lived arrays' buffers taken once), _fastround_inputs.c (enqueue's arguments
  * taken as they are), _fastround_accept.c (the proxy's acceptance
- * sums), _fastround_page.c (the usual round's reply page),
+ * sums), _fastround_page.c (the usual round's reply page), _fastround_fused.c (the usual round's fused calls),
  * _fastround.h (what they share).
  *
  * Atomics (shm_layout.md §5 "Meta and desc slots", §10): the stamps are the only shared words touched
@@ -367,6 +370,16 @@ static PyMethodDef methods[] = {
     {"accept_round", fr_accept_round, METH_VARARGS,
      "accept_round(slots, valid, k_window, num_spec, held, gate, probing) -> (n_ver, tokens, n_ready); held: a Held "
      "of hist, gsum, gcnt, left, ready"},
+    {"advance_accept", fr_advance_accept, METH_VARARGS,
+     "advance_accept(held_tab, held_acc, slots, req_ids, first_pos, valid, valid_raw, k_window, W, N, gate, probing, "
+     "sums) -> (n_new_owner, n_resync, n_unknown, summed, n_ver, tokens, n_ready): advance, then accept_round"},
+    {"finish_whole", fr_finish_whole, METH_VARARGS,
+     "finish_whole(held, slots, status, need, draft_ids, confidence, o_ok, o_ids, o_conf, M, N, cap, ok_rows, ids_rows, "
+     "status_ok) -> bool: the usual round's announce, page and status (held: announced, dirty, page)"},
+    {"round_front", fr_round_front, METH_VARARGS,
+     "round_front(seg, desc_off, meta_off, held_rd, t, M, W, R, max_rows, held_tab, held_acc, N, gate, probing, sums, "
+     "go, fill, prefix, ent_off, ent_size) -> (code, n, max_q, rows_staged, n_staged, n_misfit, stage, k_staged, "
+     "n_new_owner, n_resync, n_unknown, n_ver, tokens, n_ready): read_round, advance, accept_round, fill_entries"},
     {NULL, NULL, 0, NULL},
 };
 

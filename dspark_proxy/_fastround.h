@@ -98,6 +98,22 @@ extern PyTypeObject HeldType;
 void *held_get(PyObject *o, Py_ssize_t i, Py_ssize_t itemsize, Py_ssize_t count, const char *name);
 Py_ssize_t held_items(PyObject *o, Py_ssize_t i);
 
+/* the single-job cores the fused calls (_fastround_fused.c) share with their own functions */
+int advance_core(PyObject *held, const int64_t *slots, const int64_t *req, const int64_t *first,
+                 const int64_t *valid, Py_ssize_t n, Py_ssize_t W, int64_t out[3]);
+int accept_core(PyObject *held, const int64_t *slots, const int32_t *valid, const int32_t *kw, Py_ssize_t n,
+                Py_ssize_t N, int gate, int probing, int64_t out[3]);
+int pack_whole_core(int32_t *page, Py_ssize_t words, Py_ssize_t o_ok, Py_ssize_t o_id, Py_ssize_t o_cf, Py_ssize_t M,
+                    Py_ssize_t N, Py_ssize_t n, Py_ssize_t cap, Py_ssize_t ok_rows, Py_ssize_t ids_rows,
+                    PyObject *o_ids, PyObject *o_conf);
+
+int read_core(char *base, Py_ssize_t seg_len, Py_ssize_t desc_off, Py_ssize_t meta_off, PyObject *held, uint64_t t,
+              Py_ssize_t M, Py_ssize_t W, Py_ssize_t R, Py_ssize_t max_rows, uint32_t res[6]);
+void fill_core(char *ent, Py_ssize_t ent_size, const int64_t *eo, const int64_t *idx, Py_ssize_t k,
+               const int64_t *slots, const int64_t *rows, const int64_t *gen, const int64_t *first,
+               const int64_t *anchor, const int64_t *tok, const uint8_t *need, const uint8_t *new_gen,
+               const int32_t *kw, Py_ssize_t n_out);
+
 /* the functions of each half (the method table is _fastround.c's) */
 PyObject *fr_check_round(PyObject *mod, PyObject *args);
 PyObject *fr_ring_write(PyObject *mod, PyObject *args);
@@ -111,5 +127,8 @@ PyObject *fr_ring_gather(PyObject *mod, PyObject *args);
 PyObject *fr_accept_round(PyObject *mod, PyObject *args);
 PyObject *fr_pack_whole(PyObject *mod, PyObject *args);
 PyObject *fr_check_fast(PyObject *mod, PyObject *args);
+PyObject *fr_advance_accept(PyObject *mod, PyObject *args);
+PyObject *fr_finish_whole(PyObject *mod, PyObject *args);
+PyObject *fr_round_front(PyObject *mod, PyObject *args);
 
 #endif

@@ -25,34 +25,26 @@ static int stamped_copy(char *src, Py_ssize_t start_off, Py_ssize_t end_off, uin
  * SlotReader.read: code 1 desc stamps, 2 meta stamps (not round t's), 3 something does not hold
  * together (the reference validation, run on the copies, says what), 0 fine: slots_out[:n] and
  * valid_out[:n] (int64) hold the round's slots and valid, mark[slots[i]] = i as check_slots leaves it. */
-PyObject *fr_read_round(PyObject *mod, PyObject *args) {
-    PyObject *seg, *held;
-    Py_ssize_t desc_off, meta_off, M, W, R, max_rows;
-    unsigned long long t;
-    (void)mod;
-    if (!PyArg_ParseTuple(args, "OnnOKnnnn", &seg, &desc_off, &meta_off, &held, &t, &M, &W, &R, &max_rows))
-        return NULL;
-    Py_buffer bseg = {0};
-    Py_buffer *all[2] = {&bseg, NULL};
+/* read_round's work on the segment's memory (`base`, `seg_len` bytes): res = (code, n, max_q, rows_staged,
+ * n_staged, n_misfit). -1 with an error set (a bad Held, or slots outside the segment). */
+int read_core(char *base, Py_ssize_t seg_len, Py_ssize_t desc_off, Py_ssize_t meta_off, PyObject *held, uint64_t t,
+              Py_ssize_t M, Py_ssize_t W, Py_ssize_t R, Py_ssize_t max_rows, uint32_t res[6]) {
     const int64_t *mo = held_get(held, 0, 8, M_COUNT, "moffs"), *dof = held_get(held, 1, 8, D_COUNT, "doffs");
     if (!mo || !dof)
-        return NULL;
+        return -1;
     /* the copies are whole slots (their padding too, as the reference copies them) */
     char *d = held_get(held, 2, 1, dof[D_END] + 8, "desc_copy"), *m = held_get(held, 3, 1, mo[M_END] + 8, "meta_copy");
     int64_t *mark = held_get(held, 4, 8, M, "mark"), *slots = held_get(held, 5, 8, M, "slots_out"),
             *valid = held_get(held, 6, 8, M, "valid_out");
     if (!d || !m || !mark || !slots || !valid)
-        return NULL;
-    if (PyObject_GetBuffer(seg, &bseg, PyBUF_SIMPLE) < 0)
-        return NULL;
+        return -1;
     Py_ssize_t dlen = held_items(held, 2), mlen = held_items(held, 3);
-    if (desc_off < 0 || meta_off < 0 || desc_off + dlen > bseg.len || meta_off + mlen > bseg.len ||
+    if (desc_off < 0 || meta_off < 0 || desc_off + dlen > seg_len || meta_off + mlen > seg_len ||
         (desc_off + dof[D_START]) % 8 || (desc_off + dof[D_END]) % 8 || (meta_off + mo[M_START]) % 8 ||
         (meta_off + mo[M_END]) % 8) {
         PyErr_SetString(PyExc_ValueError, "read_round: slot outside the segment or a stamp misaligned");
-        goto fail;
+        return -1;
     }
-    char *base = bseg.buf;
     int code = 0;
     uint32_t n = 0, max_q = 0, rows = 0, n_staged = 0, n_misfit = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -96,11 +88,26 @@ PyObject *fr_read_round(PyObject *mod, PyObject *args) {
             valid[i] = get_i32(m + mo[M_VALID] + 4 * i);
     }
     Py_END_ALLOW_THREADS
-    release_all(all);
-    return Py_BuildValue("iIIIII", code, n, max_q, rows, n_staged, n_misfit);
-fail:
-    release_all(all);
-    return NULL;
+    res[0] = (uint32_t)code, res[1] = n, res[2] = max_q, res[3] = rows, res[4] = n_staged, res[5] = n_misfit;
+    return 0;
+}
+
+PyObject *fr_read_round(PyObject *mod, PyObject *args) {
+    PyObject *seg, *held;
+    Py_ssize_t desc_off, meta_off, M, W, R, max_rows;
+    unsigned long long t;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "OnnOKnnnn", &seg, &desc_off, &meta_off, &held, &t, &M, &W, &R, &max_rows))
+        return NULL;
+    Py_buffer bseg = {0};
+    if (PyObject_GetBuffer(seg, &bseg, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint32_t r[6];
+    int rc = read_core(bseg.buf, bseg.len, desc_off, meta_off, held, t, M, W, R, max_rows, r);
+    PyBuffer_Release(&bseg);
+    if (rc < 0)
+        return NULL;
+    return Py_BuildValue("iIIIII", (int)r[0], r[1], r[2], r[3], r[4], r[5]);
 }
 
 
@@ -114,22 +121,10 @@ fail:
  * unknown bookkeeping when counts[1], the table's _any_unknown, is set), apply, and the plan's flags at
  * the round's own anchors. counts[0] is the table's n_unknown (read and written). Requires what the
  * proxy checked while reading the descriptor: slots in range and unique, 0 <= valid <= W. */
-PyObject *fr_advance(PyObject *mod, PyObject *args) {
-    PyObject *held, *o[4];
-    Py_ssize_t W;
-    (void)mod;
-    if (!PyArg_ParseTuple(args, "OOOOOn", &held, &o[0], &o[1], &o[2], &o[3], &W))
-        return NULL;
-    Py_buffer bs[4];
-    memset(bs, 0, sizeof bs);
-    Py_buffer *all[5] = {&bs[0], &bs[1], &bs[2], &bs[3], NULL};
-    static const char *names[4] = {"slots", "req_ids", "first_pos", "valid"};
-    if (get_arr(o[0], &bs[0], 8, 0, 0, names[0]) < 0)
-        return NULL;
-    Py_ssize_t n = bs[0].len / 8;
-    for (int i = 1; i < 4; i++)
-        if (get_arr(o[i], &bs[i], 8, n, 0, names[i]) < 0)
-            goto fail;
+/* The advance itself on C arrays of n requests (fr_advance's contract; advance_accept in
+ * _fastround_fused.c runs the same): out = (n_new_owner, n_resync, n_unknown). -1 with an error set. */
+int advance_core(PyObject *held, const int64_t *slots, const int64_t *req, const int64_t *first,
+                 const int64_t *valid, Py_ssize_t n, Py_ssize_t W, int64_t out[3]) {
     static const char *hnames[14] = {"owner", "generation", "lo", "hi", "dirty", "announced", "unknown", "counts",
                                      "anchor", "new_owner", "new_gen", "resync", "held_first", "held_rows"};
     static const Py_ssize_t hsz[14] = {8, 8, 8, 8, 1, 1, 1, 8, 8, 1, 1, 1, 8, 8};
@@ -137,16 +132,15 @@ PyObject *fr_advance(PyObject *mod, PyObject *args) {
     Py_ssize_t S = held_items(held, 0);
     for (int i = 0; i < 14; i++)
         if (!(h[i] = held_get(held, i, hsz[i], i < 7 ? S : (i == 7 ? 2 : n), hnames[i])))
-            goto fail;
+            return -1;
     int64_t *owner = h[0], *gen = h[1], *lo = h[2], *hi = h[3], *counts = h[7];
     uint8_t *dirty = h[4], *ann = h[5], *unk = h[6];
-    const int64_t *slots = bs[0].buf, *req = bs[1].buf, *first = bs[2].buf, *valid = bs[3].buf;
     int64_t *anchor = h[8], *hfirst = h[12], *hrows = h[13];
     uint8_t *new_owner = h[9], *new_gen = h[10], *resync = h[11];
     for (Py_ssize_t i = 0; i < n; i++)
         if ((uint64_t)slots[i] >= (uint64_t)S) {
             PyErr_Format(PyExc_ValueError, "slot %lld out of range", (long long)slots[i]);
-            goto fail;
+            return -1;
         }
     int64_t n_new = 0, n_resync = 0, n_unknown_left = 0;
     /* begin_requests: new owners (a slot once per round, so the order of requests does not matter) */
@@ -197,8 +191,31 @@ PyObject *fr_advance(PyObject *mod, PyObject *args) {
         resync[i] = hrows[i] > valid[i] && new_gen[i];
         n_resync += resync[i];
     }
+    out[0] = n_new, out[1] = n_resync, out[2] = n_unknown_left;
+    return 0;
+}
+
+PyObject *fr_advance(PyObject *mod, PyObject *args) {
+    PyObject *held, *o[4];
+    Py_ssize_t W;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "OOOOOn", &held, &o[0], &o[1], &o[2], &o[3], &W))
+        return NULL;
+    Py_buffer bs[4];
+    memset(bs, 0, sizeof bs);
+    Py_buffer *all[5] = {&bs[0], &bs[1], &bs[2], &bs[3], NULL};
+    static const char *names[4] = {"slots", "req_ids", "first_pos", "valid"};
+    if (get_arr(o[0], &bs[0], 8, 0, 0, names[0]) < 0)
+        return NULL;
+    Py_ssize_t n = bs[0].len / 8;
+    for (int i = 1; i < 4; i++)
+        if (get_arr(o[i], &bs[i], 8, n, 0, names[i]) < 0)
+            goto fail;
+    int64_t r[3];
+    if (advance_core(held, bs[0].buf, bs[1].buf, bs[2].buf, bs[3].buf, n, W, r) < 0)
+        goto fail;
     release_all(all);
-    return Py_BuildValue("LLL", (long long)n_new, (long long)n_resync, (long long)n_unknown_left);
+    return Py_BuildValue("LLL", (long long)r[0], (long long)r[1], (long long)r[2]);
 fail:
     release_all(all);
     return NULL;
@@ -214,6 +231,26 @@ fail:
  * flags (RF_NEED_DRAFT if need[j], RF_NEW_GEN if new_gen[j]: bool bytes), k_window (at most 255) of
  * request j, generation of its slot, n_out. Integer fields take the low bytes, as numpy's assignment
  * into the entry's narrower fields does. Returns k. */
+/* fill_entries' writes (its bounds checked by the caller) */
+void fill_core(char *ent, Py_ssize_t ent_size, const int64_t *eo, const int64_t *idx, Py_ssize_t k,
+               const int64_t *slots, const int64_t *rows, const int64_t *gen, const int64_t *first,
+               const int64_t *anchor, const int64_t *tok, const uint8_t *need, const uint8_t *new_gen,
+               const int32_t *kw, Py_ssize_t n_out) {
+    for (Py_ssize_t e = 0; e < k; e++, ent += ent_size) {
+        Py_ssize_t j = idx ? idx[e] : e;
+        int64_t s = slots[j];
+        put_u32(ent + eo[E_SLOT], (uint64_t)s);
+        put_u32(ent + eo[E_NROWS], (uint64_t)rows[j]);
+        put_u64(ent + eo[E_GEN], (uint64_t)gen[s]);
+        put_u64(ent + eo[E_FIRST], (uint64_t)first[j]);
+        put_u64(ent + eo[E_ANCHOR], (uint64_t)anchor[j]);
+        put_u32(ent + eo[E_TOKEN], (uint64_t)tok[j]);
+        ent[eo[E_FLAGS]] = (char)((need[j] ? 1 : 0) | (new_gen[j] ? 2 : 0)); /* RF_NEED_DRAFT | RF_NEW_GEN */
+        ent[eo[E_K]] = (char)(uint8_t)(kw[j] < 255 ? kw[j] : 255);
+        ent[eo[E_NOUT]] = (char)(uint8_t)n_out;
+    }
+}
+
 PyObject *fr_fill_entries(PyObject *mod, PyObject *args) {
     PyObject *prefix, *o[11];
     Py_ssize_t ent_off, ent_size, n_out;
@@ -261,20 +298,7 @@ PyObject *fr_fill_entries(PyObject *mod, PyObject *args) {
             goto fail;
         }
     }
-    char *ent = (char *)bp.buf + ent_off;
-    for (Py_ssize_t e = 0; e < k; e++, ent += ent_size) {
-        Py_ssize_t j = idx ? idx[e] : e;
-        int64_t s = slots[j];
-        put_u32(ent + eo[E_SLOT], (uint64_t)s);
-        put_u32(ent + eo[E_NROWS], (uint64_t)rows[j]);
-        put_u64(ent + eo[E_GEN], (uint64_t)gen[s]);
-        put_u64(ent + eo[E_FIRST], (uint64_t)first[j]);
-        put_u64(ent + eo[E_ANCHOR], (uint64_t)anchor[j]);
-        put_u32(ent + eo[E_TOKEN], (uint64_t)tok[j]);
-        ent[eo[E_FLAGS]] = (char)((need[j] ? 1 : 0) | (new_gen[j] ? 2 : 0)); /* RF_NEED_DRAFT | RF_NEW_GEN */
-        ent[eo[E_K]] = (char)(uint8_t)(kw[j] < 255 ? kw[j] : 255);
-        ent[eo[E_NOUT]] = (char)(uint8_t)n_out;
-    }
+    fill_core((char *)bp.buf + ent_off, ent_size, eo, idx, k, slots, rows, gen, first, anchor, tok, need, new_gen, kw, n_out);
     release_all(all);
     return PyLong_FromSsize_t(k);
 fail:

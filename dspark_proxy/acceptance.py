@@ -156,17 +156,34 @@ class Acceptance:
             self.effect.observe(n_ver, acc, k_window)
             self.gate.observe(t, slots, new_owner, n_new_owner, n_ver, ver, acc)
             return
-        g, e = self.gate, self.effect
+        g = self.gate
         if g.on:
             g.begin(t, slots, new_owner, n_new_owner)
+        n_ver, tokens, n_ready = native.fastround.accept_round(slots, valid, k_window, self.N, self.native_held(), g.on,
+                                                               g.n_probing > 0)
+        self.summed(t, n_ver, tokens, n_ready)
+
+    def native_held(self) -> object:
+        """The C sums' Held (hist, the gate's sum, cnt, left, and the due probes): here and in the fused
+        call (round_fused.py)."""
         held = self._held
         if held is None:  # the sums' arrays, their buffers taken once (_fastround_held.c)
+            g, e = self.gate, self.effect
             held = self._held = native.fastround.Held((e.hist, g.sum, g.cnt, g.left, self._ready))
-        n_ver, tokens, n_ready = native.fastround.accept_round(slots, valid, k_window, self.N, held, g.on,
-                                                               g.n_probing > 0)
-        e.count(n_ver, tokens)
+        return held
+
+    def summed(self, t: int, n_ver: int, tokens: int, n_ready: int) -> None:
+        """After the C sums: the counts, then the gate's end of the round (its judgements)."""
+        g = self.gate
+        self.effect.count(n_ver, tokens)
         if g.on:
             g.end(t, n_ver, self._ready[:n_ready] if n_ready else None)
+
+    def sums_may_fuse(self, t: int) -> bool:
+        """Whether the C sums may run right after the advance without the gate's begin(): it has nothing
+        to do there unless a request has a new owner (the fused call checks that itself) or a pause ends."""
+        g = self.gate
+        return not (g.on and g.n_paused and t >= g.next_wake)
 
     def mask(self, slots: np.ndarray, need: np.ndarray) -> None:
         self.gate.mask(slots, need)

@@ -106,6 +106,9 @@ class CircuitBreaker:
 
     def record(self, ok: bool, now_round: int) -> str | None:
         """The outcome of a round that went out. Returns "tripped", "recovered" or None."""
+        if ok and self._state is BreakerState.CLOSED:  # apply(SUCCESS) from CLOSED, without its lookups
+            self.consecutive_failures = 0
+            return None
         if ok:
             ev = BreakerEvent.SUCCESS
         elif self._state is BreakerState.CLOSED and self.consecutive_failures + 1 >= self.threshold:

@@ -41,6 +41,7 @@ class PagePacker:
         self._ok_rows = self._ids_rows = 0
         self._no = np.ones(M, dtype=np.bool_)  # scratch: the requests given no drafts
         self._n_out_table = np.asarray(n_out_table, dtype=np.int64)
+        self.n_out_table_empty = not n_out_table  # n_out is 0 (all N) for every round
         self._views: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # [:n] of the three, per n
 
     def _views_of(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -135,6 +136,14 @@ class PagePacker:
         all_ok = n_give == n_need
         b[0] = STATUS_OK if all_ok else STATUS_SOME_FAILED
         return all_ok, e_need, n_e_need
+
+    def rows_written(self) -> tuple[int, int]:
+        """The ok and ids rows an earlier round may have written (the rest are zero)."""
+        return self._ok_rows, self._ids_rows
+
+    def wrote_whole(self, n: int) -> None:
+        """A fused call (round_fused.py) packed the usual round of n requests, as pack's C path does."""
+        self._ok_rows = self._ids_rows = n
 
     def failed(self, n: int) -> None:
         """status ROUND_FAILED, n, and n_drafts 0 for every request: the reader hands the engine its own

@@ -394,18 +394,31 @@ class SlotTable:
 
     def _advance_native(self, slots: np.ndarray, req_ids: np.ndarray, first_pos: np.ndarray,
                         valid: np.ndarray) -> Advance:
-        n = slots.shape[0]
-        out = self._adv_views.get(n)
-        if out is None:
-            out = self._adv_views[n] = tuple(a[:n] for a in self._adv_scratch)
+        held = self.native_held()
+        n_new, n_resync, n_unknown = fastround.advance(held, slots, req_ids, first_pos, valid, self.W)
+        return self.native_plan(self.native_views(slots.shape[0]), n_new, n_resync, n_unknown)
+
+    def native_held(self) -> object:
+        """The C advance's Held (the tables, the counts and the scratch) with the counts set for a call:
+        for _advance_native and the fused calls (round_fused.py)."""
         c = self._counts
         c[0], c[1] = self.n_unknown, self._any_unknown
         held = self._held
         if held is None:  # the tables and the scratch, their buffers taken once (_fastround_held.c)
             held = self._held = fastround.Held((self.owner, self.generation, self.lo, self.hi, self.dirty,
                                                 self.announced, self.unknown, c, *self._adv_scratch))
-        n_new, n_resync, n_unknown = fastround.advance(held, slots, req_ids, first_pos, valid, self.W)
-        self.n_unknown = int(c[0])
+        return held
+
+    def native_views(self, n: int) -> tuple[np.ndarray, ...]:
+        """The C advance's results for n requests: [:n] views of its scratch, made once per n."""
+        out = self._adv_views.get(n)
+        if out is None:
+            out = self._adv_views[n] = tuple(a[:n] for a in self._adv_scratch)
+        return out
+
+    def native_plan(self, out: tuple[np.ndarray, ...], n_new: int, n_resync: int, n_unknown: int) -> Advance:
+        """After a C advance: the table's n_unknown back from the counts, and the plan over `out`."""
+        self.n_unknown = int(self._counts[0])
         anchor, new_owner, new_gen, resync, held_first, held_rows = out
         return Advance(anchor, new_owner, n_new, new_gen, resync, n_resync, held_first, held_rows, n_unknown)
 

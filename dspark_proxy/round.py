@@ -38,8 +38,11 @@ On the default (C) path the descriptor read, the ring model, the acceptance sums
 flags included), the small rows' gather and the usual round's reply page are one C call each
 (native.py), the long-lived arrays' buffers held across calls (_fastround_held.c); with the sums, the
 flags, the page and the held buffers in C, the same rig at M=256 with 256-byte rows went from p50 44.5
-to 28.8 µs at n=1 and 63.0 to 43.1 µs at n=256 (README, "Native hot paths"). What is left is mostly
-the interpreter: the glue between those calls, and ~0.1 µs per buffer still taken per call.
+to 28.8 µs at n=1 and 63.0 to 43.1 µs at n=256 (README, "Native hot paths"). The usual round is now
+two C calls (round_fused.py): `_front` (read, advance, sums, entries, stopping where the round stops
+being usual; `stage` says where, and `_run` goes on from there) and `_accept`'s finish_whole (ring
+model, page, status); same rig, same run: 29.5 -> 23 µs at n=1, 48 -> 42 at n=256. What is left is
+the interpreter around them: the null worker's step (~5), the stats (~3), the rows' views, publish.
 
 Thread ownership: one round thread owns everything here; `stats` is shared read-only with the
 heartbeat thread's snapshot.
@@ -54,8 +57,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import native, wire
-from .acceptance import Acceptance, GateSettings
-from .breaker import CircuitBreaker
+from .acceptance import PAUSED, Acceptance, GateSettings
+from .breaker import BreakerState, CircuitBreaker
 from .draft_client import DraftClient, StepReply
 from .events import EventRing
 from .logthrottle import LogThrottle
@@ -64,6 +67,7 @@ from .reply_page import PagePacker
 from .resync_plan import ResyncPlanner
 from .ring_model import Advance, SlotTable
 from .ring_rows import RingRows
+from .round_fused import FusedRound
 from .shm import hostflag as hf
 from .shm.hostflag import HostFlags
 from .shm.layout import (
@@ -140,6 +144,8 @@ class RoundCore:
         self._gathered_ns_off = self.lay.word_off(Word.GATHERED_NS)
         self._advanced = False  # round t's rows reached the ring model (set by _run)
         self.accept = Acceptance(self.M, self.N, settings.gate, stats, self.native)  # drafts' effect; the gate
+        # the C path's usual round in fewer calls (round_fused.py); None on the reference path
+        self.fused = FusedRound(self.slots, self.accept, self.packer, self.N, self.W) if self.native else None
 
     # ------------------------------------------------------------------ entry point
 
@@ -155,11 +161,14 @@ class RoundCore:
         phase = "unknown"
         self._advanced = False
         try:
-            n = self.desc.read(t)
+            if self.fused is not None:  # the C path: as much of the usual round's front as fits, one call
+                n, pre = self._front(t)
+            else:
+                n, pre = self.desc.read(t), None
             phase = self._phase()
             if self._shared is None:  # the engine named its ring (or none) before `attached`
                 self._shared = self.ring_rows.open()
-            self._run(t, n, phase)
+            self._run(t, n, phase, pre)
         except BadDescriptor as e:
             self.stats.inc("fallback_bad_descriptor")
             self.stats.inc("rounds_failed")
@@ -196,25 +205,50 @@ class RoundCore:
 
     # ------------------------------------------------------------------ the round proper
 
-    def _run(self, t: int, n: int, phase: str) -> None:
+    def _front(self, t: int) -> tuple[int, tuple]:
+        """The C path's read of round t, with the ring model's advance, the acceptance sums and the
+        entries when the round allows them (round_fused.py `front`). The connection epoch and moved
+        slots are read first: while they change nothing (the usual round) the advance may follow the read
+        in the same call; `_run` applies them otherwise. `fill`: nothing between the sums and the entries
+        can change them (a closed breaker, no row cap, no n_out table, a gate that cannot pause a slot
+        this round)."""
+        epoch, moved = self.client.connection_epoch(), self.client.moved_slots()
+        go = moved is None and (epoch is None or epoch == self._last_epoch)
+        g = self.accept.gate
+        fill = go and epoch is not None and self.breaker.current is BreakerState.CLOSED and not self.pacer.row_cap \
+            and self.packer.n_out_table_empty and (not g.on or (g.n_paused == 0 and g.n_probing == 0 and
+                                                               g.b_state != PAUSED and t < g.next_tick and g.b_left > 1))
+        n, plan, stage = self.fused.front(t, self.seg, self.desc, go, fill, self._prefix, _ENTRIES_AT, wire.ENTRY_SIZE,
+                                          self._entry_offs)
+        self._advanced = stage > 0  # round t's rows reached the ring model (an error past here keeps it)
+        return n, (epoch, moved, plan, stage)
+
+    def _run(self, t: int, n: int, phase: str, pre: tuple | None = None) -> None:
+        """`pre`: from `_front` (the C path), what it read and how far it went; None: everything here."""
         st, d, pacer = self.stats, self.desc, self.pacer
         v = d.v
         slots, valid, first_pos = v.slots, v.valid, v.first
         # 1. connection epoch, read once: every entry below is built for this connection
-        epoch = self.client.connection_epoch()
+        epoch, moved, plan, stage = pre if pre is not None else (self.client.connection_epoch(), None, None, 0)
         if epoch is not None and epoch != self._last_epoch:
             self._last_epoch = epoch
             self.slots.mark_all_dirty()
             self.want_resync[:] = False
-        moved = self.client.moved_slots()  # a pool's failover or rebalance: those windows are resent
+        if pre is None:
+            moved = self.client.moved_slots()  # a pool's failover or rebalance: those windows are resent
         if moved is not None:
             self.slots.mark_dirty(moved)
             st.inc("pool_slots_resent", int(moved.shape[0]))
         st.inc(_ROUNDS_KEY[phase])
         # 2. ring model: always, so it stays exact (and step 4's flags, from the same pass)
-        plan = self.slots.advance(slots, v.req, first_pos, valid)
+        if plan is not None:  # done by _front
+            pass
+        elif self.fused is not None:  # the advance and the acceptance sums in one C call (round_fused.py)
+            plan = self.fused.advance(t, slots, v.req, first_pos, valid, v.valid_raw, v.k_window)
+        else:
+            plan = self.slots.advance(slots, v.req, first_pos, valid)
+            self.accept.round(t, slots, v.valid_raw, v.k_window, plan.new_owner, plan.n_new_owner)
         self._advanced = True
-        self.accept.round(t, slots, v.valid_raw, v.k_window, plan.new_owner, plan.n_new_owner)
         if plan.n_new_owner:
             self.want_resync[slots[plan.new_owner]] = False
         w_of = None
@@ -222,59 +256,67 @@ class RoundCore:
             # the engine's windows of slots whose range we do not know: take the engine's range
             w_of = self.resync.staged_windows(t)[slots]
             plan = self.resync.adopt(t, slots, plan, w_of)
-        # 3. breaker
-        if not self.breaker.allow(t):
-            return self._fail(slots, n, "cooldown")
-        if epoch is None:
-            return self._fail(slots, n, "disabled" if self.client.disabled else "not_ready")
-        # 4-5. entries and rows
-        staged = v.staged
-        if plan.n_resync or d.n_staged or plan.n_unknown:
-            have_win, pending, n_pending, idx, w_of = self.resync.entries(t, n, slots, plan, w_of)
-        else:
-            # no window needed or staged (the usual round): the requests with staged rows have entries
-            have_win, pending, n_pending = None, None, 0
-            if d.n_misfit:
-                st.inc("requests_not_staged", d.n_misfit)
+        if stage == 3:  # _front built the entries of a round it found usual (what steps 3-5 below check)
             if self.win.asked:
                 self.resync.ask(t, None)
-            k = int(np.count_nonzero(staged))  # staged is valid or 0 (checked): fits and has rows
-            idx = None if k == n else np.flatnonzero(staged)
-        # sel picks the requests with an entry: all of them (a slice: views, no gathers) or idx
-        sel = slice(None) if idx is None else idx
-        if have_win is None:
-            e_rows, n_rows = valid[sel], d.rows_staged
+            have_win = pending = idx = None
+            n_pending, sel, e_rows, n_rows, e_slots, k, n_out = 0, slice(None), valid, d.rows_staged, slots, n, 0
+            ent, need = self._entries[:n], v.need
         else:
-            e_rows = np.where(have_win, plan.held_rows, valid)[sel]
-            n_rows = int(e_rows.sum())
-        if pacer.row_cap and pacer.over_cap(n_rows, e_rows.shape[0]):
-            idx, n_rows = self._within_cap(idx, n, e_rows)
-            sel = idx
-            e_rows = e_rows[:idx.shape[0]]
-        e_slots = slots[sel]
-        k = int(e_slots.shape[0])
-        if k == 0:
-            return self._fail(slots, n, "no_rows")
-        ent = self._entries[:k]
-        need = np.not_equal(v.need_raw, 0, out=v.need)
-        self.accept.mask(slots, need)  # paused by the acceptance gate: rows sent, no drafts asked
-        n_out = self.packer.n_out(n)
-        if have_win is None and self.native:  # the usual round's entries in one C call (its reference: below)
-            self._fill_entries(idx, slots, valid, first_pos, plan, v.need_u8, n_out)
-        else:
-            flags = v.need_u8 | (plan.new_gen.view(np.uint8) << 1)  # RF_NEED_DRAFT | RF_NEW_GEN
-            if have_win is not None:
-                flags |= have_win.view(np.uint8) << 2  # RF_RESYNC
-            e_first = first_pos[sel] if have_win is None else np.where(have_win, plan.held_first, first_pos)[sel]
-            ent["slot"] = e_slots
-            ent["n_rows"] = e_rows
-            ent["generation"] = self.slots.generation[e_slots]
-            ent["first_pos"] = e_first
-            ent["anchor_pos"] = plan.anchor_pos[sel]
-            ent["anchor_token"] = v.anchor[sel]
-            ent["flags"] = flags[sel]
-            ent["k_window"] = np.minimum(v.k_window[sel], 255)
-            ent["n_out"] = n_out
+            # 3. breaker
+            if not self.breaker.allow(t):
+                return self._fail(slots, n, "cooldown")
+            if epoch is None:
+                return self._fail(slots, n, "disabled" if self.client.disabled else "not_ready")
+            # 4-5. entries and rows
+            staged = v.staged
+            if plan.n_resync or d.n_staged or plan.n_unknown:
+                have_win, pending, n_pending, idx, w_of = self.resync.entries(t, n, slots, plan, w_of)
+            else:
+                # no window needed or staged (the usual round): the requests with staged rows have entries
+                have_win, pending, n_pending = None, None, 0
+                if d.n_misfit:
+                    st.inc("requests_not_staged", d.n_misfit)
+                if self.win.asked:
+                    self.resync.ask(t, None)
+                # staged is valid or 0 (checked): fits and has rows
+                k = self.fused.k_staged if stage else int(np.count_nonzero(staged))
+                idx = None if k == n else np.flatnonzero(staged)
+            # sel picks the requests with an entry: all of them (a slice: views, no gathers) or idx
+            sel = slice(None) if idx is None else idx
+            if have_win is None:
+                e_rows, n_rows = valid[sel], d.rows_staged
+            else:
+                e_rows = np.where(have_win, plan.held_rows, valid)[sel]
+                n_rows = int(e_rows.sum())
+            if pacer.row_cap and pacer.over_cap(n_rows, e_rows.shape[0]):
+                idx, n_rows = self._within_cap(idx, n, e_rows)
+                sel = idx
+                e_rows = e_rows[:idx.shape[0]]
+            e_slots = slots[sel]
+            k = int(e_slots.shape[0])
+            if k == 0:
+                return self._fail(slots, n, "no_rows")
+            ent = self._entries[:k]
+            need = v.need if stage else np.not_equal(v.need_raw, 0, out=v.need)  # _front wrote it from stage 1
+            self.accept.mask(slots, need)  # paused by the acceptance gate: rows sent, no drafts asked
+            n_out = self.packer.n_out(n)
+            if have_win is None and self.native:  # the usual round's entries in one C call (its reference: below)
+                self._fill_entries(idx, slots, valid, first_pos, plan, v.need_u8, n_out)
+            else:
+                flags = v.need_u8 | (plan.new_gen.view(np.uint8) << 1)  # RF_NEED_DRAFT | RF_NEW_GEN
+                if have_win is not None:
+                    flags |= have_win.view(np.uint8) << 2  # RF_RESYNC
+                e_first = first_pos[sel] if have_win is None else np.where(have_win, plan.held_first, first_pos)[sel]
+                ent["slot"] = e_slots
+                ent["n_rows"] = e_rows
+                ent["generation"] = self.slots.generation[e_slots]
+                ent["first_pos"] = e_first
+                ent["anchor_pos"] = plan.anchor_pos[sel]
+                ent["anchor_token"] = v.anchor[sel]
+                ent["flags"] = flags[sel]
+                ent["k_window"] = np.minimum(v.k_window[sel], 255)
+                ent["n_out"] = n_out
         if self._shared:  # straight from the engine's ring: the rows were written once, there
             e_first = first_pos[sel] if have_win is None else np.where(have_win, plan.held_first, first_pos)[sel]
             rows = self.ring_rows.views(e_slots, e_first, e_rows)
@@ -359,6 +401,13 @@ class RoundCore:
         """Step 8. `idx`: the requests with an entry (None: all n, in order); `e_slots` their slots;
         `pending`: requests sent without the window they need (None: no such request)."""
         st = self.stats
+        if idx is None and pending is None and self.fused is not None and \
+                self.fused.finish(n, e_slots, need, reply, self.packer.n_out(n) or self.N):
+            # the usual round, done in one C call: below, it is the n_failed == 0 and `whole` branches
+            st.inc(_STATUS_KEYS[wire.RS_OK], n)
+            st.inc("rounds_ok")
+            self._breaker_record(t, True, "every request failed")
+            return
         sel = slice(None) if idx is None else idx
         k = int(e_slots.shape[0])
         status = reply.status

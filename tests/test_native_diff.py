@@ -184,6 +184,12 @@ def _state(rig: Rig, t: int) -> dict:
             out[f"{side}_{f}"] = getattr(tab, f).tobytes()
         out[f"{side}_n_unknown"] = tab.n_unknown
     out["want_resync"] = rig.core.want_resync.tobytes()
+    acc = rig.core.accept  # the acceptance sums and gate, which the C path's fused advance also writes
+    for f in ("state", "sum", "cnt", "left", "until", "pause"):
+        out[f"gate_{f}"] = getattr(acc.gate, f).tobytes()
+    out["gate_counts"] = (acc.gate.n_paused, acc.gate.n_probing, acc.gate.next_wake, acc.gate.next_tick,
+                          acc.gate.b_state, acc.gate.b_left)
+    out["effect"] = (acc.effect.hist.tobytes(), acc.effect.drafts, acc.effect.tokens)
     return out
 
 

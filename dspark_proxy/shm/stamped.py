@@ -231,27 +231,43 @@ class SlotReader:
             if held is None:  # the offsets, copies and scratch, their buffers taken once (_fastround_held.c)
                 held = self._held = native.fastround.Held((self._moffs, self._doffs, self._desc_u8, self._meta_u8,
                                                            self._mark, self._slots, self._valid))
-            code, n, self.max_q, rows, n_staged, n_misfit = native.fastround.read_round(
+            return self.read_done(t, *native.fastround.read_round(
                 self.seg.mm, self._desc_offs[slot], self._meta_offs[slot], held, t, self.M, self.W, self.R,
-                self.max_rows)
-            if code == 0:
-                self.v = self._views.get(n) or self._views_of(n)
-                self.rows_staged, self.n_staged, self.n_misfit = rows, n_staged, n_misfit
-                return n
-            if code == 3:
-                self._validate()
-                raise AssertionError("read_round found a bad descriptor that the reference accepts")
-        elif not self._copy(t, self._desc_offs[slot], self._desc_end, self._seg_desc_u8[slot], self._desc_u8):
+                self.max_rows))
+        if not self._copy(t, self._desc_offs[slot], self._desc_end, self._seg_desc_u8[slot], self._desc_u8):
             code = 1
         elif not self._copy(t, self._meta_offs[slot], self._meta_end, self._seg_meta_u8[slot], self._meta_u8):
             code = 2
         else:
             code = 0
+        return self.read_done(t, code) if code else self._validate()
+
+    def read_done(self, t: int, code: int, n: int = 0, max_q: int = 0, rows: int = 0, n_staged: int = 0,
+                  n_misfit: int = 0) -> int:
+        """After the C read (read_round, or round_front in round_fused.py): its results taken, or the
+        BadDescriptor the reference raises; returns n."""
+        if code == 0:
+            self.max_q = max_q
+            self.v = self._views.get(n) or self._views_of(n)
+            self.rows_staged, self.n_staged, self.n_misfit = rows, n_staged, n_misfit
+            return n
+        if code == 3:
+            self._validate()
+            raise AssertionError("read_round found a bad descriptor that the reference accepts")
+        slot = t % META_SLOTS
         if code == 1:
             raise BadDescriptor(f"descriptor slot {slot} is not round {t}'s (stamps)")
-        if code == 2:
-            raise BadDescriptor(f"metadata slot {slot} is not round {t}'s (stamps)")
-        return self._validate()
+        raise BadDescriptor(f"metadata slot {slot} is not round {t}'s (stamps)")
+
+    def offsets(self, t: int) -> tuple[int, int]:
+        """Round t's descriptor and metadata slots' offsets in the segment."""
+        slot = t % META_SLOTS
+        return self._desc_offs[slot], self._meta_offs[slot]
+
+    def front_arrays(self) -> tuple[np.ndarray, ...]:
+        """What read_round's Held holds, in its order, then need's scratch (round_fused.py holds them too)."""
+        return (self._moffs, self._doffs, self._desc_u8, self._meta_u8, self._mark, self._slots, self._valid,
+                self._need)
 
     def _validate(self) -> int:
         """The reference checks of the copies; returns n."""
