@@ -124,6 +124,8 @@ class HeadRunner:
         ids = head.draft_ids.cpu().numpy().astype(np.int64)
         self.draft_ids = ids  # output column c drafts target id draft_ids[c]
         self.out = np.ascontiguousarray((self.tok[ids] * sd["out_norm.weight"][None, :]).T)  # [d, V']
+        self.step_kind = head.step
+        self.carry = np.ascontiguousarray(sd["carry.weight"].T) if head.step == "carry" else None  # [d, d]
         self.cache_width = 3 * d
         self._scale = f32(1.0 / np.sqrt(self.dh))
 
@@ -168,12 +170,22 @@ class HeadRunner:
         return ctx + (_mm(h, self.m2) + self.m2b)
 
     def step(self, ctx_j: np.ndarray, prev: np.ndarray) -> np.ndarray:
-        """ctx_j [B, d], prev [B] target ids (draft j - 1) → logits [B, V'] over draft_ids."""
+        """ctx_j [B, d], prev [B] target ids (draft j - 1) → logits [B, V'] over draft_ids (a carry
+        head's position 0)."""
+        return self.step_carry(ctx_j, prev, None, False)[0]
+
+    def step_carry(self, ctx_j: np.ndarray, prev: np.ndarray, carry: np.ndarray | None, more: bool
+                   ) -> tuple[np.ndarray, np.ndarray | None]:
+        """One position: (logits, the carry for the next one, computed only when `more` positions
+        follow and the head is a carry head, else None); carry: the previous position's."""
         _one_thread()
         z = ctx_j + self.markov[prev]
+        if carry is not None:
+            z += carry
         h = _gelu(_mm(_rms(z), self.s1) + self.s1b)
         z = z + (_mm(h, self.s2) + self.s2b)
-        return _mm(_rms(z), self.out)
+        r = _rms(z)
+        return _mm(r, self.out), (_mm(r, self.carry) if more and self.carry is not None else None)
 
     @staticmethod
     def top1(logits: np.ndarray, rows: np.ndarray, conf: np.ndarray, marg: np.ndarray) -> np.ndarray:
@@ -197,10 +209,10 @@ class HeadRunner:
         conf = np.empty((B, n), dtype=np.float32)
         marg = np.empty((B, n), dtype=np.float32)
         ctx = self.backbone(win, lens, anchor, n)
-        prev = anchor
+        prev, carry = anchor, None
         rows = np.arange(B)
         for j in range(n):
-            logits = self.step(np.ascontiguousarray(ctx[:, j]), prev)
+            logits, carry = self.step_carry(np.ascontiguousarray(ctx[:, j]), prev, carry, j + 1 < n)
             c = self.top1(logits, rows, conf[:, j], marg[:, j])
             prev = self.draft_ids[c]
             ids[:, j] = prev

@@ -51,6 +51,7 @@ class HeadConfig:
     distill: float = 0.5  # weight of the target's top-k probabilities against its greedy token
     init: str | None = None  # start from this head's weights (same shapes), e.g. the shipped one
     extra_seeds: tuple[int, ...] = ()  # more training sets of `sequences` generations, prompts drawn by these
+    step: str = "markov"  # the head's sequential step (head.STEPS); a markov --init starts a carry head
 
 
 def _progress(it, total: int, desc: str):
@@ -123,7 +124,7 @@ def _loss(head: DraftHead, batch: dict[str, torch.Tensor], start: int, distill: 
     ctx = head.backbone(win.flatten(0, 1), mask.flatten(0, 1), toks[:, anchors].flatten(), N)
     idx = anchors[:, None] + torch.arange(N + 1)[None]  # anchor, then its N next tokens
     seq = toks[:, idx].flatten(0, 1)  # [B*A, N+1]
-    logits = head.step_logits(ctx, seq[:, :N])  # teacher forced: prev = the true draft j-1
+    logits = head.steps(ctx, seq[:, :N])  # teacher forced: prev = the true draft j-1
     logp = logits.log_softmax(-1)  # [B*A, N, V']
     hard = col_of[seq[:, 1:]]
     ok = hard >= 0
@@ -201,8 +202,9 @@ def save_head(head: DraftHead, out: Path, manifest: HeadManifest) -> None:
     manifest.save(out / MANIFEST_NAME)
 
 
-def load_head(weights: str | Path) -> tuple[DraftHead, HeadManifest]:
-    """A saved head (directory or .safetensors with manifest.json beside it), as float32."""
+def load_head(weights: str | Path, step: str | None = None) -> tuple[DraftHead, HeadManifest]:
+    """A saved head (directory or .safetensors with manifest.json beside it), as float32; `step`
+    "carry" from a markov head: the same function with a zero carry (to train one on from it)."""
     from safetensors.torch import load_file
 
     from .manifest import head_paths
@@ -210,8 +212,12 @@ def load_head(weights: str | Path) -> tuple[DraftHead, HeadManifest]:
     wpath, mpath = head_paths(weights)
     man = HeadManifest.load(mpath)
     head = DraftHead(n_taps=len(man.tap_layers), hidden=man.hidden, window=man.window, num_spec=man.num_spec,
-                     vocab=man.vocab_size, d_model=man.d_model, n_heads=man.n_heads)
+                     vocab=man.vocab_size, d_model=man.d_model, n_heads=man.n_heads, step=step or man.step)
     state = load_file(str(wpath))
+    if head.step != man.step:
+        if (man.step, head.step) != ("markov", "carry"):
+            raise ValueError(f"{wpath}: a {man.step} head cannot start a {head.step} head")
+        state["carry.weight"] = head.carry.weight.detach().clone()
     ids = state.pop("draft_ids", None)
     if (0 if ids is None else len(ids)) != man.draft_vocab:
         raise ValueError(f"{wpath}: {0 if ids is None else len(ids)} draft ids but the manifest has "
@@ -251,7 +257,7 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
     held = data("held_out", cfg.eval_sequences, True)
     init_record = None
     if cfg.init:
-        head, init_man = load_head(cfg.init)
+        head, init_man = load_head(cfg.init, cfg.step)
         init_record = {"path": str(cfg.init), "training": init_man.training}  # the lineage, recursively
         if (head.n_taps, head.hidden, head.window, head.num_spec, head.vocab, head.d, head.h) != (
                 len(cfg.layers), int(train["rows"].shape[-1]) // len(cfg.layers), cfg.window, cfg.num_spec,
@@ -260,7 +266,7 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
         head.train()
     else:
         head = DraftHead(n_taps=len(cfg.layers), hidden=hidden, window=cfg.window, num_spec=cfg.num_spec,
-                         vocab=tok_vocab, d_model=cfg.d_model, n_heads=cfg.n_heads)
+                         vocab=tok_vocab, d_model=cfg.d_model, n_heads=cfg.n_heads, step=cfg.step)
         head.init_from_target(embed)
     ids, coverage = draft_vocab(train["toks"], cfg.prompt_len, cfg.draft_vocab, tok_vocab)
     head.set_draft_vocab(ids)
@@ -313,7 +319,7 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
     man = HeadManifest(target_id=tid, target_name=target.name, tap_layers=list(cfg.layers), tap_point=TAP_POINT,
                        hidden=head.hidden, row_dtype=cfg.row_dtype, window=cfg.window, num_spec=cfg.num_spec,
                        vocab_size=head.vocab, d_model=cfg.d_model, n_heads=cfg.n_heads,
-                       draft_vocab=head.draft_vocab,
+                       draft_vocab=head.draft_vocab, step=head.step,
                        training={"sequences": int(len(toks)), "prompt_len": cfg.prompt_len, "gen_len": cfg.gen_len,
                                  "epochs": cfg.epochs, "batch": cfg.batch, "lr": cfg.lr, "seed": cfg.seed,
                                  "extra_seeds": list(cfg.extra_seeds),
