@@ -1,6 +1,6 @@
-"""The carry head (manifest format /2, `step="carry"`): versioned so old heads load unchanged and a
-mixed-up manifest is refused naming the field; a markov head starts a carry head as the same function;
-the worker's sampled path threads the carry as greedy does."""
+"""The carry head and the 2-hop backbone (manifest format /2, `step="carry"`, `hops=2`): versioned so
+old heads load unchanged and a mixed-up manifest is refused naming the field; a markov 1-hop head starts
+a carry 2-hop head as the same function; the worker's sampled path threads the carry as greedy does."""
 
 from __future__ import annotations
 
@@ -22,14 +22,15 @@ pytestmark = pytest.mark.timeout(60)
 W, N, V, D, RB = 8, 4, 64, 32, 64
 
 
-def _saved(tmp_path, step, name="h"):
+def _saved(tmp_path, step, name="h", hops=1):
     torch.manual_seed(3)
-    head = DraftHead(n_taps=2, hidden=8, window=W, num_spec=N, vocab=V, d_model=D, n_heads=4, step=step)
+    head = DraftHead(n_taps=2, hidden=8, window=W, num_spec=N, vocab=V, d_model=D, n_heads=4, step=step, hops=hops)
     with torch.no_grad():
         for p in head.parameters():
             p.add_(torch.randn(p.shape) * 0.5)
     man = HeadManifest(target_id="sha256:t", target_name="t", tap_layers=[0, 1], tap_point="p", hidden=8,
-                       row_dtype="float32", window=W, num_spec=N, vocab_size=V, d_model=D, n_heads=4, step=step)
+                       row_dtype="float32", window=W, num_spec=N, vocab_size=V, d_model=D, n_heads=4, step=step,
+                       hops=hops)
     d = tmp_path / name
     d.mkdir()
     save_head(head, d, man)
@@ -45,18 +46,21 @@ def _batch(seed=0, B=9):
 def test_a_markov_head_is_saved_as_format_1_and_a_carry_head_as_2(tmp_path):
     old, _ = _saved(tmp_path, "markov", "old")
     raw = json.loads((old / "manifest.json").read_text())
-    assert raw["format"] == "dspark-head/1" and "step" not in raw  # what an older reader reads
-    new, head = _saved(tmp_path, "carry", "new")
+    assert raw["format"] == "dspark-head/1" and "step" not in raw and "hops" not in raw  # an older reader's
+    new, head = _saved(tmp_path, "carry", "new", hops=2)
     raw = json.loads((new / "manifest.json").read_text())
-    assert raw["format"] == "dspark-head/2" and raw["step"] == "carry"
+    assert raw["format"] == "dspark-head/2" and (raw["step"], raw["hops"]) == ("carry", 2)
     back, man = load_head(new)
     assert man.step == back.step == "carry" and torch.equal(back.carry.weight, head.carry.weight.bfloat16().float())
+    assert man.hops == back.hops == 2 and torch.equal(back.o2.weight, head.o2.weight.bfloat16().float())
 
 
 @pytest.mark.parametrize("edit, match", [
     ({"format": "dspark-head/1", "step": "carry"}, "step='carry'"),
     ({"format": "dspark-head/3"}, "format 'dspark-head/3'"),
     ({"step": "lstm"}, "step='lstm'"),
+    ({"format": "dspark-head/1", "step": "markov", "hops": 2}, "hops=2"),
+    ({"hops": 3}, "hops=3"),
 ])
 def test_a_manifest_that_does_not_add_up_is_refused(tmp_path, edit, match):
     d, _ = _saved(tmp_path, "carry")
@@ -66,17 +70,23 @@ def test_a_manifest_that_does_not_add_up_is_refused(tmp_path, edit, match):
         HeadManifest.load(d / "manifest.json")
 
 
-def test_a_markov_head_starts_a_carry_head_as_the_same_function(tmp_path):
+@pytest.mark.parametrize("step, hops", [("carry", 1), ("markov", 2), ("carry", 2)])
+def test_a_markov_head_starts_a_richer_head_as_the_same_function(tmp_path, step, hops):
     d, _ = _saved(tmp_path, "markov")
     markov, _ = load_head(d)
-    carry, _ = load_head(d, "carry")
-    assert carry.step == "carry" and not carry.carry.weight.any()
+    richer, _ = load_head(d, step, hops)
+    assert (richer.step, richer.hops) == (step, hops)
     win, lens, anchor = _batch()
-    a, b = HeadRunner(markov).greedy(win, lens, anchor, N), HeadRunner(carry).greedy(win, lens, anchor, N)
+    a, b = HeadRunner(markov).greedy(win, lens, anchor, N), HeadRunner(richer).greedy(win, lens, anchor, N)
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
-    c, _ = _saved(tmp_path, "carry", "c")
-    with pytest.raises(ValueError, match="a carry head cannot start a markov head"):
+
+
+def test_a_richer_head_does_not_start_a_poorer_one(tmp_path):
+    c, _ = _saved(tmp_path, "carry", "c", hops=2)
+    with pytest.raises(ValueError, match="a carry 2-hop head cannot start a markov 2-hop head"):
         load_head(c, "markov")
+    with pytest.raises(ValueError, match="a carry 2-hop head cannot start a carry 1-hop head"):
+        load_head(c, None, 1)
 
 
 def test_the_carry_changes_the_later_drafts_only():

@@ -7,6 +7,9 @@ Split so that serving pays for each row once (the worker caches `project`'s outp
   embedding) attend over the window at once (the parallel backbone; position = distance from the
   anchor, added to the cached keys and values), plus the row next to the anchor and the anchor's
   embedding, then an MLP → [B, n, d];
+  With `hops=2` the backbone's output looks at the window once more (a query made from it, the same
+  keys and values) and adds what it finds: the first look's queries know the anchor but not the last
+  row's content, so position 0 (the one every later draft's acceptance depends on) gains most;
 - `step_logits(ctx_j, prev)`: the cheap Markov term, position j conditioned on draft j - 1 (the anchor
   for j = 0) through its embedding and a small MLP, → logits over the draft vocabulary. With
   `step="carry"` position j also adds a linear map of step j - 1's normed hidden state (`step_carry`):
@@ -45,13 +48,15 @@ class _Norm(nn.Module):
 
 class DraftHead(nn.Module):
     def __init__(self, *, n_taps: int, hidden: int, window: int, num_spec: int, vocab: int,
-                 d_model: int = 192, n_heads: int = 4, step: str = "markov") -> None:
+                 d_model: int = 192, n_heads: int = 4, step: str = "markov", hops: int = 1) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
         if step not in STEPS:
             raise ValueError(f"step {step!r}: one of {STEPS}")
-        self.step = step
+        if hops not in (1, 2):
+            raise ValueError(f"hops {hops!r}: 1 or 2")
+        self.step, self.hops = step, hops
         self.n_taps, self.hidden, self.window, self.num_spec = n_taps, hidden, window, num_spec
         self.vocab, self.d, self.h = vocab, d_model, n_heads
         d = d_model
@@ -72,6 +77,11 @@ class DraftHead(nn.Module):
         if step == "carry":  # zero at first: a markov head's weights start it as the same function
             self.carry = nn.Linear(d, d, bias=False)
             nn.init.zeros_(self.carry.weight)
+        if hops == 2:  # a second look at the window, its query from the first's output; zero at first too
+            self.norm3 = _Norm(d)
+            self.q2 = nn.Linear(d, d, bias=False)
+            self.o2 = nn.Linear(d, d, bias=False)
+            nn.init.zeros_(self.o2.weight)
         self.register_buffer("draft_ids", torch.arange(vocab), persistent=False)  # output rows, target ids
 
     def set_draft_vocab(self, ids: torch.Tensor | None) -> None:
@@ -114,9 +124,15 @@ class DraftHead(nn.Module):
         qh = q.unflatten(-1, (H, d // H)).transpose(1, 2)  # [B, H, n, dh]
         kh = k.unflatten(-1, (H, d // H)).transpose(1, 2)
         vh = v.unflatten(-1, (H, d // H)).transpose(1, 2)
-        att = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask[:, None, None, :])
+        m = mask[:, None, None, :]
+        att = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, attn_mask=m)
         ctx = self.o(att.transpose(1, 2).flatten(-2)) + (last + e)[:, None]
-        return ctx + self.mlp(self.norm1(ctx))
+        ctx = ctx + self.mlp(self.norm1(ctx))
+        if self.hops == 2:
+            q2 = self.q2(self.norm3(ctx)).unflatten(-1, (H, d // H)).transpose(1, 2)
+            att = torch.nn.functional.scaled_dot_product_attention(q2, kh, vh, attn_mask=m)
+            ctx = ctx + self.o2(att.transpose(1, 2).flatten(-2))
+        return ctx
 
     def step_logits(self, ctx_j: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
         """ctx_j [..., d], prev [...] token ids (draft j - 1) → logits [..., len(draft_ids)] (column c is

@@ -124,7 +124,10 @@ class HeadRunner:
         ids = head.draft_ids.cpu().numpy().astype(np.int64)
         self.draft_ids = ids  # output column c drafts target id draft_ids[c]
         self.out = np.ascontiguousarray((self.tok[ids] * sd["out_norm.weight"][None, :]).T)  # [d, V']
-        self.step_kind = head.step
+        self.step_kind, self.hops = head.step, head.hops
+        if head.hops == 2:
+            self.q2 = np.ascontiguousarray((sd["q2.weight"] * sd["norm3.weight"][None, :]).T)
+            self.o2 = np.ascontiguousarray(sd["o2.weight"].T)
         self.carry = np.ascontiguousarray(sd["carry.weight"].T) if head.step == "carry" else None  # [d, d]
         self.cache_width = 3 * d
         self._scale = f32(1.0 / np.sqrt(self.dh))
@@ -157,17 +160,25 @@ class HeadRunner:
         v = kv[..., d:].reshape(B, W, H, dh).transpose(0, 2, 1, 3)[:, :, None]  # [B, H, 1, W, dh]
         e = self.tok[anchor]
         q = self.queries[:n][None] + _mm(e, self.q_tok)[:, None]  # [B, n, d]
-        qh = q.reshape(B, n, H, dh).transpose(0, 2, 1, 3) * self._scale
-        s = (qh[..., None, :] @ k)[..., 0, :]  # [B, H, n, W]
         gone = np.arange(W)[None, :] < (W - lens)[:, None]
-        if gone.any():
-            s[np.broadcast_to(gone[:, None, None, :], s.shape)] = -np.inf
+        gone = gone[:, None, None, :] if gone.any() else None
+        ctx = _mm(self._attend(q, k, v, gone), self.o) + (win[:, -1, :d] + e)[:, None]
+        h = _gelu(_mm(_rms(ctx), self.m1) + self.m1b)
+        ctx = ctx + (_mm(h, self.m2) + self.m2b)
+        if self.hops == 2:
+            ctx = ctx + _mm(self._attend(_mm(_rms(ctx), self.q2), k, v, gone), self.o2)
+        return ctx
+
+    def _attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, gone: np.ndarray | None) -> np.ndarray:
+        """q [B, n, d] over k [B, H, 1, dh, W], v [B, H, 1, W, dh], rows `gone` [B, 1, 1, W] masked → [B, n, d]."""
+        B, n, _ = q.shape
+        qh = q.reshape(B, n, self.h, self.dh).transpose(0, 2, 1, 3) * self._scale
+        s = (qh[..., None, :] @ k)[..., 0, :]  # [B, H, n, W]
+        if gone is not None:
+            s[np.broadcast_to(gone, s.shape)] = -np.inf
         s = np.exp(s - s.max(-1, keepdims=True))
         s /= s.sum(-1, keepdims=True)
-        att = (s[..., None, :] @ v)[..., 0, :].transpose(0, 2, 1, 3).reshape(B, n, d)
-        ctx = _mm(att, self.o) + (win[:, -1, :d] + e)[:, None]
-        h = _gelu(_mm(_rms(ctx), self.m1) + self.m1b)
-        return ctx + (_mm(h, self.m2) + self.m2b)
+        return (s[..., None, :] @ v)[..., 0, :].transpose(0, 2, 1, 3).reshape(B, n, self.d)
 
     def step(self, ctx_j: np.ndarray, prev: np.ndarray) -> np.ndarray:
         """ctx_j [B, d], prev [B] target ids (draft j - 1) → logits [B, V'] over draft_ids (a carry
