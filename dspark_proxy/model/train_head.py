@@ -113,10 +113,11 @@ def _windows(head: DraftHead, rows: torch.Tensor, anchors: torch.Tensor) -> tupl
 
 
 def _loss(head: DraftHead, batch: dict[str, torch.Tensor], start: int, distill: float,
-          col_of: torch.Tensor) -> torch.Tensor:
+          col_of: torch.Tensor, pos_w: torch.Tensor | None = None) -> torch.Tensor:
     """(1 - distill) x cross-entropy on the target's greedy tokens + distill x cross-entropy on its
     top-k next-token probabilities, over the draft vocabulary (col_of: target id → output column,
-    -1 outside it; a token outside cannot be drafted and teaches nothing)."""
+    -1 outside it; a token outside cannot be drafted and teaches nothing); pos_w [N]: each draft
+    position's weight (mean 1; None: all 1)."""
     toks, rows = batch["toks"], batch["rows"]
     N = head.num_spec
     T = toks.shape[1]
@@ -130,12 +131,13 @@ def _loss(head: DraftHead, batch: dict[str, torch.Tensor], start: int, distill: 
     hard = col_of[seq[:, 1:]]
     ok = hard >= 0
     nll = -logp.gather(-1, hard.clamp(min=0)[..., None])[..., 0]
-    loss = (nll * ok).sum() / ok.sum().clamp(min=1)
+    w = ok.float() if pos_w is None else ok * pos_w
+    loss = (nll * w).sum() / ok.sum().clamp(min=1)
     if distill > 0:
         cols = col_of[batch["top_ids"][:, idx[:, :N]].long()].flatten(0, 1)  # [B*A, N, K]: dist. of a+j+1
         p = batch["top_p"][:, idx[:, :N]].float().flatten(0, 1) * (cols >= 0)
         soft = -(p * logp.gather(-1, cols.clamp(min=0))).sum(-1)
-        loss = (1 - distill) * loss + distill * soft.mean()
+        loss = (1 - distill) * loss + distill * (soft.mean() if pos_w is None else (soft * pos_w).mean())
     return loss
 
 
@@ -187,7 +189,7 @@ def evaluate(head: DraftHead, toks: torch.Tensor, rows: torch.Tensor, start: int
 
 def _load_or_make(path: Path, make):
     if path.is_file():
-        return torch.load(path, weights_only=True)
+        return torch.load(path, weights_only=True, mmap=True)  # the sets are concatenated: no second copy
     data = make()
     torch.save(data, path)
     return data
