@@ -113,11 +113,10 @@ def _windows(head: DraftHead, rows: torch.Tensor, anchors: torch.Tensor) -> tupl
 
 
 def _loss(head: DraftHead, batch: dict[str, torch.Tensor], start: int, distill: float,
-          col_of: torch.Tensor, pos_w: torch.Tensor | None = None) -> torch.Tensor:
+          col_of: torch.Tensor) -> torch.Tensor:
     """(1 - distill) x cross-entropy on the target's greedy tokens + distill x cross-entropy on its
     top-k next-token probabilities, over the draft vocabulary (col_of: target id → output column,
-    -1 outside it; a token outside cannot be drafted and teaches nothing); pos_w [N]: each draft
-    position's weight (mean 1; None: all 1)."""
+    -1 outside it; a token outside cannot be drafted and teaches nothing)."""
     toks, rows = batch["toks"], batch["rows"]
     N = head.num_spec
     T = toks.shape[1]
@@ -131,13 +130,12 @@ def _loss(head: DraftHead, batch: dict[str, torch.Tensor], start: int, distill: 
     hard = col_of[seq[:, 1:]]
     ok = hard >= 0
     nll = -logp.gather(-1, hard.clamp(min=0)[..., None])[..., 0]
-    w = ok.float() if pos_w is None else ok * pos_w
-    loss = (nll * w).sum() / ok.sum().clamp(min=1)
+    loss = (nll * ok).sum() / ok.sum().clamp(min=1)
     if distill > 0:
         cols = col_of[batch["top_ids"][:, idx[:, :N]].long()].flatten(0, 1)  # [B*A, N, K]: dist. of a+j+1
         p = batch["top_p"][:, idx[:, :N]].float().flatten(0, 1) * (cols >= 0)
         soft = -(p * logp.gather(-1, cols.clamp(min=0))).sum(-1)
-        loss = (1 - distill) * loss + distill * (soft.mean() if pos_w is None else (soft * pos_w).mean())
+        loss = (1 - distill) * loss + distill * soft.mean()
     return loss
 
 
