@@ -18,9 +18,13 @@ pytestmark = pytest.mark.timeout(120)
 W, N, V, D = 8, 4, 96, 32
 
 
-def _head(seed=0, n_taps=2, hidden=16, draft=None) -> DraftHead:
+KINDS = [("markov", 1), ("carry", 1), ("carry", 2)]  # the head's step and its backbone's hops
+
+
+def _head(seed=0, n_taps=2, hidden=16, draft=None, step="markov", hops=1) -> DraftHead:
     torch.manual_seed(seed)
-    h = DraftHead(n_taps=n_taps, hidden=hidden, window=W, num_spec=N, vocab=V, d_model=D, n_heads=4)
+    h = DraftHead(n_taps=n_taps, hidden=hidden, window=W, num_spec=N, vocab=V, d_model=D, n_heads=4, step=step,
+                  hops=hops)
     with torch.no_grad():
         for p in h.parameters():
             p.add_(torch.randn(p.shape) * 0.5)
@@ -41,11 +45,12 @@ def test_bf16_bytes_read_exactly():
     assert np.array_equal(bf16_to_f32(raw), x.float().numpy())
 
 
+@pytest.mark.parametrize("step, hops", KINDS)
 @pytest.mark.parametrize("draft", [None, [3, 5, 8, 13, 21, 34, 55, 89, 1, 2]])
-def test_runner_drafts_what_the_trainable_head_drafts(draft):
-    """The folded numpy form against DraftHead's own forward: same ids, probabilities within float
-    rounding (the folds reorder sums)."""
-    head = _head(1, draft=draft)
+def test_runner_drafts_what_the_trainable_head_drafts(draft, step, hops):
+    """The folded numpy form against DraftHead's own forward (position by position, and teacher-forced
+    `steps` as training runs it): same ids, probabilities within float rounding (the folds reorder sums)."""
+    head = _head(1, draft=draft, step=step, hops=hops)
     r = HeadRunner(head)
     rng = np.random.default_rng(0)
     rows = rng.standard_normal((40, 32)).astype(np.float32)
@@ -57,23 +62,28 @@ def test_runner_drafts_what_the_trainable_head_drafts(draft):
     with torch.no_grad():
         mask = torch.arange(W)[None] >= torch.from_numpy(W - lens)[:, None]
         ctx = head.backbone(torch.from_numpy(win), mask, torch.from_numpy(anchor), N)
-        prev, out, probs = torch.from_numpy(anchor), [], []
+        prev, out, probs, carry, lgs = torch.from_numpy(anchor), [], [], None, []
         for j in range(N):
-            p = head.step_logits(ctx[:, j], prev).softmax(-1)
+            lg, carry = head.step_carry(ctx[:, j], prev, carry)
+            p = lg.softmax(-1)
             c = p.argmax(-1)
-            prev = head.draft_ids[c]
+            lgs.append(lg)
             out.append(prev)
+            prev = head.draft_ids[c]
             probs.append(p.max(-1).values)
-    assert np.array_equal(ids, torch.stack(out, 1).numpy())
+        forced = head.steps(ctx, torch.stack(out, 1))  # fed the same previous drafts
+    assert np.array_equal(ids, torch.stack(out[1:] + [prev], 1).numpy())
     assert np.allclose(conf, torch.stack(probs, 1).numpy(), atol=1e-5)
+    assert torch.allclose(forced, torch.stack(lgs, 1), atol=1e-5)
     if draft is not None:
         assert np.isin(ids, draft).all()
 
 
-def test_a_requests_drafts_do_not_depend_on_the_rest_of_the_batch():
+@pytest.mark.parametrize("step, hops", KINDS)
+def test_a_requests_drafts_do_not_depend_on_the_rest_of_the_batch(step, hops):
     """Bit for bit: alone, in a batch of 37, with fewer positions asked (n), and each row's projection
     alone or among 50."""
-    r = HeadRunner(_head(2))
+    r = HeadRunner(_head(2, step=step, hops=hops))
     rng = np.random.default_rng(1)
     win, lens, anchor = _batch(rng, 37)
     ids, conf, marg = r.greedy(win, lens, anchor, N)
@@ -108,7 +118,8 @@ def test_draft_vocabulary_survives_save_and_load(tmp_path):
         load_head(tmp_path)
 
 
-def test_served_drafts_are_the_offline_drafts_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("step, hops", KINDS)
+def test_served_drafts_are_the_offline_drafts_bit_for_bit(tmp_path, step, hops):
     """A sequence walked round by round as a speculative decoder does (1-4 new rows a round), four
     requests batched with other slots' rows and n_out cuts: the worker's TorchDrafter (projection pool,
     slot windows, bf16 rows, gathered from the slots' rows as the serve loop passes them or from the
@@ -119,10 +130,10 @@ def test_served_drafts_are_the_offline_drafts_bit_for_bit(tmp_path):
     from dspark_proxy.worker.drafters import DraftItem, make_drafter
     from dspark_proxy.worker.session import SlotWindow
 
-    head = _head(4, draft=list(range(0, V, 2)))
+    head = _head(4, draft=list(range(0, V, 2)), step=step, hops=hops)
     man = HeadManifest(target_id="sha256:t", target_name="t", tap_layers=[0, 1], tap_point="p", hidden=16,
                        row_dtype="bfloat16", window=W, num_spec=N, vocab_size=V, d_model=D, n_heads=4,
-                       draft_vocab=head.draft_vocab)
+                       draft_vocab=head.draft_vocab, step=step, hops=hops)
     save_head(head, tmp_path, man)
     shipped, _ = load_head(tmp_path)
     S, T, start = 4, 48, 6

@@ -119,10 +119,12 @@ def test_train_drafter_cli_smoke_and_resume(tmp_path):
     make_drafter("torch", num_spec=3, window=8, row_bytes=man.row_bytes, weights=str(tmp_path / "h"))
     more = [a if a != str(tmp_path / "h") else str(tmp_path / "h2") for a in args]
     r3 = CliRunner().invoke(cli, [*more, "--epochs", "1", "--init", str(tmp_path / "h"), "--seed", "1",
-                                     "--extra-seeds", "2"])
+                                     "--extra-seeds", "2", "--step", "carry", "--hops", "2"])
     assert r3.exit_code == 0, r3.output
     man2 = HeadManifest.load(tmp_path / "h2" / "manifest.json")
     assert man2.training["sequences"] == 16 and man2.training["extra_seeds"] == [2]
+    assert (man2.step, man2.hops, man2.format) == ("carry", 2, "dspark-head/2")  # a markov 1-hop head started it
+    make_drafter("torch", num_spec=3, window=8, row_bytes=man2.row_bytes, weights=str(tmp_path / "h2"))
     assert man2.training["init"]["path"] == str(tmp_path / "h")  # the lineage: what it started from
     assert man2.training["init"]["training"]["loss_per_epoch"] == res["loss_per_epoch"]
 

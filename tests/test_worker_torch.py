@@ -237,8 +237,8 @@ def test_only_n_out_positions_are_computed(tmp_path):
     d = _saved_head(tmp_path)
     dr = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, weights=str(d))
     calls = []
-    step = dr.runner.step
-    dr.runner.step = lambda *a: calls.append(1) or step(*a)
+    step = dr.runner.step_carry
+    dr.runner.step_carry = lambda *a: calls.append(1) or step(*a)
     items = _float_items(np.random.default_rng(3), np.float32)
     for it in items:
         it.n_out = 2

@@ -57,12 +57,18 @@ def _seeds(value: str) -> tuple[int, ...]:
               help="Start from this head's weights (same shapes), e.g. to train a shipped head on more text.")
 @click.option("--extra-seeds", default="", help="More training sets of --sequences generations, one per "
               "seed (comma-separated), e.g. to add text to a head trained with --seed 0.")
+@click.option("--step", type=click.Choice(["markov", "carry"]), default="markov", show_default=True,
+              help="The head's sequential step: carry also feeds each draft position the previous one's "
+              "state (manifest format /2); a markov --init head starts it.")
+@click.option("--hops", type=click.IntRange(1, 2), default=1, show_default=True,
+              help="The backbone's looks at the window: 2 adds a second, its query made from the first's "
+              "output (manifest format /2); a 1-hop --init head starts it.")
 @click.option("--resume", is_flag=True, help="Continue from <out>/.work/checkpoint.pt.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object (last line).")
 def train_drafter(target: str, out: str, layers: tuple[int, ...], row_dtype: str, window: int, num_spec: int,
                   d_model: int, n_heads: int, sequences: int, eval_sequences: int, prompt_len: int,
                   gen_len: int, epochs: int, batch: int, lr: float, seed: int, threads: int, draft_vocab: int,
-                  distill: float, init: str | None, extra_seeds: str, resume: bool, as_json: bool) -> None:
+                  distill: float, init: str | None, extra_seeds: str, step: str, hops: int, resume: bool, as_json: bool) -> None:
     """Train a DSpark head on TARGET's own greedy generations of stdlib prompts."""
     try:
         from dspark_proxy.model.train_head import HeadConfig, train_head
@@ -72,7 +78,7 @@ def train_drafter(target: str, out: str, layers: tuple[int, ...], row_dtype: str
                      n_heads=n_heads, sequences=sequences, eval_sequences=eval_sequences, prompt_len=prompt_len,
                      gen_len=gen_len, epochs=epochs, batch=batch, lr=lr, seed=seed, threads=threads,
                      draft_vocab=draft_vocab, distill=distill, init=init,
-                     extra_seeds=_seeds(extra_seeds))
+                     extra_seeds=_seeds(extra_seeds), step=step, hops=hops)
     res = train_head(target, out, cfg, resume=resume, log=lambda m: click.echo(m, err=True))
     if as_json:
         click.echo(json.dumps(res))

@@ -124,6 +124,11 @@ class HeadRunner:
         ids = head.draft_ids.cpu().numpy().astype(np.int64)
         self.draft_ids = ids  # output column c drafts target id draft_ids[c]
         self.out = np.ascontiguousarray((self.tok[ids] * sd["out_norm.weight"][None, :]).T)  # [d, V']
+        self.step_kind, self.hops = head.step, head.hops
+        if head.hops == 2:
+            self.q2 = np.ascontiguousarray((sd["q2.weight"] * sd["norm3.weight"][None, :]).T)
+            self.o2 = np.ascontiguousarray(sd["o2.weight"].T)
+        self.carry = np.ascontiguousarray(sd["carry.weight"].T) if head.step == "carry" else None  # [d, d]
         self.cache_width = 3 * d
         self._scale = f32(1.0 / np.sqrt(self.dh))
 
@@ -143,24 +148,42 @@ class HeadRunner:
         v = kv[..., d:].reshape(B, W, H, dh).transpose(0, 2, 1, 3)[:, :, None]  # [B, H, 1, W, dh]
         e = self.tok[anchor]
         q = self.queries[:n][None] + _mm(e, self.q_tok)[:, None]  # [B, n, d]
-        qh = q.reshape(B, n, H, dh).transpose(0, 2, 1, 3) * self._scale
-        s = (qh[..., None, :] @ k)[..., 0, :]  # [B, H, n, W]
         gone = np.arange(W)[None, :] < (W - lens)[:, None]
-        if gone.any():
-            s[np.broadcast_to(gone[:, None, None, :], s.shape)] = -np.inf
+        gone = gone[:, None, None, :] if gone.any() else None
+        ctx = _mm(self._attend(q, k, v, gone), self.o) + (win[:, -1, :d] + e)[:, None]
+        h = _gelu(_mm(ctx, self.m1, self.m1b, rms=True))
+        ctx = _mm(h, self.m2, self.m2b, resid=ctx)
+        if self.hops == 2:
+            ctx = _mm(self._attend(_mm(ctx, self.q2, rms=True), k, v, gone), self.o2, resid=ctx)
+        return ctx
+
+    def _attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, gone: np.ndarray | None) -> np.ndarray:
+        """q [B, n, d] over k [B, H, 1, dh, W], v [B, H, 1, W, dh], rows `gone` [B, 1, 1, W] masked → [B, n, d]."""
+        B, n, _ = q.shape
+        qh = q.reshape(B, n, self.h, self.dh).transpose(0, 2, 1, 3) * self._scale
+        s = (qh[..., None, :] @ k)[..., 0, :]  # [B, H, n, W]
+        if gone is not None:
+            s[np.broadcast_to(gone, s.shape)] = -np.inf
         s = np.exp(s - s.max(-1, keepdims=True))
         s /= s.sum(-1, keepdims=True)
-        att = (s[..., None, :] @ v)[..., 0, :].transpose(0, 2, 1, 3).reshape(B, n, d)
-        ctx = _mm(att, self.o) + (win[:, -1, :d] + e)[:, None]
-        h = _gelu(_mm(ctx, self.m1, self.m1b, rms=True))
-        return _mm(h, self.m2, self.m2b, resid=ctx)
+        return (s[..., None, :] @ v)[..., 0, :].transpose(0, 2, 1, 3).reshape(B, n, self.d)
 
     def step(self, ctx_j: np.ndarray, prev: np.ndarray) -> np.ndarray:
-        """ctx_j [B, d], prev [B] target ids (draft j - 1) → logits [B, V'] over draft_ids."""
+        """ctx_j [B, d], prev [B] target ids (draft j - 1) → logits [B, V'] over draft_ids (a carry
+        head's position 0)."""
+        return self.step_carry(ctx_j, prev, None, False)[0]
+
+    def step_carry(self, ctx_j: np.ndarray, prev: np.ndarray, carry: np.ndarray | None, more: bool
+                   ) -> tuple[np.ndarray, np.ndarray | None]:
+        """One position: (logits, the carry for the next one, computed only when `more` positions
+        follow and the head is a carry head, else None); carry: the previous position's."""
         z = ctx_j + self.markov[prev]
+        if carry is not None:
+            z += carry
         h = _gelu(_mm(z, self.s1, self.s1b, rms=True))
         z = _mm(h, self.s2, self.s2b, resid=z)
-        return _mm(z, self.out, rms=True)
+        r = _rms(z)
+        return _mm(r, self.out), (_mm(r, self.carry) if more and self.carry is not None else None)
 
     @staticmethod
     def top1(logits: np.ndarray, rows: np.ndarray, conf: np.ndarray, marg: np.ndarray) -> np.ndarray:
@@ -181,10 +204,10 @@ class HeadRunner:
         conf = np.empty((B, n), dtype=np.float32)
         marg = np.empty((B, n), dtype=np.float32)
         ctx = self.backbone(win, lens, anchor, n)
-        prev = anchor
+        prev, carry = anchor, None
         rows = np.arange(B)
         for j in range(n):
-            logits = self.step(np.ascontiguousarray(ctx[:, j]), prev)
+            logits, carry = self.step_carry(np.ascontiguousarray(ctx[:, j]), prev, carry, j + 1 < n)
             c = self.top1(logits, rows, conf[:, j], marg[:, j])
             prev = self.draft_ids[c]
             ids[:, j] = prev

@@ -15,6 +15,11 @@ from pathlib import Path
 __all__ = ["HeadManifest", "ManifestMismatch", "ROW_DTYPES", "MANIFEST_NAME", "WEIGHTS_NAME", "head_paths"]
 
 FORMAT = "dspark-head/1"
+# /2 adds `step` ("markov": /1's head; "carry": its sequential step also carries the previous
+# position's state) and `hops` (1: /1's backbone; 2: it looks at the window twice). A head that /1
+# describes fully is saved as /1, so an older reader still loads it; an older reader refuses a /2 head
+# by its format, not by drafting garbage.
+FORMATS = {"dspark-head/1": ("markov",), "dspark-head/2": ("markov", "carry")}
 MANIFEST_NAME = "manifest.json"
 WEIGHTS_NAME = "head.safetensors"
 ROW_DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -41,17 +46,28 @@ class HeadManifest:
     vocab_size: int
     d_model: int
     n_heads: int
-    format: str = FORMAT
+    format: str = ""  # "": the first of FORMATS that describes the head (a loaded manifest keeps its own)
     draft_vocab: int = 0  # output rows (head.safetensors' draft_ids); 0: the whole vocabulary
     training: dict = field(default_factory=dict)
+    step: str = "markov"  # the head's sequential step (format /2; FORMATS)
+    hops: int = 1  # the backbone's looks at the window (format /2: 1 or 2)
+
+    def __post_init__(self) -> None:
+        if not self.format:
+            self.format = FORMAT if (self.step, self.hops) == ("markov", 1) else "dspark-head/2"
 
     @property
     def row_bytes(self) -> int:
         return len(self.tap_layers) * self.hidden * ROW_DTYPES[self.row_dtype]
 
     def validate(self) -> None:
-        if self.format != FORMAT:
-            raise ValueError(f"head manifest format {self.format!r}; this version reads {FORMAT!r}")
+        if self.format not in FORMATS:
+            raise ValueError(f"head manifest format {self.format!r}; this version reads {sorted(FORMATS)}")
+        if self.step not in FORMATS[self.format]:
+            raise ValueError(f"head manifest step={self.step!r}; format {self.format!r} has {FORMATS[self.format]}")
+        if self.hops not in ((1,) if self.format == FORMAT else (1, 2)):
+            raise ValueError(f"head manifest hops={self.hops!r}; format {self.format!r} has "
+                             f"{'1' if self.format == FORMAT else '1 or 2'}")
         if self.row_dtype not in ROW_DTYPES:
             raise ValueError(f"head manifest row_dtype={self.row_dtype!r}; one of {sorted(ROW_DTYPES)}")
         for name in ("hidden", "window", "num_spec", "vocab_size", "d_model", "n_heads"):
@@ -74,7 +90,10 @@ class HeadManifest:
             raise ManifestMismatch("target_id", self.target_id, target_id)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(asdict(self) | {"row_bytes": self.row_bytes}, indent=1) + "\n")
+        d = asdict(self) | {"row_bytes": self.row_bytes}
+        if self.format == FORMAT:
+            del d["step"], d["hops"]  # /1 has no such fields: an older reader refuses unknown fields
+        Path(path).write_text(json.dumps(d, indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> HeadManifest:

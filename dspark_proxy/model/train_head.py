@@ -51,6 +51,8 @@ class HeadConfig:
     distill: float = 0.5  # weight of the target's top-k probabilities against its greedy token
     init: str | None = None  # start from this head's weights (same shapes), e.g. the shipped one
     extra_seeds: tuple[int, ...] = ()  # more training sets of `sequences` generations, prompts drawn by these
+    step: str = "markov"  # the head's sequential step (head.STEPS); a markov --init starts a carry head
+    hops: int = 1  # the backbone's looks at the window; a 1-hop --init starts a 2-hop head
 
 
 def _progress(it, total: int, desc: str):
@@ -123,7 +125,7 @@ def _loss(head: DraftHead, batch: dict[str, torch.Tensor], start: int, distill: 
     ctx = head.backbone(win.flatten(0, 1), mask.flatten(0, 1), toks[:, anchors].flatten(), N)
     idx = anchors[:, None] + torch.arange(N + 1)[None]  # anchor, then its N next tokens
     seq = toks[:, idx].flatten(0, 1)  # [B*A, N+1]
-    logits = head.step_logits(ctx, seq[:, :N])  # teacher forced: prev = the true draft j-1
+    logits = head.steps(ctx, seq[:, :N])  # teacher forced: prev = the true draft j-1
     logp = logits.log_softmax(-1)  # [B*A, N, V']
     hard = col_of[seq[:, 1:]]
     ok = hard >= 0
@@ -185,7 +187,7 @@ def evaluate(head: DraftHead, toks: torch.Tensor, rows: torch.Tensor, start: int
 
 def _load_or_make(path: Path, make):
     if path.is_file():
-        return torch.load(path, weights_only=True)
+        return torch.load(path, weights_only=True, mmap=True)  # the sets are concatenated: no second copy
     data = make()
     torch.save(data, path)
     return data
@@ -201,8 +203,11 @@ def save_head(head: DraftHead, out: Path, manifest: HeadManifest) -> None:
     manifest.save(out / MANIFEST_NAME)
 
 
-def load_head(weights: str | Path) -> tuple[DraftHead, HeadManifest]:
-    """A saved head (directory or .safetensors with manifest.json beside it), as float32."""
+def load_head(weights: str | Path, step: str | None = None, hops: int | None = None
+              ) -> tuple[DraftHead, HeadManifest]:
+    """A saved head (directory or .safetensors with manifest.json beside it), as float32. A `step` or
+    `hops` beyond the saved head's (carry from markov, 2 from 1): the same function, the new parts
+    starting where they do no harm (the carry and the second look's output at zero), to train on."""
     from safetensors.torch import load_file
 
     from .manifest import head_paths
@@ -210,8 +215,14 @@ def load_head(weights: str | Path) -> tuple[DraftHead, HeadManifest]:
     wpath, mpath = head_paths(weights)
     man = HeadManifest.load(mpath)
     head = DraftHead(n_taps=len(man.tap_layers), hidden=man.hidden, window=man.window, num_spec=man.num_spec,
-                     vocab=man.vocab_size, d_model=man.d_model, n_heads=man.n_heads)
+                     vocab=man.vocab_size, d_model=man.d_model, n_heads=man.n_heads, step=step or man.step,
+                     hops=hops or man.hops)
     state = load_file(str(wpath))
+    if (head.step, head.hops) != (man.step, man.hops):
+        if (man.step not in ("markov", head.step)) or man.hops > head.hops:
+            raise ValueError(f"{wpath}: a {man.step} {man.hops}-hop head cannot start a {head.step} "
+                             f"{head.hops}-hop head")
+        state = {k: v.detach().clone() for k, v in head.state_dict().items()} | state
     ids = state.pop("draft_ids", None)
     if (0 if ids is None else len(ids)) != man.draft_vocab:
         raise ValueError(f"{wpath}: {0 if ids is None else len(ids)} draft ids but the manifest has "
@@ -251,7 +262,7 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
     held = data("held_out", cfg.eval_sequences, True)
     init_record = None
     if cfg.init:
-        head, init_man = load_head(cfg.init)
+        head, init_man = load_head(cfg.init, cfg.step, cfg.hops)
         init_record = {"path": str(cfg.init), "training": init_man.training}  # the lineage, recursively
         if (head.n_taps, head.hidden, head.window, head.num_spec, head.vocab, head.d, head.h) != (
                 len(cfg.layers), int(train["rows"].shape[-1]) // len(cfg.layers), cfg.window, cfg.num_spec,
@@ -260,7 +271,8 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
         head.train()
     else:
         head = DraftHead(n_taps=len(cfg.layers), hidden=hidden, window=cfg.window, num_spec=cfg.num_spec,
-                         vocab=tok_vocab, d_model=cfg.d_model, n_heads=cfg.n_heads)
+                         vocab=tok_vocab, d_model=cfg.d_model, n_heads=cfg.n_heads, step=cfg.step,
+                         hops=cfg.hops)
         head.init_from_target(embed)
     ids, coverage = draft_vocab(train["toks"], cfg.prompt_len, cfg.draft_vocab, tok_vocab)
     head.set_draft_vocab(ids)
@@ -313,7 +325,7 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
     man = HeadManifest(target_id=tid, target_name=target.name, tap_layers=list(cfg.layers), tap_point=TAP_POINT,
                        hidden=head.hidden, row_dtype=cfg.row_dtype, window=cfg.window, num_spec=cfg.num_spec,
                        vocab_size=head.vocab, d_model=cfg.d_model, n_heads=cfg.n_heads,
-                       draft_vocab=head.draft_vocab,
+                       draft_vocab=head.draft_vocab, step=head.step, hops=head.hops,
                        training={"sequences": int(len(toks)), "prompt_len": cfg.prompt_len, "gen_len": cfg.gen_len,
                                  "epochs": cfg.epochs, "batch": cfg.batch, "lr": cfg.lr, "seed": cfg.seed,
                                  "extra_seeds": list(cfg.extra_seeds),

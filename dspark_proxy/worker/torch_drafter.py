@@ -247,10 +247,10 @@ class TorchDrafter:
         B = len(items)
         rows = np.arange(B)
         ctx = r.backbone(win, lens, anchor, n)
-        prev = anchor
+        prev, carry = anchor, None
         t = np.where(sampled, temps, 1.0).astype(np.float32)
         for j in range(n):
-            logits = r.step(np.ascontiguousarray(ctx[:, j]), prev)
+            logits, carry = r.step_carry(np.ascontiguousarray(ctx[:, j]), prev, carry, j + 1 < n)
             choice = r.draft_ids[r.top1(logits, rows, conf[:, j], marg[:, j])]
             sb = np.flatnonzero(sampled)
             lt = logits[sb] / t[sb, None]
