@@ -70,22 +70,8 @@ PyObject *fr_check_round(PyObject *mod, PyObject *args) {
         }
     const int64_t *slots = bs[0].buf, *valid = bs[1].buf, *first = bs[2].buf, *k = bs[3].buf, *qsl = bs[4].buf;
     int64_t *mark = bs[5].buf;
-    int code = 0;
     int64_t total = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        /* as uint64 a negative value is huge: one comparison checks both ends (as inputs.py does) */
-        if ((uint64_t)slots[i] >= (uint64_t)M || (uint64_t)valid[i] > (uint64_t)W || (first[i] | k[i]) < 0 ||
-            qsl[i + 1] < qsl[i])
-            code = 1;
-        total += valid[i];
-    }
-    if (!code && n) {
-        for (Py_ssize_t i = 0; i < n; i++)
-            mark[slots[i]] = i;
-        for (Py_ssize_t i = 0; i < n; i++)
-            if (mark[slots[i]] != i)
-                code = 2;
-    }
+    int code = check_round_core(slots, valid, first, k, qsl, mark, n, M, W, &total);
     release_all(all);
     return Py_BuildValue("iL", code, (long long)total);
 }

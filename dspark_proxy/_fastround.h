@@ -54,6 +54,32 @@ static inline int64_t pmod(int64_t a, int64_t m) {
     return r < 0 ? r + m : r;
 }
 
+/* check_round's test of a round's metadata (inputs.py check_round is the reference): 1 when a slot
+ * is outside [0, M), a valid count outside [0, W], a first position or k_window negative, or qsl
+ * decreasing; else 2 when a slot appears twice (mark [M] is scratch); else 0. *total: the rows. As
+ * uint64 a negative value is huge, so one comparison checks both ends. */
+static inline int check_round_core(const int64_t *slots, const int64_t *valid, const int64_t *first, const int64_t *k,
+                                   const int64_t *qsl, int64_t *mark, Py_ssize_t n, Py_ssize_t M, Py_ssize_t W,
+                                   int64_t *total) {
+    int code = 0;
+    int64_t sum = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if ((uint64_t)slots[i] >= (uint64_t)M || (uint64_t)valid[i] > (uint64_t)W || (first[i] | k[i]) < 0 ||
+            qsl[i + 1] < qsl[i])
+            code = 1;
+        sum += valid[i];
+    }
+    if (!code && n) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            mark[slots[i]] = i;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (mark[slots[i]] != i)
+                code = 2;
+    }
+    *total = sum;
+    return code;
+}
+
 /* One request's ring range after a round, the rule the engine's ring (row_ring.py) and the proxy's model
  * of it (ring_model.py) share: the rows first .. first + valid - 1 extend [lo, hi] when they follow it,
  * else replace it; at most the last W are held; valid <= 0 clears the range (lo 0, hi -1). Returns

@@ -81,21 +81,7 @@ PyObject *fr_check_fast(PyObject *mod, PyObject *args) {
             goto done;
     const int64_t *slots = bs[0].buf, *valid = bs[1].buf, *first = bs[2].buf, *k = bs[4].buf, *qsl = bs[6].buf;
     int64_t *mark = bmark.buf;
-    code = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        /* check_round's test, as uint64 a negative value is huge: one comparison checks both ends */
-        if ((uint64_t)slots[i] >= (uint64_t)M || (uint64_t)valid[i] > (uint64_t)W || (first[i] | k[i]) < 0 ||
-            qsl[i + 1] < qsl[i])
-            code = 1;
-        total += valid[i];
-    }
-    if (!code && n) {
-        for (Py_ssize_t i = 0; i < n; i++)
-            mark[slots[i]] = i;
-        for (Py_ssize_t i = 0; i < n; i++)
-            if (mark[slots[i]] != i)
-                code = 2;
-    }
+    code = check_round_core(slots, valid, first, k, qsl, mark, n, M, W, &total);
     if (code)
         goto done;
     if (exact(o[7], nd, &bs[7], 8, n, "lq") > 0) {
