@@ -241,11 +241,9 @@ class RoundCore:
             st.inc("pool_slots_resent", int(moved.shape[0]))
         st.inc(_ROUNDS_KEY[phase])
         # 2. ring model: always, so it stays exact (and step 4's flags, from the same pass)
-        if plan is not None:  # done by _front
-            pass
-        elif self.fused is not None:  # the advance and the acceptance sums in one C call (round_fused.py)
-            plan = self.fused.advance(t, slots, v.req, first_pos, valid, v.valid_raw, v.k_window)
-        else:
+        if plan is None and self.fused is not None:  # (a plan is there when _front did this step)
+            plan = self.fused.advance(t, slots, v.req, first_pos, valid, v.valid_raw, v.k_window)  # one C call
+        elif plan is None:
             plan = self.slots.advance(slots, v.req, first_pos, valid)
             self.accept.round(t, slots, v.valid_raw, v.k_window, plan.new_owner, plan.n_new_owner)
         self._advanced = True

@@ -90,7 +90,7 @@ def idle_states(seconds: float, prefix: str, say: Callable[[str], None] = lambda
     256-byte rows: what idles does not depend on them, and each state needs a segment of its own)."""
     import engine_shim
     from dspark_proxy.launch import spawn_proxy, spawn_worker
-    from dspark_proxy.shm.segment import Segment, SegmentError
+    from dspark_proxy.shm.segment import Segment
 
     from .batches import RoundGen, wait_connected
 
@@ -128,12 +128,7 @@ def idle_states(seconds: float, prefix: str, say: Callable[[str], None] = lambda
             time.sleep(0.05)
         say(f"idle: the shim alone, its proxy killed ({shim.state.value}), {seconds:.0f} s")
         out["shim_alone_proxy_killed"] = IdleMeter(None, worker.pid).measure(seconds)
-        try:
-            left = Segment.open(name)
-            left.unlink()
-            left.close()
-        except SegmentError:
-            pass
+        Segment.unlink_name(name)
         say(f"idle: the shim alone, no segment, {seconds:.0f} s")
         out["shim_alone_no_segment"] = IdleMeter(None, worker.pid).measure(seconds)
         shim.close()

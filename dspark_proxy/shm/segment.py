@@ -353,6 +353,19 @@ class Segment:
         for attr in ("header", "staging", "meta", "desc", "windows", "resync_req", "page"):
             self.__dict__.pop(attr, None)
 
+    @staticmethod
+    def unlink_name(name: str) -> None:
+        """Remove the segment of this name if there is one (whoever made it: a clean-up after its
+        proxy was killed)."""
+        try:
+            seg = Segment.open(name)
+        except SegmentError:
+            return
+        try:
+            seg.unlink()
+        finally:
+            seg.close()
+
     def unlink(self) -> None:
         """Remove the name (only if it is still this incarnation: never someone else's segment)."""
         try:
