@@ -81,6 +81,24 @@ def test_a_markov_head_starts_a_richer_head_as_the_same_function(tmp_path, step,
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
+def test_a_head_starts_one_of_a_longer_window_as_the_same_function_on_its_rows(tmp_path):
+    """`train-drafter --init --window 2W`: on windows the old head could see (the rows beyond it
+    absent), the longer head drafts exactly what the old one drafts; the new distances start with the
+    farthest old one's offsets."""
+    d, _ = _saved(tmp_path, "carry")
+    old, _ = load_head(d)
+    longer, _ = load_head(d, window=2 * W)
+    assert longer.window == 2 * W
+    assert torch.equal(longer.pos.weight[W:], old.pos.weight[-1:].expand(W, -1))
+    win, lens, anchor = _batch(5)
+    wide = np.concatenate([np.zeros_like(win), win], axis=1)  # right-aligned: the old W rows last
+    a = HeadRunner(old).greedy(win, lens, anchor, N)
+    b = HeadRunner(longer).greedy(wide, lens, anchor, N)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    with pytest.raises(ValueError, match=f"a head of window {W} cannot start one of window {W - 1}"):
+        load_head(d, window=W - 1)
+
+
 def test_a_richer_head_does_not_start_a_poorer_one(tmp_path):
     c, _ = _saved(tmp_path, "carry", "c", hops=2)
     with pytest.raises(ValueError, match="a carry 2-hop head cannot start a markov 2-hop head"):

@@ -54,7 +54,8 @@ def _seeds(value: str) -> tuple[int, ...]:
 @click.option("--distill", default=0.5, show_default=True,
               help="Weight of the target's top-k probabilities in the loss (0: its greedy tokens only).")
 @click.option("--init", "init", type=click.Path(exists=True), default=None,
-              help="Start from this head's weights (same shapes), e.g. to train a shipped head on more text.")
+              help="Start from this head's weights (same shapes, or a longer --window), e.g. to train a shipped "
+              "head on more text.")
 @click.option("--extra-seeds", default="", help="More training sets of --sequences generations, one per "
               "seed (comma-separated), e.g. to add text to a head trained with --seed 0.")
 @click.option("--step", type=click.Choice(["markov", "carry"]), default="markov", show_default=True,

@@ -49,7 +49,7 @@ class HeadConfig:
     threads: int = 1
     draft_vocab: int = 1024  # output rows: the most frequent greedy tokens (0: the whole vocabulary)
     distill: float = 0.5  # weight of the target's top-k probabilities against its greedy token
-    init: str | None = None  # start from this head's weights (same shapes), e.g. the shipped one
+    init: str | None = None  # start from this head's weights (same shapes, or a longer window)
     extra_seeds: tuple[int, ...] = ()  # more training sets of `sequences` generations, prompts drawn by these
     step: str = "markov"  # the head's sequential step (head.STEPS); a markov --init starts a carry head
     hops: int = 1  # the backbone's looks at the window; a 1-hop --init starts a 2-hop head
@@ -203,21 +203,29 @@ def save_head(head: DraftHead, out: Path, manifest: HeadManifest) -> None:
     manifest.save(out / MANIFEST_NAME)
 
 
-def load_head(weights: str | Path, step: str | None = None, hops: int | None = None
-              ) -> tuple[DraftHead, HeadManifest]:
+def load_head(weights: str | Path, step: str | None = None, hops: int | None = None,
+              window: int | None = None) -> tuple[DraftHead, HeadManifest]:
     """A saved head (directory or .safetensors with manifest.json beside it), as float32. A `step` or
     `hops` beyond the saved head's (carry from markov, 2 from 1): the same function, the new parts
-    starting where they do no harm (the carry and the second look's output at zero), to train on."""
+    starting where they do no harm (the carry and the second look's output at zero), to train on. A
+    longer `window`: the rows beyond the saved head's reach start with its farthest distance's
+    offsets (the attention then sees them as it sees that row, and training tells them apart)."""
     from safetensors.torch import load_file
 
     from .manifest import head_paths
 
     wpath, mpath = head_paths(weights)
     man = HeadManifest.load(mpath)
-    head = DraftHead(n_taps=len(man.tap_layers), hidden=man.hidden, window=man.window, num_spec=man.num_spec,
+    W = window or man.window
+    if W < man.window:
+        raise ValueError(f"{wpath}: a head of window {man.window} cannot start one of window {W}")
+    head = DraftHead(n_taps=len(man.tap_layers), hidden=man.hidden, window=W, num_spec=man.num_spec,
                      vocab=man.vocab_size, d_model=man.d_model, n_heads=man.n_heads, step=step or man.step,
                      hops=hops or man.hops)
     state = load_file(str(wpath))
+    if W > man.window:
+        pos = state["pos.weight"]
+        state["pos.weight"] = torch.cat([pos, pos[-1:].expand(W - man.window, -1)])
     if (head.step, head.hops) != (man.step, man.hops):
         if (man.step not in ("markov", head.step)) or man.hops > head.hops:
             raise ValueError(f"{wpath}: a {man.step} {man.hops}-hop head cannot start a {head.step} "
@@ -262,7 +270,7 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
     held = data("held_out", cfg.eval_sequences, True)
     init_record = None
     if cfg.init:
-        head, init_man = load_head(cfg.init, cfg.step, cfg.hops)
+        head, init_man = load_head(cfg.init, cfg.step, cfg.hops, cfg.window)
         init_record = {"path": str(cfg.init), "training": init_man.training}  # the lineage, recursively
         if (head.n_taps, head.hidden, head.window, head.num_spec, head.vocab, head.d, head.h) != (
                 len(cfg.layers), int(train["rows"].shape[-1]) // len(cfg.layers), cfg.window, cfg.num_spec,
