@@ -25,7 +25,7 @@ from .round import RoundCore, RoundSettings
 from .shm import hostflag as hf
 from .shm.hostflag import FAR_AHEAD, HostFlags
 from .shm.layout import LayoutParams, State, Word
-from .shm.segment import Segment
+from .shm.segment import Segment, owner_alive, process_start_ticks
 from .shm.target import read_engine_target
 from .stats import Stats
 
@@ -208,13 +208,14 @@ class Proxy:
         self.client.new_session(f"engine attached at round {t0}")
         self._heartbeat.kick()  # the fast cadence from now on, and a snapshot of the re-based state
         self.stats.inc("attaches")
-        log.info("[proxy] engine attached incarnation=%d pid=%d round=%d", seg.incarnation,
-                 seg.word(Word.ENGINE_PID), t0)
+        pid = seg.word(Word.ENGINE_PID)
+        engine = (pid, process_start_ticks(pid))  # with its start time: a reused pid is not the engine
+        log.info("[proxy] engine attached incarnation=%d pid=%d round=%d", seg.incarnation, pid, t0)
         t = t0
         try:
             while not self._stop.is_set():
                 w0 = time.perf_counter()
-                if not self._wait_gathered(seg, core.flags, t):
+                if not self._wait_gathered(seg, core.flags, t, engine):
                     break
                 waited_us = (time.perf_counter() - w0) * 1e6  # the engine's step, as the proxy saw it
                 self.stats.observe("gather_us", waited_us)
@@ -267,9 +268,11 @@ class Proxy:
                 return None
         return None
 
-    def _wait_gathered(self, seg: Segment, flags: HostFlags, t: int) -> bool:
-        """True once round t is gathered; False when stopping or when the engine abandoned us. A
-        prefill's forward can take seconds, so there is no give-up on the engine."""
+    def _wait_gathered(self, seg: Segment, flags: HostFlags, t: int, engine: tuple[int, int]) -> bool:
+        """True once round t is gathered; False when stopping, when the engine abandoned us, or when
+        its process is gone (a killed engine abandons nothing: the new incarnation this starts removes
+        its shared ring, M x W x row_bytes of /dev/shm, at once rather than when the next engine of
+        the name comes). A prefill's forward can take seconds, so there is no give-up on a live engine."""
         t0 = time.monotonic()
         next_log = 30.0
         while not self._stop.is_set():
@@ -279,6 +282,11 @@ class Proxy:
                 log.info("[proxy] incarnation %d abandoned by the engine at round %d: starting a new one",
                          seg.incarnation, t)
                 self.stats.inc("abandoned")
+                return False
+            if not owner_alive(*engine):
+                log.info("[proxy] the engine of incarnation %d (pid %d) is gone at round %d: starting a new one",
+                         seg.incarnation, engine[0], t)
+                self.stats.inc("engine_gone")
                 return False
             waited = time.monotonic() - t0
             if waited >= next_log:

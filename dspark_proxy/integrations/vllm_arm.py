@@ -190,6 +190,7 @@ def _cost_timing(llm: Any, d: Any, timing: dict[str, Any], greedy: Any) -> dict[
     us: dict[str, list[tuple[float, float, float]]] = {m: [] for m in modes}
     deferred = d.deferred
     steps: dict[str, list[float]] = {m: [] for m in modes}
+    by_repeat: dict[str, list[float]] = {m: [] for m in modes}  # each generation's p50 step
     now = [modes[0]]  # the mode of the generation running
     _time_steps(llm, lambda us: steps[now[0]].append(us))
     for _ in range(int(timing.get("repeats", 5))):
@@ -198,16 +199,22 @@ def _cost_timing(llm: Any, d: Any, timing: dict[str, Any], greedy: Any) -> dict[
             d.via_shim = mode != "in_place"
             d.deferred = deferred and mode != "via_shim_sync"
             d.timings.clear()
+            first = len(steps[mode])
             ts = time.perf_counter()
             llm.generate([timing["prompt"]], greedy(n), use_tqdm=False)
             ms[mode].append((time.perf_counter() - ts) * 1e3 / n)
             us[mode] += d.timings
+            by_repeat[mode].append(round(float(np.median(steps[mode][first:])), 1))
     d.deferred = deferred
     med = {m: statistics.median(v) for m, v in ms.items()}
     round_us = {m: _pcts([sum(x) for x in v]) for m, v in us.items()}
+    # what the shim and proxy add, paired: each via-shim generation against the in-place one just
+    # before it, so a slow spell of the machine lands on both sides of a difference, not on one mode
+    pairs = [round(b - a, 1) for a, b in zip(by_repeat["in_place"], by_repeat["via_shim"], strict=True)]
     return {"step_ms_in_place": round(med["in_place"], 4), "step_ms_via_shim": round(med["via_shim"], 4),
             "step_ms_via_shim_sync": round(med["via_shim_sync"], 4),
             "step_ms_all": {m: [round(x, 4) for x in v] for m, v in ms.items()},
+            "engine_step_us_by_repeat": by_repeat, "added_us_pairs": pairs,
             "ours_us": round_us, "engine_step_us": {m: _pcts(v) for m, v in steps.items()},
             "enqueue_us": _pcts([x[0] for x in us["via_shim"]]),
             "read_reply_us": _pcts([x[1] for x in us["via_shim"]]),
