@@ -71,6 +71,11 @@ def test_quick_json_has_every_section_with_numbers(quick_run: dict) -> None:
         assert p["reference"]["failed_rounds"] == 0
     for path in ("native", "reference"):  # n = 256, both paths, the unpinned placement
         _figures(places["unpinned"]["decode_n256"][path]["enqueue"], f"handoff/unpinned/decode_n256/{path}")
+    if "cross_core" in places:  # the same rounds at a real engine's pace
+        paced = r["handoff"]["paced"]
+        assert paced["gap_ms"] > 0 and paced["failed_rounds"] == 0
+        for k in ("handoff", "enqueue", "read_reply", "proxy_round"):
+            _figures(paced[k], f"handoff/paced/{k}")
 
     # 2. GIL isolation: both modes at 0, 2 and 4 busy threads
     for mode in ("process", "thread"):

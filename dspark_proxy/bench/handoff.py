@@ -38,6 +38,9 @@ from .procs import on_cpu, pinned, placements
 __all__ = ["run_handoff", "HANDOFF_SHAPE"]
 
 HANDOFF_SHAPE = {"max_reqs": 256, "num_spec": 5, "window": 128, "row_bytes": 256, "n": 1}
+# back to back, the proxy's round runs with its caches warm; between a real engine's forwards its CPU
+# idles, and the round runs cold (the paced figure, README "Hand-off")
+PACED_GAP_MS = 3.0
 
 
 def _layout_args(shape: dict[str, int]) -> list[str]:
@@ -61,9 +64,10 @@ def _path(native: bool):
 
 def time_handoff(name: str, rounds: int, warmup: int, other_cpu: int | None,
                  shape: dict[str, int] = HANDOFF_SHAPE, native: bool = True,
-                 fixed_valid: int | None = None) -> dict[str, Any]:
+                 fixed_valid: int | None = None, gap_ms: float = 0.0) -> dict[str, Any]:
     """Rounds through a null-worker proxy process; returns raw ns arrays and the proxy's own figures.
-    `native` False: both sides on the Python reference models."""
+    `native` False: both sides on the Python reference models. `gap_ms`: the engine busy on its own
+    CPU that long before each round (a forward), as a real engine paces its rounds."""
     import numpy as np
 
     import engine_shim
@@ -85,6 +89,10 @@ def time_handoff(name: str, rounds: int, warmup: int, other_cpu: int | None,
         failed = 0
         clock = time.perf_counter_ns
         for i in range(total):
+            if gap_ms:
+                busy_until = clock() + int(gap_ms * 1e6)
+                while clock() < busy_until:
+                    pass
             kw = gen.next()
             t0 = clock()
             shim.enqueue(gen.t, **kw)
@@ -179,4 +187,11 @@ def run_handoff(quick: bool = False, say: Callable[[str], None] = lambda s: None
             r["ratios"]["bare_handoff_over_futex_floor_p50"] = ratio(r["bare_handoff"]["p50_us"], floor)
             r["ratios"]["handoff_over_bare_handoff_p50"] = ratio(hp50, r["bare_handoff"]["p50_us"])
         out["placements"][place] = r
+    if len(placements()) > 2:  # a real engine's pace: the same rounds, each after a forward
+        _, eng, other = placements()[2]
+        say(f"hand-off: paced, a round every {PACED_GAP_MS} ms, cross_core")
+        with pinned({eng}):
+            h = time_handoff(f"{prefix or default_prefix()}-handoff-paced", rounds // 5, warmup // 5, other,
+                             gap_ms=PACED_GAP_MS)
+        out["paced"] = {"gap_ms": PACED_GAP_MS, "placement": "cross_core", **_summary(h)}
     return out, samples

@@ -60,6 +60,12 @@ def _handoff(r: dict[str, Any]) -> list[str]:
                    f"proxy round / futex floor {_r(rt['proxy_round_over_futex_floor_p50'])}x, "
                    f"Pipe / hand-off {_r(rt['pipe_over_handoff_p50'])}x, "
                    f"TCP / hand-off {_r(rt['tcp_over_handoff_p50'])}x")
+    pc = r.get("paced")
+    if pc:
+        out.append(f" [paced: a round every {pc['gap_ms']} ms, the engine busy between, {pc['placement']}]"
+                   + (f"  failed rounds: {pc['failed_rounds']}" if pc["failed_rounds"] else ""))
+        for key, label in labels[:4]:
+            out.append(_row(label, pc[key]))
     return out
 
 
