@@ -21,6 +21,12 @@ setup(
             depends=["dspark_proxy/_fastround.h"],
             extra_compile_args=_FLAGS,
         ),
+        # the proxy's CPUs kept out of idle while rounds flow (proxy --keep-awake-ms)
+        Extension(
+            "dspark_proxy._keepawake",
+            sources=["dspark_proxy/_keepawake.c"],
+            extra_compile_args=_FLAGS,
+        ),
         # the draft head's products; no contraction into FMA: the Python reference rounds each step
         Extension(
             "dspark_proxy.model._headmm",

@@ -288,6 +288,10 @@ class ProxyConfig(LayoutConfig):
     stats_file: str | None = _opt(None, "Write the statistics as JSON to this file (atomically) every "
                                   "--log-every rounds and at exit.")
     log_every: int = _opt(1000, "Rounds between one-line summaries in the log (0: never).", _Range(0, math.inf))
+    keep_awake_ms: float = _opt(0.0, "After each round, keep the proxy's CPUs (its affinity, at most 8; pin it "
+                                "with taskset) out of idle for this long, spinning at SCHED_IDLE priority: the "
+                                "next round's wake-up and caches stay warm, no other task loses CPU time, and "
+                                "spinning stops this long after the last round (0: off).", _Range(0, 60_000))
     token_file: str | None = _opt(None, "File holding the shared secret for the worker handshake.")
     metrics_port: int | None = _opt(None, "Serve Prometheus metrics on 127.0.0.1:PORT (0: any free port).",
                                     _Range(0, 65535))

@@ -20,6 +20,7 @@ from .breaker import CircuitBreaker
 from .config import IN_PROCESS_WORKERS, ProxyConfig, config_to_dict, parse_hostport
 from .draft_client import DraftClient
 from .events import EventRing
+from .keep_awake import KeepAwake
 from .metrics import LATENCY_BOUNDS_US  # the bounds only: prometheus-client is imported at start
 from .round import RoundCore, RoundSettings
 from .shm import hostflag as hf
@@ -135,6 +136,7 @@ class Proxy:
         self.core: RoundCore | None = None
         self._stop = threading.Event()
         self._heartbeat = _Heartbeat(self)
+        self._awake = KeepAwake(0.0)  # serve() makes the configured one (spinners live while it runs)
         self._stats_lock = threading.Lock()  # the stats block's one writer at a time
         self.incarnations = 0
         self.ready = threading.Event()  # set once the first incarnation is READY (tests, demo)
@@ -172,10 +174,12 @@ class Proxy:
                  cfg.breaker_threshold, cfg.breaker_cooldown)
         self.client.start()
         self._heartbeat.start()
+        self._awake = KeepAwake(cfg.keep_awake_ms)
         try:
             while not self._stop.is_set():
                 self._incarnation()
         finally:
+            self._awake.close()
             self._heartbeat.stop()
             self._heartbeat.join(1.0)
             self._finish_segment(State.STOPPING)
@@ -222,6 +226,7 @@ class Proxy:
                 seg.set_word(Word.PROXY_ROUND, t)
                 self._maybe_hang(t)
                 core.handle(t, waited_us)
+                self._awake.kick()  # the next round's CPU awake and warm (--keep-awake-ms; off: a no-op)
                 self._maybe_log(t)
                 t += 1
         except Exception as e:  # noqa: BLE001 - the hand-off is broken: die for this incarnation
@@ -325,6 +330,7 @@ class Proxy:
         snap["workers"] = worker_links(self.client, self.breaker)
         snap["incarnations"] = self.incarnations
         snap["pid"] = os.getpid()
+        snap["gauges"]["keep_awake"] = self._awake.snapshot()
         snap["histograms"] = self.stats.histograms(LATENCY_BOUNDS_US)  # Prometheus's latency buckets
         core = self.core
         if core is not None:
@@ -342,6 +348,7 @@ class Proxy:
             st.set("client", dict(getattr(self.client, "counters", {})))
             st.set("workers", worker_links(self.client, self.breaker))
             st.set("incarnations", self.incarnations)
+            st.set("keep_awake", self._awake.snapshot())
             core = self.core
             if core is not None:
                 st.set("accept_gate", core.accept.gate.snapshot())

@@ -1,0 +1,77 @@
+"""`start --keep-awake-ms`: SCHED_IDLE spinners on the proxy's CPUs after each round (keep_awake.py,
+_keepawake.c). They must spin while rounds come, at SCHED_IDLE only, and stop within the window after
+the last round, so the idle cost (README, "Idle") is what it is without them; off by default."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import engine_shim
+from dspark_proxy.bench.procs import cpu_s
+from dspark_proxy.launch import spawn_proxy
+from dspark_proxy.status import read_status
+from tests.rig import decode_batch
+from tests.test_idle_cpu import LAYOUT, SHAPE
+
+pytestmark = pytest.mark.timeout(120)
+
+SCHED_IDLE = 5
+
+
+def _policies(pid: int) -> list[int]:
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            st = f.read()
+        out.append(int(st[st.rindex(")") + 2:].split()[38]))  # field 41: policy
+    return out
+
+
+def _keep_awake(name: str) -> dict:
+    time.sleep(0.35)  # the proxy's next statistics snapshot (every 0.25 s)
+    return read_status(name)["proxy"]["gauges"]["keep_awake"]
+
+
+def test_spinners_spin_while_rounds_come_at_sched_idle_and_stop_after(seg_name):
+    proxy = spawn_proxy(seg_name, "null", *LAYOUT, "--deadline-ms", "500", "--keep-awake-ms", "50",
+                        "--log-every", "0")
+    shim = None
+    try:
+        ka = _keep_awake(seg_name)
+        assert ka["spinners"] == min(len(os.sched_getaffinity(proxy.pid)), 8) and ka["spins"] == 0
+        assert _policies(proxy.pid).count(SCHED_IDLE) == ka["spinners"]  # they, and only they
+        shim = engine_shim.attach(seg_name, **SHAPE, timeout_s=10.0)
+        t, end = 0, time.monotonic() + 20.0
+        while time.monotonic() < end:  # SCHED_IDLE gets a CPU only when nothing else wants it: on a
+            for _ in range(40):  # loaded machine its first spin may take a while
+                t += 1
+                shim.enqueue(t, **decode_batch(t, SHAPE["row_bytes"]))
+                assert shim.read_reply(t).status == 0
+                time.sleep(0.002)  # a forward: rounds keep coming within the window
+            if _keep_awake(seg_name)["spins"] >= 1:
+                break
+        ka = _keep_awake(seg_name)
+        assert ka["spins"] >= 1, ka
+        end = time.monotonic() + 10.0
+        while ka["sleeping"] < ka["spinners"] and time.monotonic() < end:
+            ka = _keep_awake(seg_name)
+        assert ka["sleeping"] == ka["spinners"], ka  # the window after the last round ran out: all asleep
+        c0 = cpu_s(proxy.pid)
+        time.sleep(1.0)
+        assert cpu_s(proxy.pid) - c0 < 0.005, "the proxy kept spending CPU after its rounds stopped"
+    finally:
+        if shim is not None:
+            shim.close()
+        proxy.stop()
+
+
+def test_off_by_default_no_spinner(seg_name):
+    proxy = spawn_proxy(seg_name, "null", *LAYOUT, "--deadline-ms", "500", "--log-every", "0")
+    try:
+        assert _keep_awake(seg_name) == {"spinners": 0, "spins": 0, "sleeping": 0}
+        assert SCHED_IDLE not in _policies(proxy.pid)
+    finally:
+        proxy.stop()
