@@ -68,6 +68,47 @@ def test_sampled_support_and_q():
     assert np.array_equal(r.draft_ids, r2.draft_ids)  # seeded sampling replays
 
 
+def test_sampled_draws_follow_q_and_replay_by_seed_and_position():
+    """Requests alike but for their seeds see one q at draft position 0: their draws must follow it
+    (chi-square over the support, p >= 0.01), and a draw is a function of (seed, anchor position,
+    position) alone, whatever else shares the round."""
+    import torch
+
+    d = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, seed=3)
+    rows = np.random.default_rng(9).integers(0, 256, (W, RB), dtype=np.uint8)
+    B = 4000
+    items = [DraftItem(i, 1234, 77, W, 1, [rows], seed=1000 + i, temperature=1.0) for i in range(B)]
+    r = _run(d, items, wire.SF_SAMPLED)
+    sup, q = r.support_ids[0, 0], r.proposal_q[0, 0]
+    assert (r.support_ids[:, 0] == sup).all() and np.allclose(r.proposal_q[:, 0], q)
+    hit = r.draft_ids[:, 0][:, None] == sup[None, :]
+    assert hit.any(axis=1).all()  # every draw is in the support
+    counts = hit.sum(axis=0).astype(np.float64)
+    expected = q.astype(np.float64) * B
+    big = expected >= 5  # the cells the test can judge; the rest pooled
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    obs, exp = obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    p = float(torch.special.gammaincc(torch.tensor((len(obs) - 1) / 2, dtype=torch.float64),
+                                      torch.tensor(stat / 2, dtype=torch.float64)))
+    assert p >= 0.01, f"the draws do not follow q: chi-square p = {p:.2e} over {len(obs)} cells"
+    if len(obs) > 2:  # and the test can fail: the argmax every time is far from q
+        mutant = np.zeros_like(obs)
+        mutant[np.argmax(exp)] = obs.sum()
+        stat = float(((mutant - exp) ** 2 / exp).sum())
+        assert float(torch.special.gammaincc(torch.tensor((len(obs) - 1) / 2, dtype=torch.float64),
+                                             torch.tensor(stat / 2, dtype=torch.float64))) < 0.01
+    alone = _run(d, [DraftItem(0, 1234, 77, W, 1, [rows], seed=1017, temperature=1.0)],
+                 wire.SF_SAMPLED)  # request 17 in a round of its own
+    assert alone.draft_ids[0, 0] == r.draft_ids[17, 0]
+    # one seed at 40 anchor positions draws more than one token: the position is in the key
+    draws = _run(d, [DraftItem(k, 1234, 77 + k, W, 1, [rows], seed=1017, temperature=1.0) for k in range(40)],
+                 wire.SF_SAMPLED).draft_ids[:, 0]
+    assert len(set(draws.tolist())) > 1
+
+
 def _saved_head(tmp_path, row_dtype="float32", n_taps=2, seed=7, **over):
     """A small random head saved with its manifest: 2 taps x 8 float32 values = RB bytes a row."""
     torch = pytest.importorskip("torch")

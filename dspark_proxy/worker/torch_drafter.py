@@ -90,6 +90,26 @@ class ProjectionPool:
         return i
 
 
+_GOLD = np.uint64(0x9E3779B97F4A7C15)
+_U64 = (1 << 64) - 1
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, elementwise (uint64 arithmetic wraps, as the hash wants)."""
+    x = x + _GOLD
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def seeded_uniform(seed: np.ndarray, pos: np.ndarray, j: int) -> np.ndarray:
+    """A uniform in [0, 1) per request, a function of (seed, anchor position, draft position) alone,
+    for all sampled requests of a round at once (no generator per request)."""
+    with np.errstate(over="ignore"):
+        x = _mix64(_mix64(_mix64(seed.astype(np.uint64)) ^ pos.astype(np.uint64)) ^ np.uint64(j))
+    return (x >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
 def _base(seg: np.ndarray) -> np.ndarray:
     return seg.base if isinstance(seg.base, np.ndarray) else seg
 
@@ -242,17 +262,21 @@ class TorchDrafter:
 
     def _draft_sampled(self, items, win, lens, anchor, n, temps, sampled, ids, conf, marg, sup, q) -> None:
         """Greedy rows as `greedy` drafts them; sampled rows draw from the tempered top-32 of the
-        draft vocabulary with their seeded generator (one draw per sampled request and position)."""
+        draft vocabulary, one draw per sampled request and position from a uniform that is a function
+        of (its seed, its anchor position, the position): a replay draws the same."""
         r = self.runner
         B = len(items)
         rows = np.arange(B)
         ctx = r.backbone(win, lens, anchor, n)
         prev, carry = anchor, None
         t = np.where(sampled, temps, 1.0).astype(np.float32)
+        sb = np.flatnonzero(sampled)
+        key = np.array([(items[b].seed & _U64, items[b].anchor_pos & _U64) for b in sb.tolist()],
+                       dtype=np.uint64).reshape(-1, 2)
+        at = np.arange(sb.shape[0])
         for j in range(n):
             logits, carry = r.step_carry(np.ascontiguousarray(ctx[:, j]), prev, carry, j + 1 < n)
             choice = r.draft_ids[r.top1(logits, rows, conf[:, j], marg[:, j])]
-            sb = np.flatnonzero(sampled)
             lt = logits[sb] / t[sb, None]
             k = min(TOP_K, lt.shape[1])
             part = np.argpartition(-lt, k - 1, axis=1)[:, :k]
@@ -261,13 +285,13 @@ class TorchDrafter:
             part, lv = np.take_along_axis(part, order, 1), np.take_along_axis(lv, order, 1)
             p = np.exp(lv - lv[:, :1])
             qs = (p / p.sum(-1, keepdims=True)).astype(np.float32)
-            for m, b in enumerate(sb.tolist()):  # one seeded draw each: a replay draws the same
-                it = items[b]
-                u = np.random.default_rng([it.seed & (2**63 - 1), it.anchor_pos, j]).random()
-                kk = min(int(np.searchsorted(np.cumsum(qs[m]), u * float(qs[m].sum()))), k - 1)
-                choice[b] = r.draft_ids[part[m, kk]]
-                conf[b, j] = qs[m, kk]
-                sup[b, j, :k] = r.draft_ids[part[m]]
-                q[b, j, :k] = qs[m]
+            # inverse CDF: the first support index whose cumulative q reaches u (the top one at worst)
+            u = seeded_uniform(key[:, 0], key[:, 1], j)
+            below = np.cumsum(qs, axis=1) < (u * qs.sum(axis=1))[:, None]
+            kk = np.minimum(np.count_nonzero(below, axis=1), k - 1)
+            choice[sb] = r.draft_ids[part[at, kk]]
+            conf[sb, j] = qs[at, kk]
+            sup[sb, j, :k] = r.draft_ids[part]
+            q[sb, j, :k] = qs
             ids[:, j] = choice
             prev = choice
