@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from dspark_proxy.events import EventRing, watchdog_event
 from dspark_proxy.shm import hostflag as hf
-from dspark_proxy.shm.hostflag import HostFlags
+from dspark_proxy.shm.hostflag import AdaptiveSpin, HostFlags
 from dspark_proxy.shm.layout import Word
 from dspark_proxy.shm.ring_shm import write_ring_name
 from dspark_proxy.shm.segment import Segment, owner_alive
@@ -27,9 +27,32 @@ from .attach import AttachEvent, AttachState, next_state
 from .row_ring import EngineRing
 from .writer import RoundWriter
 
-__all__ = ["Attachment"]
+__all__ = ["Attachment", "reply_spin", "ENV_REPLY_SPIN_US"]
 
 log = logging.getLogger("engine_shim.shim")  # the shim's one logger: attach lines read as the shim's
+
+ENV_REPLY_SPIN_US = "DSPARK_PROXY_REPLY_SPIN_US"
+REPLY_SPIN_US = 50.0  # AdaptiveSpin's own bound
+
+
+def reply_spin(peer_pid: int) -> AdaptiveSpin:
+    """How long `read_reply` may spin for the reply before it sleeps in the futex: up to
+    DSPARK_PROXY_REPLY_SPIN_US (default 50), learned from the recent waits (AdaptiveSpin). An engine
+    whose thread has nothing else to do while its drafts come (its own CPU, as vLLM's demo placement
+    gives it) can spin through the proxy's whole round: a sleeping vCPU took ~130 us to wake here
+    (README, "Keeping the proxy's CPUs awake"). Never when engine and proxy share one CPU."""
+    raw = os.environ.get(ENV_REPLY_SPIN_US, "")
+    us = REPLY_SPIN_US
+    if raw:
+        try:
+            us = float(raw)
+            if not 0.0 <= us <= 1e6:
+                raise ValueError(raw)
+        except ValueError:
+            log.warning("[shim] %s=%r: not a number of us in 0..1000000; %g used", ENV_REPLY_SPIN_US, raw,
+                        REPLY_SPIN_US)
+            us = REPLY_SPIN_US
+    return AdaptiveSpin(max_ns=int(us * 1000), peer_pid=peer_pid)
 
 
 class Attachment:
@@ -94,7 +117,8 @@ class Attachment:
             write_engine_target(seg.mm, self._target_id)  # before `attached`: the proxy reads it after
             write_ring_name(seg.mm, self._ring_name)  # likewise (shm/ring_shm.py)
             hf.store(seg.mm, seg.layout.word_off(Word.ATTACHED), t)
-            flags = HostFlags(seg, peer_pid=int(seg.header["owner_pid"]))
+            owner = int(seg.header["owner_pid"])
+            flags = HostFlags(seg, spin=reply_spin(owner), peer_pid=owner)
             flags.rebase(t)  # the handshake: the proxy's first round is t
             self.seg, self.flags = seg, flags
             self._on_attached(seg, flags)
