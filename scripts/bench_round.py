@@ -14,11 +14,15 @@ Mixes (all N = 5, 64-byte rows unless --row-bytes):
   resync   decode, plus every round R random slots are marked dirty (as a failed request would), so
            the round asks for their windows and later rounds send them as RESYNC entries
 
+With --cold, 16 MiB are swept between each enqueue and its round, so the round runs with caches that
+hold none of its code or data, as it does at a real engine's pace (README, "What each section and row
+means", the paced hand-off).
+
 Prints one line per (W, n, mix): median and p90 of handle() and of the proxy's own time, over
 --rounds rounds after --warmup. Asserts nothing about speed.
 
     python scripts/bench_round.py [--n 1,16,64,256,1024] [--W 16,128] [--mix decode,prefill]
-                                  [--rounds 2000] [--repeat 1] [--max-slots M] [--json] [--lineprof]
+                                  [--rounds 2000] [--repeat 1] [--max-slots M] [--cold] [--json] [--lineprof]
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from dspark_proxy.shm.layout import LayoutParams
 
 N_SPEC = 5
 R_PER_ROUND = 4
+COLD_BYTES = 16 << 20  # --cold: more than this machine's L2s and its share of L3
 
 
 class Bench:
@@ -90,12 +95,15 @@ class Bench:
                     k_window=k, rows=self.rows[:int(valid.sum())], valid=valid, first_pos=first,
                     anchor=(first + valid) % 50_000)
 
-    def run(self, rounds: int, handle_ns: list[int] | None, step_ns: list[int] | None) -> None:
+    def run(self, rounds: int, handle_ns: list[int] | None, step_ns: list[int] | None,
+            cold: np.ndarray | None = None) -> None:
         shim, core, client = self.shim, self.core, self.client
         for _ in range(rounds):
             b = self._batch()
             self.t += 1
             shim.enqueue(self.t, **b)
+            if cold is not None:  # every cache line of it touched: the caches hold none of the round's
+                cold[::64] += 1
             client.last_ns = 0
             t0 = time.perf_counter_ns()
             core.handle(self.t, 0.0)
@@ -109,7 +117,7 @@ class Bench:
 
 
 def measure(n: int, W: int, mix: str, rounds: int, warmup: int, row_bytes: int, repeat: int = 1,
-            max_slots: int = 0) -> dict:
+            max_slots: int = 0, cold: bool = False) -> dict:
     """Medians over `rounds` rounds; with `repeat` > 1, the repeat with the lowest median handle() time
     (other processes on a shared machine only ever add time, so the least disturbed run is the truest)."""
     b = Bench(n, W, row_bytes, mix, max_slots=max_slots)
@@ -120,14 +128,14 @@ def measure(n: int, W: int, mix: str, rounds: int, warmup: int, row_bytes: int, 
             h: list[int] = []
             s: list[int] = []
             gc.collect()
-            b.run(rounds, h, s)
+            b.run(rounds, h, s, np.zeros(COLD_BYTES, np.uint8) if cold else None)
             ha, sa = np.array(h) / 1e3, np.array(s) / 1e3
             if best is None or np.median(ha) < np.median(best[0]):
                 best = ha, sa
         ha, sa = best
         own = ha - sa
         c = b.stats.snapshot()["counters"]
-        return {"n": n, "W": W, "M": max(n, max_slots), "mix": mix, "rounds": rounds, "repeat": repeat,
+        return {"n": n, "W": W, "M": max(n, max_slots), "mix": mix, "rounds": rounds, "repeat": repeat, "cold": cold,
                 "handle_p50_us": round(float(np.median(ha)), 1), "handle_p90_us": round(float(np.percentile(ha, 90)), 1),
                 "own_p50_us": round(float(np.median(own)), 1), "own_p90_us": round(float(np.percentile(own, 90)), 1),
                 "step_p50_us": round(float(np.median(sa)), 1),
@@ -152,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--row-bytes", type=int, default=64)
     ap.add_argument("--max-slots", type=int, default=0,
                     help="the segment's max_reqs (default: n); rounds use n slots of it at random")
+    ap.add_argument("--cold", action="store_true", help="sweep 16 MiB between enqueue and the round: the round "
+                    "as a real engine's pace finds it, its caches holding someone else's data")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--lineprof", action="store_true", help="line-profile the round (one n, W, mix)")
     a = ap.parse_args(argv)
@@ -165,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     for W in a.W:
         for mix in mixes:
             for n in a.n:
-                r = measure(n, W, mix, a.rounds, a.warmup, a.row_bytes, a.repeat, a.max_slots)
+                r = measure(n, W, mix, a.rounds, a.warmup, a.row_bytes, a.repeat, a.max_slots, a.cold)
                 out.append(r)
                 if not a.json:
                     print(f"{W:>4} {n:>5} {mix:>8} {r['handle_p50_us']:>11.1f} {r['handle_p90_us']:>7.1f} "
