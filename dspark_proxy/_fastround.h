@@ -156,5 +156,6 @@ PyObject *fr_check_fast(PyObject *mod, PyObject *args);
 PyObject *fr_advance_accept(PyObject *mod, PyObject *args);
 PyObject *fr_finish_whole(PyObject *mod, PyObject *args);
 PyObject *fr_round_front(PyObject *mod, PyObject *args);
+PyObject *fr_hist_observe(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

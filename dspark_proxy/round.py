@@ -68,6 +68,7 @@ from .resync_plan import ResyncPlanner
 from .ring_model import Advance, SlotTable
 from .ring_rows import RingRows
 from .round_fused import FusedRound
+from .round_stats import PHASES, RoundLatencies
 from .shm import hostflag as hf
 from .shm.hostflag import HostFlags
 from .shm.layout import (
@@ -87,10 +88,7 @@ _ROUND_ERRORS = LogThrottle(10.0)  # an internal error of every round: one trace
 assert wire.RS_OK == 0  # "every request OK" is then one count_nonzero of the statuses
 # stats keys, built once rather than formatted every round
 _STATUS_KEYS = tuple(f"req_status_{wire.REQ_STATUS_NAMES.get(c, str(c))}" for c in range(wire.RS_MAX + 1))
-_PHASES = ("decode", "prefill", "unknown")
-_ROUNDS_KEY = {ph: f"rounds_{ph}" for ph in _PHASES}
-_RTT_KEY = {ph: f"rtt_us_{ph}" for ph in _PHASES}
-_PARKED_KEY = {ph: f"proxy_parked_us_{ph}" for ph in _PHASES}
+_ROUNDS_KEY = {ph: f"rounds_{ph}" for ph in PHASES}
 _ENTRIES_AT = wire.APP_HEADER_SIZE + wire.STEP_HDR_SIZE  # the entries' offset in a STEP prefix (FORMAT.md)
 
 
@@ -125,7 +123,8 @@ class RoundCore:
         self.deadline_ns = int(seg.deadline_ms * 1e6)
         self.pacer = LinkPacer(window=self.W, max_rows=p.max_rows, resync_max=resync_windows_per_enqueue(p),
                                deadline_ns=self.deadline_ns, publish=stats.set)
-        self._rtt_us = -1.0
+        self._rtt_us = self._worker_us = -1.0
+        self.lat = RoundLatencies(stats, self.native)  # the round's latency keys, in one call a round
         self._arange = np.arange(self.M, dtype=np.intp)
         self.desc = _slot_reader(seg, self.slots)  # round t's descriptor and metadata
         self.win = WindowAsker(seg)  # the resync request we write, the windows the engine staged
@@ -156,7 +155,7 @@ class RoundCore:
         self._rtt_us = -1.0  # set by a round that got its STEP's reply
         if self.flags.taken(t):
             self._skip_taken(t, waited_us)
-            self.stats.observe("rank0_round_us", (time.perf_counter() - t0) * 1e6)
+            self.lat.skipped((time.perf_counter() - t0) * 1e6)
             return
         phase = "unknown"
         self._advanced = False
@@ -191,12 +190,7 @@ class RoundCore:
             self.slots.mark_all_dirty()
             self.stats.inc("watchdog_preempted")
             self._event(t, "late_publish", phase, waited_us)
-        done_us = (time.perf_counter() - t0) * 1e6
-        self.stats.observe("rank0_round_us", done_us)
-        self.stats.observe(_PARKED_KEY[phase], done_us)
-        if self._rtt_us >= 0.0:
-            # per round, not p50(round) - p50(rtt): failed rounds are fast and have no rtt
-            self.stats.observe("proxy_cost_us", done_us - self._rtt_us)
+        self.lat.done(phase, (time.perf_counter() - t0) * 1e6, self._rtt_us, self._worker_us)
 
     # ------------------------------------------------------------------ reading the round
 
@@ -349,10 +343,7 @@ class RoundCore:
             if reason not in ("not_ready", "disabled", "reconnected"):
                 self._breaker_record(t, False, reason)
             return self._fail(slots, n, reason)
-        st.observe("rtt_us", out.rtt_us)
-        self._rtt_us = out.rtt_us
-        st.observe(_RTT_KEY[phase], out.rtt_us)
-        st.observe("worker_us", out.reply.worker_us)
+        self._rtt_us, self._worker_us = out.rtt_us, out.reply.worker_us  # observed at the round's end
         st.inc("rows_sent", n_rows)
         pacer.on_reply(n_rows, out.rtt_us)
         if n_out:
