@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import native
+from .native import fastround as _fastround
 from .shm.ring_shm import RingError, open_ring, read_ring_name
 from .shm.segment import Segment
 
@@ -43,6 +44,7 @@ class RingRows:
         self._gather: np.ndarray | None = None  # the private buffer of small rows, made at first use
         self._row_t = np.dtype((np.void, self.B))
         self._j = np.arange(self.M * self.W, dtype=np.int64)
+        self._small_c = False  # open, the C path, small rows: views() gathers in one C call
 
     def open(self) -> bool:
         """Map the ring the engine named in the header (once); False: it named none (a private ring:
@@ -57,11 +59,17 @@ class RingRows:
         self._base = memoryview(arr)
         self._ring_u8 = arr
         self.rows = arr.view(self._row_t)
+        if self.native and self.B < GATHER_BELOW:
+            self._gather_buf()
+            self._small_c = True
         return True
 
     def views(self, slots: np.ndarray, first: np.ndarray, n_rows: np.ndarray) -> list:
         """The rows of each entry (`slots`, `first`, `n_rows`: int64, entry order), as one gathered
         buffer (small rows) or runs of the ring (large rows)."""
+        if self._small_c:  # the usual case, without the conversions (a wrong dtype raises in the C call)
+            out = self._gather
+            return [out[:_fastround.ring_gather(self._ring_u8, slots, first, n_rows, self.W, self.B, out)]]
         if self.rows is None:
             raise RingError("the engine's shared ring is not open")
         slots = np.asarray(slots, dtype=np.int64)

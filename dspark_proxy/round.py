@@ -50,6 +50,7 @@ heartbeat thread's snapshot.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -88,8 +89,12 @@ _ROUND_ERRORS = LogThrottle(10.0)  # an internal error of every round: one trace
 assert wire.RS_OK == 0  # "every request OK" is then one count_nonzero of the statuses
 # stats keys, built once rather than formatted every round
 _STATUS_KEYS = tuple(f"req_status_{wire.REQ_STATUS_NAMES.get(c, str(c))}" for c in range(wire.RS_MAX + 1))
+_STATUS_OK_KEY = _STATUS_KEYS[wire.RS_OK]
 _ROUNDS_KEY = {ph: f"rounds_{ph}" for ph in PHASES}
 _ENTRIES_AT = wire.APP_HEADER_SIZE + wire.STEP_HDR_SIZE  # the entries' offset in a STEP prefix (FORMAT.md)
+_ENTRY_SIZE = wire.ENTRY_SIZE
+_CLOSED = BreakerState.CLOSED
+_clock = time.perf_counter
 
 
 def _slot_reader(seg: Segment, slots: SlotTable) -> SlotReader:
@@ -145,17 +150,22 @@ class RoundCore:
         self.accept = Acceptance(self.M, self.N, settings.gate, stats, self.native)  # drafts' effect; the gate
         # the C path's usual round in fewer calls (round_fused.py); None on the reference path
         self.fused = FusedRound(self.slots, self.accept, self.packer, self.N, self.W) if self.native else None
+        # what every round asks, bound once per incarnation (round.py, "Cost")
+        self._taken, self._consumed, self._publish = self.flags.taken, self.flags.reply_consumed, self.flags.publish
+        self._gathered_ns = functools.partial(hf.load, seg.mm, self._gathered_ns_off)
+        self._decode_q = self.N + 1  # a longer query than this makes the round a prefill one
+        self._step_flags = (wire.SF_WANT_MARGIN if settings.want_margin else 0) | (wire.SF_SAMPLED if self.sampled else 0)
 
     # ------------------------------------------------------------------ entry point
 
     def handle(self, t: int, waited_us: float) -> None:
         """Round t, gathered. Publishes (or loses the claim); raises only when the hand-off is broken."""
-        t0 = time.perf_counter()
+        t0 = _clock()
         self.rounds = t
         self._rtt_us = -1.0  # set by a round that got its STEP's reply
-        if self.flags.taken(t):
+        if self._taken(t):
             self._skip_taken(t, waited_us)
-            self.lat.skipped((time.perf_counter() - t0) * 1e6)
+            self.lat.skipped((_clock() - t0) * 1e6)
             return
         phase = "unknown"
         self._advanced = False
@@ -164,7 +174,7 @@ class RoundCore:
                 n, pre = self._front(t)
             else:
                 n, pre = self.desc.read(t), None
-            phase = self._phase()
+            phase = "prefill" if self.desc.max_q > self._decode_q else "decode"  # (_phase, inline)
             if self._shared is None:  # the engine named its ring (or none) before `attached`
                 self._shared = self.ring_rows.open()
             self._run(t, n, phase, pre)
@@ -182,20 +192,20 @@ class RoundCore:
                 self.slots.restart(np.arange(self.M))
             self.packer.failed(self.desc.n_of(t))
             _ROUND_ERRORS.exception(log, "[round] t=%d failed", t)
-        if not self.flags.reply_consumed(t - 1):
+        if not self._consumed(t - 1):
             raise RuntimeError(f"round {t}: the engine has not consumed round {t - 1}'s reply "
                                f"(words {self.flags.values()})")
-        if not self.flags.publish(t, self.page):
+        if not self._publish(t, self.page):
             # the watchdog failed t first: the worker may hold rows we now treat as unsent
             self.slots.mark_all_dirty()
             self.stats.inc("watchdog_preempted")
             self._event(t, "late_publish", phase, waited_us)
-        self.lat.done(phase, (time.perf_counter() - t0) * 1e6, self._rtt_us, self._worker_us)
+        self.lat.done(phase, (_clock() - t0) * 1e6, self._rtt_us, self._worker_us)
 
     # ------------------------------------------------------------------ reading the round
 
     def _phase(self) -> str:
-        return "prefill" if self.desc.max_q > self.N + 1 else "decode"
+        return "prefill" if self.desc.max_q > self._decode_q else "decode"
 
     # ------------------------------------------------------------------ the round proper
 
@@ -206,13 +216,14 @@ class RoundCore:
         in the same call; `_run` applies them otherwise. `fill`: nothing between the sums and the entries
         can change them (a closed breaker, no row cap, no n_out table, a gate that cannot pause a slot
         this round)."""
-        epoch, moved = self.client.connection_epoch(), self.client.moved_slots()
+        client = self.client
+        epoch, moved = client.connection_epoch(), client.moved_slots()
         go = moved is None and (epoch is None or epoch == self._last_epoch)
         g = self.accept.gate
-        fill = go and epoch is not None and self.breaker.current is BreakerState.CLOSED and not self.pacer.row_cap \
+        fill = go and epoch is not None and self.breaker.current is _CLOSED and not self.pacer.row_cap \
             and self.packer.n_out_table_empty and (not g.on or (g.n_paused == 0 and g.n_probing == 0 and
                                                                g.b_state != PAUSED and t < g.next_tick and g.b_left > 1))
-        n, plan, stage = self.fused.front(t, self.seg, self.desc, go, fill, self._prefix, _ENTRIES_AT, wire.ENTRY_SIZE,
+        n, plan, stage = self.fused.front(t, self.seg, self.desc, go, fill, self._prefix, _ENTRIES_AT, _ENTRY_SIZE,
                                           self._entry_offs)
         self._advanced = stage > 0  # round t's rows reached the ring model (an error past here keeps it)
         return n, (epoch, moved, plan, stage)
@@ -323,14 +334,13 @@ class RoundCore:
                 st.inc("resync_rounds")
                 st.inc("resync_rows", int(e_rows[have_win[sel]].sum()))
         sample_meta = None
-        step_flags = wire.SF_WANT_MARGIN if self.settings.want_margin else 0
+        step_flags = self._step_flags
         if self.sampled:
-            step_flags |= wire.SF_SAMPLED
             sample_meta = self._prefix.sample(k)
             sample_meta["seed"] = v.seed[sel]
             sample_meta["temperature"] = v.temperature[sel]
         # 6. preempted: the watchdog completed t while we built it; the staging may be refilling
-        if self.flags.taken(t):
+        if self._taken(t):
             return self._fail(slots, n, "preempted")
         # 7. STEP
         timeout_s = self._step_timeout()
@@ -349,7 +359,7 @@ class RoundCore:
         if n_out:
             st.inc("rounds_n_out_cut")
         # 8. accept
-        self._accept(t, n, idx, e_slots, slots, plan, need, pending if n_pending else None, out.reply)
+        self._accept(t, n, idx, e_slots, slots, plan, need, pending if n_pending else None, out.reply, n_out)
 
     def _fill_entries(self, idx: np.ndarray | None, slots: np.ndarray, valid: np.ndarray, first_pos: np.ndarray,
                       plan: Advance, need_u8: np.ndarray, n_out: int) -> None:
@@ -370,8 +380,7 @@ class RoundCore:
         s = self.settings
         if s.step_timeout_s is not None:
             return s.step_timeout_s
-        left_ns = (hf.load(self.seg.mm, self._gathered_ns_off) + self.deadline_ns
-                   - hf.monotonic_ns())
+        left_ns = self._gathered_ns() + self.deadline_ns - hf.monotonic_ns()
         return max(s.min_step_timeout_s, left_ns / 1e9)
 
     def _within_cap(self, idx: np.ndarray | None, n: int, e_rows: np.ndarray) -> tuple[np.ndarray, int]:
@@ -386,16 +395,18 @@ class RoundCore:
     # ------------------------------------------------------------------ step 8
 
     def _accept(self, t: int, n: int, idx: np.ndarray | None, e_slots: np.ndarray, slots: np.ndarray,
-                plan: Advance, need: np.ndarray, pending: np.ndarray | None, reply: StepReply) -> None:
+                plan: Advance, need: np.ndarray, pending: np.ndarray | None, reply: StepReply, n_out: int) -> None:
         """Step 8. `idx`: the requests with an entry (None: all n, in order); `e_slots` their slots;
-        `pending`: requests sent without the window they need (None: no such request)."""
+        `pending`: requests sent without the window they need (None: no such request); `n_out`: the
+        entries' (packer.n_out(n))."""
         st = self.stats
         if idx is None and pending is None and self.fused is not None and \
-                self.fused.finish(n, e_slots, need, reply, self.packer.n_out(n) or self.N):
+                self.fused.finish(n, e_slots, need, reply, n_out or self.N):
             # the usual round, done in one C call: below, it is the n_failed == 0 and `whole` branches
-            st.inc(_STATUS_KEYS[wire.RS_OK], n)
+            st.inc(_STATUS_OK_KEY, n)
             st.inc("rounds_ok")
-            self._breaker_record(t, True, "every request failed")
+            if self.breaker.current is not _CLOSED or self.breaker.consecutive_failures:
+                self._breaker_record(t, True, "every request failed")  # (closed and clean: it would do nothing)
             return
         sel = slice(None) if idx is None else idx
         k = int(e_slots.shape[0])

@@ -48,7 +48,7 @@ class FusedRound:
         self._page_args = (L.o_ok, L.o_ids, L.o_conf, L.M, num_spec)
         self._can_finish = not L.sampled  # a sampled page has sections pack_whole does not write
         self._fin_held: Any = None
-        self._front_held: Any = None
+        self._front_fixed: tuple | None = None
         self.fronts = [0, 0, 0, 0]  # rounds by the stage their front reached (tests read them)
         self.advanced = self.finished = 0  # rounds that took each fused call (tests read them)
         self.k_staged = 0  # the last front's requests with staged rows (stage >= 1)
@@ -60,20 +60,21 @@ class FusedRound:
         stage)."""
         acc, tab = self.accept, self.table
         g = acc.gate
-        held = self._front_held
-        if held is None:  # the reader's copies and scratch, and the entries' offsets (_fastround_held.c)
-            held = self._front_held = fastround.Held((*reader.front_arrays(), eoffs))
-        held_t = tab.native_held()
+        fixed = self._front_fixed
+        if fixed is None:  # what every call passes the same: the reader's copies, scratch and sizes, the entries' offsets
+            fixed = self._front_fixed = (fastround.Held((*reader.front_arrays(), eoffs)), reader.M, reader.W, reader.R,
+                                         reader.max_rows)
+        held, M, W, R, max_rows = fixed
         desc_off, meta_off = reader.offsets(t)
         (code, n, max_q, rows, n_staged, n_misfit, stage, self.k_staged, n_new, n_resync, n_unknown, n_ver, tokens,
-         n_ready) = fastround.round_front(seg.mm, desc_off, meta_off, held, t, reader.M, reader.W, reader.R,
-                                          reader.max_rows, held_t, acc.native_held(), self.N, g.on, g.n_probing > 0,
-                                          acc.sums_may_fuse(t), go, fill, prefix, ent_off, ent_size)
+         n_ready) = fastround.round_front(seg.mm, desc_off, meta_off, held, t, M, W, R, max_rows, tab.native_held(),
+                                          acc.native_held(), self.N, g.on, g.n_probing > 0, acc.sums_may_fuse(t), go,
+                                          fill, prefix, ent_off, ent_size)
         self.fronts[stage] += 1
         n = reader.read_done(t, code, n, max_q, rows, n_staged, n_misfit)
         if stage == 0:
             return n, None, 0
-        plan = tab.native_plan(tab.native_views(n), n_new, n_resync, n_unknown)
+        plan = tab.native_plan_of(n, n_new, n_resync, n_unknown)
         if stage >= 2:
             acc.summed(t, n_ver, tokens, n_ready)
         else:
@@ -88,7 +89,7 @@ class FusedRound:
         n_new, n_resync, n_unknown, summed, n_ver, tokens, n_ready = fastround.advance_accept(
             self.table.native_held(), acc.native_held(), slots, req, first, valid, valid_raw, k_window, self.W, self.N, g.on,
             g.n_probing > 0, acc.sums_may_fuse(t))
-        plan = self.table.native_plan(self.table.native_views(slots.shape[0]), n_new, n_resync, n_unknown)
+        plan = self.table.native_plan_of(slots.shape[0], n_new, n_resync, n_unknown)
         if summed:
             self.advanced += 1
             acc.summed(t, n_ver, tokens, n_ready)

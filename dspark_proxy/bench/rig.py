@@ -30,6 +30,8 @@ class TimedClient:
     def __init__(self, inner: DraftClient) -> None:
         self.inner = inner
         self.last_ns = 0
+        # the round calls these every round: bound here, so that the wrapper adds no lookup to what is timed
+        self.connection_epoch, self.moved_slots = inner.connection_epoch, inner.moved_slots
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
