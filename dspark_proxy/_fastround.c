@@ -133,7 +133,7 @@ PyObject *fr_ring_write(PyObject *mod, PyObject *args) {
                      bs[5].len);
         goto fail;
     }
-    Py_BEGIN_ALLOW_THREADS
+    BEGIN_MAYBE_ALLOW_THREADS(total * B)
     int64_t src = 0; /* the request's first input row */
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t s = slots[i], f = first[i], v = valid[i];
@@ -156,7 +156,7 @@ PyObject *fr_ring_write(PyObject *mod, PyObject *args) {
         }
         src += sent;
     }
-    Py_END_ALLOW_THREADS
+    END_MAYBE_ALLOW_THREADS
     release_all(all);
     Py_RETURN_NONE;
 fail:
@@ -243,7 +243,7 @@ PyObject *fr_write_round(PyObject *mod, PyObject *args) {
                 max_q = (Py_ssize_t)q;
         }
     }
-    Py_BEGIN_ALLOW_THREADS
+    BEGIN_MAYBE_ALLOW_THREADS(brows.len)
     /* the staging: rows_staged is a prefix of the round's rows (writer.py), brows.len their bytes */
     if (brows.len)
         memcpy(base + staging_off, brows.buf, (size_t)brows.len);
@@ -283,7 +283,7 @@ PyObject *fr_write_round(PyObject *mod, PyObject *args) {
         d[dof[D_NEED] + i] = need[i] != 0;
     put_i32s(d + dof[D_K], k, n);
     atomic_store_explicit(stamp_at(d, dof[D_END]), (uint64_t)t, memory_order_release);
-    Py_END_ALLOW_THREADS
+    END_MAYBE_ALLOW_THREADS
     release_all(all);
     return PyLong_FromSsize_t(max_q);
 fail:

@@ -47,7 +47,7 @@ int read_core(char *base, Py_ssize_t seg_len, Py_ssize_t desc_off, Py_ssize_t me
     }
     int code = 0;
     uint32_t n = 0, max_q = 0, rows = 0, n_staged = 0, n_misfit = 0;
-    Py_BEGIN_ALLOW_THREADS
+    BEGIN_MAYBE_ALLOW_THREADS(dlen + mlen)
     if (!stamped_copy(base + desc_off, dof[D_START], dof[D_END], t, d, (size_t)dlen))
         code = 1;
     else if (!stamped_copy(base + meta_off, mo[M_START], mo[M_END], t, m, (size_t)mlen))
@@ -87,7 +87,7 @@ int read_core(char *base, Py_ssize_t seg_len, Py_ssize_t desc_off, Py_ssize_t me
         for (uint32_t i = 0; !code && i < n; i++)
             valid[i] = get_i32(m + mo[M_VALID] + 4 * i);
     }
-    Py_END_ALLOW_THREADS
+    END_MAYBE_ALLOW_THREADS
     res[0] = (uint32_t)code, res[1] = n, res[2] = max_q, res[3] = rows, res[4] = n_staged, res[5] = n_misfit;
     return 0;
 }
@@ -426,7 +426,7 @@ PyObject *fr_ring_gather(PyObject *mod, PyObject *args) {
     }
     const char *ring = br.buf;
     char *dst = bo.buf;
-    Py_BEGIN_ALLOW_THREADS
+    BEGIN_MAYBE_ALLOW_THREADS(total * B)
     for (Py_ssize_t i = 0; i < k; i++) {
         int64_t c = nrows[i], a = pmod(first[i], W);
         const char *blk = ring + (size_t)slots[i] * W * B;
@@ -438,7 +438,7 @@ PyObject *fr_ring_gather(PyObject *mod, PyObject *args) {
             dst += (c - c1) * B;
         }
     }
-    Py_END_ALLOW_THREADS
+    END_MAYBE_ALLOW_THREADS
     done = total;
 fail:
     release_all(all);

@@ -154,6 +154,8 @@ class RoundCore:
         self._taken, self._consumed, self._publish = self.flags.taken, self.flags.reply_consumed, self.flags.publish
         self._gathered_ns = functools.partial(hf.load, seg.mm, self._gathered_ns_off)
         self._decode_q = self.N + 1  # a longer query than this makes the round a prefill one
+        self._fixed_timeout_s, self._min_timeout_s = settings.step_timeout_s, settings.min_step_timeout_s
+        self._gate_on, self._no_n_out = self.accept.gate.on, self.packer.n_out_table_empty
         self._step_flags = (wire.SF_WANT_MARGIN if settings.want_margin else 0) | (wire.SF_SAMPLED if self.sampled else 0)
 
     # ------------------------------------------------------------------ entry point
@@ -221,8 +223,8 @@ class RoundCore:
         go = moved is None and (epoch is None or epoch == self._last_epoch)
         g = self.accept.gate
         fill = go and epoch is not None and self.breaker.current is _CLOSED and not self.pacer.row_cap \
-            and self.packer.n_out_table_empty and (not g.on or (g.n_paused == 0 and g.n_probing == 0 and
-                                                               g.b_state != PAUSED and t < g.next_tick and g.b_left > 1))
+            and self._no_n_out and (not self._gate_on or (g.n_paused == 0 and g.n_probing == 0 and
+                                                          g.b_state != PAUSED and t < g.next_tick and g.b_left > 1))
         n, plan, stage = self.fused.front(t, self.seg, self.desc, go, fill, self._prefix, _ENTRIES_AT, _ENTRY_SIZE,
                                           self._entry_offs)
         self._advanced = stage > 0  # round t's rows reached the ring model (an error past here keeps it)
@@ -343,7 +345,9 @@ class RoundCore:
         if self._taken(t):
             return self._fail(slots, n, "preempted")
         # 7. STEP
-        timeout_s = self._step_timeout()
+        timeout_s = self._fixed_timeout_s  # (else what is left of the deadline since `gathered`, at least the minimum)
+        if timeout_s is None:
+            timeout_s = max(self._min_timeout_s, (self._gathered_ns() + self.deadline_ns - hf.monotonic_ns()) / 1e9)
         out = self.client.step(self._prefix, ent, n_rows, step_id=t, step_flags=step_flags, epoch=epoch,
                                rows=rows, sample_meta=sample_meta, timeout_s=timeout_s)
         if not out.ok:
@@ -355,7 +359,8 @@ class RoundCore:
             return self._fail(slots, n, reason)
         self._rtt_us, self._worker_us = out.rtt_us, out.reply.worker_us  # observed at the round's end
         st.inc("rows_sent", n_rows)
-        pacer.on_reply(n_rows, out.rtt_us)
+        if n_rows >= pacer.min_rows:  # (a smaller STEP says nothing about the link: on_reply would return)
+            pacer.on_reply(n_rows, out.rtt_us)
         if n_out:
             st.inc("rounds_n_out_cut")
         # 8. accept
@@ -375,13 +380,6 @@ class RoundCore:
         self.stats.inc(f"fallback_{reason}")
         self.stats.inc("rounds_failed")
         self.packer.failed(n)
-
-    def _step_timeout(self) -> float:
-        s = self.settings
-        if s.step_timeout_s is not None:
-            return s.step_timeout_s
-        left_ns = self._gathered_ns() + self.deadline_ns - hf.monotonic_ns()
-        return max(s.min_step_timeout_s, left_ns / 1e9)
 
     def _within_cap(self, idx: np.ndarray | None, n: int, e_rows: np.ndarray) -> tuple[np.ndarray, int]:
         """The entries that fit the link's row cap (pacing.py): a prefix in entry order (at least one),

@@ -27,7 +27,8 @@ class RoundLatencies:
     RoundCore that writes it)."""
 
     def __init__(self, stats: Stats, native_path: bool) -> None:
-        self._obs = stats.group(ROUND_KEYS, native_path).observe
+        g = stats.group(ROUND_KEYS, native_path)
+        self._obs, self._record, self._joined = g.observe, g.record, g.joined
         self._failed = {ph: (0, _PARKED + i) for i, ph in enumerate(PHASES)}
         self._ok = {ph: (0, _PARKED + i, 1, 2, _RTT_PH + i, 3) for i, ph in enumerate(PHASES)}
 
@@ -35,7 +36,11 @@ class RoundLatencies:
         """A handled round: its time, and its STEP's figures when `rtt_us` >= 0 (it got a reply).
         proxy_cost_us is per round, not p50(round) - p50(rtt): failed rounds are fast and have no rtt."""
         if rtt_us >= 0.0:
-            self._obs(self._ok[phase], done_us, done_us, done_us - rtt_us, rtt_us, rtt_us, worker_us)
+            at = self._ok[phase]
+            if at in self._joined:  # (observe, without its frame: every round but the first of its kind)
+                self._record(at, done_us, done_us, done_us - rtt_us, rtt_us, rtt_us, worker_us)
+            else:
+                self._obs(at, done_us, done_us, done_us - rtt_us, rtt_us, rtt_us, worker_us)
         else:
             self._obs(self._failed[phase], done_us, done_us)
 

@@ -17,10 +17,11 @@ its count).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -118,7 +119,7 @@ class HistGroup:
         self.mins = np.full(K, math.inf, dtype=np.float64)
         self.maxs = np.zeros(K, dtype=np.float64)
         self.rows = [_HistRow(self, i) for i in range(K)]
-        self._joined: set[tuple[int, ...]] = set()  # key tuples whose keys are all in the Stats already
+        self.joined: set[tuple[int, ...]] = set()  # key tuples whose keys are all in the Stats already
         for i, k in enumerate(keys):  # observed before the group existed: carried over
             h = stats._lat.get(k)
             if h is not None:
@@ -127,20 +128,20 @@ class HistGroup:
                 stats._lat[k] = self.rows[i]
         self.native = native_path
         self._held = None
+        # record(at, *values): what observe runs once `at` has joined (a caller that checks `joined` itself
+        # may call it directly)
+        self.record: Callable[..., None] = self.observe_ref
         if native_path:
             from .native import fastround  # the C extension: imported only where a group uses it
 
             self._held = fastround.Held((self.counts, self.sums, self.mins, self.maxs))
-            self._observe_c = fastround.hist_observe
+            self.record = functools.partial(fastround.hist_observe, self._held)
 
     def observe(self, at: tuple[int, ...], *values_us: float) -> None:
         """values_us[j] into key `at[j]` (indices into `keys`; at most 8): `Stats.observe` for each."""
-        if at not in self._joined:
-            self._join(at)
-        if self._held is not None:
-            self._observe_c(self._held, at, *values_us)
-        else:
-            self.observe_ref(at, *values_us)
+        if at not in self.joined:
+            self.join(at)
+        self.record(at, *values_us)
 
     def observe_ref(self, at: tuple[int, ...], *values_us: float) -> None:
         """The reference of _fastround.hist_observe: `Stats.observe`'s arithmetic on the group's rows."""
@@ -149,12 +150,13 @@ class HistGroup:
         for i, v in zip(at, values_us, strict=True):
             _observe_into(self.rows[i], float(v))
 
-    def _join(self, at: tuple[int, ...]) -> None:
+    def join(self, at: tuple[int, ...]) -> None:
+        """The keys `at` join the Stats' latencies (their first observation is coming)."""
         lat = self._stats._lat
         for i in at:
             if lat.get(self.keys[i]) is not self.rows[i]:
                 lat[self.keys[i]] = self.rows[i]
-        self._joined.add(at)
+        self.joined.add(at)
 
 
 def _observe_into(h: _Hist | _HistRow, v: float) -> None:
