@@ -104,8 +104,7 @@ class InProcessClient:
             serve_step(self._session, entries, flat, sample_meta if out.sampled_mask is not None else None, out,
                        self._layout, self._drafter, self.counters)
         us = (time.perf_counter() - t0) * 1e6
-        header = AppHeader(type=MSG_REPLY, flags=0, session=self.counters["sessions"], epoch=epoch, step_id=step_id,
-                           payload_len=0)
+        header = AppHeader(MSG_REPLY, 0, self.counters["sessions"], epoch, step_id, 0)  # type, flags, ..., payload_len
         reply = StepReply(header, step_flags, out.status, out.window_rows, out.draft_ids, out.confidence, None,
                           out.sampled_mask, out.support_ids, out.proposal_q, us)
         return StepOutcome(True, None, reply, us)
