@@ -364,8 +364,9 @@ static PyMethodDef methods[] = {
      "status_ok) -> bool: the usual round's announce, page and status (held: announced, dirty, page)"},
     {"round_front", fr_round_front, METH_VARARGS,
      "round_front(seg, desc_off, meta_off, held_rd, t, M, W, R, max_rows, held_tab, held_acc, N, gate, probing, sums, "
-     "go, fill, prefix, ent_off, ent_size) -> (code, n, max_q, rows_staged, n_staged, n_misfit, stage, k_staged, "
-     "n_new_owner, n_resync, n_unknown, n_ver, tokens, n_ready): read_round, advance, accept_round, fill_entries"},
+     "go, fill, prefix, ent_off, ent_size, ring, gather, row_bytes) -> (code, n, max_q, rows_staged, n_staged, n_misfit, "
+     "stage, k_staged, n_new_owner, n_resync, n_unknown, n_ver, tokens, n_ready, n_gathered): read_round, advance, "
+     "accept_round, fill_entries, ring_gather"},
     {"hist_observe", (PyCFunction)(void (*)(void))fr_hist_observe, METH_FASTCALL,
      "hist_observe(held, keys, *values): each value into its histogram of a group (stats.py HistGroup); held: a "
      "Held of counts, sums, mins, maxs"},

@@ -135,6 +135,8 @@ static inline int64_t get_i64(const char *p) { int64_t x; memcpy(&x, p, 8); retu
 extern PyTypeObject HeldType;
 void *held_get(PyObject *o, Py_ssize_t i, Py_ssize_t itemsize, Py_ssize_t count, const char *name);
 Py_ssize_t held_items(PyObject *o, Py_ssize_t i);
+Py_ssize_t ring_gather_core(const char *ring, Py_ssize_t ring_len, Py_ssize_t W, Py_ssize_t B, const int64_t *slots,
+                            const int64_t *first, const int64_t *nrows, Py_ssize_t k, char *dst, Py_ssize_t dst_len);
 
 /* the single-job cores the fused calls (_fastround_fused.c) share with their own functions */
 int advance_core(PyObject *held, const int64_t *slots, const int64_t *req, const int64_t *first,

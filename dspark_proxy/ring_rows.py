@@ -45,6 +45,8 @@ class RingRows:
         self._row_t = np.dtype((np.void, self.B))
         self._j = np.arange(self.M * self.W, dtype=np.int64)
         self._small_c = False  # open, the C path, small rows: views() gathers in one C call
+        # the same, for round_front's gather (round_fused.py): (ring, out, row_bytes); None otherwise
+        self.c_gather: tuple[np.ndarray, np.ndarray, int] | None = None
 
     def open(self) -> bool:
         """Map the ring the engine named in the header (once); False: it named none (a private ring:
@@ -60,7 +62,7 @@ class RingRows:
         self._ring_u8 = arr
         self.rows = arr.view(self._row_t)
         if self.native and self.B < GATHER_BELOW:
-            self._gather_buf()
+            self.c_gather = (arr, self._gather_buf(), self.B)
             self._small_c = True
         return True
 
@@ -85,6 +87,11 @@ class RingRows:
             return native.fastround.ring_runs(self._base, np.ascontiguousarray(slots), np.ascontiguousarray(first),
                                               np.ascontiguousarray(n_rows), self.W, self.B)
         return self.runs(slots, first, n_rows)
+
+    def gathered(self, k: int) -> list:
+        """What views() returns for rows round_front already gathered into `c_gather`'s buffer (k rows)."""
+        assert self._gather is not None
+        return [self._gather[:k]]
 
     def gather(self, slots: np.ndarray, first: np.ndarray, n_rows: np.ndarray) -> np.ndarray:
         """Every entry's rows, in order, copied into the private buffer (vectorised: one take)."""

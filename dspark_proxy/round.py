@@ -226,7 +226,7 @@ class RoundCore:
             and self._no_n_out and (not self._gate_on or (g.n_paused == 0 and g.n_probing == 0 and
                                                           g.b_state != PAUSED and t < g.next_tick and g.b_left > 1))
         n, plan, stage = self.fused.front(t, self.seg, self.desc, go, fill, self._prefix, _ENTRIES_AT, _ENTRY_SIZE,
-                                          self._entry_offs)
+                                          self._entry_offs, self.ring_rows.c_gather if self._shared else None)
         self._advanced = stage > 0  # round t's rows reached the ring model (an error past here keeps it)
         return n, (epoch, moved, plan, stage)
 
@@ -322,7 +322,9 @@ class RoundCore:
                 ent["flags"] = flags[sel]
                 ent["k_window"] = np.minimum(v.k_window[sel], 255)
                 ent["n_out"] = n_out
-        if self._shared:  # straight from the engine's ring: the rows were written once, there
+        if self._shared and stage == 3 and self.fused.n_gathered >= 0:  # _front gathered them from the ring too
+            rows = self.ring_rows.gathered(self.fused.n_gathered)
+        elif self._shared:  # straight from the engine's ring: the rows were written once, there
             e_first = first_pos[sel] if have_win is None else np.where(have_win, plan.held_first, first_pos)[sel]
             rows = self.ring_rows.views(e_slots, e_first, e_rows)
             if have_win is not None and np.count_nonzero(have_win):

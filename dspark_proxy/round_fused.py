@@ -6,8 +6,8 @@ the C path joins the calls that follow each other in the usual round, each joine
 very code of the single ones (read_core, advance_core, accept_core, fill_core, pack_whole_core):
 - `front`: the descriptor read, then (when the caller has no connection epoch or moved slots to apply
   first) the ring model's advance and the acceptance sums, then (when the caller knows nothing in
-  between would change them) the usual round's entries; `stage` says how far it went and round.py
-  goes on from there.
+  between would change them) the usual round's entries and, from the engine's shared ring, their
+  small rows (ring_rows.py's gather); `stage` says how far it went and round.py goes on from there.
 - `advance`: the ring model's advance, then the acceptance sums, when the gate's `begin` has nothing
   to do in between (no new owner while the gate is on, no pause ending); otherwise the sums run as
   before (`Acceptance.round`).
@@ -36,6 +36,8 @@ from .shm.stamped import SlotReader
 
 __all__ = ["FusedRound"]
 
+_NO_GATHER = (None, None, 0)
+
 
 class FusedRound:
     """The fused calls over one RoundCore's ring model, acceptance and page (all made once, written in
@@ -52,12 +54,14 @@ class FusedRound:
         self.fronts = [0, 0, 0, 0]  # rounds by the stage their front reached (tests read them)
         self.advanced = self.finished = 0  # rounds that took each fused call (tests read them)
         self.k_staged = 0  # the last front's requests with staged rows (stage >= 1)
+        self.n_gathered = -1  # the last front's rows gathered from the shared ring (-1: none)
 
     def front(self, t: int, seg: Segment, reader: SlotReader, go: bool, fill: bool, prefix: Any, ent_off: int,
-              ent_size: int, eoffs: np.ndarray) -> tuple[int, Advance | None, int]:
+              ent_size: int, eoffs: np.ndarray, gather: tuple | None = None) -> tuple[int, Advance | None, int]:
         """Round t's descriptor read (BadDescriptor as SlotReader.read raises it), and as far past it as
         `go` and `fill` allow (round_front in _fastround_fused.c): (n, the plan or None below stage 1,
-        stage)."""
+        stage). `gather`: (ring, out, row_bytes) of the engine's shared ring (RingRows.c_gather): at stage 3
+        the entries' rows are gathered into `out` too, `n_gathered` of them (-1: not gathered)."""
         acc, tab = self.accept, self.table
         g = acc.gate
         fixed = self._front_fixed
@@ -66,10 +70,12 @@ class FusedRound:
                                          reader.max_rows)
         held, M, W, R, max_rows = fixed
         desc_off, meta_off = reader.offsets(t)
+        ring, out, B = gather or _NO_GATHER
         (code, n, max_q, rows, n_staged, n_misfit, stage, self.k_staged, n_new, n_resync, n_unknown, n_ver, tokens,
-         n_ready) = fastround.round_front(seg.mm, desc_off, meta_off, held, t, M, W, R, max_rows, tab.native_held(),
-                                          acc.native_held(), self.N, g.on, g.n_probing > 0, acc.sums_may_fuse(t), go,
-                                          fill, prefix, ent_off, ent_size)
+         n_ready, self.n_gathered) = fastround.round_front(seg.mm, desc_off, meta_off, held, t, M, W, R, max_rows,
+                                                           tab.native_held(), acc.native_held(), self.N, g.on,
+                                                           g.n_probing > 0, acc.sums_may_fuse(t), go, fill, prefix,
+                                                           ent_off, ent_size, ring, out, B)
         self.fronts[stage] += 1
         n = reader.read_done(t, code, n, max_q, rows, n_staged, n_misfit)
         if stage == 0:
