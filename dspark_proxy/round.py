@@ -24,25 +24,13 @@ Invariants kept from the seed (and why):
 
 Cost. At the batch sizes that matter (n up to a few hundred) a round's cost is the number of numpy calls
 (0.3-1 µs each, whatever n is) and Python statements, not the data. So the hot path is built around the
-common decode round, and everything rare sits behind one count: the descriptor is copied as bytes and
-its header read with one struct call; the ring model is advanced and planned in one pass
-(`SlotTable.advance`); when every request has an entry (the usual case) the entries and the reply page
-are filled from slices rather than fancy indexing; resync windows, requests that did not fit, failed
-statuses and partial windows take the general path only when a count says they exist; the reply page
-zeroes only the rows an earlier round wrote; stats keys are built once. scripts/bench_round.py measures it:
-handle() with an in-process null worker, W = 128, N = 5, on a shared 2-core machine, p50 53 µs at n = 1,
-65 µs at n = 256, 95 µs at n = 1024 for decode rounds (129, 169 and 285 µs before these shortcuts). Of a
-decode round at n = 256, about: reading and validating the descriptor 13 µs, advancing the ring model
-11 µs, entries 6 µs, accepting and packing the reply 9 µs, stats and breaker 4 µs, the rest Python glue.
-On the default (C) path the descriptor read, the ring model, the acceptance sums, the entries (their
-flags included), the small rows' gather and the usual round's reply page are one C call each
-(native.py), the long-lived arrays' buffers held across calls (_fastround_held.c); with the sums, the
-flags, the page and the held buffers in C, the same rig at M=256 with 256-byte rows went from p50 44.5
-to 28.8 µs at n=1 and 63.0 to 43.1 µs at n=256 (README, "Native hot paths"). The usual round is now
-two C calls (round_fused.py): `_front` (read, advance, sums, entries, stopping where the round stops
-being usual; `stage` says where, and `_run` goes on from there) and `_accept`'s finish_whole (ring
-model, page, status); same rig, same run: 29.5 -> 23 µs at n=1, 48 -> 42 at n=256. What is left is
-the interpreter around them: the null worker's step (~5), the stats (~3), the rows' views, publish.
+common decode round, and everything rare sits behind one count (a resync window, a request that did
+not fit, a failed status, a partial window each take the general path only when a count says they
+exist). On the default (C) path the usual round is two C calls (round_fused.py): `_front` (read,
+advance, sums, entries and the small rows' gather, stopping where the round stops being usual; `stage`
+says where, and `_run` goes on from there) and `_accept`'s finish_whole (ring model, page, status); its
+latencies are one more (round_stats.py), and what every round asks is bound once per incarnation.
+scripts/bench_round.py measures it (README, "Native hot paths", for the figures and their history).
 
 Thread ownership: one round thread owns everything here; `stats` is shared read-only with the
 heartbeat thread's snapshot.
@@ -69,6 +57,7 @@ from .resync_plan import ResyncPlanner
 from .ring_model import Advance, SlotTable
 from .ring_rows import RingRows
 from .round_fused import FusedRound
+from .round_late import LateRounds
 from .round_stats import PHASES, RoundLatencies
 from .shm import hostflag as hf
 from .shm.hostflag import HostFlags
@@ -111,8 +100,9 @@ class RoundSettings:
     gate: GateSettings = GateSettings()  # acceptance-aware drafting (acceptance.py)
 
 
-class RoundCore:
-    """Rank-0 round logic over one attached segment (a new one per engine attach)."""
+class RoundCore(LateRounds):
+    """Rank-0 round logic over one attached segment (a new one per engine attach); its late rounds
+    (`_skip_taken`, `_event`) are in round_late.py."""
 
     def __init__(self, seg: Segment, client: DraftClient, stats: Stats, events: EventRing, breaker: CircuitBreaker,
                  settings: RoundSettings) -> None:
@@ -203,11 +193,6 @@ class RoundCore:
             self.stats.inc("watchdog_preempted")
             self._event(t, "late_publish", phase, waited_us)
         self.lat.done(phase, (_clock() - t0) * 1e6, self._rtt_us, self._worker_us)
-
-    # ------------------------------------------------------------------ reading the round
-
-    def _phase(self) -> str:
-        return "prefill" if self.desc.max_q > self._decode_q else "decode"
 
     # ------------------------------------------------------------------ the round proper
 
@@ -461,40 +446,3 @@ class RoundCore:
         else:
             self.stats.inc("breaker_recoveries")
             log.info("[breaker] closed: the probe round succeeded")
-
-    # ------------------------------------------------------------------ late rounds
-
-    def _skip_taken(self, t: int, waited_us: float) -> None:
-        """Round t was failed (watchdog, fail_all) before we reached it. The engine may already be
-        writing a later round's rows, so no row is read and nothing is sent; the ring model is still
-        advanced from round t's own metadata slot if the stamps show it is still t's, else the
-        round's slots (or, without a trustworthy descriptor, every slot) restart their windows."""
-        st = self.stats
-        st.inc("watchdog_preempted")
-        st.inc("watchdog_skipped_rounds")
-        phase = "unknown"
-        try:
-            self.desc.read(t)
-        except BadDescriptor:
-            self.slots.restart(np.arange(self.M))
-            self.want_resync[:] = False
-            st.inc("watchdog_skipped_unknown_ring")
-        else:
-            phase = self._phase()
-            v = self.desc.v
-            slots = v.slots
-            new_owner = self.slots.begin_requests(slots, v.req)
-            self.want_resync[slots[new_owner]] = False
-            self.slots.apply(slots, v.first, v.valid)
-            self.slots.mark_dirty(slots)
-        self._event(t, "skipped", phase, waited_us)
-
-    def _event(self, t: int, how: str, phase: str, waited_us: float) -> None:
-        d = self.desc.d
-        same = int(d["t"]) == t
-        n = int(d["n"]) if same else 0
-        self.events.record(round=t, time=round(time.time(), 3), how=how, phase=phase, n=n,
-                           rows=int(d["rows_gathered"]) if same else 0,
-                           longest_query=int(d["max_q"]) if same else 0,
-                           proxy_wait_ms=round(waited_us / 1e3, 3), incarnation=self.seg.incarnation)
-        self.stats.set("watchdog_events", self.events.dump())
