@@ -30,7 +30,7 @@ from .acceptance import Acceptance
 from .native import fastround
 from .reply_page import PagePacker
 from .ring_model import Advance, SlotTable
-from .shm.layout import STATUS_OK
+from .shm.layout import META_SLOTS, STATUS_OK
 from .shm.segment import Segment
 from .shm.stamped import SlotReader
 
@@ -65,15 +65,17 @@ class FusedRound:
         acc, tab = self.accept, self.table
         g = acc.gate
         fixed = self._front_fixed
-        if fixed is None:  # what every call passes the same: the reader's copies, scratch and sizes, the entries' offsets
+        if fixed is None:  # what every call passes the same: the reader's copies, scratch, sizes and slots'
+            # offsets, the entries' offsets, the acceptance sums' arrays
             fixed = self._front_fixed = (fastround.Held((*reader.front_arrays(), eoffs)), reader.M, reader.W, reader.R,
-                                         reader.max_rows)
-        held, M, W, R, max_rows = fixed
-        desc_off, meta_off = reader.offsets(t)
+                                         reader.max_rows, tuple(reader.offsets(i) for i in range(META_SLOTS)),
+                                         acc.native_held())
+        held, M, W, R, max_rows, offs, held_acc = fixed
+        desc_off, meta_off = offs[t % META_SLOTS]
         ring, out, B = gather or _NO_GATHER
         (code, n, max_q, rows, n_staged, n_misfit, stage, self.k_staged, n_new, n_resync, n_unknown, n_ver, tokens,
          n_ready, self.n_gathered) = fastround.round_front(seg.mm, desc_off, meta_off, held, t, M, W, R, max_rows,
-                                                           tab.native_held(), acc.native_held(), self.N, g.on,
+                                                           tab.native_held(), held_acc, self.N, g.on,
                                                            g.n_probing > 0, acc.sums_may_fuse(t), go, fill, prefix,
                                                            ent_off, ent_size, ring, out, B)
         self.fronts[stage] += 1
