@@ -17,7 +17,7 @@ setup(
             sources=["dspark_proxy/_fastround.c", "dspark_proxy/_fastround_proxy.c",
                      "dspark_proxy/_fastround_accept.c", "dspark_proxy/_fastround_page.c",
                      "dspark_proxy/_fastround_inputs.c", "dspark_proxy/_fastround_held.c",
-                     "dspark_proxy/_fastround_fused.c"],
+                     "dspark_proxy/_fastround_fused.c", "dspark_proxy/_fastround_stats.c"],
             depends=["dspark_proxy/_fastround.h"],
             extra_compile_args=_FLAGS,
         ),

@@ -133,7 +133,7 @@ PyObject *fr_ring_write(PyObject *mod, PyObject *args) {
                      bs[5].len);
         goto fail;
     }
-    Py_BEGIN_ALLOW_THREADS
+    BEGIN_MAYBE_ALLOW_THREADS(total * B)
     int64_t src = 0; /* the request's first input row */
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t s = slots[i], f = first[i], v = valid[i];
@@ -156,7 +156,7 @@ PyObject *fr_ring_write(PyObject *mod, PyObject *args) {
         }
         src += sent;
     }
-    Py_END_ALLOW_THREADS
+    END_MAYBE_ALLOW_THREADS
     release_all(all);
     Py_RETURN_NONE;
 fail:
@@ -243,7 +243,7 @@ PyObject *fr_write_round(PyObject *mod, PyObject *args) {
                 max_q = (Py_ssize_t)q;
         }
     }
-    Py_BEGIN_ALLOW_THREADS
+    BEGIN_MAYBE_ALLOW_THREADS(brows.len)
     /* the staging: rows_staged is a prefix of the round's rows (writer.py), brows.len their bytes */
     if (brows.len)
         memcpy(base + staging_off, brows.buf, (size_t)brows.len);
@@ -283,7 +283,7 @@ PyObject *fr_write_round(PyObject *mod, PyObject *args) {
         d[dof[D_NEED] + i] = need[i] != 0;
     put_i32s(d + dof[D_K], k, n);
     atomic_store_explicit(stamp_at(d, dof[D_END]), (uint64_t)t, memory_order_release);
-    Py_END_ALLOW_THREADS
+    END_MAYBE_ALLOW_THREADS
     release_all(all);
     return PyLong_FromSsize_t(max_q);
 fail:
@@ -364,8 +364,12 @@ static PyMethodDef methods[] = {
      "status_ok) -> bool: the usual round's announce, page and status (held: announced, dirty, page)"},
     {"round_front", fr_round_front, METH_VARARGS,
      "round_front(seg, desc_off, meta_off, held_rd, t, M, W, R, max_rows, held_tab, held_acc, N, gate, probing, sums, "
-     "go, fill, prefix, ent_off, ent_size) -> (code, n, max_q, rows_staged, n_staged, n_misfit, stage, k_staged, "
-     "n_new_owner, n_resync, n_unknown, n_ver, tokens, n_ready): read_round, advance, accept_round, fill_entries"},
+     "go, fill, prefix, ent_off, ent_size, ring, gather, row_bytes) -> (code, n, max_q, rows_staged, n_staged, n_misfit, "
+     "stage, k_staged, n_new_owner, n_resync, n_unknown, n_ver, tokens, n_ready, n_gathered): read_round, advance, "
+     "accept_round, fill_entries, ring_gather"},
+    {"hist_observe", (PyCFunction)(void (*)(void))fr_hist_observe, METH_FASTCALL,
+     "hist_observe(held, keys, *values): each value into its histogram of a group (stats.py HistGroup); held: a "
+     "Held of counts, sums, mins, maxs"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -12,6 +12,18 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The GIL is let go around a copy only when the copy is long enough for another thread to use the
+ * time: a release and re-take cost some 0.2 us, and any thread waiting for the GIL takes it, the round
+ * then waiting for it back. A round's small copies (n = 1: a few hundred bytes) keep it. */
+#define GIL_FREE_ABOVE ((Py_ssize_t)1 << 16)
+#define BEGIN_MAYBE_ALLOW_THREADS(nbytes) \
+    {                                     \
+        PyThreadState *_maybe_save = (nbytes) > GIL_FREE_ABOVE ? PyEval_SaveThread() : NULL;
+#define END_MAYBE_ALLOW_THREADS        \
+        if (_maybe_save)                \
+            PyEval_RestoreThread(_maybe_save); \
+    }
+
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "_fastround: the segment layout is little-endian"
 #endif
@@ -123,6 +135,8 @@ static inline int64_t get_i64(const char *p) { int64_t x; memcpy(&x, p, 8); retu
 extern PyTypeObject HeldType;
 void *held_get(PyObject *o, Py_ssize_t i, Py_ssize_t itemsize, Py_ssize_t count, const char *name);
 Py_ssize_t held_items(PyObject *o, Py_ssize_t i);
+Py_ssize_t ring_gather_core(const char *ring, Py_ssize_t ring_len, Py_ssize_t W, Py_ssize_t B, const int64_t *slots,
+                            const int64_t *first, const int64_t *nrows, Py_ssize_t k, char *dst, Py_ssize_t dst_len);
 
 /* the single-job cores the fused calls (_fastround_fused.c) share with their own functions */
 int advance_core(PyObject *held, const int64_t *slots, const int64_t *req, const int64_t *first,
@@ -156,5 +170,6 @@ PyObject *fr_check_fast(PyObject *mod, PyObject *args);
 PyObject *fr_advance_accept(PyObject *mod, PyObject *args);
 PyObject *fr_finish_whole(PyObject *mod, PyObject *args);
 PyObject *fr_round_front(PyObject *mod, PyObject *args);
+PyObject *fr_hist_observe(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

@@ -106,9 +106,9 @@ fail:
 }
 
 /* round_front(seg, desc_off, meta_off, held_rd, t, M, W, R, max_rows, held_tab, held_acc, N, gate, probing, sums, go,
- *             fill, prefix, ent_off, ent_size)
+ *             fill, prefix, ent_off, ent_size, ring, gather, row_bytes)
  *   -> (code, n, max_q, rows_staged, n_staged, n_misfit, stage, k_staged, n_new_owner, n_resync, n_unknown, n_ver,
- *       tokens, n_ready)
+ *       tokens, n_ready, n_gathered)
  * The usual round's front, from the descriptor to the STEP's entries, stopping where the round stops
  * being the usual one; `stage` says how far it went:
  *   0  read_round only (its code; or `go` clear: the caller has a connection epoch or moved slots to
@@ -119,18 +119,21 @@ fail:
  *   3  + every request's entry, fill_entries' bytes with n_out 0, when `fill` is set (the caller knows
  *      the breaker, the link's row cap, the gate's mask and n_out leave the usual round as it is) and
  *      the round needs no window: no resync, no staged window, no unknown range, and all n > 0
- *      requests have staged rows.
+ *      requests have staged rows. Then, when `ring` is not None (the engine's shared ring, rows of
+ *      `row_bytes` small enough to gather), the entries' rows copied into `gather` (ring_gather's copy):
+ *      n_gathered rows; -1 when not gathered (no ring, or the copy refused: the caller's ring_gather
+ *      then says why).
  * held_rd: read_round's Held (moffs, doffs, desc_copy, meta_copy, mark, slots_out, valid_out), then need
  * (bool [M]) and eoffs (int64, ENTRY_DTYPE's offsets). */
 PyObject *fr_round_front(PyObject *mod, PyObject *args) {
-    PyObject *seg, *held_rd, *held_tab, *held_acc, *prefix;
-    Py_ssize_t desc_off, meta_off, M, W, R, max_rows, N, ent_off, ent_size;
+    PyObject *seg, *held_rd, *held_tab, *held_acc, *prefix, *ring, *gather;
+    Py_ssize_t desc_off, meta_off, M, W, R, max_rows, N, ent_off, ent_size, B;
     unsigned long long t;
     int gate, probing, sums, go, fill;
     (void)mod;
-    if (!PyArg_ParseTuple(args, "OnnOKnnnnOOnpppppOnn", &seg, &desc_off, &meta_off, &held_rd, &t, &M, &W, &R,
+    if (!PyArg_ParseTuple(args, "OnnOKnnnnOOnpppppOnnOOn", &seg, &desc_off, &meta_off, &held_rd, &t, &M, &W, &R,
                           &max_rows, &held_tab, &held_acc, &N, &gate, &probing, &sums, &go, &fill, &prefix, &ent_off,
-                          &ent_size))
+                          &ent_size, &ring, &gather, &B))
         return NULL;
     Py_buffer bseg = {0};
     if (PyObject_GetBuffer(seg, &bseg, PyBUF_SIMPLE) < 0)
@@ -141,6 +144,7 @@ PyObject *fr_round_front(PyObject *mod, PyObject *args) {
     if (rc < 0)
         return NULL;
     int stage = 0;
+    Py_ssize_t n_gathered = -1;
     int64_t k_staged = 0, r[3] = {0, 0, 0}, a[3] = {0, 0, 0};
     Py_ssize_t n = rd[1];
     const int64_t *mo = held_get(held_rd, 0, 8, M_COUNT, "moffs"), *dof = held_get(held_rd, 1, 8, D_COUNT, "doffs");
@@ -191,8 +195,22 @@ PyObject *fr_round_front(PyObject *mod, PyObject *args) {
               0);
     PyBuffer_Release(&bp);
     stage = 3;
+    if (ring != Py_None) {
+        Py_buffer br = {0}, bo = {0};
+        if (PyObject_GetBuffer(ring, &br, PyBUF_SIMPLE) == 0) {
+            if (PyObject_GetBuffer(gather, &bo, PyBUF_WRITABLE) == 0) {
+                n_gathered = ring_gather_core(br.buf, br.len, W, B, slots, first, valid, n, bo.buf, bo.len);
+                PyBuffer_Release(&bo);
+            }
+            PyBuffer_Release(&br);
+        }
+        if (n_gathered < 0) { /* not gathered: the caller's own ring_gather raises what this one found */
+            PyErr_Clear();
+            n_gathered = -1;
+        }
+    }
 out:
-    return Py_BuildValue("iIIIIIiLLLLLLL", (int)rd[0], rd[1], rd[2], rd[3], rd[4], rd[5], stage, (long long)k_staged,
+    return Py_BuildValue("iIIIIIiLLLLLLLn", (int)rd[0], rd[1], rd[2], rd[3], rd[4], rd[5], stage, (long long)k_staged,
                          (long long)r[0], (long long)r[1], (long long)r[2], (long long)a[0], (long long)a[1],
-                         (long long)a[2]);
+                         (long long)a[2], n_gathered);
 }

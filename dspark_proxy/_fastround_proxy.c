@@ -47,7 +47,7 @@ int read_core(char *base, Py_ssize_t seg_len, Py_ssize_t desc_off, Py_ssize_t me
     }
     int code = 0;
     uint32_t n = 0, max_q = 0, rows = 0, n_staged = 0, n_misfit = 0;
-    Py_BEGIN_ALLOW_THREADS
+    BEGIN_MAYBE_ALLOW_THREADS(dlen + mlen)
     if (!stamped_copy(base + desc_off, dof[D_START], dof[D_END], t, d, (size_t)dlen))
         code = 1;
     else if (!stamped_copy(base + meta_off, mo[M_START], mo[M_END], t, m, (size_t)mlen))
@@ -87,7 +87,7 @@ int read_core(char *base, Py_ssize_t seg_len, Py_ssize_t desc_off, Py_ssize_t me
         for (uint32_t i = 0; !code && i < n; i++)
             valid[i] = get_i32(m + mo[M_VALID] + 4 * i);
     }
-    Py_END_ALLOW_THREADS
+    END_MAYBE_ALLOW_THREADS
     res[0] = (uint32_t)code, res[1] = n, res[2] = max_q, res[3] = rows, res[4] = n_staged, res[5] = n_misfit;
     return 0;
 }
@@ -387,46 +387,30 @@ done:
 
 /* ------------------------------------------------------------------ proxy: ring_gather */
 
-/* ring_gather(ring, slots, first_pos, n_rows, W, row_bytes, out) -> rows written
- * Small rows: every entry's rows, in order, copied from the shared ring into `out` (ring_rows.py
- * RingRows.gather is the reference: the same bytes). Bad slots or counts, or an `out` too small, raise. */
-PyObject *fr_ring_gather(PyObject *mod, PyObject *args) {
-    PyObject *o_ring, *o_out, *o[3];
-    Py_ssize_t W, B;
-    (void)mod;
-    if (!PyArg_ParseTuple(args, "OOOOnnO", &o_ring, &o[0], &o[1], &o[2], &W, &B, &o_out))
-        return NULL;
+/* The copy of ring_gather (and of round_front's, _fastround_fused.c): k entries' rows from `ring`
+ * (ring_len bytes, slots of W rows of B bytes) into `dst` (dst_len bytes), in order. Returns the rows
+ * copied, or -1 with ValueError set (a slot or a count outside the ring, `dst` too small) having
+ * copied nothing. */
+Py_ssize_t ring_gather_core(const char *ring, Py_ssize_t ring_len, Py_ssize_t W, Py_ssize_t B, const int64_t *slots,
+                            const int64_t *first, const int64_t *nrows, Py_ssize_t k, char *dst, Py_ssize_t dst_len) {
     if (W <= 0 || B <= 0) {
         PyErr_SetString(PyExc_ValueError, "ring_gather: W and row_bytes must be > 0");
-        return NULL;
+        return -1;
     }
-    Py_buffer br = {0}, bo = {0}, b[3];
-    memset(b, 0, sizeof b);
-    Py_buffer *all[6] = {&br, &bo, &b[0], &b[1], &b[2], NULL};
-    Py_ssize_t done = -1;
-    if (get_arr(o_ring, &br, 1, 0, 0, "ring") < 0 || get_arr(o_out, &bo, 1, 0, 1, "out") < 0 ||
-        get_arr(o[0], &b[0], 8, 0, 0, "slots") < 0)
-        goto fail;
-    Py_ssize_t k = b[0].len / 8, M = br.len / (W * B);
-    if (get_arr(o[1], &b[1], 8, k, 0, "first_pos") < 0 || get_arr(o[2], &b[2], 8, k, 0, "n_rows") < 0)
-        goto fail;
-    const int64_t *slots = b[0].buf, *first = b[1].buf, *nrows = b[2].buf;
-    Py_ssize_t total = 0;
+    Py_ssize_t M = ring_len / (W * B), total = 0;
     for (Py_ssize_t i = 0; i < k; i++) {
         if (slots[i] < 0 || slots[i] >= M || nrows[i] < 0 || nrows[i] > W) {
             PyErr_Format(PyExc_ValueError, "ring_gather: entry %zd: slot %lld or rows %lld outside the ring", i,
                          (long long)slots[i], (long long)nrows[i]);
-            goto fail;
+            return -1;
         }
         total += nrows[i];
     }
-    if (total * B > bo.len) {
+    if (total * B > dst_len) {
         PyErr_SetString(PyExc_ValueError, "ring_gather: out holds fewer rows than the entries");
-        goto fail;
+        return -1;
     }
-    const char *ring = br.buf;
-    char *dst = bo.buf;
-    Py_BEGIN_ALLOW_THREADS
+    BEGIN_MAYBE_ALLOW_THREADS(total * B)
     for (Py_ssize_t i = 0; i < k; i++) {
         int64_t c = nrows[i], a = pmod(first[i], W);
         const char *blk = ring + (size_t)slots[i] * W * B;
@@ -438,8 +422,30 @@ PyObject *fr_ring_gather(PyObject *mod, PyObject *args) {
             dst += (c - c1) * B;
         }
     }
-    Py_END_ALLOW_THREADS
-    done = total;
+    END_MAYBE_ALLOW_THREADS
+    return total;
+}
+
+/* ring_gather(ring, slots, first_pos, n_rows, W, row_bytes, out) -> rows written
+ * Small rows: every entry's rows, in order, copied from the shared ring into `out` (ring_rows.py
+ * RingRows.gather is the reference: the same bytes). Bad slots or counts, or an `out` too small, raise. */
+PyObject *fr_ring_gather(PyObject *mod, PyObject *args) {
+    PyObject *o_ring, *o_out, *o[3];
+    Py_ssize_t W, B;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "OOOOnnO", &o_ring, &o[0], &o[1], &o[2], &W, &B, &o_out))
+        return NULL;
+    Py_buffer br = {0}, bo = {0}, b[3];
+    memset(b, 0, sizeof b);
+    Py_buffer *all[6] = {&br, &bo, &b[0], &b[1], &b[2], NULL};
+    Py_ssize_t done = -1;
+    if (get_arr(o_ring, &br, 1, 0, 0, "ring") < 0 || get_arr(o_out, &bo, 1, 0, 1, "out") < 0 ||
+        get_arr(o[0], &b[0], 8, 0, 0, "slots") < 0)
+        goto fail;
+    Py_ssize_t k = b[0].len / 8;
+    if (get_arr(o[1], &b[1], 8, k, 0, "first_pos") < 0 || get_arr(o[2], &b[2], 8, k, 0, "n_rows") < 0)
+        goto fail;
+    done = ring_gather_core(br.buf, br.len, W, B, b[0].buf, b[1].buf, b[2].buf, k, bo.buf, bo.len);
 fail:
     release_all(all);
     return done < 0 ? NULL : PyLong_FromSsize_t(done);

@@ -222,10 +222,10 @@ class Proxy:
                 if not self._wait_gathered(seg, core.flags, t, engine):
                     break
                 waited_us = (time.perf_counter() - w0) * 1e6  # the engine's step, as the proxy saw it
-                self.stats.observe("gather_us", waited_us)
                 seg.set_word(Word.PROXY_ROUND, t)
                 self._maybe_hang(t)
                 core.handle(t, waited_us)
+                self.stats.observe("gather_us", waited_us)  # after the publish: off the engine's wait
                 self._awake.kick()  # the next round's CPU awake and warm (--keep-awake-ms; off: a no-op)
                 self._maybe_log(t)
                 t += 1

@@ -148,6 +148,7 @@ class SlotTable:
         self._adv_scratch = tuple(np.zeros(m, dt) for dt in (np.int64, np.bool_, np.bool_, np.bool_, np.int64,
                                                                np.int64))
         self._adv_views: dict[int, tuple[np.ndarray, ...]] = {}
+        self._usual_plans: dict[int, Advance] = {}  # native_plan_of's, by n
         self._held = None  # a _fastround.Held of the tables, the counts and the scratch: made at the first advance
 
     # ------------------------------------------------------------------ validation
@@ -415,6 +416,17 @@ class SlotTable:
         if out is None:
             out = self._adv_views[n] = tuple(a[:n] for a in self._adv_scratch)
         return out
+
+    def native_plan_of(self, n: int, n_new: int, n_resync: int, n_unknown: int) -> Advance:
+        """native_plan over native_views(n); the usual round's (no new owner, no resync, no unknown range)
+        made once per n, its arrays being the same views every time."""
+        if n_new or n_resync or n_unknown:
+            return self.native_plan(self.native_views(n), n_new, n_resync, n_unknown)
+        plan = self._usual_plans.get(n)
+        if plan is None:
+            plan = self._usual_plans[n] = self.native_plan(self.native_views(n), 0, 0, 0)
+        self.n_unknown = int(self._counts[0])
+        return plan
 
     def native_plan(self, out: tuple[np.ndarray, ...], n_new: int, n_resync: int, n_unknown: int) -> Advance:
         """After a C advance: the table's n_unknown back from the counts, and the plan over `out`."""

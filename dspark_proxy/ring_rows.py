@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import native
+from .native import fastround as _fastround
 from .shm.ring_shm import RingError, open_ring, read_ring_name
 from .shm.segment import Segment
 
@@ -43,6 +44,9 @@ class RingRows:
         self._gather: np.ndarray | None = None  # the private buffer of small rows, made at first use
         self._row_t = np.dtype((np.void, self.B))
         self._j = np.arange(self.M * self.W, dtype=np.int64)
+        self._small_c = False  # open, the C path, small rows: views() gathers in one C call
+        # the same, for round_front's gather (round_fused.py): (ring, out, row_bytes); None otherwise
+        self.c_gather: tuple[np.ndarray, np.ndarray, int] | None = None
 
     def open(self) -> bool:
         """Map the ring the engine named in the header (once); False: it named none (a private ring:
@@ -57,11 +61,17 @@ class RingRows:
         self._base = memoryview(arr)
         self._ring_u8 = arr
         self.rows = arr.view(self._row_t)
+        if self.native and self.B < GATHER_BELOW:
+            self.c_gather = (arr, self._gather_buf(), self.B)
+            self._small_c = True
         return True
 
     def views(self, slots: np.ndarray, first: np.ndarray, n_rows: np.ndarray) -> list:
         """The rows of each entry (`slots`, `first`, `n_rows`: int64, entry order), as one gathered
         buffer (small rows) or runs of the ring (large rows)."""
+        if self._small_c:  # the usual case, without the conversions (a wrong dtype raises in the C call)
+            out = self._gather
+            return [out[:_fastround.ring_gather(self._ring_u8, slots, first, n_rows, self.W, self.B, out)]]
         if self.rows is None:
             raise RingError("the engine's shared ring is not open")
         slots = np.asarray(slots, dtype=np.int64)
@@ -77,6 +87,11 @@ class RingRows:
             return native.fastround.ring_runs(self._base, np.ascontiguousarray(slots), np.ascontiguousarray(first),
                                               np.ascontiguousarray(n_rows), self.W, self.B)
         return self.runs(slots, first, n_rows)
+
+    def gathered(self, k: int) -> list:
+        """What views() returns for rows round_front already gathered into `c_gather`'s buffer (k rows)."""
+        assert self._gather is not None
+        return [self._gather[:k]]
 
     def gather(self, slots: np.ndarray, first: np.ndarray, n_rows: np.ndarray) -> np.ndarray:
         """Every entry's rows, in order, copied into the private buffer (vectorised: one take)."""

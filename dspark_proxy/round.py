@@ -24,25 +24,13 @@ Invariants kept from the seed (and why):
 
 Cost. At the batch sizes that matter (n up to a few hundred) a round's cost is the number of numpy calls
 (0.3-1 µs each, whatever n is) and Python statements, not the data. So the hot path is built around the
-common decode round, and everything rare sits behind one count: the descriptor is copied as bytes and
-its header read with one struct call; the ring model is advanced and planned in one pass
-(`SlotTable.advance`); when every request has an entry (the usual case) the entries and the reply page
-are filled from slices rather than fancy indexing; resync windows, requests that did not fit, failed
-statuses and partial windows take the general path only when a count says they exist; the reply page
-zeroes only the rows an earlier round wrote; stats keys are built once. scripts/bench_round.py measures it:
-handle() with an in-process null worker, W = 128, N = 5, on a shared 2-core machine, p50 53 µs at n = 1,
-65 µs at n = 256, 95 µs at n = 1024 for decode rounds (129, 169 and 285 µs before these shortcuts). Of a
-decode round at n = 256, about: reading and validating the descriptor 13 µs, advancing the ring model
-11 µs, entries 6 µs, accepting and packing the reply 9 µs, stats and breaker 4 µs, the rest Python glue.
-On the default (C) path the descriptor read, the ring model, the acceptance sums, the entries (their
-flags included), the small rows' gather and the usual round's reply page are one C call each
-(native.py), the long-lived arrays' buffers held across calls (_fastround_held.c); with the sums, the
-flags, the page and the held buffers in C, the same rig at M=256 with 256-byte rows went from p50 44.5
-to 28.8 µs at n=1 and 63.0 to 43.1 µs at n=256 (README, "Native hot paths"). The usual round is now
-two C calls (round_fused.py): `_front` (read, advance, sums, entries, stopping where the round stops
-being usual; `stage` says where, and `_run` goes on from there) and `_accept`'s finish_whole (ring
-model, page, status); same rig, same run: 29.5 -> 23 µs at n=1, 48 -> 42 at n=256. What is left is
-the interpreter around them: the null worker's step (~5), the stats (~3), the rows' views, publish.
+common decode round, and everything rare sits behind one count (a resync window, a request that did
+not fit, a failed status, a partial window each take the general path only when a count says they
+exist). On the default (C) path the usual round is two C calls (round_fused.py): `_front` (read,
+advance, sums, entries and the small rows' gather, stopping where the round stops being usual; `stage`
+says where, and `_run` goes on from there) and `_accept`'s finish_whole (ring model, page, status); its
+latencies are one more (round_stats.py), and what every round asks is bound once per incarnation.
+scripts/bench_round.py measures it (README, "Native hot paths", for the figures and their history).
 
 Thread ownership: one round thread owns everything here; `stats` is shared read-only with the
 heartbeat thread's snapshot.
@@ -50,6 +38,7 @@ heartbeat thread's snapshot.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -68,6 +57,8 @@ from .resync_plan import ResyncPlanner
 from .ring_model import Advance, SlotTable
 from .ring_rows import RingRows
 from .round_fused import FusedRound
+from .round_late import LateRounds
+from .round_stats import PHASES, RoundLatencies
 from .shm import hostflag as hf
 from .shm.hostflag import HostFlags
 from .shm.layout import (
@@ -87,11 +78,12 @@ _ROUND_ERRORS = LogThrottle(10.0)  # an internal error of every round: one trace
 assert wire.RS_OK == 0  # "every request OK" is then one count_nonzero of the statuses
 # stats keys, built once rather than formatted every round
 _STATUS_KEYS = tuple(f"req_status_{wire.REQ_STATUS_NAMES.get(c, str(c))}" for c in range(wire.RS_MAX + 1))
-_PHASES = ("decode", "prefill", "unknown")
-_ROUNDS_KEY = {ph: f"rounds_{ph}" for ph in _PHASES}
-_RTT_KEY = {ph: f"rtt_us_{ph}" for ph in _PHASES}
-_PARKED_KEY = {ph: f"proxy_parked_us_{ph}" for ph in _PHASES}
+_STATUS_OK_KEY = _STATUS_KEYS[wire.RS_OK]
+_ROUNDS_KEY = {ph: f"rounds_{ph}" for ph in PHASES}
 _ENTRIES_AT = wire.APP_HEADER_SIZE + wire.STEP_HDR_SIZE  # the entries' offset in a STEP prefix (FORMAT.md)
+_ENTRY_SIZE = wire.ENTRY_SIZE
+_CLOSED = BreakerState.CLOSED
+_clock = time.perf_counter
 
 
 def _slot_reader(seg: Segment, slots: SlotTable) -> SlotReader:
@@ -108,8 +100,9 @@ class RoundSettings:
     gate: GateSettings = GateSettings()  # acceptance-aware drafting (acceptance.py)
 
 
-class RoundCore:
-    """Rank-0 round logic over one attached segment (a new one per engine attach)."""
+class RoundCore(LateRounds):
+    """Rank-0 round logic over one attached segment (a new one per engine attach); its late rounds
+    (`_skip_taken`, `_event`) are in round_late.py."""
 
     def __init__(self, seg: Segment, client: DraftClient, stats: Stats, events: EventRing, breaker: CircuitBreaker,
                  settings: RoundSettings) -> None:
@@ -125,7 +118,8 @@ class RoundCore:
         self.deadline_ns = int(seg.deadline_ms * 1e6)
         self.pacer = LinkPacer(window=self.W, max_rows=p.max_rows, resync_max=resync_windows_per_enqueue(p),
                                deadline_ns=self.deadline_ns, publish=stats.set)
-        self._rtt_us = -1.0
+        self._rtt_us = self._worker_us = -1.0
+        self.lat = RoundLatencies(stats, self.native)  # the round's latency keys, in one call a round
         self._arange = np.arange(self.M, dtype=np.intp)
         self.desc = _slot_reader(seg, self.slots)  # round t's descriptor and metadata
         self.win = WindowAsker(seg)  # the resync request we write, the windows the engine staged
@@ -146,17 +140,24 @@ class RoundCore:
         self.accept = Acceptance(self.M, self.N, settings.gate, stats, self.native)  # drafts' effect; the gate
         # the C path's usual round in fewer calls (round_fused.py); None on the reference path
         self.fused = FusedRound(self.slots, self.accept, self.packer, self.N, self.W) if self.native else None
+        # what every round asks, bound once per incarnation (round.py, "Cost")
+        self._taken, self._consumed, self._publish = self.flags.taken, self.flags.reply_consumed, self.flags.publish
+        self._gathered_ns = functools.partial(hf.load, seg.mm, self._gathered_ns_off)
+        self._decode_q = self.N + 1  # a longer query than this makes the round a prefill one
+        self._fixed_timeout_s, self._min_timeout_s = settings.step_timeout_s, settings.min_step_timeout_s
+        self._gate_on, self._no_n_out = self.accept.gate.on, self.packer.n_out_table_empty
+        self._step_flags = (wire.SF_WANT_MARGIN if settings.want_margin else 0) | (wire.SF_SAMPLED if self.sampled else 0)
 
     # ------------------------------------------------------------------ entry point
 
     def handle(self, t: int, waited_us: float) -> None:
         """Round t, gathered. Publishes (or loses the claim); raises only when the hand-off is broken."""
-        t0 = time.perf_counter()
+        t0 = _clock()
         self.rounds = t
         self._rtt_us = -1.0  # set by a round that got its STEP's reply
-        if self.flags.taken(t):
+        if self._taken(t):
             self._skip_taken(t, waited_us)
-            self.stats.observe("rank0_round_us", (time.perf_counter() - t0) * 1e6)
+            self.lat.skipped((_clock() - t0) * 1e6)
             return
         phase = "unknown"
         self._advanced = False
@@ -165,7 +166,7 @@ class RoundCore:
                 n, pre = self._front(t)
             else:
                 n, pre = self.desc.read(t), None
-            phase = self._phase()
+            phase = "prefill" if self.desc.max_q > self._decode_q else "decode"  # (_phase, inline)
             if self._shared is None:  # the engine named its ring (or none) before `attached`
                 self._shared = self.ring_rows.open()
             self._run(t, n, phase, pre)
@@ -183,25 +184,15 @@ class RoundCore:
                 self.slots.restart(np.arange(self.M))
             self.packer.failed(self.desc.n_of(t))
             _ROUND_ERRORS.exception(log, "[round] t=%d failed", t)
-        if not self.flags.reply_consumed(t - 1):
+        if not self._consumed(t - 1):
             raise RuntimeError(f"round {t}: the engine has not consumed round {t - 1}'s reply "
                                f"(words {self.flags.values()})")
-        if not self.flags.publish(t, self.page):
+        if not self._publish(t, self.page):
             # the watchdog failed t first: the worker may hold rows we now treat as unsent
             self.slots.mark_all_dirty()
             self.stats.inc("watchdog_preempted")
             self._event(t, "late_publish", phase, waited_us)
-        done_us = (time.perf_counter() - t0) * 1e6
-        self.stats.observe("rank0_round_us", done_us)
-        self.stats.observe(_PARKED_KEY[phase], done_us)
-        if self._rtt_us >= 0.0:
-            # per round, not p50(round) - p50(rtt): failed rounds are fast and have no rtt
-            self.stats.observe("proxy_cost_us", done_us - self._rtt_us)
-
-    # ------------------------------------------------------------------ reading the round
-
-    def _phase(self) -> str:
-        return "prefill" if self.desc.max_q > self.N + 1 else "decode"
+        self.lat.done(phase, (_clock() - t0) * 1e6, self._rtt_us, self._worker_us)
 
     # ------------------------------------------------------------------ the round proper
 
@@ -212,14 +203,15 @@ class RoundCore:
         in the same call; `_run` applies them otherwise. `fill`: nothing between the sums and the entries
         can change them (a closed breaker, no row cap, no n_out table, a gate that cannot pause a slot
         this round)."""
-        epoch, moved = self.client.connection_epoch(), self.client.moved_slots()
+        client = self.client
+        epoch, moved = client.connection_epoch(), client.moved_slots()
         go = moved is None and (epoch is None or epoch == self._last_epoch)
         g = self.accept.gate
-        fill = go and epoch is not None and self.breaker.current is BreakerState.CLOSED and not self.pacer.row_cap \
-            and self.packer.n_out_table_empty and (not g.on or (g.n_paused == 0 and g.n_probing == 0 and
-                                                               g.b_state != PAUSED and t < g.next_tick and g.b_left > 1))
-        n, plan, stage = self.fused.front(t, self.seg, self.desc, go, fill, self._prefix, _ENTRIES_AT, wire.ENTRY_SIZE,
-                                          self._entry_offs)
+        fill = go and epoch is not None and self.breaker.current is _CLOSED and not self.pacer.row_cap \
+            and self._no_n_out and (not self._gate_on or (g.n_paused == 0 and g.n_probing == 0 and
+                                                          g.b_state != PAUSED and t < g.next_tick and g.b_left > 1))
+        n, plan, stage = self.fused.front(t, self.seg, self.desc, go, fill, self._prefix, _ENTRIES_AT, _ENTRY_SIZE,
+                                          self._entry_offs, self.ring_rows.c_gather if self._shared else None)
         self._advanced = stage > 0  # round t's rows reached the ring model (an error past here keeps it)
         return n, (epoch, moved, plan, stage)
 
@@ -315,7 +307,9 @@ class RoundCore:
                 ent["flags"] = flags[sel]
                 ent["k_window"] = np.minimum(v.k_window[sel], 255)
                 ent["n_out"] = n_out
-        if self._shared:  # straight from the engine's ring: the rows were written once, there
+        if self._shared and stage == 3 and self.fused.n_gathered >= 0:  # _front gathered them from the ring too
+            rows = self.ring_rows.gathered(self.fused.n_gathered)
+        elif self._shared:  # straight from the engine's ring: the rows were written once, there
             e_first = first_pos[sel] if have_win is None else np.where(have_win, plan.held_first, first_pos)[sel]
             rows = self.ring_rows.views(e_slots, e_first, e_rows)
             if have_win is not None and np.count_nonzero(have_win):
@@ -329,17 +323,18 @@ class RoundCore:
                 st.inc("resync_rounds")
                 st.inc("resync_rows", int(e_rows[have_win[sel]].sum()))
         sample_meta = None
-        step_flags = wire.SF_WANT_MARGIN if self.settings.want_margin else 0
+        step_flags = self._step_flags
         if self.sampled:
-            step_flags |= wire.SF_SAMPLED
             sample_meta = self._prefix.sample(k)
             sample_meta["seed"] = v.seed[sel]
             sample_meta["temperature"] = v.temperature[sel]
         # 6. preempted: the watchdog completed t while we built it; the staging may be refilling
-        if self.flags.taken(t):
+        if self._taken(t):
             return self._fail(slots, n, "preempted")
         # 7. STEP
-        timeout_s = self._step_timeout()
+        timeout_s = self._fixed_timeout_s  # (else what is left of the deadline since `gathered`, at least the minimum)
+        if timeout_s is None:
+            timeout_s = max(self._min_timeout_s, (self._gathered_ns() + self.deadline_ns - hf.monotonic_ns()) / 1e9)
         out = self.client.step(self._prefix, ent, n_rows, step_id=t, step_flags=step_flags, epoch=epoch,
                                rows=rows, sample_meta=sample_meta, timeout_s=timeout_s)
         if not out.ok:
@@ -349,16 +344,14 @@ class RoundCore:
             if reason not in ("not_ready", "disabled", "reconnected"):
                 self._breaker_record(t, False, reason)
             return self._fail(slots, n, reason)
-        st.observe("rtt_us", out.rtt_us)
-        self._rtt_us = out.rtt_us
-        st.observe(_RTT_KEY[phase], out.rtt_us)
-        st.observe("worker_us", out.reply.worker_us)
+        self._rtt_us, self._worker_us = out.rtt_us, out.reply.worker_us  # observed at the round's end
         st.inc("rows_sent", n_rows)
-        pacer.on_reply(n_rows, out.rtt_us)
+        if n_rows >= pacer.min_rows:  # (a smaller STEP says nothing about the link: on_reply would return)
+            pacer.on_reply(n_rows, out.rtt_us)
         if n_out:
             st.inc("rounds_n_out_cut")
         # 8. accept
-        self._accept(t, n, idx, e_slots, slots, plan, need, pending if n_pending else None, out.reply)
+        self._accept(t, n, idx, e_slots, slots, plan, need, pending if n_pending else None, out.reply, n_out)
 
     def _fill_entries(self, idx: np.ndarray | None, slots: np.ndarray, valid: np.ndarray, first_pos: np.ndarray,
                       plan: Advance, need_u8: np.ndarray, n_out: int) -> None:
@@ -375,14 +368,6 @@ class RoundCore:
         self.stats.inc("rounds_failed")
         self.packer.failed(n)
 
-    def _step_timeout(self) -> float:
-        s = self.settings
-        if s.step_timeout_s is not None:
-            return s.step_timeout_s
-        left_ns = (hf.load(self.seg.mm, self._gathered_ns_off) + self.deadline_ns
-                   - hf.monotonic_ns())
-        return max(s.min_step_timeout_s, left_ns / 1e9)
-
     def _within_cap(self, idx: np.ndarray | None, n: int, e_rows: np.ndarray) -> tuple[np.ndarray, int]:
         """The entries that fit the link's row cap (pacing.py): a prefix in entry order (at least one),
         so that in the usual round their rows are a prefix of the staging. The rest get no entry this
@@ -395,16 +380,18 @@ class RoundCore:
     # ------------------------------------------------------------------ step 8
 
     def _accept(self, t: int, n: int, idx: np.ndarray | None, e_slots: np.ndarray, slots: np.ndarray,
-                plan: Advance, need: np.ndarray, pending: np.ndarray | None, reply: StepReply) -> None:
+                plan: Advance, need: np.ndarray, pending: np.ndarray | None, reply: StepReply, n_out: int) -> None:
         """Step 8. `idx`: the requests with an entry (None: all n, in order); `e_slots` their slots;
-        `pending`: requests sent without the window they need (None: no such request)."""
+        `pending`: requests sent without the window they need (None: no such request); `n_out`: the
+        entries' (packer.n_out(n))."""
         st = self.stats
         if idx is None and pending is None and self.fused is not None and \
-                self.fused.finish(n, e_slots, need, reply, self.packer.n_out(n) or self.N):
+                self.fused.finish(n, e_slots, need, reply, n_out or self.N):
             # the usual round, done in one C call: below, it is the n_failed == 0 and `whole` branches
-            st.inc(_STATUS_KEYS[wire.RS_OK], n)
+            st.inc(_STATUS_OK_KEY, n)
             st.inc("rounds_ok")
-            self._breaker_record(t, True, "every request failed")
+            if self.breaker.current is not _CLOSED or self.breaker.consecutive_failures:
+                self._breaker_record(t, True, "every request failed")  # (closed and clean: it would do nothing)
             return
         sel = slice(None) if idx is None else idx
         k = int(e_slots.shape[0])
@@ -459,40 +446,3 @@ class RoundCore:
         else:
             self.stats.inc("breaker_recoveries")
             log.info("[breaker] closed: the probe round succeeded")
-
-    # ------------------------------------------------------------------ late rounds
-
-    def _skip_taken(self, t: int, waited_us: float) -> None:
-        """Round t was failed (watchdog, fail_all) before we reached it. The engine may already be
-        writing a later round's rows, so no row is read and nothing is sent; the ring model is still
-        advanced from round t's own metadata slot if the stamps show it is still t's, else the
-        round's slots (or, without a trustworthy descriptor, every slot) restart their windows."""
-        st = self.stats
-        st.inc("watchdog_preempted")
-        st.inc("watchdog_skipped_rounds")
-        phase = "unknown"
-        try:
-            self.desc.read(t)
-        except BadDescriptor:
-            self.slots.restart(np.arange(self.M))
-            self.want_resync[:] = False
-            st.inc("watchdog_skipped_unknown_ring")
-        else:
-            phase = self._phase()
-            v = self.desc.v
-            slots = v.slots
-            new_owner = self.slots.begin_requests(slots, v.req)
-            self.want_resync[slots[new_owner]] = False
-            self.slots.apply(slots, v.first, v.valid)
-            self.slots.mark_dirty(slots)
-        self._event(t, "skipped", phase, waited_us)
-
-    def _event(self, t: int, how: str, phase: str, waited_us: float) -> None:
-        d = self.desc.d
-        same = int(d["t"]) == t
-        n = int(d["n"]) if same else 0
-        self.events.record(round=t, time=round(time.time(), 3), how=how, phase=phase, n=n,
-                           rows=int(d["rows_gathered"]) if same else 0,
-                           longest_query=int(d["max_q"]) if same else 0,
-                           proxy_wait_ms=round(waited_us / 1e3, 3), incarnation=self.seg.incarnation)
-        self.stats.set("watchdog_events", self.events.dump())

@@ -6,8 +6,8 @@ the C path joins the calls that follow each other in the usual round, each joine
 very code of the single ones (read_core, advance_core, accept_core, fill_core, pack_whole_core):
 - `front`: the descriptor read, then (when the caller has no connection epoch or moved slots to apply
   first) the ring model's advance and the acceptance sums, then (when the caller knows nothing in
-  between would change them) the usual round's entries; `stage` says how far it went and round.py
-  goes on from there.
+  between would change them) the usual round's entries and, from the engine's shared ring, their
+  small rows (ring_rows.py's gather); `stage` says how far it went and round.py goes on from there.
 - `advance`: the ring model's advance, then the acceptance sums, when the gate's `begin` has nothing
   to do in between (no new owner while the gate is on, no pause ending); otherwise the sums run as
   before (`Acceptance.round`).
@@ -30,11 +30,13 @@ from .acceptance import Acceptance
 from .native import fastround
 from .reply_page import PagePacker
 from .ring_model import Advance, SlotTable
-from .shm.layout import STATUS_OK
+from .shm.layout import META_SLOTS, STATUS_OK
 from .shm.segment import Segment
 from .shm.stamped import SlotReader
 
 __all__ = ["FusedRound"]
+
+_NO_GATHER = (None, None, 0)
 
 
 class FusedRound:
@@ -48,32 +50,39 @@ class FusedRound:
         self._page_args = (L.o_ok, L.o_ids, L.o_conf, L.M, num_spec)
         self._can_finish = not L.sampled  # a sampled page has sections pack_whole does not write
         self._fin_held: Any = None
-        self._front_held: Any = None
+        self._front_fixed: tuple | None = None
         self.fronts = [0, 0, 0, 0]  # rounds by the stage their front reached (tests read them)
         self.advanced = self.finished = 0  # rounds that took each fused call (tests read them)
         self.k_staged = 0  # the last front's requests with staged rows (stage >= 1)
+        self.n_gathered = -1  # the last front's rows gathered from the shared ring (-1: none)
 
     def front(self, t: int, seg: Segment, reader: SlotReader, go: bool, fill: bool, prefix: Any, ent_off: int,
-              ent_size: int, eoffs: np.ndarray) -> tuple[int, Advance | None, int]:
+              ent_size: int, eoffs: np.ndarray, gather: tuple | None = None) -> tuple[int, Advance | None, int]:
         """Round t's descriptor read (BadDescriptor as SlotReader.read raises it), and as far past it as
         `go` and `fill` allow (round_front in _fastround_fused.c): (n, the plan or None below stage 1,
-        stage)."""
+        stage). `gather`: (ring, out, row_bytes) of the engine's shared ring (RingRows.c_gather): at stage 3
+        the entries' rows are gathered into `out` too, `n_gathered` of them (-1: not gathered)."""
         acc, tab = self.accept, self.table
         g = acc.gate
-        held = self._front_held
-        if held is None:  # the reader's copies and scratch, and the entries' offsets (_fastround_held.c)
-            held = self._front_held = fastround.Held((*reader.front_arrays(), eoffs))
-        held_t = tab.native_held()
-        desc_off, meta_off = reader.offsets(t)
+        fixed = self._front_fixed
+        if fixed is None:  # what every call passes the same: the reader's copies, scratch, sizes and slots'
+            # offsets, the entries' offsets, the acceptance sums' arrays
+            fixed = self._front_fixed = (fastround.Held((*reader.front_arrays(), eoffs)), reader.M, reader.W, reader.R,
+                                         reader.max_rows, tuple(reader.offsets(i) for i in range(META_SLOTS)),
+                                         acc.native_held())
+        held, M, W, R, max_rows, offs, held_acc = fixed
+        desc_off, meta_off = offs[t % META_SLOTS]
+        ring, out, B = gather or _NO_GATHER
         (code, n, max_q, rows, n_staged, n_misfit, stage, self.k_staged, n_new, n_resync, n_unknown, n_ver, tokens,
-         n_ready) = fastround.round_front(seg.mm, desc_off, meta_off, held, t, reader.M, reader.W, reader.R,
-                                          reader.max_rows, held_t, acc.native_held(), self.N, g.on, g.n_probing > 0,
-                                          acc.sums_may_fuse(t), go, fill, prefix, ent_off, ent_size)
+         n_ready, self.n_gathered) = fastround.round_front(seg.mm, desc_off, meta_off, held, t, M, W, R, max_rows,
+                                                           tab.native_held(), held_acc, self.N, g.on,
+                                                           g.n_probing > 0, acc.sums_may_fuse(t), go, fill, prefix,
+                                                           ent_off, ent_size, ring, out, B)
         self.fronts[stage] += 1
         n = reader.read_done(t, code, n, max_q, rows, n_staged, n_misfit)
         if stage == 0:
             return n, None, 0
-        plan = tab.native_plan(tab.native_views(n), n_new, n_resync, n_unknown)
+        plan = tab.native_plan_of(n, n_new, n_resync, n_unknown)
         if stage >= 2:
             acc.summed(t, n_ver, tokens, n_ready)
         else:
@@ -88,7 +97,7 @@ class FusedRound:
         n_new, n_resync, n_unknown, summed, n_ver, tokens, n_ready = fastround.advance_accept(
             self.table.native_held(), acc.native_held(), slots, req, first, valid, valid_raw, k_window, self.W, self.N, g.on,
             g.n_probing > 0, acc.sums_may_fuse(t))
-        plan = self.table.native_plan(self.table.native_views(slots.shape[0]), n_new, n_resync, n_unknown)
+        plan = self.table.native_plan_of(slots.shape[0], n_new, n_resync, n_unknown)
         if summed:
             self.advanced += 1
             acc.summed(t, n_ver, tokens, n_ready)

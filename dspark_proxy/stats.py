@@ -17,16 +17,17 @@ its count).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
 import numpy as np
 
-__all__ = ["LATENCY_FIELDS", "PERCENTILES", "Stats"]
+__all__ = ["LATENCY_FIELDS", "PERCENTILES", "HistGroup", "Stats"]
 
 _SUB_BITS = 6
 _SUB = 1 << _SUB_BITS  # linear sub-buckets per power of two
@@ -86,6 +87,97 @@ class _Hist:
         return out
 
 
+class _HistRow:
+    """One histogram of a `HistGroup`, read and written like a `_Hist` (its counts a row of the group's
+    array, its sum, min and max items of the group's)."""
+
+    __slots__ = ("counts", "_g", "_i")
+
+    def __init__(self, group: HistGroup, i: int) -> None:
+        self.counts, self._g, self._i = group.counts[i], group, i
+
+    sum_us = property(lambda self: float(self._g.sums[self._i]),
+                      lambda self, v: self._g.sums.__setitem__(self._i, v))
+    min_us = property(lambda self: float(self._g.mins[self._i]),
+                      lambda self, v: self._g.mins.__setitem__(self._i, v))
+    max_us = property(lambda self: float(self._g.maxs[self._i]),
+                      lambda self, v: self._g.maxs.__setitem__(self._i, v))
+    summary = _Hist.summary
+
+
+class HistGroup:
+    """Latency keys observed together every round (the proxy's round: round_stats.py), held in one
+    array so that a round records them in one call (`observe`: `_fastround.hist_observe`) instead of
+    one `Stats.observe` each. A key joins its Stats' latencies at its first observation, as with
+    `observe`; its readers cannot tell a group's key from another."""
+
+    def __init__(self, stats: Stats, keys: tuple[str, ...], native_path: bool) -> None:
+        K = len(keys)
+        self.keys, self._stats = keys, stats
+        self.counts = np.zeros((K, _N_BUCKETS), dtype=np.int64)
+        self.sums = np.zeros(K, dtype=np.float64)
+        self.mins = np.full(K, math.inf, dtype=np.float64)
+        self.maxs = np.zeros(K, dtype=np.float64)
+        self.rows = [_HistRow(self, i) for i in range(K)]
+        self.joined: set[tuple[int, ...]] = set()  # key tuples whose keys are all in the Stats already
+        for i, k in enumerate(keys):  # observed before the group existed: carried over
+            h = stats._lat.get(k)
+            if h is not None:
+                self.counts[i] = h.counts
+                self.sums[i], self.mins[i], self.maxs[i] = h.sum_us, h.min_us, h.max_us
+                stats._lat[k] = self.rows[i]
+        self.native = native_path
+        self._held = None
+        # record(at, *values): what observe runs once `at` has joined (a caller that checks `joined` itself
+        # may call it directly)
+        self.record: Callable[..., None] = self.observe_ref
+        if native_path:
+            from .native import fastround  # the C extension: imported only where a group uses it
+
+            self._held = fastround.Held((self.counts, self.sums, self.mins, self.maxs))
+            self.record = functools.partial(fastround.hist_observe, self._held)
+
+    def observe(self, at: tuple[int, ...], *values_us: float) -> None:
+        """values_us[j] into key `at[j]` (indices into `keys`; at most 8): `Stats.observe` for each."""
+        if at not in self.joined:
+            self.join(at)
+        self.record(at, *values_us)
+
+    def observe_ref(self, at: tuple[int, ...], *values_us: float) -> None:
+        """The reference of _fastround.hist_observe: `Stats.observe`'s arithmetic on the group's rows."""
+        if len(at) != len(values_us):
+            raise TypeError("HistGroup.observe: one value per key")
+        for i, v in zip(at, values_us, strict=True):
+            _observe_into(self.rows[i], float(v))
+
+    def join(self, at: tuple[int, ...]) -> None:
+        """The keys `at` join the Stats' latencies (their first observation is coming)."""
+        lat = self._stats._lat
+        for i in at:
+            if lat.get(self.keys[i]) is not self.rows[i]:
+                lat[self.keys[i]] = self.rows[i]
+        self.joined.add(at)
+
+
+def _observe_into(h: _Hist | _HistRow, v: float) -> None:
+    """One latency into `h` (`Stats.observe`'s arithmetic, for a group's reference path)."""
+    if _LO_US < v < _HI_US:
+        m, e = math.frexp(v)
+        h.counts[e * _SUB + int(m * (2 * _SUB)) + _OFFSET] += 1
+    elif v >= _HI_US:
+        v = _HI_US
+        h.counts[_N_BUCKETS - 1] += 1
+    else:
+        if not v > 0.0:
+            v = 0.0
+        h.counts[0] += 1
+    h.sum_us += v
+    if v > h.max_us:
+        h.max_us = v
+    if v < h.min_us:
+        h.min_us = v
+
+
 def _enc_hook(obj: Any) -> Any:
     """JSON for what gauges may hold besides plain types: numpy scalars and arrays, enums, anything else
     by its str()."""
@@ -108,7 +200,8 @@ class Stats:
     def __init__(self) -> None:
         self._counters: dict[str, int] = {}
         self._gauges: dict[str, Any] = {}
-        self._lat: dict[str, _Hist] = {}
+        self._lat: dict[str, _Hist | _HistRow] = {}
+        self._groups: dict[tuple[str, ...], HistGroup] = {}
 
     # ------------------------------------------------------------------ hot path
 
@@ -125,22 +218,18 @@ class Stats:
         h = self._lat.get(key)
         if h is None:
             h = self._lat[key] = _Hist()
-        v = value_us
-        if _LO_US < v < _HI_US:
-            m, e = math.frexp(v)
-            h.counts[e * _SUB + int(m * (2 * _SUB)) + _OFFSET] += 1
-        elif v >= _HI_US:
-            v = _HI_US
-            h.counts[_N_BUCKETS - 1] += 1
-        else:
-            if not v > 0.0:
-                v = 0.0
-            h.counts[0] += 1
-        h.sum_us += v
-        if v > h.max_us:
-            h.max_us = v
-        if v < h.min_us:
-            h.min_us = v
+        _observe_into(h, value_us)
+
+    def group(self, keys: tuple[str, ...], native_path: bool) -> HistGroup:
+        """The group of these latency keys (made at the first ask; later asks, such as a new engine's
+        RoundCore, share it). A key may be in one group only."""
+        g = self._groups.get(keys)
+        if g is None:
+            taken = {k for other in self._groups.values() for k in other.keys}
+            if taken.intersection(keys):
+                raise ValueError(f"stats: keys {sorted(taken.intersection(keys))} are in another group")
+            g = self._groups[keys] = HistGroup(self, keys, native_path)
+        return g
 
     # ------------------------------------------------------------------ reading
 

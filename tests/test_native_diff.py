@@ -174,6 +174,8 @@ def _state(rig: Rig, t: int) -> dict:
     i = t % META_SLOTS
     out = {"regions": region, "meta": seg.meta[i:i + 1].tobytes(), "desc": seg.desc[i:i + 1].tobytes(),
            "page": rig.core.page.tobytes(), "proxy_counters": rig.core.stats.snapshot()["counters"],
+           # the latency keys and how many each holds (their values are times, not the same twice)
+           "proxy_latency_counts": {k: v["count"] for k, v in rig.core.stats.snapshot()["latency"].items()},
            "shim_counters": rig.shim.counters.snapshot()["counters"],
            "client": (len(rig.client.prefixes), rig.client.prefixes[-1:],
                       [e.tobytes() for e in rig.client.sent_entries[-1:]],

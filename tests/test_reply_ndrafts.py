@@ -147,12 +147,12 @@ def test_a_page_with_n_drafts_over_n_is_not_trusted(seg_name):
         rig.t += 1
         rig.shim.enqueue(rig.t, **b)
         L = rig.seg.layout.reply
-        orig = rig.core.flags.publish
+        orig = rig.core._publish  # the round binds flags.publish once (round.py)
 
         def publish(t, page):
             page[L.o_ok] = N + 1
             return orig(t, page)
-        rig.core.flags.publish = publish
+        rig.core._publish = publish
         rig.core.handle(rig.t, 0.0)
         reply = rig.shim.read_reply(rig.t)
         assert reply.status == 2 and reply.reason == "bad_page" and reply.n_drafts.tolist() == [0]

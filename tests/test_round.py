@@ -96,7 +96,7 @@ def test_fallback_preempted(rig):
     b = rig.batch([(1, 0, 2)])
     rig.t += 1
     rig.shim.enqueue(rig.t, **b)
-    orig = rig.core.flags.taken
+    orig = rig.core._taken  # the round binds flags.taken once (round.py)
     calls = {"n": 0}
 
     def taken(t):  # first look (late skip) says no; the pre-STEP look says yes
@@ -105,7 +105,7 @@ def test_fallback_preempted(rig):
             assert flags.fail(t, 1) == 1
         return orig(t)
 
-    rig.core.flags.taken = taken
+    rig.core._taken = taken
     rig.core.handle(rig.t, 0.0)
     reply = rig.shim.read_reply(rig.t)
     assert reply.status == STATUS_ROUND_FAILED
