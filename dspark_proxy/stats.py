@@ -6,13 +6,16 @@ s): the bucket index is one ``math.frexp`` and two integer operations, and recor
 increment. Percentiles are reported as the midpoint of the bucket holding the nearest-rank sample, clamped
 to the observed min/max: a bucket is 1/128 of its octave wide, so the midpoint is within 0.8 % of any
 value in it, the true nearest-rank sample included. Memory per histogram is fixed (1,984 buckets) whatever the number of samples.
+Keys observed together every round form a `HistGroup` (one int64 array of rows), recorded in one call
+(`_fastround.hist_observe` on the C path, the same arithmetic as ``observe``).
 
 Threads: one thread owns a ``Stats`` and is the only one that calls ``inc``/``set``/``observe``.
 ``snapshot()`` (and everything built on it) may also be called from another thread, such as the
 Prometheus endpoint's: it takes each dict and bucket list with one C-level copy, which is atomic under
 the GIL, so it never fails on a concurrent insert. Such a snapshot is exact per counter and per
 histogram's buckets, but not a cut across keys (and a histogram's mean may be an observation apart from
-its count).
+its count). A group's row is copied by numpy, which may let the GIL go during the copy: each bucket is
+still read once, whole, so its count may be an observation or a few apart from the rest of the row.
 """
 
 from __future__ import annotations
@@ -96,13 +99,31 @@ class _HistRow:
     def __init__(self, group: HistGroup, i: int) -> None:
         self.counts, self._g, self._i = group.counts[i], group, i
 
-    sum_us = property(lambda self: float(self._g.sums[self._i]),
-                      lambda self, v: self._g.sums.__setitem__(self._i, v))
-    min_us = property(lambda self: float(self._g.mins[self._i]),
-                      lambda self, v: self._g.mins.__setitem__(self._i, v))
-    max_us = property(lambda self: float(self._g.maxs[self._i]),
-                      lambda self, v: self._g.maxs.__setitem__(self._i, v))
-    summary = _Hist.summary
+    @property
+    def sum_us(self) -> float:
+        return float(self._g.sums[self._i])
+
+    @sum_us.setter
+    def sum_us(self, v: float) -> None:
+        self._g.sums[self._i] = v
+
+    @property
+    def min_us(self) -> float:
+        return float(self._g.mins[self._i])
+
+    @min_us.setter
+    def min_us(self, v: float) -> None:
+        self._g.mins[self._i] = v
+
+    @property
+    def max_us(self) -> float:
+        return float(self._g.maxs[self._i])
+
+    @max_us.setter
+    def max_us(self, v: float) -> None:
+        self._g.maxs[self._i] = v
+
+    summary = _Hist.summary  # the same summary over this row's counts and figures
 
 
 class HistGroup:
