@@ -25,13 +25,16 @@ same draft.
 
 from __future__ import annotations
 
+import time
 import weakref
 
 import numpy as np
 import torch
 
+from ..model import headmm
 from ..model.head import DraftHead
 from ..model.head_runner import HeadRunner, bf16_to_f32
+from ..model.head_threads import ThreadChoice
 from ..model.manifest import ROW_DTYPES, HeadManifest
 from ..wire import TOP_K, ReplyWriter
 from .drafters import DraftItem
@@ -144,6 +147,7 @@ class TorchDrafter:
         self.pool = ProjectionPool(window, self.runner.cache_width)
         self.rows_projected = 0  # rows that went through `project` (the rest came from the pool)
         self._cols = np.arange(window)
+        self.threads = ThreadChoice(headmm.threads())  # the kernel's threads a round: measured (model/head_threads.py)
 
     def state_dict(self) -> dict:
         return self.head.state_dict()
@@ -199,6 +203,12 @@ class TorchDrafter:
         items = [it for it in items if it.w > 0]
         if not items:
             return
+        headmm.set_threads(self.threads.pick(len(items)))
+        t0 = time.perf_counter()
+        self._draft(items, out)
+        self.threads.record(len(items), time.perf_counter() - t0)
+
+    def _draft(self, items: list[DraftItem], out: ReplyWriter) -> None:
         N, r = self.num_spec, self.runner
         B = len(items)
         # the per-request fields in one pass over the items (n_out, anchor token, index, anchor position, w)
