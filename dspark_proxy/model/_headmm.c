@@ -28,6 +28,9 @@
  * Threads: a product over HM_PAR_MIN multiply-adds splits into chunks of rows x panels that the
  * calling thread and its helpers claim (_headmm_par.c); each element is computed whole by one thread
  * with the code above, so the bytes do not depend on the thread count or on who took which chunk.
+ * The helpers touch no Python object, so they need no GIL; the caller keeps it for the head's small
+ * products (tens of µs): given back, it could cost a switch interval (5 ms) to take again while
+ * another Python thread runs, so only a product of HM_NOGIL_MIN or more releases it.
  */
 #include "_headmm.h"
 

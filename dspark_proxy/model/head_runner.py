@@ -17,6 +17,11 @@ row at a time in numpy, and single-threaded: they are small, where OpenBLAS's th
 wait for a thread the kernel has not scheduled (measured: 40 µs → 15-40 ms for the 192 x 4096 product). The calling
 thread's BLAS is set to one thread (`_blas_one_thread`, OpenBLAS's thread-local setting where numpy
 ships OpenBLAS; elsewhere nothing changes).
+
+After the backbone, a round's positions are one native call (`greedy` → model/headmm.py `greedy`;
+`step_carry` one position): a position was about a dozen numpy-level calls, a µs or more each on a
+loaded machine. `greedy_reference` and `step_carry_reference` keep that composition as the readable
+definition; tests/test_head_runner.py requires the same bytes from both.
 """
 
 from __future__ import annotations
