@@ -103,6 +103,25 @@ def test_the_thread_count_comes_from_the_environment_or_the_cpus(monkeypatch):
     assert headmm.threads() == t
 
 
+def test_a_rounds_choice_leaves_the_configured_count_for_the_next_drafter():
+    """A worker's round at one thread (`use_threads`) does not lower what the next drafter is
+    configured with, and no round goes above it."""
+    from dspark_proxy.model import _headmm
+
+    t = headmm.threads()
+    try:
+        headmm.set_threads(2)
+        headmm.use_threads(1)
+        assert headmm.threads() == 2 and _headmm.threads() == 1
+        headmm.use_threads(5)
+        assert _headmm.threads() == 2
+        headmm.set_threads(1)
+        headmm.use_threads(2)
+        assert _headmm.threads() == 1
+    finally:
+        headmm.set_threads(t)
+
+
 def test_thread_choice_keeps_the_faster_count_and_tries_the_other():
     """Rounds at 2 threads cost 1.0, at 1 thread 2.0 (then the load changes: 2 threads cost 3.0): it
     measures both, settles on the faster, tries the other every `explore` rounds, and follows the

@@ -306,3 +306,20 @@ def test_projection_pool_frees_a_gone_windows_index(tmp_path):
 def test_a_device_other_than_the_cpu_is_refused_not_ignored():
     with pytest.raises(ValueError, match="device 'cuda'"):
         make_drafter("torch", num_spec=N, window=W, row_bytes=RB, device="cuda")
+
+
+def test_a_rounds_thread_choice_does_not_lower_the_next_drafters_count():
+    """A drafter's round at one thread (its measured choice, model/head_threads.py) leaves the
+    configured count to a drafter made after it (the worker makes one a session)."""
+    from dspark_proxy.model import headmm
+
+    t = headmm.threads()
+    try:
+        headmm.set_threads(2)
+        a = make_drafter("torch", num_spec=N, window=W, row_bytes=RB)
+        for _ in range(4):  # the choice tries one thread and two
+            _run(a, _items(np.random.default_rng(0)))
+        b = make_drafter("torch", num_spec=N, window=W, row_bytes=RB)
+        assert a.threads.most == 2 and b.threads.most == 2 and headmm.threads() == 2
+    finally:
+        headmm.set_threads(t)

@@ -23,7 +23,7 @@ import numpy as np
 from . import _headmm
 
 __all__ = ["EPS", "Packed", "default_threads", "exp_reference", "gelu", "gelu_reference", "greedy", "mm",
-           "mm_reference", "par_stats", "rms", "rms_reference", "set_threads", "step", "threads", "tune", "top1", "top1_reference"]
+           "mm_reference", "par_stats", "rms", "rms_reference", "set_threads", "step", "threads", "tune", "use_threads", "top1", "top1_reference"]
 
 _PW = 32  # panel width, as _headmm.c's PW
 
@@ -68,13 +68,25 @@ def default_threads() -> int:
     return max(1, min(cpus, 2))
 
 
+_cap = 1  # the configured count (`set_threads`); a round may use fewer (`use_threads`)
+
+
 def set_threads(n: int) -> None:
     """Threads a product may use from now on (1: the calling thread only); the bytes do not change."""
-    _headmm.set_threads(int(n))
+    global _cap
+    _headmm.set_threads(int(n))  # refuses a count outside 1..8 by name
+    _cap = int(n)
 
 
 def threads() -> int:
-    return _headmm.threads()
+    """The configured count (`set_threads`, DSPARK_HEAD_THREADS or the CPUs)."""
+    return _cap
+
+
+def use_threads(k: int) -> None:
+    """This round's count, at most the configured one (a worker's measured choice,
+    model/head_threads.py); `threads()` stays the configured count for the next drafter."""
+    _headmm.set_threads(max(1, min(int(k), _cap)))
 
 
 def tune(par_min: int = -1, chunk: int = 0, adapt: int = -1) -> tuple[int, int, int]:

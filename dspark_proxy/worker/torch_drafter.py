@@ -203,7 +203,7 @@ class TorchDrafter:
         items = [it for it in items if it.w > 0]
         if not items:
             return
-        headmm.set_threads(self.threads.pick(len(items)))
+        headmm.use_threads(self.threads.pick(len(items)))
         t0 = time.perf_counter()
         self._draft(items, out)
         self.threads.record(len(items), time.perf_counter() - t0)
