@@ -323,3 +323,23 @@ def test_a_rounds_thread_choice_does_not_lower_the_next_drafters_count():
         assert a.threads.most == 2 and b.threads.most == 2 and headmm.threads() == 2
     finally:
         headmm.set_threads(t)
+
+
+def test_a_buffer_at_a_freed_buffers_address_gets_its_own_pool_index():
+    """CPython gives a new window buffer the id of a freed one. The pool then holds the dead buffer's
+    entry under that id with its release queued: the new buffer gets an index (it raised KeyError,
+    failing the round's drafts) and the dead one's index is freed exactly once."""
+    import weakref
+
+    from dspark_proxy.worker.torch_drafter import ProjectionPool
+
+    pool = ProjectionPool(4, 8, cap=2)
+    new = np.zeros((4, 3), np.uint8)
+    gone = np.zeros((4, 3), np.uint8)
+    i = pool._free.pop()
+    pool._of[id(new)] = (i, weakref.ref(gone))  # the buffer that lived at new's address
+    del gone
+    pool._released.append(id(new))  # what the pool's weakref callback queues when it dies
+    j = pool.index_of(new)
+    assert sorted([*pool._free, j]) == [0, 1]  # every index once: none lost, none handed out twice
+    assert pool.index_of(new) == j and len(pool) == 1
