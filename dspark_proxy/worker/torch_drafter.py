@@ -80,9 +80,9 @@ class ProjectionPool:
         got = self._of.get(key)
         if got is not None and got[1]() is buf:
             return got[0]
-        self._reap()
-        if got is not None:  # an old buffer's id, reused by a new one: its rows are not ours
-            self._of.pop(key)
+        self._reap()  # may free the entry at this very id: a dead buffer whose id the new one took
+        got = self._of.pop(key, None)
+        if got is not None:  # an old buffer's id, reused by a new one, its release not reaped: not our rows
             self.pos[got[0]] = -1
             self._free.append(got[0])
         if not self._free:
