@@ -8,16 +8,18 @@
  * the chunks itself, and a helper that the kernel schedules late finds none left; the caller waits
  * only for chunks a helper has claimed (one chunk's time, a few µs). Each chunk is computed whole by
  * one thread with the same code (each output element summed in its one fixed order), so the bytes are
- * those of one thread whoever took which chunk (tests/test_headmm.py compares 1 and 2 threads).
+ * those of one thread whoever took which chunk (tests/test_headmm_threads.py compares 1 and 2).
  *
- * On a machine where the other core is busy (other processes; measured here: two threads sharing one
- * core, 1.5-3x slower than one), a helper costs more than it brings: it spins on the caller's core,
- * or the caller waits while a preempted helper holds a chunk. So: a helper spins HM_SPIN_NS after its
+ * On a machine where the other core is busy (measured on the dev VM: its second vCPU gave a process
+ * 35-50% of a core; products on two threads 1.1-1.9x slower than on one), a helper costs more than it
+ * brings: it spins on the caller's core, or the caller waits while a preempted helper holds a chunk.
+ * So: a helper spins HM_SPIN_NS after its
  * last chunk (the next product of a round follows within µs), but not on the caller's core (it sleeps
- * at once there); the caller waits for a helper's chunk by spinning briefly, then sleeping (the
- * helper may need its core); and a wait longer than HM_SLOW_NS (a helper was preempted) runs every
- * product alone for a while (HM_SOLO_NS, doubling while it recurs, up to HM_SOLO_MAX_NS), after which
- * a product tries the helpers again.
+ * at once there); the caller waits for a helper's chunk by spinning up to HM_WAIT_SPIN_NS, then
+ * sleeping (the helper may need its core); and a wait longer than HM_SLOW_NS (a helper was
+ * preempted) runs every product alone for a while (HM_SOLO_NS, doubling while it recurs, up to
+ * HM_SOLO_MAX_NS), after which a product tries the helpers again. Whether two threads pay at all is
+ * the worker's measured choice a round (model/head_threads.py).
  *
  * Helpers start on the first product that wants them and hold no Python state (no GIL). One product
  * at a time uses them: a second caller meanwhile (another Python thread with the GIL released) runs
@@ -31,7 +33,9 @@
 #include <time.h>
 
 #define HM_SPIN_NS 10000        /* a helper's spin after its last chunk */
-#define HM_WAIT_SPIN_NS 4000    /* the caller's spin for a helper's last chunk before it sleeps */
+#define HM_WAIT_SPIN_NS 50000   /* the caller's spin for a helper's last chunk before it sleeps (measured:
+                                 * at 4 µs a 3.4 µs product took 14 µs, the sleep and wake-up costing more
+                                 * than a helper's slow first chunk) */
 #define HM_SLOW_NS 50000        /* a wait this long: a helper was preempted */
 #define HM_SOLO_NS 20000000LL   /* ... then products run alone this long, doubling while it recurs */
 #define HM_SOLO_MAX_NS 2000000000LL
@@ -203,7 +207,8 @@ void hm_set_threads(int n) { atomic_store(&P.want, n < 1 ? 1 : n > HM_MAX_THREAD
 
 void hm_par(Py_ssize_t n, hm_chunk_fn fn, void *ctx) {
     int want = atomic_load(&P.want), solo = 0;
-    if (want <= 1 || n <= 1 || (solo = atomic_load(&adapt) && now_ns() < atomic_load(&P.solo_until)) || pthread_mutex_trylock(&P.run) != 0) {
+    if (want <= 1 || n <= 1 || (solo = atomic_load(&adapt) && now_ns() < atomic_load(&P.solo_until)) ||
+        pthread_mutex_trylock(&P.run) != 0) {
         if (solo)
             atomic_fetch_add(&st_solo, 1);
         for (Py_ssize_t i = 0; i < n; i++)

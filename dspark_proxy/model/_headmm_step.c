@@ -106,7 +106,8 @@ static PyObject *new_array(PyObject *shape, PyObject *dtype, Py_buffer *b) {
 PyObject *hm_step(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     (void)mod;
     if (nargs != 13) {
-        PyErr_SetString(PyExc_TypeError, "step(ctx_j, prev, carry, more, markov, s1, s1b, s2, s2b, out, carry_w, V, eps)");
+        PyErr_SetString(PyExc_TypeError,
+                        "step(ctx_j, prev, carry, more, markov, s1, s1b, s2, s2b, out, carry_w, V, eps)");
         return NULL;
     }
     Py_ssize_t vout = PyLong_AsSsize_t(args[11]);
@@ -134,7 +135,8 @@ PyObject *hm_step(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     }
     int want_carry = more && w.cw != NULL;
     logits = new_array(Py_BuildValue("(nn)", B, vout), np_float32, &bs[10]);
-    if (logits == NULL || (want_carry && (cout = new_array(Py_BuildValue("(nn)", B, w.d), np_float32, &bs[11])) == NULL))
+    if (logits == NULL ||
+        (want_carry && (cout = new_array(Py_BuildValue("(nn)", B, w.d), np_float32, &bs[11])) == NULL))
         goto done;
     buf = PyMem_Malloc((size_t)(B * (4 * w.d + w.m) + 1) * sizeof(float));
     if (buf == NULL) {
