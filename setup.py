@@ -30,9 +30,11 @@ setup(
         # the draft head's products; no contraction into FMA: the Python reference rounds each step
         Extension(
             "dspark_proxy.model._headmm",
-            sources=["dspark_proxy/model/_headmm.c", "dspark_proxy/model/_headmm_fn.c"],
+            sources=["dspark_proxy/model/_headmm.c", "dspark_proxy/model/_headmm_fn.c",
+                     "dspark_proxy/model/_headmm_par.c", "dspark_proxy/model/_headmm_step.c"],
             depends=["dspark_proxy/model/_headmm.h"],
-            extra_compile_args=[*_FLAGS, "-O3", "-ffp-contract=off"],
+            extra_compile_args=[*_FLAGS, "-O3", "-ffp-contract=off", "-pthread"],
+            extra_link_args=["-pthread"],
         ),
     ]
 )

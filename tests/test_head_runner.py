@@ -201,9 +201,71 @@ def test_every_product_is_the_kernels_defined_order(monkeypatch):
     monkeypatch.setattr(head_runner, "_rms", headmm.rms_reference)
     monkeypatch.setattr(head_runner, "_gelu", headmm.gelu_reference)
     monkeypatch.setattr(head_runner.headmm, "top1", headmm.top1_reference)
-    slow = r.greedy(win, lens, anchor, N), r.project(rows)
+    slow = r.greedy_reference(win, lens, anchor, N), r.project(rows)  # the positions a numpy call at a time
     for a, b in zip([*fast[0], fast[1]], [*slow[0], slow[1]], strict=True):
         assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("step, hops", KINDS)
+def test_the_native_positions_are_the_reference_positions(step, hops, threads):
+    """`greedy` (every position in one native call) and `step_carry` (one position) against the same
+    loop composed of numpy-level calls (`greedy_reference`, `step_carry_reference`): identical bytes
+    at every batch size, drafting over the whole vocabulary or a draft vocabulary, on one thread and
+    on two with every product split."""
+    from dspark_proxy.model import headmm
+
+    t, old = headmm.threads(), headmm.tune(0, 1, 0)
+    headmm.set_threads(threads)
+    try:
+        for draft in (None, list(range(1, V, 2))):
+            r = HeadRunner(_head(3, draft=draft, step=step, hops=hops))
+            rng = np.random.default_rng(4)
+            for B in (1, 2, 3, 4, 5, 8, 13):
+                win, lens, anchor = _batch(rng, B)
+                for n in (1, N):
+                    a, b = r.greedy(win, lens, anchor, n), r.greedy_reference(win, lens, anchor, n)
+                    assert all(x.tobytes() == y.tobytes() for x, y in zip(a, b, strict=True)), (B, n)
+                ctx = np.ascontiguousarray(r.backbone(win, lens, anchor, 2)[:, 1])
+                carry = rng.standard_normal((B, D)).astype(np.float32) if step == "carry" else None
+                for more in (False, True):
+                    got, want = r.step_carry(ctx, anchor, carry, more), r.step_carry_reference(ctx, anchor, carry, more)
+                    assert got[0].tobytes() == want[0].tobytes()
+                    assert (got[1] is None) == (want[1] is None)
+                    assert got[1] is None or got[1].tobytes() == want[1].tobytes()
+    finally:
+        headmm.set_threads(t)
+        headmm.tune(*old)
+
+
+def test_the_native_positions_refuse_bad_ids_and_shapes():
+    """An id outside the vocabulary or a shape that does not chain is a ValueError naming it, never
+    a read out of bounds."""
+    from dspark_proxy.model import headmm
+
+    r = HeadRunner(_head(2, step="carry"))
+    rng = np.random.default_rng(5)
+    win, lens, anchor = _batch(rng, 3)
+    ctx = r.backbone(win, lens, anchor, N)
+    for bad in (V, -1):
+        with pytest.raises(ValueError, match=rf"anchor\[1\] = {bad}: ids are 0 \.\. {V - 1}"):
+            headmm.greedy(ctx, np.array([0, bad, 2]), r._w, r.draft_ids)
+        with pytest.raises(ValueError, match=r"prev\[0\]"):
+            r.step_carry(ctx[:, 0], np.array([bad, 0, 0]), None, True)
+    bad_ids = r.draft_ids.copy()
+    bad_ids[3] = V
+    with pytest.raises(ValueError, match=r"draft_ids\[3\]"):
+        headmm.greedy(ctx, anchor, r._w, bad_ids)
+    with pytest.raises(ValueError, match="do not chain"):
+        headmm.greedy(ctx, anchor, r._w, r.draft_ids[:2])
+    with pytest.raises(ValueError, match="ctx must be"):
+        headmm.greedy(ctx[..., :-1], anchor, r._w, r.draft_ids)
+    with pytest.raises(ValueError, match="anchor"):
+        headmm.greedy(ctx, anchor[:2], r._w, r.draft_ids)
+    with pytest.raises(ValueError, match="carry must be"):
+        r.step_carry(ctx[:, 0], anchor, np.zeros((3, D + 1), np.float32), True)
+    with pytest.raises(ValueError, match="do not chain"):
+        headmm.greedy(ctx, anchor, (np.ascontiguousarray(r._w[0][:, :-1]), *r._w[1:]), r.draft_ids)
 
 
 def test_non_finite_and_huge_row_values_are_read_as_zero_and_clipped():

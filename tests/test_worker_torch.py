@@ -277,14 +277,14 @@ def test_a_row_rewritten_in_place_is_projected_again_whatever_bytes_changed(tmp_
 def test_only_n_out_positions_are_computed(tmp_path):
     d = _saved_head(tmp_path)
     dr = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, weights=str(d))
-    calls = []
-    step = dr.runner.step_carry
-    dr.runner.step_carry = lambda *a: calls.append(1) or step(*a)
+    calls = []  # the positions asked of the backbone: the native greedy runs exactly ctx's positions
+    bb = dr.runner.backbone
+    dr.runner.backbone = lambda win, lens, anchor, n: calls.append(n) or bb(win, lens, anchor, n)
     items = _float_items(np.random.default_rng(3), np.float32)
     for it in items:
         it.n_out = 2
     r = _run(dr, items)
-    assert len(calls) == 2 and (r.draft_ids[:, 2:] == -1).all() and (r.draft_ids[:, :2] >= 0).all()
+    assert calls == [2] and (r.draft_ids[:, 2:] == -1).all() and (r.draft_ids[:, :2] >= 0).all()
 
 
 def test_served_by_the_worker():
@@ -347,3 +347,40 @@ def test_projection_pool_frees_a_gone_windows_index(tmp_path):
 def test_a_device_other_than_the_cpu_is_refused_not_ignored():
     with pytest.raises(ValueError, match="device 'cuda'"):
         make_drafter("torch", num_spec=N, window=W, row_bytes=RB, device="cuda")
+
+
+def test_a_rounds_thread_choice_does_not_lower_the_next_drafters_count():
+    """A drafter's round at one thread (its measured choice, model/head_threads.py) leaves the
+    configured count to a drafter made after it (the worker makes one a session)."""
+    from dspark_proxy.model import headmm
+
+    t = headmm.threads()
+    try:
+        headmm.set_threads(2)
+        a = make_drafter("torch", num_spec=N, window=W, row_bytes=RB)
+        for _ in range(4):  # the choice tries one thread and two
+            _run(a, _items(np.random.default_rng(0)))
+        b = make_drafter("torch", num_spec=N, window=W, row_bytes=RB)
+        assert a.threads.most == 2 and b.threads.most == 2 and headmm.threads() == 2
+    finally:
+        headmm.set_threads(t)
+
+
+def test_a_buffer_at_a_freed_buffers_address_gets_its_own_pool_index():
+    """CPython gives a new window buffer the id of a freed one. The pool then holds the dead buffer's
+    entry under that id with its release queued: the new buffer gets an index (it raised KeyError,
+    failing the round's drafts) and the dead one's index is freed exactly once."""
+    import weakref
+
+    from dspark_proxy.worker.torch_drafter import ProjectionPool
+
+    pool = ProjectionPool(4, 8, cap=2)
+    new = np.zeros((4, 3), np.uint8)
+    gone = np.zeros((4, 3), np.uint8)
+    i = pool._free.pop()
+    pool._of[id(new)] = (i, weakref.ref(gone))  # the buffer that lived at new's address
+    del gone
+    pool._released.append(id(new))  # what the pool's weakref callback queues when it dies
+    j = pool.index_of(new)
+    assert sorted([*pool._free, j]) == [0, 1]  # every index once: none lost, none handed out twice
+    assert pool.index_of(new) == j and len(pool) == 1

@@ -24,6 +24,13 @@
  * and adds, and at one row the widening cost more than the bytes it saved. 16-float vectors: one
  * AVX-512 register (measured on the dev machine's AMD EPYC: 1.5-1.9x 8-float tiles at 4-20 rows),
  * two AVX2 ones, four SSE2 ones.
+ *
+ * Threads: a product over HM_PAR_MIN multiply-adds splits into chunks of rows x panels that the
+ * calling thread and its helpers claim (_headmm_par.c); each element is computed whole by one thread
+ * with the code above, so the bytes do not depend on the thread count or on who took which chunk.
+ * The helpers touch no Python object, so they need no GIL; the caller keeps it for the head's small
+ * products (tens of µs): given back, it could cost a switch interval (5 ms) to take again while
+ * another Python thread runs, so only a product of HM_NOGIL_MIN or more releases it.
  */
 #include "_headmm.h"
 
@@ -82,9 +89,11 @@ static inline __attribute__((always_inline)) void row1p(const float *x0, Py_ssiz
 
 /* Rows in tiles of 4; a tail of 2 or 3 rows goes through the 4-row tile with its last row repeated
  * (each element's sum is the same whatever tile it is in, so a repeated row writes its own values
- * again: one pass over w instead of one a row); a single row goes 4 panels at a time. */
-TC static void mm_kernel(const float *x, const float *wp, float *out, Py_ssize_t R, Py_ssize_t K, Py_ssize_t M) {
-    const Py_ssize_t nb = (M + PW - 1) / PW;
+ * again: one pass over w instead of one a row); a single row goes 4 panels at a time. Only panels
+ * [b0, b1) (columns 32 b0 .. 32 b1): a chunk of the product for one thread (_headmm_par.c), each
+ * element by the same code whatever the chunk. */
+TC void mm_block(const float *x, const float *wp, float *out, Py_ssize_t R, Py_ssize_t K, Py_ssize_t M,
+                 Py_ssize_t b0, Py_ssize_t b1) {
     Py_ssize_t r = 0;
     for (; R - r >= 2; r += 4) {
         const float *xs[4];
@@ -93,22 +102,22 @@ TC static void mm_kernel(const float *x, const float *wp, float *out, Py_ssize_t
             Py_ssize_t ri = r + i < R ? r + i : R - 1;
             xs[i] = x + ri * K, os[i] = out + ri * M;
         }
-        for (Py_ssize_t b = 0; b < nb; b++) {
+        for (Py_ssize_t b = b0; b < b1; b++) {
             float *ob[4] = {os[0] + b * PW, os[1] + b * PW, os[2] + b * PW, os[3] + b * PW};
             tile4(xs, K, wp + b * K * PW, ob, M - b * PW < PW ? M - b * PW : PW);
         }
     }
     for (; r < R; r++) {
-        Py_ssize_t b = 0;
-        for (; b + 4 <= nb && (b + 4) * PW <= M; b += 4)
+        Py_ssize_t b = b0;
+        for (; b + 4 <= b1 && (b + 4) * PW <= M; b += 4)
             row4p(x + r * K, K, wp + b * K * PW, out + r * M + b * PW);
-        for (; b < nb; b++)
+        for (; b < b1; b++)
             row1p(x + r * K, K, wp + b * K * PW, out + r * M + b * PW, M - b * PW < PW ? M - b * PW : PW);
     }
 }
 
 /* RMS norm of each row: s = sum over k in order of x*x (float32), y = x * (1 / sqrt(s / K + eps)) */
-TC static void rms_rows(const float *x, float *y, Py_ssize_t R, Py_ssize_t K, float eps) {
+TC void rms_rows(const float *x, float *y, Py_ssize_t R, Py_ssize_t K, float eps) {
     for (Py_ssize_t r = 0; r < R; r++, x += K, y += K) {
         float s = 0.0f;
         for (Py_ssize_t k = 0; k < K; k++)
@@ -120,7 +129,7 @@ TC static void rms_rows(const float *x, float *y, Py_ssize_t R, Py_ssize_t K, fl
 }
 
 /* out = resid + (out + bias), each optional, elementwise */
-TC static void epilogue(float *out, const float *bias, const float *resid, Py_ssize_t R, Py_ssize_t M) {
+TC void epilogue(float *out, const float *bias, const float *resid, Py_ssize_t R, Py_ssize_t M) {
     for (Py_ssize_t r = 0; r < R; r++, out += M) {
         if (bias != NULL)
             for (Py_ssize_t j = 0; j < M; j++)
@@ -133,10 +142,10 @@ TC static void epilogue(float *out, const float *bias, const float *resid, Py_ss
     }
 }
 
-static PyObject *np_empty, *np_float32, *np_int64; /* numpy.empty, numpy.float32 and int64, for the results */
+PyObject *np_empty, *np_float32, *np_int64; /* numpy.empty, numpy.float32 and int64, for the results */
 
 /* a C-contiguous float32 buffer of at least `min_ndim` dimensions */
-static int get_f32(PyObject *o, Py_buffer *b, int min_ndim, int writable, const char *name) {
+int get_f32(PyObject *o, Py_buffer *b, int min_ndim, int writable, const char *name) {
     if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
         return -1;
     if (b->ndim < min_ndim || b->itemsize != 4 || b->format == NULL || strcmp(b->format, "f") != 0) {
@@ -148,7 +157,7 @@ static int get_f32(PyObject *o, Py_buffer *b, int min_ndim, int writable, const 
     return 0;
 }
 
-static void release_all(Py_buffer *bs, int n) {
+void release_all(Py_buffer *bs, int n) {
     for (int i = 0; i < n; i++)
         if (bs[i].obj != NULL)
             PyBuffer_Release(&bs[i]);
@@ -223,7 +232,12 @@ static PyObject *hm_mm(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
         rms_rows(x, tmp, R, K, eps);
         x = tmp;
     }
-    mm_kernel(x, (const float *)bs[1].buf, (float *)bs[4].buf, R, K, M);
+    if (R * K * M >= HM_NOGIL_MIN) { /* long enough that waiting for the GIL back costs little */
+        Py_BEGIN_ALLOW_THREADS
+        mm_par(x, (const float *)bs[1].buf, (float *)bs[4].buf, R, K, M);
+        Py_END_ALLOW_THREADS
+    } else
+        mm_par(x, (const float *)bs[1].buf, (float *)bs[4].buf, R, K, M);
     epilogue((float *)bs[4].buf, ob != Py_None ? (const float *)bs[2].buf : NULL,
              orr != Py_None ? (const float *)bs[3].buf : NULL, R, M);
     PyMem_Free(tmp);
@@ -315,6 +329,51 @@ static PyObject *hm_top1(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     return res;
 }
 
+/* set_threads(n): the threads a product may use (1: the calling thread only); threads() -> n */
+static PyObject *hm_set_threads_py(PyObject *mod, PyObject *arg) {
+    (void)mod;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 1 || n > HM_MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "set_threads: %ld threads; 1 to %d", n, HM_MAX_THREADS);
+        return NULL;
+    }
+    hm_set_threads((int)n);
+    Py_RETURN_NONE;
+}
+
+static PyObject *hm_threads_py(PyObject *mod, PyObject *unused) {
+    (void)mod, (void)unused;
+    return PyLong_FromLong(hm_threads());
+}
+
+/* tune(par_min, chunk, adapt) -> the old (par_min, chunk, adapt): the multiply-adds from which a product
+ * splits across threads, the size of its chunks, whether a busy core starts a solo spell (-1, 0, -1:
+ * unchanged) */
+static PyObject *hm_tune_py(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    (void)mod;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "tune(par_min, chunk, adapt)");
+        return NULL;
+    }
+    long a = PyLong_AsLong(args[0]), c = PyLong_AsLong(args[1]);
+    int s = (int)PyLong_AsLong(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    hm_tune(&a, &c, &s);
+    return Py_BuildValue("(lli)", a, c, s);
+}
+
+/* par_stats() -> (jobs shared with the helpers, jobs run alone in a solo spell, chunks the helpers ran,
+ * solo spells begun), since the module loaded */
+static PyObject *hm_stats_py(PyObject *mod, PyObject *unused) {
+    (void)mod, (void)unused;
+    long v[4];
+    hm_stats(v);
+    return Py_BuildValue("(llll)", v[0], v[1], v[2], v[3]);
+}
+
 static PyMethodDef methods[] = {
     {"mm", (PyCFunction)(void (*)(void))hm_mm, METH_FASTCALL,
      "mm(x, wp, M, bias, resid, rms, eps) -> resid + ((rms ? rms(x) : x) @ w + bias) (wp: w [K, M] packed in "
@@ -325,6 +384,19 @@ static PyMethodDef methods[] = {
      "gelu(x) -> 0.5 x (1 + erf(x / sqrt 2)) elementwise in float32, within 5e-7 (erf by A&S 7.1.26), bit-reproducible"},
     {"top1", (PyCFunction)(void (*)(void))hm_top1, METH_FASTCALL,
      "top1(logits) -> (arg max, [confidence, margin]) per row, a fixed-order softmax sum (top1_reference)"},
+    {"step", (PyCFunction)(void (*)(void))hm_step, METH_FASTCALL,
+     "step(ctx_j, prev, carry, more, markov, s1, s1b, s2, s2b, out, carry_w, V, eps) -> (logits, carry | None): "
+     "one draft position (model/head_runner.py HeadRunner.step_carry)"},
+    {"greedy", (PyCFunction)(void (*)(void))hm_greedy, METH_FASTCALL,
+     "greedy(ctx, anchor, markov, s1, s1b, s2, s2b, out, carry_w, draft_ids, eps) -> (ids, conf, marg): every "
+     "position's greedy draft, each fed to the next (HeadRunner.greedy's loop)"},
+    {"set_threads", hm_set_threads_py, METH_O, "set_threads(n): threads a product may use, 1 to 8"},
+    {"threads", hm_threads_py, METH_NOARGS, "threads() -> the threads a product may use"},
+    {"par_stats", hm_stats_py, METH_NOARGS,
+     "par_stats() -> (jobs shared, jobs alone in a solo spell, chunks the helpers ran, solo spells)"},
+    {"tune", (PyCFunction)(void (*)(void))hm_tune_py, METH_FASTCALL,
+     "tune(par_min, chunk, adapt) -> the old triple: multiply-adds from which a product splits, chunk size, "
+     "whether a busy core starts a solo spell"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -39,4 +39,32 @@ typedef float v16fu __attribute__((vector_size(64), aligned(4)));
 HM_LOCAL void gelu_rows(const float *x, float *y, Py_ssize_t n); /* each defined with TC there */
 HM_LOCAL void top1_rows(const float *l, Py_ssize_t B, Py_ssize_t V, long long *c_out, float *cm);
 
+/* _headmm.c: rows x[0..R) times panels [b0, b1) of wp into out (R rows of M); an RMS norm of each row;
+ * out = resid + (out + bias) */
+HM_LOCAL void mm_block(const float *x, const float *wp, float *out, Py_ssize_t R, Py_ssize_t K, Py_ssize_t M,
+                       Py_ssize_t b0, Py_ssize_t b1);
+HM_LOCAL void rms_rows(const float *x, float *y, Py_ssize_t R, Py_ssize_t K, float eps);
+HM_LOCAL void epilogue(float *out, const float *bias, const float *resid, Py_ssize_t R, Py_ssize_t M);
+HM_LOCAL int get_f32(PyObject *o, Py_buffer *b, int min_ndim, int writable, const char *name);
+HM_LOCAL void release_all(Py_buffer *bs, int n);
+HM_LOCAL extern PyObject *np_empty, *np_float32, *np_int64;
+
+/* _headmm_par.c: the helper threads. hm_par runs fn(ctx, i) for i in [0, n), each i exactly once, on
+ * the calling thread and whichever helpers join in time; the products split into such chunks. */
+#define HM_MAX_THREADS 8
+#define HM_PAR_MIN 131072      /* multiply-adds below which a product stays on one thread (measured) */
+#define HM_NOGIL_MIN 16777216  /* ... at or above which hm_mm lets other Python threads run meanwhile */
+typedef void (*hm_chunk_fn)(void *ctx, Py_ssize_t i);
+HM_LOCAL void hm_par(Py_ssize_t n, hm_chunk_fn fn, void *ctx);
+HM_LOCAL int hm_threads(void);
+HM_LOCAL void hm_set_threads(int n);
+HM_LOCAL void hm_stats(long out[4]);
+HM_LOCAL void hm_tune(long *par_min, long *chunk, int *adapt); /* each set where >= 0 / >= 1 / >= 0; old back */
+HM_LOCAL void mm_par(const float *x, const float *wp, float *out, Py_ssize_t R, Py_ssize_t K, Py_ssize_t M);
+HM_LOCAL void top1_par(const float *l, Py_ssize_t B, Py_ssize_t V, long long *c_out, float *cm);
+
+/* _headmm_step.c: one draft position (`step`) and the greedy drafts of every position (`greedy`) */
+HM_LOCAL PyObject *hm_step(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+HM_LOCAL PyObject *hm_greedy(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+
 #endif

@@ -69,7 +69,8 @@ def bench_head(target: str | Path, weights: str | Path, ns: tuple[int, ...] = (1
                     src = np.concatenate([src, rows[s, :new_rows - len(src)]])
                 sw.write(hi - new_rows, src, False)
                 sw.hi, sw.lo = hi, hi - W
-                items.append(DraftItem(s, int(nxt[s, 0]), hi, W, 0, sw.segments(W), written=sw.write_ids(W)))
+                items.append(DraftItem(s, int(nxt[s, 0]), hi, W, 0, sw.segments(W), written=sw.write_ids(W),
+                                       ring=sw.rows))  # as the worker's serve loop hands them over
             reply = ReplyWriter(n, N, 0)
             t0 = time.perf_counter()
             dr.draft(items, reply)

@@ -17,6 +17,11 @@ row at a time in numpy, and single-threaded: they are small, where OpenBLAS's th
 wait for a thread the kernel has not scheduled (measured: 40 µs → 15-40 ms for the 192 x 4096 product). The calling
 thread's BLAS is set to one thread (`_blas_one_thread`, OpenBLAS's thread-local setting where numpy
 ships OpenBLAS; elsewhere nothing changes).
+
+After the backbone, a round's positions are one native call (`greedy` → model/headmm.py `greedy`;
+`step_carry` one position): a position was about a dozen numpy-level calls, a µs or more each on a
+loaded machine. `greedy_reference` and `step_carry_reference` keep that composition as the readable
+definition; tests/test_head_runner.py requires the same bytes from both.
 """
 
 from __future__ import annotations
@@ -131,6 +136,9 @@ class HeadRunner:
         self.carry = np.ascontiguousarray(sd["carry.weight"].T) if head.step == "carry" else None  # [d, d]
         self.cache_width = 3 * d
         self._scale = f32(1.0 / np.sqrt(self.dh))
+        # the step's weights as the native calls take them (model/headmm.py `step`, `greedy`)
+        self._w = (self.markov, _packed(self.s1), self.s1b, _packed(self.s2), self.s2b, _packed(self.out),
+                   None if self.carry is None else _packed(self.carry))
 
     def project(self, x: np.ndarray) -> np.ndarray:
         """x float32 [R, n_taps * hidden] → [R, 3d]: what a slot caches for each row."""
@@ -176,7 +184,13 @@ class HeadRunner:
     def step_carry(self, ctx_j: np.ndarray, prev: np.ndarray, carry: np.ndarray | None, more: bool
                    ) -> tuple[np.ndarray, np.ndarray | None]:
         """One position: (logits, the carry for the next one, computed only when `more` positions
-        follow and the head is a carry head, else None); carry: the previous position's."""
+        follow and the head is a carry head, else None); carry: the previous position's. One native
+        call (model/headmm.py `step`), `step_carry_reference`'s arithmetic to the bit."""
+        return headmm.step(ctx_j, prev, carry, more, self._w, len(self.draft_ids))
+
+    def step_carry_reference(self, ctx_j: np.ndarray, prev: np.ndarray, carry: np.ndarray | None, more: bool
+                             ) -> tuple[np.ndarray, np.ndarray | None]:
+        """`step_carry` one product, norm and GELU at a time (the readable definition)."""
         z = ctx_j + self.markov[prev]
         if carry is not None:
             z += carry
@@ -198,7 +212,15 @@ class HeadRunner:
     def greedy(self, win: np.ndarray, lens: np.ndarray, anchor: np.ndarray, n: int
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """n greedy drafts a request: (ids [B, n] target ids, confidence = softmax top-1 probability,
-        margin = top-1 minus top-2 probability), each draft fed to the next position."""
+        margin = top-1 minus top-2 probability), each draft fed to the next position: the backbone,
+        then every position in one native call (model/headmm.py `greedy`; `greedy_reference` is the
+        same loop a product at a time, to the bit)."""
+        ctx = self.backbone(win, lens, anchor, n)
+        return headmm.greedy(ctx, anchor, self._w, self.draft_ids)
+
+    def greedy_reference(self, win: np.ndarray, lens: np.ndarray, anchor: np.ndarray, n: int
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`greedy` position by position through `step_carry_reference` and `top1`."""
         B = len(anchor)
         ids = np.empty((B, n), dtype=np.int64)
         conf = np.empty((B, n), dtype=np.float32)
@@ -207,7 +229,7 @@ class HeadRunner:
         prev, carry = anchor, None
         rows = np.arange(B)
         for j in range(n):
-            logits, carry = self.step_carry(np.ascontiguousarray(ctx[:, j]), prev, carry, j + 1 < n)
+            logits, carry = self.step_carry_reference(np.ascontiguousarray(ctx[:, j]), prev, carry, j + 1 < n)
             c = self.top1(logits, rows, conf[:, j], marg[:, j])
             prev = self.draft_ids[c]
             ids[:, j] = prev

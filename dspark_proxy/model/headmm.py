@@ -7,16 +7,23 @@ the same call (at one request a round's cost is numpy's per-call overhead, a µs
 arithmetic). `mm_reference` and `rms_reference` are those orders in numpy, the readable definitions
 the kernel is checked against byte for byte (tests/test_headmm.py). The kernel
 reads w from 32-column panels packed once (`Packed`), and a tile of 4 rows reads them once.
+
+Threads: a product large enough to pay for the hand-off splits across `threads()` threads (the calling
+one and helpers inside the kernel, _headmm_par.c), each output element computed whole by one of them,
+so the bytes are the same for any count. The count: DSPARK_HEAD_THREADS where set (1 to 8), else the
+CPUs this process may run on (os.sched_getaffinity) capped at 2; `set_threads` changes it.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
 from . import _headmm
 
-__all__ = ["EPS", "Packed", "exp_reference", "gelu", "gelu_reference", "mm", "mm_reference", "rms", "rms_reference",
-           "top1", "top1_reference"]
+__all__ = ["EPS", "Packed", "default_threads", "exp_reference", "gelu", "gelu_reference", "greedy", "mm",
+           "mm_reference", "par_stats", "rms", "rms_reference", "set_threads", "step", "threads", "tune", "use_threads", "top1", "top1_reference"]
 
 _PW = 32  # panel width, as _headmm.c's PW
 
@@ -41,6 +48,63 @@ class Packed:
 
 EPS = np.float32(1e-6)
 
+THREADS_ENV = "DSPARK_HEAD_THREADS"
+MAX_THREADS = 8  # as _headmm.h's HM_MAX_THREADS
+
+
+def default_threads() -> int:
+    """DSPARK_HEAD_THREADS where set, else this process's CPUs capped at 2: while the worker drafts,
+    the engine and the proxy wait, so a second core is there to take; more rarely are, and each helper
+    thread spins a while after a product (_headmm_par.c)."""
+    env = os.environ.get(THREADS_ENV, "").strip()
+    if env:
+        if not env.isdigit() or not 1 <= int(env) <= MAX_THREADS:
+            raise ValueError(f"{THREADS_ENV}={env!r}: the head's threads, 1 to {MAX_THREADS}")
+        return int(env)
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity call here (not Linux)
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, 2))
+
+
+_cap = 1  # the configured count (`set_threads`); a round may use fewer (`use_threads`)
+
+
+def set_threads(n: int) -> None:
+    """Threads a product may use from now on (1: the calling thread only); the bytes do not change."""
+    global _cap
+    _headmm.set_threads(int(n))  # refuses a count outside 1..8 by name
+    _cap = int(n)
+
+
+def threads() -> int:
+    """The configured count (`set_threads`, DSPARK_HEAD_THREADS or the CPUs)."""
+    return _cap
+
+
+def use_threads(k: int) -> None:
+    """This round's count, at most the configured one (a worker's measured choice,
+    model/head_threads.py); `threads()` stays the configured count for the next drafter."""
+    _headmm.set_threads(max(1, min(int(k), _cap)))
+
+
+def tune(par_min: int = -1, chunk: int = 0, adapt: int = -1) -> tuple[int, int, int]:
+    """The multiply-adds from which a product splits across threads, the size of its chunks, and
+    whether a busy core starts a spell of products run alone (-1, 0, -1: unchanged) → the old triple:
+    for tests (tiny chunks put every tile shape across a boundary, adapt 0 shares every product) and
+    for measuring the cutoff."""
+    return _headmm.tune(int(par_min), int(chunk), int(adapt))
+
+
+def par_stats() -> tuple[int, int, int, int]:
+    """(products shared with the helpers, products run alone in a solo spell, chunks the helpers ran,
+    solo spells begun) since the kernel loaded."""
+    return _headmm.par_stats()
+
+
+set_threads(default_threads())
+
 
 def mm(x: np.ndarray, w: Packed, b: np.ndarray | None = None, resid: np.ndarray | None = None,
        rms: bool = False) -> np.ndarray:
@@ -52,6 +116,26 @@ def mm(x: np.ndarray, w: Packed, b: np.ndarray | None = None, resid: np.ndarray 
     if resid is not None and not resid.flags.c_contiguous:
         resid = np.ascontiguousarray(resid)
     return _headmm.mm(x, w.panels, w.shape[1], b, resid, rms, EPS)
+
+
+def step(ctx_j: np.ndarray, prev: np.ndarray, carry: np.ndarray | None, more: bool, weights: tuple,
+         vout: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """One draft position natively (_headmm_step.c): weights = (markov, s1, s1b, s2, s2b, out, carry_w),
+    the matrices `Packed`; → (logits [B, vout], the next carry or None)."""
+    mk, s1, s1b, s2, s2b, out, cw = weights
+    return _headmm.step(np.ascontiguousarray(ctx_j, dtype=np.float32), np.ascontiguousarray(prev, dtype=np.int64),
+                        carry, more, mk, s1.panels, s1b, s2.panels, s2b, out.panels,
+                        None if cw is None else cw.panels, vout, EPS)
+
+
+def greedy(ctx: np.ndarray, anchor: np.ndarray, weights: tuple, draft_ids: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every position's greedy draft natively, each fed to the next: ctx [B, n, d], anchor [B] →
+    (ids int64 [B, n] = draft_ids[top-1], confidence, margin float32 [B, n])."""
+    mk, s1, s1b, s2, s2b, out, cw = weights
+    return _headmm.greedy(np.ascontiguousarray(ctx, dtype=np.float32), np.ascontiguousarray(anchor, dtype=np.int64),
+                          mk, s1.panels, s1b, s2.panels, s2b, out.panels, None if cw is None else cw.panels,
+                          draft_ids, EPS)
 
 
 def rms(x: np.ndarray) -> np.ndarray:

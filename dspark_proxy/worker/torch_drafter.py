@@ -25,13 +25,16 @@ same draft.
 
 from __future__ import annotations
 
+import time
 import weakref
 
 import numpy as np
 import torch
 
+from ..model import headmm
 from ..model.head import DraftHead
 from ..model.head_runner import HeadRunner, bf16_to_f32
+from ..model.head_threads import ThreadChoice
 from ..model.manifest import ROW_DTYPES, HeadManifest
 from ..wire import TOP_K, ReplyWriter
 from .drafters import DraftItem
@@ -77,9 +80,9 @@ class ProjectionPool:
         got = self._of.get(key)
         if got is not None and got[1]() is buf:
             return got[0]
-        self._reap()
-        if got is not None:  # an old buffer's id, reused by a new one: its rows are not ours
-            self._of.pop(key)
+        self._reap()  # may free the entry at this very id: a dead buffer whose id the new one took
+        got = self._of.pop(key, None)
+        if got is not None:  # an old buffer's id, reused by a new one, its release not reaped: not our rows
             self.pos[got[0]] = -1
             self._free.append(got[0])
         if not self._free:
@@ -164,6 +167,7 @@ class TorchDrafter:
         self.pool = ProjectionPool(window, self.runner.cache_width)
         self.rows_projected = 0  # rows that went through `project` (the rest came from the pool)
         self._cols = np.arange(window)
+        self.threads = ThreadChoice(headmm.threads())  # the kernel's threads a round: measured (model/head_threads.py)
 
     def state_dict(self) -> dict:
         return self.head.state_dict()
@@ -219,6 +223,12 @@ class TorchDrafter:
         items = [it for it in items if it.w > 0]
         if not items:
             return
+        headmm.use_threads(self.threads.pick(len(items)))
+        t0 = time.perf_counter()
+        self._draft(items, out)
+        self.threads.record(len(items), time.perf_counter() - t0)
+
+    def _draft(self, items: list[DraftItem], out: ReplyWriter) -> None:
         N, r = self.num_spec, self.runner
         B = len(items)
         # the per-request fields in one pass over the items (n_out, anchor token, index, anchor position, w)
