@@ -90,12 +90,15 @@ class _Heartbeat:
                     # first snapshot waits for that (the breaker re-based to the new engine's rounds)
                     # or 1 s, so that no snapshot of it shows the previous engine's rounds
                     p = self.proxy
-                    fresh = (p.core is None and p.incarnations > 1
+                    # (an engine that is gone comes back under no pid: nothing to wait for)
+                    fresh = (p.core is None and p.incarnations > 1 and not p.engine_gone
                              and now - p.ready_at < HEARTBEAT_UNATTACHED_EVERY_S)
                     # a snapshot costs ~1 ms of encoding: only when rounds ran (or now and then, idle),
                     # and at the next beat after a new event (a fault's: rare, and read soon after it)
                     evs = p.events.total
-                    due = now >= next_stats and (seen != last or now >= next_stats + STATS_IDLE_EVERY_S)
+                    # (a new incarnation's block is empty: its first snapshot is due at once)
+                    due = seg is not last[0] or (now >= next_stats and (seen != last
+                                                                       or now >= next_stats + STATS_IDLE_EVERY_S))
                     if not fresh and (due or evs != last_events):
                         next_stats, last, last_events = now + STATS_EVERY_S, seen, evs
                         p.publish_stats(seg)
@@ -143,6 +146,7 @@ class Proxy:
         self.ready_at = 0.0  # when the current incarnation became READY (the heartbeat's first snapshot)
         self._last_log = 0
         self._last_round: int | None = None  # the previous engine's last round (rebasing the next one's)
+        self.engine_gone = False  # the last incarnation ended with its engine's process gone
         self._hang_asked = threading.Event()  # --fault-round-hang-ms: SIGUSR1 (or hang_round_loop()) sets it
 
     # ------------------------------------------------------------------ control
@@ -196,7 +200,7 @@ class Proxy:
         seg.set_word(Word.STATE, State.READY)
         self.ready.set()
         self.ready_at = time.monotonic()
-        if self.incarnations == 1:
+        if self.incarnations == 1 or self.engine_gone:
             self._heartbeat.kick()  # the first snapshot at once (`status`, wait_connected)
         log.info("[proxy] ready name=%s incarnation=%d bytes=%d", self.cfg.name, seg.incarnation,
                  seg.layout.total_bytes)
@@ -212,6 +216,7 @@ class Proxy:
         self.client.new_session(f"engine attached at round {t0}")
         self._heartbeat.kick()  # the fast cadence from now on, and a snapshot of the re-based state
         self.stats.inc("attaches")
+        self.engine_gone = False
         pid = seg.word(Word.ENGINE_PID)
         engine = (pid, process_start_ticks(pid))  # with its start time: a reused pid is not the engine
         log.info("[proxy] engine attached incarnation=%d pid=%d round=%d", seg.incarnation, pid, t0)
@@ -292,6 +297,7 @@ class Proxy:
                 log.info("[proxy] the engine of incarnation %d (pid %d) is gone at round %d: starting a new one",
                          seg.incarnation, engine[0], t)
                 self.stats.inc("engine_gone")
+                self.engine_gone = True
                 return False
             waited = time.monotonic() - t0
             if waited >= next_log:

@@ -21,6 +21,7 @@ import engine_shim
 from dspark_proxy.config import ProxyConfig
 from dspark_proxy.proxy import Proxy
 from dspark_proxy.sim import SimConfig, SimEngine
+from dspark_proxy.status import read_status
 from tests.rig import ScriptedClient
 from tests.test_engine_restart import B, M, N, W
 
@@ -61,6 +62,14 @@ def test_a_killed_engines_ring_is_removed_and_the_next_engine_attaches(seg_name)
             time.sleep(0.05)
         assert not os.path.exists(ring[0]), "the dead engine's ring is still in /dev/shm"
         assert proxy.incarnations == 2 and proxy.stats._counters.get("engine_gone") == 1
+        # `status` of the new incarnation says so at once, with the gone engine's rounds (a script that
+        # reads the statistics when its engine exits finds them)
+        deadline = time.monotonic() + 0.5
+        while not read_status(seg_name)["proxy"].get("counters") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        block = read_status(seg_name)["proxy"]
+        assert block.get("counters", {}).get("engine_gone") == 1, block
+        assert block["latency"]["rank0_round_us"]["count"] >= 30
         shim = engine_shim.attach(seg_name, max_reqs=M, num_spec=N, window=W, row_bytes=B, timeout_s=10.0)
         try:  # the next engine: attached, drafts as usual
             usable: list[bool] = []
