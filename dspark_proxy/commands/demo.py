@@ -45,12 +45,14 @@ def _summary(r: dict[str, Any]) -> str:
               help="sim: the simulated engine. vllm: a real vLLM with the shipped target and head (needs vLLM: "
                    "scripts/setup.sh installs it) beside vLLM without speculation and with its n-gram drafter.")
 @click.option("--cost", is_flag=True, help="--engine vllm: also measure what the shim and proxy add to a step.")
+@click.option("--keep-awake-ms", type=click.FloatRange(0, 60_000), default=20.0, show_default=True,
+              help="--engine vllm: the proxies' --keep-awake-ms (they run on a CPU of their own; 0: off).")
 def demo(duration_s: float, rounds: int | None, max_reqs: int, num_spec: int, window: int, row_bytes: int,
          deadline_ms: float, engine_work_us: float, seed: int, staging_budget_mb: int | None, name: str | None,
-         as_json: bool, engine: str, cost: bool) -> None:
+         as_json: bool, engine: str, cost: bool, keep_awake_ms: float) -> None:
     """Worker + proxy + simulated engine, end to end, with every draft checked against the oracle."""
     if engine == "vllm":
-        _vllm_demo(as_json, cost, name)
+        _vllm_demo(as_json, cost, name, keep_awake_ms)
         return
     from ..demo import run_demo
     from ..exitcodes import EXIT_WRONG_DRAFTS
@@ -64,11 +66,11 @@ def demo(duration_s: float, rounds: int | None, max_reqs: int, num_spec: int, wi
         sys.exit(EXIT_WRONG_DRAFTS)
 
 
-def _vllm_demo(as_json: bool, cost: bool, name: str | None) -> None:
+def _vllm_demo(as_json: bool, cost: bool, name: str | None, keep_awake_ms: float) -> None:
     from ..exitcodes import EXIT_WRONG_DRAFTS
     from ..integrations.vllm_demo import run_vllm_demo
 
-    r = run_vllm_demo(cost=cost, name=name)
+    r = run_vllm_demo(cost=cost, name=name, keep_awake_ms=keep_awake_ms)
     if as_json:
         click.echo(json.dumps(r, default=str))
     else:

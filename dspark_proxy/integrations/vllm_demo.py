@@ -146,7 +146,7 @@ def _tokenize(model_dir: str | os.PathLike, prompts: list[str]) -> list[list[int
 def run_vllm_demo(*, model: str | os.PathLike = DEFAULT_MODEL, head: str | os.PathLike = DEFAULT_HEAD,
                   prompts: list[str] | None = None, max_tokens: int = 64, timing_tokens: int = 128,
                   deadline_ms: float = 50.0, max_num_seqs: int = 8, cost: bool = False, name: str | None = None,
-                  quiet: bool = False) -> dict[str, Any]:
+                  quiet: bool = False, keep_awake_ms: float = 20.0) -> dict[str, Any]:
     from ..launch import spawn_proxy, spawn_worker
     from ..status import read_status
 
@@ -160,7 +160,9 @@ def run_vllm_demo(*, model: str | os.PathLike = DEFAULT_MODEL, head: str | os.Pa
             "env": {"DSPARK_PROXY": name, "DSPARK_PROXY_HEAD": os.fspath(head), **vllm_threads_env()},
             "timing": {"prompt": TIMING_PROMPT, "max_tokens": timing_tokens, "repeats": 3}}
     out: dict[str, Any] = {"engine": "vllm", "model": os.fspath(model), "head": os.fspath(head),
-                           "prompts": len(prompts), "max_tokens": max_tokens, "deadline_ms": deadline_ms}
+                           "prompts": len(prompts), "max_tokens": max_tokens, "deadline_ms": deadline_ms,
+                           "keep_awake_ms": keep_awake_ms}
+    awake = ["--keep-awake-ms", str(keep_awake_ms)]  # the proxies have a CPU of their own (placement)
     t0 = time.monotonic()
     arms: dict[str, dict[str, Any]] = {}
     worker = proxy = None
@@ -176,7 +178,7 @@ def run_vllm_demo(*, model: str | os.PathLike = DEFAULT_MODEL, head: str | os.Pa
                                                                                              "DSPARK_PROXY": name + "-t"}})):
             with started_on(ours_cpus):
                 proxy = spawn_proxy(seg, worker.address, *layout, "--deadline-ms", str(deadline_ms), "--log-every",
-                                    "0")
+                                    "0", *awake)
             say(f"[demo] worker pid {worker.pid} on {worker.address}, proxy pid {proxy.pid}; vLLM arm {arm}")
             arms[arm] = run_arm_process({**spec, "arm": "dspark"})
             time.sleep(0.3)  # the proxy's last statistics snapshot
@@ -212,7 +214,7 @@ def run_vllm_demo(*, model: str | os.PathLike = DEFAULT_MODEL, head: str | os.Pa
     out["read_reply_us_p50"] = timing.get("read_reply_us", {}).get("p50")
     out["drafter_errors"] = run["errors"]
     if cost:
-        out.update(measure_cost(base, layout, name + "-null", say, ours_cpus))
+        out.update(measure_cost(base, layout, name + "-null", say, ours_cpus, awake))
         out["shim_proxy_vs_nospec_step"] = round(out["shim_proxy_ms_per_step"] / max(out["step_ms_nospec"], 1e-9), 4)
         out["shim_proxy_vs_nospec_step_sync"] = round(out["shim_proxy_ms_per_step_sync"] / max(out["step_ms_nospec"], 1e-9), 4)
         out["shim_proxy_vs_nospec_step_p50"] = round(out["shim_proxy_us_per_step_p50"]
@@ -237,7 +239,7 @@ def _reap_rings(*names: str) -> None:
 
 
 def measure_cost(base: dict[str, Any], layout: list[str], name: str, say,
-                 proxy_cpus: list[int] | None = None) -> dict[str, Any]:
+                 proxy_cpus: list[int] | None = None, proxy_args: list[str] | None = None) -> dict[str, Any]:
     """What the shim and the proxy add to a vLLM step at one request, side by side in one engine: the
     proposer's rounds made in place and through the shim to a proxy with a null worker (the same drafts,
     so the same verification), alternating generation by generation (vllm_arm.CostProposer)."""
@@ -247,7 +249,7 @@ def measure_cost(base: dict[str, Any], layout: list[str], name: str, say,
     spec = {**base, "prompts": [], "env": {**base["env"], "DSPARK_PROXY": name},
             "timing": {**base["timing"], "repeats": 12}}
     with started_on(proxy_cpus):
-        proxy = spawn_proxy(name, "null", *layout, "--deadline-ms", "50", "--log-every", "0")
+        proxy = spawn_proxy(name, "null", *layout, "--deadline-ms", "50", "--log-every", "0", *(proxy_args or []))
     try:
         say("[demo] cost arm: rounds in place and through shim + proxy (null worker), alternating")
         r = run_arm_process({**spec, "arm": "cost"})
