@@ -163,6 +163,17 @@ void release_all(Py_buffer *bs, int n) {
             PyBuffer_Release(&bs[i]);
 }
 
+PyObject *new_array(PyObject *shape, PyObject *dtype, Py_buffer *b) {
+    if (shape == NULL)
+        return NULL;
+    PyObject *argv[2] = {shape, dtype};
+    PyObject *o = PyObject_Vectorcall(np_empty, argv, 2, NULL);
+    Py_DECREF(shape);
+    if (o != NULL && PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        Py_CLEAR(o);
+    return o;
+}
+
 /* a new float32 array shaped like x with its last axis `last`, its buffer in *b */
 static PyObject *new_like(const Py_buffer *x, Py_ssize_t last, Py_buffer *b) {
     PyObject *shape = PyTuple_New(x->ndim);
@@ -176,12 +187,7 @@ static PyObject *new_like(const Py_buffer *x, Py_ssize_t last, Py_buffer *b) {
         }
         PyTuple_SET_ITEM(shape, i, d);
     }
-    PyObject *argv[2] = {shape, np_float32};
-    PyObject *out = PyObject_Vectorcall(np_empty, argv, 2, NULL);
-    Py_DECREF(shape);
-    if (out != NULL && PyObject_GetBuffer(out, b, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
-        Py_CLEAR(out);
-    return out;
+    return new_array(shape, np_float32, b);
 }
 
 /* mm(x [..., K], wp [ceil(M/32), K, 32], M, bias [M] | None, resid [..., M] | None, rms, eps) -> out [..., M]:

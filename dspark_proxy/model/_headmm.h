@@ -48,6 +48,8 @@ HM_LOCAL void epilogue(float *out, const float *bias, const float *resid, Py_ssi
 HM_LOCAL int get_f32(PyObject *o, Py_buffer *b, int min_ndim, int writable, const char *name);
 HM_LOCAL void release_all(Py_buffer *bs, int n);
 HM_LOCAL extern PyObject *np_empty, *np_float32, *np_int64;
+/* numpy.empty(shape, dtype), its writable buffer in *b; steals `shape` (NULL: returns NULL) */
+HM_LOCAL PyObject *new_array(PyObject *shape, PyObject *dtype, Py_buffer *b);
 
 /* _headmm_par.c: the helper threads. hm_par runs fn(ctx, i) for i in [0, n), each i exactly once, on
  * the calling thread and whichever helpers join in time; the products split into such chunks. */

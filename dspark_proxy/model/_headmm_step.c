@@ -90,17 +90,6 @@ static int get_weights(PyObject *const *a, Py_buffer *bs, head_w *w, Py_ssize_t 
     return 0;
 }
 
-static PyObject *new_array(PyObject *shape, PyObject *dtype, Py_buffer *b) {
-    if (shape == NULL)
-        return NULL;
-    PyObject *argv[2] = {shape, dtype};
-    PyObject *o = PyObject_Vectorcall(np_empty, argv, 2, NULL);
-    Py_DECREF(shape);
-    if (o != NULL && PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
-        Py_CLEAR(o);
-    return o;
-}
-
 /* step(ctx_j [B, d], prev int64 [B], carry [B, d] | None, more, markov, s1, s1b, s2, s2b, out, carry_w | None, V,
  * eps) -> (logits [B, V], carry' [B, d] or None: computed when `more` and carry_w is given) */
 PyObject *hm_step(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
