@@ -19,6 +19,7 @@ from .acceptance import GateSettings
 from .breaker import CircuitBreaker
 from .config import IN_PROCESS_WORKERS, ProxyConfig, config_to_dict, parse_hostport
 from .draft_client import DraftClient
+from .engine_alive import EngineAlive
 from .events import EventRing
 from .keep_awake import KeepAwake
 from .metrics import LATENCY_BOUNDS_US  # the bounds only: prometheus-client is imported at start
@@ -26,7 +27,7 @@ from .round import RoundCore, RoundSettings
 from .shm import hostflag as hf
 from .shm.hostflag import FAR_AHEAD, HostFlags
 from .shm.layout import LayoutParams, State, Word
-from .shm.segment import Segment, owner_alive, process_start_ticks
+from .shm.segment import Segment
 from .shm.target import read_engine_target
 from .stats import Stats
 
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 HEARTBEAT_EVERY_S = 0.1
 HEARTBEAT_UNATTACHED_EVERY_S = 1.0
 WAIT_SLICE_S = 0.25
+ENGINE_LOOK_S = 1.0  # how often a proxy waiting for `gathered` asks whether its engine's process is gone
 STATS_EVERY_S = 0.25
 STATS_IDLE_EVERY_S = 5.0
 
@@ -218,7 +220,7 @@ class Proxy:
         self.stats.inc("attaches")
         self.engine_gone = False
         pid = seg.word(Word.ENGINE_PID)
-        engine = (pid, process_start_ticks(pid))  # with its start time: a reused pid is not the engine
+        engine = EngineAlive(pid)  # a pidfd: a reused pid is not the engine
         log.info("[proxy] engine attached incarnation=%d pid=%d round=%d", seg.incarnation, pid, t0)
         t = t0
         try:
@@ -236,6 +238,7 @@ class Proxy:
                 t += 1
         except Exception as e:  # noqa: BLE001 - the hand-off is broken: die for this incarnation
             self._die(seg, core.flags, t, repr(e))
+        engine.close()
         core.accept.flush()  # the engine's last rounds' accepted drafts into the counters
         self._last_round = t - 1
         self._finish_segment(State.DEAD)
@@ -278,13 +281,13 @@ class Proxy:
                 return None
         return None
 
-    def _wait_gathered(self, seg: Segment, flags: HostFlags, t: int, engine: tuple[int, int]) -> bool:
+    def _wait_gathered(self, seg: Segment, flags: HostFlags, t: int, engine: EngineAlive) -> bool:
         """True once round t is gathered; False when stopping, when the engine abandoned us, or when
         its process is gone (a killed engine abandons nothing: the new incarnation this starts removes
         its shared ring, M x W x row_bytes of /dev/shm, at once rather than when the next engine of
         the name comes). A prefill's forward can take seconds, so there is no give-up on a live engine."""
         t0 = time.monotonic()
-        next_log = 30.0
+        next_log, next_look = 30.0, ENGINE_LOOK_S
         while not self._stop.is_set():
             if flags.wait_gathered(t, WAIT_SLICE_S):
                 return True
@@ -293,13 +296,15 @@ class Proxy:
                          seg.incarnation, t)
                 self.stats.inc("abandoned")
                 return False
-            if not owner_alive(*engine):
-                log.info("[proxy] the engine of incarnation %d (pid %d) is gone at round %d: starting a new one",
-                         seg.incarnation, engine[0], t)
-                self.stats.inc("engine_gone")
-                self.engine_gone = True
-                return False
             waited = time.monotonic() - t0
+            if waited >= next_look:  # (once a second: the idle proxy's budget, README "Idle")
+                next_look = waited + ENGINE_LOOK_S
+                if not engine.alive():
+                    log.info("[proxy] the engine of incarnation %d (pid %d) is gone at round %d: starting a new "
+                             "one", seg.incarnation, engine.pid, t)
+                    self.stats.inc("engine_gone")
+                    self.engine_gone = True
+                    return False
             if waited >= next_log:
                 next_log += 30.0
                 log.warning("[proxy] round %d not gathered after %.0f s (words %s)", t, waited, flags.values())

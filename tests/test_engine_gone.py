@@ -1,8 +1,9 @@
 """An engine killed outright (SIGKILL: no detach, no close) while its proxy keeps running. It abandons
 nothing, so before, the proxy waited for its next `gathered` for ever and the engine's shared ring
 (M x W x row_bytes of /dev/shm: 2.2 GiB at the realistic shapes) stayed until another engine of the
-name attached. Now the proxy sees the process gone within a wait slice (0.25 s), starts a new
-incarnation, which removes the ring, and the next engine attaches as usual."""
+name attached. Now the proxy sees the process gone within about a second (a pidfd, asked once a second
+while it waits), starts a new incarnation, which removes the ring, and the next engine attaches as
+usual. A live engine that merely goes quiet is never taken for gone."""
 
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def test_a_killed_engines_ring_is_removed_and_the_next_engine_attaches(seg_name)
             SimEngine(SimConfig(seed=6, max_reqs=M, num_spec=N, window=W, row_bytes=B)).run(
                 shim, rounds=100, on_round=lambda batch, reply: usable.append(bool(reply.ok_mask.any())) or batch.t >= 20)
             assert any(usable) and proxy.stats._counters.get("attaches") == 2
-            time.sleep(0.8)  # idle for three wait slices, alive: not gone
+            time.sleep(2.5)  # idle for two looks at the engine, alive: not gone
             assert proxy.incarnations == 2 and proxy.stats._counters.get("engine_gone") == 1
         finally:
             shim.close()
@@ -87,3 +88,28 @@ def test_a_killed_engines_ring_is_removed_and_the_next_engine_attaches(seg_name)
         proxy.stop()
         th.join(10.0)
     assert not th.is_alive()
+
+
+@pytest.mark.parametrize("pidfd", [True, False])
+def test_engine_alive_sees_an_exit_and_never_judges_a_pid_it_cannot_see(monkeypatch, pidfd):
+    from dspark_proxy.engine_alive import EngineAlive
+
+    if not pidfd:  # Linux before 5.3: the pid and its start time in /proc at every ask
+        monkeypatch.delattr(os, "pidfd_open", raising=False)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        watch = EngineAlive(child.pid)
+        assert (watch.fd >= 0) == pidfd and watch.alive()
+        child.kill()
+        child.wait(10.0)
+        assert not watch.alive()
+        watch.close()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10.0)
+    gone = EngineAlive(child.pid)  # not there at attach (another PID namespace looks the same): never gone
+    assert not gone.judged and gone.alive()
+    me = EngineAlive(os.getpid())  # thread mode: the engine is this process
+    assert me.alive()
+    me.close()
