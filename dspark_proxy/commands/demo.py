@@ -46,7 +46,8 @@ def _summary(r: dict[str, Any]) -> str:
                    "scripts/setup.sh installs it) beside vLLM without speculation and with its n-gram drafter.")
 @click.option("--cost", is_flag=True, help="--engine vllm: also measure what the shim and proxy add to a step.")
 @click.option("--keep-awake-ms", type=click.FloatRange(0, 60_000), default=20.0, show_default=True,
-              help="--engine vllm: the proxies' --keep-awake-ms (they run on a CPU of their own; 0: off).")
+              help="--engine vllm: the proxies' --keep-awake-ms (they run on a CPU of their own), and vLLM's "
+                   "thread spins for its reply up to 1 ms (DSPARK_PROXY_REPLY_SPIN_US); 0: neither.")
 def demo(duration_s: float, rounds: int | None, max_reqs: int, num_spec: int, window: int, row_bytes: int,
          deadline_ms: float, engine_work_us: float, seed: int, staging_budget_mb: int | None, name: str | None,
          as_json: bool, engine: str, cost: bool, keep_awake_ms: float) -> None:

@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from engine_shim.attachment import ENV_REPLY_SPIN_US, REPLY_SPIN_US
+
 __all__ = ["run_vllm_demo", "PROMPTS", "reference_acceptance", "run_arm_process", "shapes_args", "placement",
            "started_on"]
 
@@ -45,6 +47,9 @@ PROMPTS = [
     "def _check_arg(name, value, kind):\n    if not isinstance(value, kind):\n        raise TypeError(",
 ]
 TIMING_PROMPT = "class Queue:\n    \"\"\"A FIFO queue.\"\"\"\n\n    def __init__(self, maxsize=0):\n"
+
+
+REPLY_SPIN_AWAKE_US = 1000  # DSPARK_PROXY_REPLY_SPIN_US of the vLLM arms when the proxies are kept awake
 
 
 def shapes_args(head: str | os.PathLike, max_reqs: int) -> list[str]:
@@ -157,11 +162,14 @@ def run_vllm_demo(*, model: str | os.PathLike = DEFAULT_MODEL, head: str | os.Pa
     vllm_cpus, ours_cpus = placement()
     base = {"model": os.fspath(model), "cpus": vllm_cpus, "num_spec": int(layout[3]), "prompts": prompts, "max_tokens": max_tokens,
             "llm": {"max_num_seqs": max_num_seqs},
-            "env": {"DSPARK_PROXY": name, "DSPARK_PROXY_HEAD": os.fspath(head), **vllm_threads_env()},
+            "env": {"DSPARK_PROXY": name, "DSPARK_PROXY_HEAD": os.fspath(head), **vllm_threads_env(),
+                    # with the proxies kept awake, vLLM's thread (a CPU of its own) spins for its reply too
+                    **({ENV_REPLY_SPIN_US: str(REPLY_SPIN_AWAKE_US)} if keep_awake_ms > 0 else {})},
             "timing": {"prompt": TIMING_PROMPT, "max_tokens": timing_tokens, "repeats": 3}}
     out: dict[str, Any] = {"engine": "vllm", "model": os.fspath(model), "head": os.fspath(head),
                            "prompts": len(prompts), "max_tokens": max_tokens, "deadline_ms": deadline_ms,
-                           "keep_awake_ms": keep_awake_ms}
+                           "keep_awake_ms": keep_awake_ms,
+                           "reply_spin_us": REPLY_SPIN_AWAKE_US if keep_awake_ms > 0 else REPLY_SPIN_US}
     awake = ["--keep-awake-ms", str(keep_awake_ms)]  # the proxies have a CPU of their own (placement)
     t0 = time.monotonic()
     arms: dict[str, dict[str, Any]] = {}
