@@ -45,6 +45,7 @@ static pthread_t threads[MAX_SPINNERS];
 static int cpus_of[MAX_SPINNERS];
 static int n_threads;
 static _Atomic int64_t spins_total; /* spin turns begun: tests and `status` see that it ran */
+static _Atomic int refused;         /* spinners that could not take SCHED_IDLE, and so never spun */
 
 static int64_t now_ns(void) {
     struct timespec ts;
@@ -67,7 +68,12 @@ static void *spinner(void *arg) {
     CPU_SET(cpu, &set);
     pthread_setaffinity_np(pthread_self(), sizeof set, &set); /* best effort: else where it runs */
     struct sched_param sp = {0};
-    sched_setscheduler(0, SCHED_IDLE, &sp); /* this thread only (Linux: 0 is the calling thread) */
+    /* this thread only (Linux: 0 is the calling thread); refused (a seccomp'd container), it would spin
+     * at normal priority, taking time from the proxy and the worker: it does nothing instead */
+    if (sched_setscheduler(0, SCHED_IDLE, &sp) != 0) {
+        atomic_fetch_add(&refused, 1);
+        return NULL;
+    }
     while (!atomic_load_explicit(&stop_flag, memory_order_acquire)) {
         uint32_t seen = atomic_load_explicit(&gen, memory_order_acquire); /* pairs with kick's release */
         int64_t end = atomic_load_explicit(&until_ns, memory_order_relaxed);
@@ -154,22 +160,24 @@ static PyObject *ka_stop(PyObject *mod, PyObject *noargs) {
         pthread_join(threads[i], NULL);
     Py_END_ALLOW_THREADS
     n_threads = 0;
+    atomic_store(&refused, 0);
     atomic_store(&until_ns, 0);
     Py_RETURN_NONE;
 }
 
-/* state() -> (spinners running, spin turns begun so far, sleepers now) */
+/* state() -> (spinners running, spin turns begun so far, sleepers now, spinners refused SCHED_IDLE) */
 static PyObject *ka_state(PyObject *mod, PyObject *noargs) {
     (void)mod;
     (void)noargs;
-    return Py_BuildValue("iLi", n_threads, (long long)atomic_load(&spins_total), atomic_load(&sleepers));
+    int r = atomic_load(&refused);
+    return Py_BuildValue("iLii", n_threads - r, (long long)atomic_load(&spins_total), atomic_load(&sleepers), r);
 }
 
 static PyMethodDef methods[] = {
     {"start", ka_start, METH_VARARGS, "start(cpus) -> int: a SCHED_IDLE spinner on each CPU (at most 8)."},
     {"kick", ka_kick, METH_VARARGS, "kick(ns): keep the spinners spinning until ns from now."},
     {"stop", ka_stop, METH_NOARGS, "stop(): the spinners exit and are joined."},
-    {"state", ka_state, METH_NOARGS, "state() -> (spinners, spin turns begun, sleeping now)."},
+    {"state", ka_state, METH_NOARGS, "state() -> (spinners, spin turns begun, sleeping now, refused SCHED_IDLE)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 log = logging.getLogger("dspark_proxy.keep_awake")
 
@@ -40,15 +41,20 @@ class KeepAwake:
         started = _keepawake.start(cpus)
         log.info("[proxy] keep-awake: %d spinner(s) on CPUs %s, %.1f ms after each round", started,
                  ",".join(map(str, cpus)), ms)
+        time.sleep(0.01)  # the spinners' first instructions: SCHED_IDLE taken, or refused
+        if self.snapshot()["refused"]:
+            log.warning("[proxy] keep-awake: SCHED_IDLE refused here (a container's seccomp?): no spinning, "
+                        "which at normal priority would take CPU time from the proxy and the worker")
 
     def kick(self) -> None:
         if self._mod is not None:
             self._mod.kick(self.ns)
 
     def snapshot(self) -> dict[str, int]:
-        """Spinners running, spin turns begun so far, spinners asleep now (`status`; zeros when off)."""
-        state = self._mod.state() if self._mod is not None else (0, 0, 0)
-        return dict(zip(("spinners", "spins", "sleeping"), state, strict=True))
+        """Spinners running, spin turns begun so far, spinners asleep now, spinners that could not take
+        SCHED_IDLE and so never spin (`status`; zeros when off)."""
+        state = self._mod.state() if self._mod is not None else (0, 0, 0, 0)
+        return dict(zip(("spinners", "spins", "sleeping", "refused"), state, strict=True))
 
     def close(self) -> None:
         if self._mod is not None:

@@ -42,6 +42,7 @@ def test_spinners_spin_while_rounds_come_at_sched_idle_and_stop_after(seg_name):
     try:
         ka = _keep_awake(seg_name)
         assert ka["spinners"] == min(len(os.sched_getaffinity(proxy.pid)), 8) and ka["spins"] == 0
+        assert ka["refused"] == 0
         assert _policies(proxy.pid).count(SCHED_IDLE) == ka["spinners"]  # they, and only they
         shim = engine_shim.attach(seg_name, **SHAPE, timeout_s=10.0)
         t, end = 0, time.monotonic() + 20.0
@@ -71,7 +72,7 @@ def test_spinners_spin_while_rounds_come_at_sched_idle_and_stop_after(seg_name):
 def test_off_by_default_no_spinner(seg_name):
     proxy = spawn_proxy(seg_name, "null", *LAYOUT, "--deadline-ms", "500", "--log-every", "0")
     try:
-        assert _keep_awake(seg_name) == {"spinners": 0, "spins": 0, "sleeping": 0}
+        assert _keep_awake(seg_name) == {"spinners": 0, "spins": 0, "sleeping": 0, "refused": 0}
         assert SCHED_IDLE not in _policies(proxy.pid)
     finally:
         proxy.stop()
