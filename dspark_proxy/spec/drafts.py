@@ -1,6 +1,10 @@
 """Where the engine's drafts come from: a shim (the proxy and its worker), prompt lookup in the engine,
 or nowhere (target-only). Each is asked once a step with what the step finalised (`Finalised`) and
-answers the next step's drafts (`Drafts`), in the same request order."""
+answers the next step's drafts (`Drafts`), in the same request order.
+
+A round is two calls, `begin(f)` then `finish(pending)`, so the engine can do its own work while the
+drafter works (the shim's `enqueue` returns at once and `read_reply` waits only for what is left);
+`round(f)` is both at once. A source that drafts in the engine (prompt lookup) answers in `begin`."""
 
 from __future__ import annotations
 
@@ -58,6 +62,12 @@ class NoDrafts:
         n = len(f.slots)
         return Drafts(np.zeros(n, np.int64), np.full((n, self.num_spec), -1, np.int64))
 
+    def begin(self, f: Finalised) -> Any:
+        return self.round(f)
+
+    def finish(self, pending: Any) -> Drafts:
+        return pending
+
     def close(self) -> None:
         return None
 
@@ -90,10 +100,12 @@ class ShimDrafts:
         self.statuses: dict[str, int] = {}
 
     def round(self, f: Finalised) -> Drafts:
-        # the shim's rounds are numbered from 1 for as long as it lives, across runs that share it
-        return self._round(self.shim.round_in_flight()[0] + 1, f)
+        return self.finish(self.begin(f))
 
-    def _round(self, t: int, f: Finalised) -> Drafts:
+    def begin(self, f: Finalised) -> int:
+        """enqueue(t): the proxy starts the round and this returns at once; the round's number."""
+        # the shim's rounds are numbered from 1 for as long as it lives, across runs that share it
+        t = self.shim.round_in_flight()[0] + 1
         n = len(f.slots)
         qsl = np.zeros(n + 1, np.int64)
         np.cumsum(f.qlen, out=qsl[1:])
@@ -103,6 +115,10 @@ class ShimDrafts:
         self.shim.enqueue(t, req_ids=f.req_ids, slots=f.slots, qsl=qsl, need_draft=f.need_draft,
                           k_window=np.minimum(f.k_window, 255), rows=f.rows, valid=f.valid, first_pos=f.first_pos,
                           anchor=f.anchor, **kw)
+        return t
+
+    def finish(self, t: int) -> Drafts:
+        """read_reply(t): the drafts, or a failed round, by the round's deadline whatever the proxy does."""
         r = self.shim.read_reply(t)
         key = r.status_name if r.ok else f"failed:{r.reason}"
         self.statuses[key] = self.statuses.get(key, 0) + 1

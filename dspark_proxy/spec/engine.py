@@ -73,7 +73,7 @@ class RunStats:
     verified_by_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     accepted_by_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     forward_ms: list[float] = field(default_factory=list)  # verification / decode forwards
-    round_ms: list[float] = field(default_factory=list)  # the draft source's time a step
+    round_ms: list[float] = field(default_factory=list)  # the engine thread's time in the round a step (begin + finish)
     timeline: list[tuple[float, int, bool]] = field(default_factory=list)  # a step: (end, tokens so far, round failed)
     started: float = 0.0  # time.perf_counter() at the start
     failed_rounds: int = 0
@@ -136,48 +136,80 @@ class SpecEngine:
 
     def run(self, requests: list[Request], stop: Callable[[RunStats], bool] | None = None) -> RunStats:
         """Generate for every request (or until `stop(stats)` says so after a step: the unfinished are
-        dropped, their slots freed)."""
+        dropped, their slots freed).
+
+        The engine works while the round is in flight: a slot freed by this step's verification gets
+        its next request prefilled between the round's `begin` and `finish`. The joiner's prompt rows
+        go out with the next round, in front of the row that its first verification (of no drafts:
+        one token) finalises."""
         st = RunStats(verified_by_pos=np.zeros(self.N, np.int64), accepted_by_pos=np.zeros(self.N, np.int64))
         queue = deque(requests)
         for r in requests:
             if len(r.prompt) + r.max_new + self.N + 1 > self.target.max_len:
                 raise ValueError(f"request {r.rid}: prompt + max_new + N exceeds the cache's max_len")
         free = list(range(self.B))[::-1]
-        active: list[int] = []
+        active: list[int] = []  # slots whose request is prefilled and not finished
         t0 = st.started = time.perf_counter()
-        while queue or active:
-            joined = []
-            while queue and free:
-                s = free.pop()
-                self._admit(s, queue.popleft())
-                joined.append(s)
-            running = np.array(active, np.int64)
-            active.extend(joined)
-            parts = []
-            if joined:
-                parts.append(self._prefill(np.array(joined, np.int64), st))
-            if len(running):
-                parts.append(self._verify(running, st))
-            f = self._finalised(parts)
+        held = self._join(queue, free, active, st)  # the first step has no round to prefill during
+        while active:
+            part = self._verify(np.array(active, np.int64), st)
+            if held is not None:
+                part = _merge(held, part, self.W)
+            f = self._finalised([part])
             st.steps += 1
-            done = self.made[np.array(active)] >= self.want[np.array(active)]
-            for s in np.array(active)[done].tolist():
-                rid = int(self.rid[s])
-                st.outputs[rid] = self.seq[s, self.plen[s]:self.plen[s] + self.want[s]].copy()
-                st.margins[rid] = self.margin[s, self.plen[s]:self.plen[s] + self.want[s]].copy()
-                active.remove(s)
-                free.append(s)
-                self.rid[s] = -1
-            keep = np.isin(f.slots, np.array(active, np.int64))
-            if not keep.all():
-                f = _drop(f, keep)
-            failed = self._round(f, st) if len(f.slots) else False
+            done = self.made[f.slots] >= self.want[f.slots]
+            for s in f.slots[done].tolist():
+                self._retire(s, active, free, st)
+            if done.any():
+                f = _drop(f, ~done)
+            pending, begun_s = None, 0.0
+            if len(f.slots):
+                r0 = time.perf_counter()
+                pending = self.drafts.begin(f)
+                begun_s = time.perf_counter() - r0
+            held = self._join(queue, free, active, st)  # while the round is in flight
+            failed = self._land(f, pending, begun_s, st) if len(f.slots) else False
             st.timeline.append((time.perf_counter(), int(st.tokens), failed))
             if stop is not None and stop(st):
                 self.rid[np.array(active, np.int64)] = -1
                 break
         st.elapsed_s = time.perf_counter() - t0
         return st
+
+    def _land(self, f: Finalised, pending, begun_s: float, st: RunStats) -> bool:
+        """Wait for the round in flight and take its drafts; True when it failed."""
+        r0 = time.perf_counter()
+        failed = self._finish(f, self.drafts.finish(pending), st)
+        st.round_ms.append((begun_s + time.perf_counter() - r0) * 1e3)  # what the round cost the engine's thread
+        return failed
+
+    def _join(self, queue: deque, free: list[int], active: list[int], st: RunStats):
+        """Admit queued requests into the free slots and prefill them (their first token); those that
+        wanted only it are done at once. Returns their prefill part for the next round, or None."""
+        held = None
+        while queue and free:
+            joined = []
+            while queue and free:
+                s = free.pop()
+                self._admit(s, queue.popleft())
+                joined.append(s)
+            part = self._prefill(np.array(joined, np.int64), st)
+            active.extend(joined)
+            done = self.made[part[0]] >= self.want[part[0]]
+            for s in part[0][done].tolist():
+                self._retire(s, active, free, st)
+            if not done.all():
+                part = _keep_part(part, ~done)
+                held = part if held is None else _concat_parts(held, part)
+        return held
+
+    def _retire(self, s: int, active: list[int], free: list[int], st: RunStats) -> None:
+        rid = int(self.rid[s])
+        st.outputs[rid] = self.seq[s, self.plen[s]:self.plen[s] + self.want[s]].copy()
+        st.margins[rid] = self.margin[s, self.plen[s]:self.plen[s] + self.want[s]].copy()
+        active.remove(s)
+        free.append(s)
+        self.rid[s] = -1
 
     def _admit(self, s: int, r: Request) -> None:
         P = len(r.prompt)
@@ -208,15 +240,13 @@ class SpecEngine:
         logits of each (for showing a near-tie flip if one ever happens)."""
         top = logits.topk(2, dim=-1)
         m = v.m.numpy()
-        for j in range(v.tokens.shape[1]):
-            on = j <= m
-            if not on.any():
-                break
-            s, p = slots[on], at[on] + j
-            self.seq[s, p] = v.tokens[on, j].numpy()
-            self.margin[s, p, 0] = top.values[on, j, 0].numpy()
-            self.margin[s, p, 1] = top.indices[on, j, 1].numpy()
-            self.margin[s, p, 2] = top.values[on, j, 1].numpy()
+        b, j = np.nonzero(np.arange(v.tokens.shape[1])[None] <= m[:, None])  # the m + 1 emitted, row by row
+        s, p = slots[b], at[b] + j
+        self.seq[s, p] = v.tokens.numpy()[b, j]
+        vals, ids = top.values.numpy()[b, j], top.indices.numpy()[b, j]
+        self.margin[s, p, 0] = vals[:, 0]
+        self.margin[s, p, 1] = ids[:, 1]
+        self.margin[s, p, 2] = vals[:, 1]
 
     def _prefill(self, slots: np.ndarray, st: RunStats):
         P = self.plen[slots]
@@ -290,10 +320,8 @@ class SpecEngine:
             seed=self.seed[slots].copy(),
             context=[self.seq[s, :p + 1] for s, p in zip(slots.tolist(), anchor_pos.tolist(), strict=True)])
 
-    def _round(self, f: Finalised, st: RunStats) -> bool:
-        r0 = time.perf_counter()
-        d: Drafts = self.drafts.round(f)
-        st.round_ms.append((time.perf_counter() - r0) * 1e3)
+    def _finish(self, f: Finalised, d: Drafts, st: RunStats) -> bool:
+        """The reply's drafts become each request's next verification; True when the round failed."""
         st.failed_rounds += int(d.failed)
         s = f.slots
         self.d_n[s] = np.minimum(d.n, self.N)
@@ -312,6 +340,50 @@ def _rows(rows: torch.Tensor | None, keep: np.ndarray) -> torch.Tensor | None:
     if rows is None:
         return None
     return rows[torch.from_numpy(keep)]
+
+
+def _split(rows: torch.Tensor | None, valid: np.ndarray) -> list[torch.Tensor | None]:
+    if rows is None:
+        return [None] * len(valid)
+    return list(torch.split(rows, valid.tolist()))
+
+
+def _keep_part(part, keep: np.ndarray):
+    """A forward's part (slots, qlen, valid, first_pos, k, rows) for the kept requests only."""
+    slots, qlen, valid, first, k, rows = part
+    if rows is not None:
+        rows = rows[torch.from_numpy(np.repeat(keep, valid))]
+    return slots[keep], qlen[keep], valid[keep], first[keep], k[keep], rows
+
+
+def _concat_parts(a, b):
+    return (*(np.concatenate([x, y]) for x, y in zip(a[:5], b[:5], strict=True)),
+            None if a[5] is None else torch.cat([a[5], b[5]]))
+
+
+def _merge(held, part, W: int):
+    """The verification part with each joiner's prompt rows (its prefill part, `held`) in front of the
+    row its first verification finalised: positions [first_pos, first_pos + valid) of the two are
+    contiguous, and only the last W go out."""
+    hs, _, hv, hf, _, hr = held
+    slots, qlen, valid, first, k, rows = part
+    at = {s: i for i, s in enumerate(hs.tolist())}
+    valid, first = valid.copy(), first.copy()
+    held_rows, own = _split(hr, hv), _split(rows, part[2])
+    out = []
+    for i, s in enumerate(slots.tolist()):
+        h = at.get(s)
+        if h is None:
+            out.append(own[i])
+            continue
+        assert hf[h] + hv[h] == first[i], "a joiner's prompt rows end where its first verification's begin"
+        v = min(int(hv[h]) + int(valid[i]), W)
+        first[i] = first[i] + valid[i] - v
+        take = v - int(valid[i])
+        if rows is not None:
+            out.append(torch.cat([held_rows[h][held_rows[h].shape[0] - take:], own[i]]))
+        valid[i] = v
+    return slots, qlen, valid, first, k, (torch.cat(out) if rows is not None else None)
 
 
 def _drop(f: Finalised, keep: np.ndarray) -> Finalised:
