@@ -2,17 +2,19 @@
 
 One step, for every request in the batch (requests join when a slot is free and leave when done):
 
-1. joiners are prefilled (one forward over their prompts): the first token is their anchor;
-2. the others verify their drafts in ONE target forward over [anchor, d_1 .. d_k] at positions
+1. every request verifies its drafts in ONE target forward over [anchor, d_1 .. d_k] at positions
    a .. a + k (k = the drafts the last reply gave, capped by the tokens still wanted); greedy
    accepts the longest prefix matching the target's argmax, sampled mode applies rejection
    sampling (verify.py); either way m drafts are accepted and m + 1 tokens emitted;
-3. the positions this step finalised are the previous anchor and the accepted drafts (valid =
-   m + 1, rows a .. a + m; a joiner's are its prompt's last W): their tapped rows are gathered,
-   and the draft source (drafts.py) gets them with the new anchors: through the shim, `enqueue(t)`
-   then `read_reply(t)`, which returns by the round's deadline whatever the proxy does;
-4. the reply's drafts are what step 2 verifies next. A failed round (no proxy, a stalled worker)
-   just means no drafts: one token per request that step, the output unchanged.
+2. the positions this step finalised are the previous anchor and the accepted drafts (valid =
+   m + 1, rows a .. a + m): their tapped rows are gathered, and the draft source (drafts.py) gets
+   them with the new anchors: through the shim, `enqueue(t)` (`begin`), which returns at once;
+3. while the round is in flight, the engine's own work: a slot freed this step gets its next
+   request, prefilled now (its first token is its anchor). Its first verification has no drafts
+   (one token), and the round after it carries the prompt's last rows in front of that position's;
+4. `read_reply(t)` (`finish`), which returns by the round's deadline whatever the proxy does: the
+   reply's drafts are what step 1 verifies next. A failed round (no proxy, a stalled worker) just
+   means no drafts: one token per request that step, the output unchanged.
 
 Draft length follows the drafter's confidence (`min_confidence`): a request verifies its drafts only
 while the product of their confidences (the drafter's estimate that all of them so far will be
