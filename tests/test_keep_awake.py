@@ -5,11 +5,15 @@ the last round, so the idle cost (README, "Idle") is what it is without them; of
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 import engine_shim
+from dspark_proxy import launch
 from dspark_proxy.bench.procs import cpu_s
 from dspark_proxy.launch import spawn_proxy
 from dspark_proxy.status import read_status
@@ -75,4 +79,39 @@ def test_off_by_default_no_spinner(seg_name):
         assert _keep_awake(seg_name) == {"spinners": 0, "spins": 0, "sleeping": 0, "refused": 0}
         assert SCHED_IDLE not in _policies(proxy.pid)
     finally:
+        proxy.stop()
+
+
+def test_refused_sched_idle_spins_not_at_all(seg_name, monkeypatch):
+    """Where SCHED_IDLE is refused (a container's seccomp profile), a spinner at normal priority would
+    take CPU time from the proxy and the worker: it must not spin. The proxy runs under a seccomp
+    filter that fails sched_setscheduler with EPERM (tests/no_sched_idle.py); its rounds still work,
+    `status` counts the refusals, and the proxy spends no CPU after its rounds."""
+    wrapper = str(Path(__file__).with_name("no_sched_idle.py"))
+    probe = subprocess.run([sys.executable, wrapper, sys.executable, "-c", "pass"], timeout=30)
+    if probe.returncode == 77:
+        pytest.skip("the seccomp wrapper is x86_64 only")
+    assert probe.returncode == 0
+    cli = launch._cli
+    monkeypatch.setattr(launch, "_cli", lambda *a: [sys.executable, wrapper, *cli(*a)])
+    proxy = spawn_proxy(seg_name, "null", *LAYOUT, "--deadline-ms", "500", "--keep-awake-ms", "50",
+                        "--log-every", "0")
+    shim = None
+    try:
+        ka = _keep_awake(seg_name)
+        n = min(len(os.sched_getaffinity(proxy.pid)), 8)
+        assert ka == {"spinners": 0, "spins": 0, "sleeping": 0, "refused": n}, ka
+        assert SCHED_IDLE not in _policies(proxy.pid)
+        shim = engine_shim.attach(seg_name, **SHAPE, timeout_s=10.0)
+        for t in range(1, 101):
+            shim.enqueue(t, **decode_batch(t, SHAPE["row_bytes"]))
+            assert shim.read_reply(t).status == 0
+            time.sleep(0.002)
+        assert _keep_awake(seg_name) == ka  # kicked 100 times: still nothing spins
+        c0 = cpu_s(proxy.pid)
+        time.sleep(1.0)
+        assert cpu_s(proxy.pid) - c0 < 0.005, "the proxy kept spending CPU after its rounds stopped"
+    finally:
+        if shim is not None:
+            shim.close()
         proxy.stop()
