@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 
 from dspark_proxy.spec.engine import RunStats  # noqa: E402
 from dspark_proxy.spec.evaluate import closest_tie, mismatches  # noqa: E402
+from dspark_proxy.spec.report import format_eval  # noqa: E402
 
 
 def _stats(tokens: list[int], margins: list[tuple[float, int, float]]) -> RunStats:
@@ -37,7 +38,7 @@ def test_a_flip_is_shown_with_both_logits_and_margins() -> None:
 
 EVAL_KEYS = {"mean_accepted", "mean_accepted_ngram", "num_spec", "target_forwards_per_token", "speedup",
              "speedup_ngram", "head_ms", "target_step_ms", "lossless_mismatches", "prompts", "accept_by_position",
-             "greedy_distinct_4gram_rate", "speedup_thread", "faults"}
+             "greedy_distinct_4gram_rate", "speedup_thread", "faults", "round_parts_ms"}
 
 
 @pytest.mark.timeout(300)
@@ -56,6 +57,9 @@ def test_eval_json_shape() -> None:
         assert f["mismatches"] == 0 and f["prompts_checked"] > 0, (kind, f)
         assert f["failed_rounds"] > 0, (kind, f)  # the fault reached the engine as target-only rounds
     assert r["mean_accepted"] > 0.5 and r["target_forwards_per_token"] < 1.0
+    p = r["round_parts_ms"]  # each round's worker time is inside its STEP's round trip (rounds without a
+    assert 0 < p["worker"] <= p["proxy_worker_rtt"] and p["proxy_round"] > 0, p  # reply have neither)
+    assert "the round (p50, ms)" in format_eval(r)
 
 
 def test_bench_runs_eval_only_when_named() -> None:

@@ -162,8 +162,15 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
                 for st in runs[arm][1:] if arm == "target_only" else runs[arm]:
                     shown += mismatches(ref, st, arm)
             lat = read_status(name)["proxy"].get("latency", {})
-            res["head_ms"] = round(lat.get("worker_us", {}).get("p50_us", 0.0) / 1000.0, 3)
-            res["proxy_round_ms"] = round(lat.get("rank0_round_us", {}).get("p50_us", 0.0) / 1000.0, 3)
+            ms = {k: round(lat.get(k, {}).get("p50_us", 0.0) / 1000.0, 3) for k in
+                  ("worker_us", "rank0_round_us", "rtt_us", "proxy_cost_us")}
+            res["head_ms"] = ms["worker_us"]
+            res["proxy_round_ms"] = ms["rank0_round_us"]
+            # where the engine's round goes (p50s, ms): the worker's own time, the STEP's round trip from
+            # the proxy (that time plus the network, the worker's receive and send, and their wake-ups),
+            # the proxy's own part of a round, and the proxy's whole round (gathered -> published)
+            res["round_parts_ms"] = {"worker": ms["worker_us"], "proxy_worker_rtt": ms["rtt_us"],
+                                     "proxy_own": ms["proxy_cost_us"], "proxy_round": ms["rank0_round_us"]}
             med = {a: statistics.median(s.tokens_per_s for s in runs[a]) for a in ARMS}
             pr, ng, fk = runs["proxy"], runs["ngram"], runs["proxy_full_k"]
             acc = sum(s.accepted_by_pos for s in fk) / max(1, sum(s.full_rounds for s in fk))
@@ -190,7 +197,7 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
                 "speedup_full_k": round(med["proxy_full_k"] / med["target_only"], 3),
                 "target_step_ms": _pct([x for s in runs["target_only"] for x in s.forward_ms], 50),
                 "verify_step_ms": _pct([x for s in pr for x in s.forward_ms], 50),
-                "round_ms": _pct([x for s in pr for x in s.round_ms], 50),
+                "round_ms": _pct([x for s in pr for x in s.round_ms], 50),  # the engine thread's: enqueue + wait
                 "round_ms_thread": _pct([x for s in runs["thread"] for x in s.round_ms], 50),
                 "failed_rounds": sum(s.failed_rounds for s in pr),
                 "greedy_distinct_4gram_rate": distinct_4gram_rate(ref.outputs),

@@ -20,6 +20,9 @@ def format_eval(r: dict) -> str:
         f"speed-up           {r['speedup']}x (n-gram {r['speedup_ngram']}x, thread mode {r['speedup_thread']}x, every draft {r['speedup_full_k']}x)",
         f"per step (p50, ms) target step {r['target_step_ms']}, verification {r['verify_step_ms']}, head "
         f"{r['head_ms']}, round {r['round_ms']} (thread mode {r['round_ms_thread']})",
+        *([f"the round (p50, ms) at the engine {r['round_ms']}: proxy {p['proxy_round']} (its own part {p['proxy_own']}, "
+           f"the STEP's round trip {p['proxy_worker_rtt']} of which the worker's own {p['worker']})"]
+          if (p := r.get("round_parts_ms")) else []),
         f"greedy distinct-4-gram rate {r['greedy_distinct_4gram_rate']}",
         f"lossless mismatches {r['lossless_mismatches']} (closest near-tie of target-only: {r.get('closest_tie')})",
     ]
