@@ -80,7 +80,8 @@ def test_rows_reach_the_drafter_contiguously_and_joiners_prefill_during_the_roun
     uid_req: dict[int, Request] = {}
     order = iter(reqs)
     for f in src.rounds:
-        assert f.rows is not None and f.rows.shape[0] == int(f.valid.sum())
+        assert f.rows is not None and f.rows.shape == (int(f.valid.sum()), target.row_bytes)
+        assert f.rows.dtype == np.uint8  # bytes: the shim takes them without a torch call
         assert int(f.valid.max()) <= W
         for i, uid in enumerate(f.req_ids.tolist()):
             fp, v = int(f.first_pos[i]), int(f.valid[i])
@@ -97,9 +98,9 @@ def test_rows_reach_the_drafter_contiguously_and_joiners_prefill_during_the_roun
 
 def test_merge_puts_a_joiners_prompt_rows_before_its_first_verified_row() -> None:
     """Rows are labelled by position: the merged part is each request's last W positions, in order."""
-    def rows(first: list[int], valid: list[int], slot_tag: list[int]) -> torch.Tensor:
-        return torch.tensor([[s * 1000 + p] for f, v, s in zip(first, valid, slot_tag, strict=True)
-                             for p in range(f, f + v)], dtype=torch.float32)
+    def rows(first: list[int], valid: list[int], slot_tag: list[int]) -> np.ndarray:
+        return np.array([[s * 1000 + p] for f, v, s in zip(first, valid, slot_tag, strict=True)
+                         for p in range(f, f + v)], dtype=np.int64)
 
     held = (np.array([2, 0]), np.array([20, 5]), np.array([16, 5]), np.array([4, 0]), np.array([0, 0]),
             rows([4, 0], [16, 5], [2, 0]))

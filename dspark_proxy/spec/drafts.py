@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..model.accept import ngram_drafts
 
@@ -31,7 +30,7 @@ class Finalised:
     anchor: np.ndarray  # int64 [n]: the token the step produced last, at first_pos + valid
     k_window: np.ndarray  # int64 [n]: drafts verified this step
     need_draft: np.ndarray  # bool [n]
-    rows: torch.Tensor | None  # [sum(valid), taps x hidden] in the manifest's dtype
+    rows: np.ndarray | None  # uint8 [sum(valid), row_bytes]: taps x hidden in the manifest's dtype, as bytes
     temperature: np.ndarray  # float32 [n]
     seed: np.ndarray  # int64 [n]
     context: list[np.ndarray]  # each request's tokens up to and including its anchor (prompt lookup)

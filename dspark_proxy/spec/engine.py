@@ -318,7 +318,7 @@ class SpecEngine:
             req_ids=self.uid[slots].copy(), slots=slots, qlen=np.concatenate([p[1] for p in parts]),
             valid=np.concatenate([p[2] for p in parts]), first_pos=np.concatenate([p[3] for p in parts]),
             anchor=self.seq[slots, anchor_pos], k_window=np.concatenate([p[4] for p in parts]),
-            need_draft=left > 1, rows=torch.cat(rows) if rows else None, temperature=self.temp[slots].copy(),
+            need_draft=left > 1, rows=np.concatenate(rows) if rows else None, temperature=self.temp[slots].copy(),
             seed=self.seed[slots].copy(),
             context=[self.seq[s, :p + 1] for s, p in zip(slots.tolist(), anchor_pos.tolist(), strict=True)])
 
@@ -337,30 +337,32 @@ class SpecEngine:
         return d.failed
 
 
-def _rows(rows: torch.Tensor | None, keep: np.ndarray) -> torch.Tensor | None:
-    """The kept positions' rows, request by request in position order ([sum(keep), row])."""
+def _rows(rows: torch.Tensor | None, keep: np.ndarray) -> np.ndarray | None:
+    """The kept positions' rows, request by request in position order, as bytes ([sum(keep), row_bytes]
+    uint8): numpy from here on, so the shim's enqueue takes them without a torch call (each a few us
+    when the round runs cold, as it does between forwards)."""
     if rows is None:
         return None
-    return rows[torch.from_numpy(keep)]
+    return rows.view(torch.uint8).numpy()[keep]
 
 
-def _split(rows: torch.Tensor | None, valid: np.ndarray) -> list[torch.Tensor | None]:
+def _split(rows: np.ndarray | None, valid: np.ndarray) -> list[np.ndarray | None]:
     if rows is None:
         return [None] * len(valid)
-    return list(torch.split(rows, valid.tolist()))
+    return np.split(rows, np.cumsum(valid)[:-1])
 
 
 def _keep_part(part, keep: np.ndarray):
     """A forward's part (slots, qlen, valid, first_pos, k, rows) for the kept requests only."""
     slots, qlen, valid, first, k, rows = part
     if rows is not None:
-        rows = rows[torch.from_numpy(np.repeat(keep, valid))]
+        rows = rows[np.repeat(keep, valid)]
     return slots[keep], qlen[keep], valid[keep], first[keep], k[keep], rows
 
 
 def _concat_parts(a, b):
     return (*(np.concatenate([x, y]) for x, y in zip(a[:5], b[:5], strict=True)),
-            None if a[5] is None else torch.cat([a[5], b[5]]))
+            None if a[5] is None else np.concatenate([a[5], b[5]]))
 
 
 def _merge(held, part, W: int):
@@ -383,9 +385,9 @@ def _merge(held, part, W: int):
         first[i] = first[i] + valid[i] - v
         take = v - int(valid[i])
         if rows is not None:
-            out.append(torch.cat([held_rows[h][held_rows[h].shape[0] - take:], own[i]]))
+            out.append(np.concatenate([held_rows[h][held_rows[h].shape[0] - take:], own[i]]))
         valid[i] = v
-    return slots, qlen, valid, first, k, (torch.cat(out) if rows is not None else None)
+    return slots, qlen, valid, first, k, (np.concatenate(out) if rows is not None else None)
 
 
 def _drop(f: Finalised, keep: np.ndarray) -> Finalised:
@@ -393,7 +395,7 @@ def _drop(f: Finalised, keep: np.ndarray) -> Finalised:
     rows = None
     if f.rows is not None:
         per = np.repeat(keep, f.valid)
-        rows = f.rows[torch.from_numpy(per)]
+        rows = f.rows[per]
     arr = {k: getattr(f, k)[keep] for k in ("req_ids", "slots", "qlen", "valid", "first_pos", "anchor", "k_window",
                                            "need_draft", "temperature", "seed")}
     return Finalised(**arr, rows=rows, context=[c for c, k in zip(f.context, keep, strict=True) if k])
