@@ -212,7 +212,14 @@ def test_worker_refuses_a_mismatched_head_at_start(tmp_path):
     srv.stop()
 
 
-def test_slot_cache_projects_only_new_rows_and_sees_restarts(tmp_path):
+def _ids(via: str, sw, w: int) -> dict:
+    """A window's write ids as the caller gives them: per item (`written`), or the slot's whole ring of
+    rows and ids for the drafter to gather (`ring_ids`: what the worker's serve loop gives)."""
+    return {"written": sw.write_ids(w)} if via == "written" else {"ring": sw.rows, "ring_ids": sw.written}
+
+
+@pytest.mark.parametrize("via", ["written", "ring_ids"])
+def test_slot_cache_projects_only_new_rows_and_sees_restarts(tmp_path, via):
     """Rounds on one slot's window buffer: each costs its new rows; drafts equal an uncached drafter's;
     a restart that rewrites the same positions with other rows is re-projected."""
     from dspark_proxy.worker.session import SlotWindow
@@ -228,7 +235,7 @@ def test_slot_cache_projects_only_new_rows_and_sees_restarts(tmp_path):
             sw.lo = 0
         sw.hi = hi
         w = min(W, sw.hi - sw.lo)
-        it = DraftItem(0, 7, hi, w, 0, sw.segments(w), written=sw.write_ids(w))
+        it = DraftItem(0, 7, hi, w, 0, sw.segments(w), **_ids(via, sw, w))
         fresh = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, weights=str(d))
         assert np.array_equal(_run(cached, [it]).draft_ids, _run(fresh, [it]).draft_ids)
 
@@ -246,7 +253,8 @@ def test_slot_cache_projects_only_new_rows_and_sees_restarts(tmp_path):
     assert cached.rows_projected == 5 + 24 + 5
 
 
-def test_a_row_rewritten_in_place_is_projected_again_whatever_bytes_changed(tmp_path):
+@pytest.mark.parametrize("via", ["written", "ring_ids"])
+def test_a_row_rewritten_in_place_is_projected_again_whatever_bytes_changed(tmp_path, via):
     """The cache reuses a projection only for the write that produced it: a rewrite of the same
     positions that changes a single byte (one a byte sample would not look at) is re-projected."""
     from dspark_proxy.worker.session import SlotWindow
@@ -259,7 +267,7 @@ def test_a_row_rewritten_in_place_is_projected_again_whatever_bytes_changed(tmp_
     sw.hi = W
 
     def drafts() -> np.ndarray:
-        it = DraftItem(0, 7, W, W, 0, sw.segments(W), written=sw.write_ids(W))
+        it = DraftItem(0, 7, W, W, 0, sw.segments(W), **_ids(via, sw, W))
         fresh = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, weights=str(d))
         got = _run(cached, [it]).draft_ids.copy()
         assert np.array_equal(got, _run(fresh, [it]).draft_ids)

@@ -37,6 +37,8 @@ class DraftItem:
     crc: int | None = None  # the integrity hash, when the worker assembled it from its CRC chains
     written: np.ndarray | None = None  # the rows' write ids (SlotWindow.write_ids): per-row caches key on them
     ring: np.ndarray | None = None  # the slot's rows [W, row_bytes] at position % W (SlotWindow.rows), when given
+    ring_ids: np.ndarray | None = None  # with ring: the write id of each of them (SlotWindow.written), for
+    # a drafter that gathers the window's ids itself (one gather for the batch instead of `written`'s per item)
 
 
 class Drafter(Protocol):

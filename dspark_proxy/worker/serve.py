@@ -66,8 +66,8 @@ def serve_step(session: Session, entries: np.ndarray, rows: np.ndarray, sample_m
             items.append(DraftItem(i, tokens[i], anchors[i], w, n_outs[i], sw.segments(w),
                                    int(meta["seed"][i]) if meta is not None else 0,
                                    float(meta["temperature"][i]) if meta is not None else 0.0,
-                                   written=sw.write_ids(w) if want_ids else None,
-                                   ring=sw.rows if want_ids else None))
+                                   ring=sw.rows if want_ids else None,
+                                   ring_ids=sw.written if want_ids else None))
             if shift_w is not None:
                 ends_crc.append(sw.chain_ends(w))
     if not items:

@@ -167,6 +167,7 @@ class TorchDrafter:
         self.pool = ProjectionPool(window, self.runner.cache_width)
         self.rows_projected = 0  # rows that went through `project` (the rest came from the pool)
         self._cols = np.arange(window)
+        self._rows = np.arange(64)  # row indices for the batch's gathers, grown to the largest batch seen
         self.threads = ThreadChoice(headmm.threads())  # the kernel's threads a round: measured (model/head_threads.py)
 
     def state_dict(self) -> dict:
@@ -198,24 +199,31 @@ class TorchDrafter:
         pos = apos[:, None] - W + self._cols[None, :]  # column c: position anchor - W + c
         at = pos % W
         have = self._cols[None, :] >= (W - lens)[:, None]
-        wid = np.zeros((B, W), dtype=np.int64)
-        wid[have] = np.concatenate([it.written if it.written is not None else np.zeros(it.w, np.int64)
-                                    for it in items])
+        if whole and all(it.ring_ids is not None for it in items):  # the slots' ids, gathered at once
+            if self._rows.shape[0] < B:
+                self._rows = np.arange(2 * B)
+            wid = np.where(have, np.stack([it.ring_ids for it in items])[self._rows[:B, None], at], 0)
+        else:
+            wid = np.zeros((B, W), dtype=np.int64)
+            wid[have] = np.concatenate([it.written if it.written is not None else np.zeros(it.w, np.int64)
+                                        for it in items])
         sl = slot[:, None]
         miss = have & ((pool.pos[sl, at] != pos) | (pool.wid[sl, at] != wid) | (wid == 0))
-        if miss.any():
+        hit_b = np.flatnonzero(miss.any(axis=1))
+        if hit_b.shape[0]:
             bi, ci = np.nonzero(miss)  # row-major: request by request, positions ascending
             ai = at[bi, ci]
             if whole:  # one gather a request, straight from its slot's rows
-                raw = np.concatenate([rings[b][ai[bi == b]] for b in np.unique(bi).tolist()])
+                raw = np.concatenate([rings[b][at[b, miss[b]]] for b in hit_b.tolist()])
             else:
                 raw = np.concatenate([_take(items[b].segments, np.flatnonzero(miss[b, W - lens[b]:]))
-                                      for b in np.unique(bi).tolist()])
+                                      for b in hit_b.tolist()])
             proj = self.runner.project(self._to_float(raw))
             self.rows_projected += len(raw)
-            pool.proj[slot[bi], ai] = proj
-            pool.pos[slot[bi], ai] = pos[bi, ci]
-            pool.wid[slot[bi], ai] = wid[bi, ci]
+            sb = slot[bi]
+            pool.proj[sb, ai] = proj
+            pool.pos[sb, ai] = pos[bi, ci]
+            pool.wid[sb, ai] = wid[bi, ci]
         return pool.proj[sl, at]
 
     # -- drafting -----------------------------------------------------------------------------------
@@ -240,18 +248,26 @@ class TorchDrafter:
         win = self._windows(items, f[:, 3], lens)
         anchor = f[:, 1] % r.vocab
         idx = f[:, 2]
-        if out.sampled_mask is None:  # sampled mode not agreed: every request greedy
-            temps = np.zeros(B)
-        else:
+        temps = None  # sampled mode not agreed: every request greedy
+        if out.sampled_mask is not None:
             temps = np.fromiter((max(0.0, float(it.temperature)) for it in items), np.float64, B)
-        sampled = temps > 0
-        ids = np.full((B, N), -1, dtype=np.int32)
-        conf = np.zeros((B, N), dtype=np.float32)
-        marg = np.zeros((B, N), dtype=np.float32)
-        if not sampled.any():
+        if temps is None or not (temps > 0).any():
             gi, gc, gm = r.greedy(win, lens, anchor, n)
+            if int(n_out.min()) == N:  # every request wants all N drafts: nothing to cut
+                out.draft_ids[idx], out.confidence[idx] = gi, gc
+                if out.margin is not None:
+                    out.margin[idx] = gm
+                return
+            ids = np.full((B, N), -1, dtype=np.int32)
+            conf = np.zeros((B, N), dtype=np.float32)
+            marg = np.zeros((B, N), dtype=np.float32)
             ids[:, :n], conf[:, :n], marg[:, :n] = gi, gc, gm
+            sampled = None
         else:
+            sampled = temps > 0
+            ids = np.full((B, N), -1, dtype=np.int32)
+            conf = np.zeros((B, N), dtype=np.float32)
+            marg = np.zeros((B, N), dtype=np.float32)
             sup = np.full((B, N, TOP_K), -1, dtype=np.int32)
             q = np.zeros((B, N, TOP_K), dtype=np.float32)
             self._draft_sampled(items, win, lens, anchor, n, temps, sampled, ids, conf, marg, sup, q)
@@ -263,7 +279,7 @@ class TorchDrafter:
         out.confidence[idx] = conf
         if out.margin is not None:
             out.margin[idx] = marg
-        if sampled.any():
+        if sampled is not None:
             sup[cut] = -1
             q[cut] = 0.0
             out.sampled_mask[idx[sampled]] = 1
