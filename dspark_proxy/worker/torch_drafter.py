@@ -12,9 +12,10 @@ offline measurement runs, so served drafts are the measured ones bit for bit.
 Each round pays for its new rows only: the projected rows (the head's `project`, 3d floats a row) of
 every slot's window live in one pool, `[slots, W, 3d]` with each row's position and write id beside
 it; a slot's window buffer (the segments' base array, held by weak reference) owns one pool index.
-A row is reused only while its write id (`DraftItem.written`, from the worker's SlotWindow) is the one
-it was projected from: a slot restarted or rewritten over the same positions is re-projected, and a
-caller that gives no ids gets no reuse. Hits, misses, the scatter of new projections and the window
+A row is reused only while its write id (from the worker's SlotWindow: the slot's ids as
+`DraftItem.ring_ids`, gathered for the whole batch at once, or the window's as `DraftItem.written`) is
+the one it was projected from: a slot restarted or rewritten over the same positions is re-projected,
+and a caller that gives no ids gets no reuse. Hits, misses, the scatter of new projections and the window
 gather are array operations over the batch; only reading the new rows' bytes visits each request.
 Only the first n_out draft positions are computed. Greedy drafts with their softmax probability as
 confidence; margin is top1 - top2; in sampled mode, for requests with temperature > 0, the top-32
