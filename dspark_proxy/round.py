@@ -251,7 +251,7 @@ class RoundCore(LateRounds):
                 self.resync.ask(t, None)
             have_win = pending = idx = None
             n_pending, sel, e_rows, n_rows, e_slots, k, n_out = 0, slice(None), valid, d.rows_staged, slots, n, 0
-            ent, need = self._entries[:n], v.need
+            ent, need = self._prefix.entries(n), v.need
         else:
             # 3. breaker
             if not self.breaker.allow(t):
@@ -287,7 +287,7 @@ class RoundCore(LateRounds):
             k = int(e_slots.shape[0])
             if k == 0:
                 return self._fail(slots, n, "no_rows")
-            ent = self._entries[:k]
+            ent = self._prefix.entries(k)
             need = v.need if stage else np.not_equal(v.need_raw, 0, out=v.need)  # _front wrote it from stage 1
             self.accept.mask(slots, need)  # paused by the acceptance gate: rows sent, no drafts asked
             n_out = self.packer.n_out(n)

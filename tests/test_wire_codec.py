@@ -373,3 +373,34 @@ def test_welcome_without_vocab_size_still_decodes():
     [(h, payload)] = _frames(bytes(hdr) + body)
     msg = wire.decode_control(wire.Frame(h, memoryview(payload)))
     assert isinstance(msg, wire.Welcome) and msg.vocab_size == 0
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_place_copies_anything_but_the_prefixs_own_views(sampled):
+    """`place` leaves the prefix's own in-place views alone (known by identity) and copies anything else
+    in: a caller's array, or a view of the prefix's memory that sits elsewhere (an offset slice)."""
+    from dspark_proxy.wire.step import StepPrefix, place
+
+    rng = np.random.default_rng(3)
+    p = StepPrefix(8, sampled)
+    own = p.entries(3)
+    assert p.entries(3) is own  # made once per k
+    own.view(np.uint8)[:] = rng.integers(0, 256, own.nbytes, dtype=np.uint8)
+    meta = p.sample(3) if sampled else None
+    before = bytes(p)
+    place(p, own, meta)
+    assert bytes(p) == before
+    foreign = np.zeros(3, wire.ENTRY_DTYPE)
+    foreign.view(np.uint8)[:] = rng.integers(0, 256, foreign.nbytes, dtype=np.uint8)
+    fmeta = None
+    if sampled:
+        fmeta = np.zeros(3, wire.SAMPLE_DTYPE)
+        fmeta["seed"] = [1, 2, 3]
+    place(p, foreign, fmeta)
+    assert p.entries(3).tobytes() == foreign.tobytes()
+    if sampled:
+        assert p.sample(3)["seed"].tolist() == [1, 2, 3]
+    shifted = p.entries(4)[1:]  # the prefix's memory, one entry along: not in place
+    want = shifted.copy()
+    place(p, shifted, None)
+    assert p.entries(3).tobytes() == want.tobytes()
