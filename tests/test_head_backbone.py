@@ -22,19 +22,20 @@ from dspark_proxy.model.head_runner import HeadRunner  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
-N, V, D = 5, 96, 32
+N, V = 5, 96
 SHIPPED = Path(__file__).resolve().parent.parent / "models" / "stdlib-llama-head"
-# the head's step and hops, and windows under, at and over the exp's 16 lanes
-KINDS = [("carry", 1, 16), ("markov", 1, 8), ("carry", 2, 21)]
+# the head's step, hops, window (under, at and over the kernel's 16 lanes), width and heads (a head's
+# width a multiple of 16: the weighted sum in vectors; else one lane at a time)
+KINDS = [("carry", 1, 16, 96, 2), ("markov", 1, 8, 32, 4), ("carry", 2, 21, 64, 4), ("carry", 1, 5, 40, 2)]
 _heads: dict[tuple, DraftHead] = {}
 _runners: dict[tuple, HeadRunner] = {}
 
 
-def _runner(step: str, hops: int, window: int) -> HeadRunner:
-    key = (step, hops, window)
+def _runner(step: str, hops: int, window: int, d: int, heads: int) -> HeadRunner:
+    key = (step, hops, window, d, heads)
     if key not in _runners:
         torch.manual_seed(sum(map(ord, str(key))))
-        h = DraftHead(n_taps=2, hidden=16, window=window, num_spec=N, vocab=V, d_model=D, n_heads=4, step=step,
+        h = DraftHead(n_taps=2, hidden=16, window=window, num_spec=N, vocab=V, d_model=d, n_heads=heads, step=step,
                       hops=hops)
         with torch.no_grad():
             for p in h.parameters():
@@ -44,8 +45,8 @@ def _runner(step: str, hops: int, window: int) -> HeadRunner:
     return _runners[key]
 
 
-def _inputs(rng: np.random.Generator, B: int, W: int, scale: float = 1.0):
-    win = (rng.standard_normal((B, W, 3 * D)) * scale).astype(np.float32)
+def _inputs(rng: np.random.Generator, B: int, W: int, d: int, scale: float = 1.0):
+    win = (rng.standard_normal((B, W, 3 * d)) * scale).astype(np.float32)
     return win, rng.integers(1, W + 1, B), rng.integers(0, V, B)
 
 
@@ -69,12 +70,12 @@ def test_the_native_backbone_is_its_reference_byte_for_byte(threads, kind, seed,
     r = _runner(*kind)
     W = kind[2]
     rng = np.random.default_rng(seed)
-    win, lens, anchor = _inputs(rng, B, W, scale)
+    win, lens, anchor = _inputs(rng, B, W, kind[3], scale)
     if full:
         lens[:] = W
     got = r.backbone(win, lens, anchor, n)
     want = r.backbone_reference(win, lens, anchor, n)
-    assert got.dtype == np.float32 and got.shape == (B, n, D)
+    assert got.dtype == np.float32 and got.shape == (B, n, kind[3])
     assert got.tobytes() == want.tobytes()
 
 
@@ -87,7 +88,7 @@ def test_a_requests_ctx_is_the_same_alone_and_in_a_batch(threads, kind, seed, B,
     r = _runner(*kind)
     W = kind[2]
     rng = np.random.default_rng(seed)
-    win, lens, anchor = _inputs(rng, B, W)
+    win, lens, anchor = _inputs(rng, B, W, kind[3])
     ctx = r.backbone(win, lens, anchor, n)
     junk = win.copy()
     for b in range(B):
@@ -105,7 +106,7 @@ def test_the_backbone_is_the_trainable_heads():
     for kind in KINDS:
         r = _runner(*kind)
         W = kind[2]
-        win, lens, anchor = _inputs(np.random.default_rng(2), 13, W)
+        win, lens, anchor = _inputs(np.random.default_rng(2), 13, W, kind[3])
         with torch.no_grad():
             mask = torch.arange(W)[None] >= torch.from_numpy(W - lens)[:, None]
             ref = _heads[kind].backbone(torch.from_numpy(win), mask, torch.from_numpy(anchor), N).numpy()
@@ -115,8 +116,8 @@ def test_the_backbone_is_the_trainable_heads():
 def test_bad_input_is_refused_by_name():
     """Rows present outside 1..W, an id outside the vocabulary, positions outside 1..N or a window of
     another shape: a ValueError that names it, never a read out of bounds."""
-    r = _runner("carry", 1, 16)
-    win, lens, anchor = _inputs(np.random.default_rng(3), 3, 16)
+    r = _runner(*KINDS[0])
+    win, lens, anchor = _inputs(np.random.default_rng(3), 3, 16, KINDS[0][3])
     for bad in (0, 17, -1):
         with pytest.raises(ValueError, match=rf"lens\[1\] = {bad}: the rows present are 1 \.\. 16"):
             r.backbone(win, np.array([4, bad, 2]), anchor, N)

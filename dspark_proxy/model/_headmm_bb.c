@@ -36,56 +36,77 @@ typedef struct {
     int build; /* 1: build the keys and values first (the first hop; the second reuses them) */
 } att_job;
 
-/* One request's attention: q [n, d] over its present rows → att [n, d]. scr: kt [d][W] (key c of row
- * i at c W + i, so a score runs over rows in a vector, each row's sum still in k order), vv [W][d], s
- * [W]. Rows before i0 are never read. */
+/* One request's attention: q [n, d] over its present rows i0 .. W-1 → att [n, d]. scr: kt [d][Wp]
+ * (key c of row i at c Wp + i, Wp = W rounded up to 16, absent rows 0: a score runs over 16 rows in a
+ * vector, each row's sum still in k order), vv [W][d] (values), s [4][Wp] (scores). */
+static inline __attribute__((always_inline)) void softmax_row(float *s, Py_ssize_t i0, Py_ssize_t W, Py_ssize_t Wp) {
+    float mx = -INFINITY;
+    for (Py_ssize_t i = i0; i < W; i++)
+        mx = s[i] > mx ? s[i] : mx;
+    for (Py_ssize_t i = 0; i < Wp; i += 16) {
+        v16 e = LD(s + i) - mx;
+        exp16(&e);
+        ST(s + i, e);
+    }
+    float z = 0.0f;
+    for (Py_ssize_t i = i0; i < W; i++)
+        z = z + s[i];
+    for (Py_ssize_t i = i0; i < W; i++)
+        s[i] = s[i] / z;
+}
+
 TC static void attend_one(const bb_w *w, const float *win, Py_ssize_t len, const float *q, float *att, Py_ssize_t n,
                           float *scr, int build) {
-    const Py_ssize_t W = w->W, d = w->d, H = w->H, dh = d / H, i0 = W - len;
-    float *kt = scr, *vv = kt + d * W, *s = vv + W * d;
-    if (build)
+    const Py_ssize_t W = w->W, d = w->d, H = w->H, dh = d / H, i0 = W - len, Wp = (W + 15) / 16 * 16;
+    float *kt = scr, *vv = kt + d * Wp, *s = vv + W * d;
+    const float scale = w->scale;
+    if (build) {
+        for (Py_ssize_t c = 0; c < d; c++) {
+            for (Py_ssize_t i = 0; i < i0; i++)
+                kt[c * Wp + i] = 0.0f;
+            for (Py_ssize_t i = W; i < Wp; i++)
+                kt[c * Wp + i] = 0.0f;
+        }
         for (Py_ssize_t i = i0; i < W; i++) {
             const float *r = win + i * 3 * d + d, *p = w->pos + i * 2 * d;
             for (Py_ssize_t c = 0; c < d; c++)
-                kt[c * W + i] = r[c] + p[c];
+                kt[c * Wp + i] = r[c] + p[c];
             for (Py_ssize_t c = 0; c < d; c++)
                 vv[i * d + c] = r[d + c] + p[d + c];
         }
-    for (Py_ssize_t j = 0; j < n; j++)
-        for (Py_ssize_t h = 0; h < H; h++) {
-            const float *qj = q + j * d + h * dh;
-            for (Py_ssize_t i = i0; i < W; i++)
-                s[i] = 0.0f;
-            for (Py_ssize_t k = 0; k < dh; k++) {
-                const float qk = qj[k] * w->scale, *kr = kt + (h * dh + k) * W;
-                for (Py_ssize_t i = i0; i < W; i++)
-                    s[i] = s[i] + qk * kr[i];
+    }
+    for (Py_ssize_t h = 0; h < H; h++)
+        for (Py_ssize_t j0 = 0; j0 < n; j0 += 4) { /* up to 4 queries at once: 4 independent sums a lane */
+            const Py_ssize_t nj = n - j0 < 4 ? n - j0 : 4;
+            const float *q0 = q + j0 * d + h * dh;
+            const float *qr[4] = {q0, q0 + (nj > 1) * d, q0 + (nj > 2) * 2 * d, q0 + (nj > 3) * 3 * d};
+            for (Py_ssize_t blk = 0; blk < Wp; blk += 16) {
+                v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+                const float *kr = kt + h * dh * Wp + blk;
+                for (Py_ssize_t k = 0; k < dh; k++, kr += Wp) {
+                    const v16 kv = LD(kr);
+                    a0 = a0 + (qr[0][k] * scale) * kv, a1 = a1 + (qr[1][k] * scale) * kv;
+                    a2 = a2 + (qr[2][k] * scale) * kv, a3 = a3 + (qr[3][k] * scale) * kv;
+                }
+                ST(s + blk, a0), ST(s + Wp + blk, a1), ST(s + 2 * Wp + blk, a2), ST(s + 3 * Wp + blk, a3);
             }
-            float mx = -INFINITY;
-            for (Py_ssize_t i = i0; i < W; i++)
-                mx = s[i] > mx ? s[i] : mx;
-            for (Py_ssize_t i = i0; i < W; i += 16) { /* exp 16 at a time, the last block padded */
-                float t[16] = {0};
-                Py_ssize_t c = W - i < 16 ? W - i : 16;
-                for (Py_ssize_t u = 0; u < c; u++)
-                    t[u] = s[i + u] - mx;
-                v16 e = *(const v16fu *)t;
-                exp16(&e);
-                *(v16fu *)t = e;
-                memcpy(s + i, t, (size_t)c * sizeof(float));
-            }
-            float z = 0.0f;
-            for (Py_ssize_t i = i0; i < W; i++)
-                z = z + s[i];
-            for (Py_ssize_t i = i0; i < W; i++)
-                s[i] = s[i] / z;
-            float *o = att + j * d + h * dh;
-            for (Py_ssize_t k = 0; k < dh; k++)
-                o[k] = 0.0f;
-            for (Py_ssize_t i = i0; i < W; i++) {
-                const float pi = s[i], *vr = vv + i * d + h * dh;
-                for (Py_ssize_t k = 0; k < dh; k++)
-                    o[k] = o[k] + pi * vr[k];
+            for (Py_ssize_t u = 0; u < nj; u++) {
+                float *su = s + u * Wp, *o = att + (j0 + u) * d + h * dh;
+                softmax_row(su, i0, W, Wp);
+                Py_ssize_t k = 0;
+                for (; k + 16 <= dh; k += 16) { /* each output lane summed over the rows in order */
+                    v16 acc = {0};
+                    const float *vr = vv + i0 * d + h * dh + k;
+                    for (Py_ssize_t i = i0; i < W; i++, vr += d)
+                        acc = acc + su[i] * LD(vr);
+                    ST(o + k, acc);
+                }
+                for (; k < dh; k++) {
+                    float acc = 0.0f;
+                    for (Py_ssize_t i = i0; i < W; i++)
+                        acc = acc + su[i] * vv[i * d + h * dh + k];
+                    o[k] = acc;
+                }
             }
         }
 }
@@ -116,7 +137,7 @@ static void backbone_core(const bb_w *w, Py_ssize_t B, Py_ssize_t n, const float
         for (Py_ssize_t j = 0; j < n; j++)
             for (Py_ssize_t c = 0; c < d; c++)
                 q[(b * n + j) * d + c] = w->queries[j * d + c] + qt[b * d + c];
-    att_job job = {w, win, q, lens, att, scr, n, 2 * d * W + W, 1};
+    att_job job = {w, win, q, lens, att, scr, n, 2 * d * ((W + 15) / 16 * 16) + 4 * ((W + 15) / 16 * 16), 1};
     attend_all(&job, B);
     float *ctx = out;
     mm_par(att, w->o, ctx, R, d, d);
@@ -218,8 +239,8 @@ PyObject *hm_backbone(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
         goto done;
     if ((out = new_array(Py_BuildValue("(nnn)", B, n, d), np_float32, &bs[14])) == NULL || B == 0)
         goto done;
-    /* e, qt [B, d]; q, att, t, c2 [B n, d]; h [B n, m]; each request's kt, vv [d W], scores [W] */
-    Py_ssize_t per = 2 * d * W + W;
+    /* e, qt [B, d]; q, att, t, c2 [B n, d]; h [B n, m]; each request's kt, vv [d Wp], scores [4 Wp] */
+    Py_ssize_t Wp = (W + 15) / 16 * 16, per = 2 * d * Wp + 4 * Wp;
     buf = PyMem_Malloc((size_t)(2 * B * d + 4 * B * n * d + B * n * m + B * per) * sizeof(float));
     if (buf == NULL) {
         PyErr_NoMemory();
