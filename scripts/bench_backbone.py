@@ -97,7 +97,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=40, help="calls per block")
     ap.add_argument("--gap-ms", type=float, default=5.0)
     ap.add_argument("--head-bench", action="store_true")
+    ap.add_argument("--threads", type=int, default=0, help="the kernel's threads (0: its default)")
     a = ap.parse_args()
+    if a.threads:  # the drafters' per-round choice (model/head_threads.py) is capped by it too
+        from dspark_proxy.model import headmm
+
+        headmm.set_threads(a.threads)
 
     from dspark_proxy.model.head_runner import HeadRunner
     from dspark_proxy.model.train_head import load_head
@@ -109,7 +114,7 @@ def main() -> None:
     make_old(runners["before"], old)
     W, N = man.window, man.num_spec
     rng = np.random.default_rng(0)
-    out: dict = {"before": a.before, "gap_ms": a.gap_ms, "blocks": a.blocks, "rounds": a.rounds, "us": {}}
+    out: dict = {"before": a.before, "threads": a.threads, "gap_ms": a.gap_ms, "blocks": a.blocks, "rounds": a.rounds, "us": {}}
     for B in (int(x) for x in a.B.split(",")):
         rows = rng.standard_normal((B * W, len(man.tap_layers) * man.hidden)).astype(np.float32)
         win = runners["after"].project(rows).reshape(B, W, -1)
