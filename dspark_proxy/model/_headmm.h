@@ -1,5 +1,5 @@
 /*
- * _headmm.h: what the two files of the _headmm extension share (see _headmm.c for what it is and why):
+ * _headmm.h: what the files of the _headmm extension share (see _headmm.c for what it is and why):
  * the vector types, the load-time SIMD dispatch (target_clones) and the kernels _headmm_fn.c defines.
  */
 #ifndef DSPARK_HEADMM_H

@@ -43,8 +43,10 @@ static inline __attribute__((always_inline)) void softmax_row(float *s, Py_ssize
     float mx = -INFINITY;
     for (Py_ssize_t i = i0; i < W; i++)
         mx = s[i] > mx ? s[i] : mx;
-    for (Py_ssize_t i = 0; i < Wp; i += 16) {
+    for (Py_ssize_t i = 0; i < Wp; i += 16) { /* absent rows' lanes too (unread): kept <= 0, exp16's domain */
         v16 e = LD(s + i) - mx;
+        const v16 zero = {0};
+        e = SEL(e > zero, zero, e);
         exp16(&e);
         ST(s + i, e);
     }
