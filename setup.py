@@ -31,7 +31,8 @@ setup(
         Extension(
             "dspark_proxy.model._headmm",
             sources=["dspark_proxy/model/_headmm.c", "dspark_proxy/model/_headmm_fn.c",
-                     "dspark_proxy/model/_headmm_par.c", "dspark_proxy/model/_headmm_step.c"],
+                     "dspark_proxy/model/_headmm_par.c", "dspark_proxy/model/_headmm_step.c",
+                     "dspark_proxy/model/_headmm_bb.c"],
             depends=["dspark_proxy/model/_headmm.h"],
             extra_compile_args=[*_FLAGS, "-O3", "-ffp-contract=off", "-pthread"],
             extra_link_args=["-pthread"],

@@ -4,7 +4,8 @@
  *   mm    out[r, j] = (((0 + x[r,0] w[0,j]) + x[r,1] w[1,j]) + ...) + x[r,K-1] w[K-1,j], then
  *         out = resid + (out + bias) where given, x first RMS-normed where asked (as `rms`)
  *   rms   y[r] = x[r] * (1 / sqrt(s / K + eps)), s = (((0 + x[r,0]^2) + x[r,1]^2) + ...)
- *   gelu, top1 (in _headmm_fn.c)
+ *   gelu, top1 (in _headmm_fn.c); a draft position and the greedy loop (_headmm_step.c); the backbone
+ *   (_headmm_bb.c)
  *
  * in float32, each product rounded, then each sum, in that order, for every element whatever the number
  * of rows: a row's result depends on nothing but the row and w, which BLAS does not promise (it picks
@@ -396,6 +397,9 @@ static PyMethodDef methods[] = {
     {"greedy", (PyCFunction)(void (*)(void))hm_greedy, METH_FASTCALL,
      "greedy(ctx, anchor, markov, s1, s1b, s2, s2b, out, carry_w, draft_ids, eps) -> (ids, conf, marg): every "
      "position's greedy draft, each fed to the next (HeadRunner.greedy's loop)"},
+    {"backbone", (PyCFunction)(void (*)(void))hm_backbone, METH_FASTCALL,
+     "backbone(win, lens, anchor, n, pos, queries, tok, q_tok, o, m1, m1b, m2, m2b, q2, o2, H, scale, eps) -> ctx: "
+     "the window's attention and MLP (model/head_runner.py HeadRunner.backbone_reference's order)"},
     {"set_threads", hm_set_threads_py, METH_O, "set_threads(n): threads a product may use, 1 to 8"},
     {"threads", hm_threads_py, METH_NOARGS, "threads() -> the threads a product may use"},
     {"par_stats", hm_stats_py, METH_NOARGS,

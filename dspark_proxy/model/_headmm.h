@@ -1,5 +1,5 @@
 /*
- * _headmm.h: what the two files of the _headmm extension share (see _headmm.c for what it is and why):
+ * _headmm.h: what the files of the _headmm extension share (see _headmm.c for what it is and why):
  * the vector types, the load-time SIMD dispatch (target_clones) and the kernels _headmm_fn.c defines.
  */
 #ifndef DSPARK_HEADMM_H
@@ -34,6 +34,36 @@ typedef float v16fu __attribute__((vector_size(64), aligned(4)));
 /* lane-wise m ? a : b for a comparison's mask m (all ones or zeros a lane) */
 #define SEL(m, a, b) ((v16)(((m) & (v16i)(a)) | (~(m) & (v16i)(b))))
 
+/* the kernel's exp (GELU's erf, top-1's softmax, the backbone's attention; model/headmm.py
+ * `exp_reference`) */
+#define G_LN2_HI 0.693145751953125f /* ln 2 split: n * hi is exact for |n| < 2^11 */
+#define G_LN2_LO 1.428606765330187e-06f
+#define G_INV_LN2 1.44269504088896341f
+#define G_RND 12582912.0f /* 1.5 * 2^23: v + RND - RND rounds v to an integer (ties to even) */
+#define G_RND_BITS 0x4B400000 /* RND's bits */
+
+
+/* exp(y) for y <= 0 (y clamped to >= -87, where 2^n is still a normal float): n = round(y / ln 2) by
+ * the 1.5 * 2^23 trick, a degree-7 Taylor polynomial of r = y - n ln 2 (|r| <= ln2 / 2: error 5e-9),
+ * times 2^n built from n's bits */
+static inline __attribute__((always_inline)) void exp16(v16 *py) {
+    v16 y = *py;
+    const v16 floor_ = y * 0.0f - 87.0f;
+    y = SEL(y < floor_, floor_, y);
+    v16 nr = y * G_INV_LN2 + G_RND; /* n + 1.5 * 2^23: n is in the low bits of its mantissa */
+    v16 n = nr - G_RND;
+    v16 r = (y - n * G_LN2_HI) - n * G_LN2_LO;
+    v16 e = r * (1.0f / 5040.0f) + 1.0f / 720.0f;
+    e = e * r + 1.0f / 120.0f;
+    e = e * r + 1.0f / 24.0f;
+    e = e * r + 1.0f / 6.0f;
+    e = e * r + 0.5f;
+    e = e * r + 1.0f;
+    e = e * r + 1.0f;
+    v16i bits = ((v16i)nr - G_RND_BITS + 127) << 23; /* 2^n, built from those bits */
+    *py = e * (v16)bits;
+}
+
 /* _headmm_fn.c: elementwise GELU, and each row's top-1 (arg max, [confidence, margin]) */
 #define HM_LOCAL __attribute__((visibility("hidden"))) /* the module exports PyInit__headmm only */
 HM_LOCAL void gelu_rows(const float *x, float *y, Py_ssize_t n); /* each defined with TC there */
@@ -50,6 +80,8 @@ HM_LOCAL void release_all(Py_buffer *bs, int n);
 HM_LOCAL extern PyObject *np_empty, *np_float32, *np_int64;
 /* numpy.empty(shape, dtype), its writable buffer in *b; steals `shape` (NULL: returns NULL) */
 HM_LOCAL PyObject *new_array(PyObject *shape, PyObject *dtype, Py_buffer *b);
+/* _headmm_step.c: a C-contiguous int64 array of `len` values in [0, hi), else a ValueError naming it */
+HM_LOCAL int get_ids(PyObject *o, Py_buffer *b, Py_ssize_t len, Py_ssize_t hi, const char *name);
 
 /* _headmm_par.c: the helper threads. hm_par runs fn(ctx, i) for i in [0, n), each i exactly once, on
  * the calling thread and whichever helpers join in time; the products split into such chunks. */
@@ -58,6 +90,8 @@ HM_LOCAL PyObject *new_array(PyObject *shape, PyObject *dtype, Py_buffer *b);
 #define HM_NOGIL_MIN 16777216  /* ... at or above which hm_mm lets other Python threads run meanwhile */
 typedef void (*hm_chunk_fn)(void *ctx, Py_ssize_t i);
 HM_LOCAL void hm_par(Py_ssize_t n, hm_chunk_fn fn, void *ctx);
+/* hm_par for work of `macs` multiply-adds in n chunks: on the calling thread alone below the cutoff */
+HM_LOCAL void hm_par_big(Py_ssize_t n, long long macs, hm_chunk_fn fn, void *ctx);
 HM_LOCAL int hm_threads(void);
 HM_LOCAL void hm_set_threads(int n);
 HM_LOCAL void hm_stats(long out[4]);
@@ -68,5 +102,8 @@ HM_LOCAL void top1_par(const float *l, Py_ssize_t B, Py_ssize_t V, long long *c_
 /* _headmm_step.c: one draft position (`step`) and the greedy drafts of every position (`greedy`) */
 HM_LOCAL PyObject *hm_step(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 HM_LOCAL PyObject *hm_greedy(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+
+/* _headmm_bb.c: the backbone, window to ctx (`backbone`) */
+HM_LOCAL PyObject *hm_backbone(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

@@ -19,33 +19,6 @@
 #define G_A3 1.421413741f
 #define G_A4 -1.453152027f
 #define G_A5 1.061405429f
-#define G_LN2_HI 0.693145751953125f /* ln 2 split: n * hi is exact for |n| < 2^11 */
-#define G_LN2_LO 1.428606765330187e-06f
-#define G_INV_LN2 1.44269504088896341f
-#define G_RND 12582912.0f /* 1.5 * 2^23: v + RND - RND rounds v to an integer (ties to even) */
-#define G_RND_BITS 0x4B400000 /* RND's bits */
-
-
-/* exp(y) for y <= 0 (y clamped to >= -87, where 2^n is still a normal float): n = round(y / ln 2) by
- * the 1.5 * 2^23 trick, a degree-7 Taylor polynomial of r = y - n ln 2 (|r| <= ln2 / 2: error 5e-9),
- * times 2^n built from n's bits */
-static inline __attribute__((always_inline)) void exp16(v16 *py) {
-    v16 y = *py;
-    const v16 floor_ = y * 0.0f - 87.0f;
-    y = SEL(y < floor_, floor_, y);
-    v16 nr = y * G_INV_LN2 + G_RND; /* n + 1.5 * 2^23: n is in the low bits of its mantissa */
-    v16 n = nr - G_RND;
-    v16 r = (y - n * G_LN2_HI) - n * G_LN2_LO;
-    v16 e = r * (1.0f / 5040.0f) + 1.0f / 720.0f;
-    e = e * r + 1.0f / 120.0f;
-    e = e * r + 1.0f / 24.0f;
-    e = e * r + 1.0f / 6.0f;
-    e = e * r + 0.5f;
-    e = e * r + 1.0f;
-    e = e * r + 1.0f;
-    v16i bits = ((v16i)nr - G_RND_BITS + 127) << 23; /* 2^n, built from those bits */
-    *py = e * (v16)bits;
-}
 
 /* out[0..15] = GELU(x[0..15]) */
 static inline __attribute__((always_inline)) void gelu16(const float *xs, float *out) {

@@ -259,6 +259,15 @@ void hm_par(Py_ssize_t n, hm_chunk_fn fn, void *ctx) {
     pthread_mutex_unlock(&P.run);
 }
 
+void hm_par_big(Py_ssize_t n, long long macs, hm_chunk_fn fn, void *ctx) {
+    if (n < 2 || atomic_load(&P.want) <= 1 || macs < atomic_load(&par_min)) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            fn(ctx, i);
+        return;
+    }
+    hm_par(n, fn, ctx);
+}
+
 /* -- the products in chunks ------------------------------------------------------------------------- */
 
 typedef struct {

@@ -46,7 +46,7 @@ static void step_core(const head_w *w, Py_ssize_t B, const float *ctx, Py_ssize_
 }
 
 /* a C-contiguous int64 array of `len` values in [0, hi) */
-static int get_ids(PyObject *o, Py_buffer *b, Py_ssize_t len, Py_ssize_t hi, const char *name) {
+int get_ids(PyObject *o, Py_buffer *b, Py_ssize_t len, Py_ssize_t hi, const char *name) {
     if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
         return -1;
     const char *f = b->format;

@@ -12,24 +12,25 @@ kernel (another summation order) for another number of rows, so every product he
 the native kernel of model/headmm.py: each element summed over k in one fixed order whatever the row
 count, and a tile of 4 rows reads w once (2-2.5x the one-row-at-a-time BLAS products it replaces at
 4-20 rows, as fast at one); it also takes the RMS norm before a product and the bias and residual
-after it (one call for what was about seven numpy calls). The attention's small products stay one
-row at a time in numpy, and single-threaded: they are small, where OpenBLAS's threads only add a wake-up, and on a loaded machine a
-wait for a thread the kernel has not scheduled (measured: 40 µs → 15-40 ms for the 192 x 4096 product). The calling
-thread's BLAS is set to one thread (`_blas_one_thread`, OpenBLAS's thread-local setting where numpy
-ships OpenBLAS; elsewhere nothing changes).
+after it (one call for what was about seven numpy calls).
+
+The backbone is one native call too (`backbone` → model/headmm.py `backbone`): in numpy it was ~15
+calls (the attention's reshapes, transposes, batched matmuls, mask and softmax), a few µs each hot and
+5-10x that on the cold caches a round meets between an engine's forwards, around ~80 µs of arithmetic.
+Its attention has a defined order now (`backbone_reference`: each score summed over the head's
+features in order, the kernel's exp, the softmax's sum and the weighted sum over rows in order), where
+numpy's batched matmul left it to BLAS; a request's ctx is the same alone or in a batch.
 
 After the backbone, a round's positions are one native call (`greedy` → model/headmm.py `greedy`;
 `step_carry` one position): a position was about a dozen numpy-level calls, a µs or more each on a
-loaded machine. `greedy_reference` and `step_carry_reference` keep that composition as the readable
-definition; tests/test_head_runner.py requires the same bytes from both.
+loaded machine. `greedy_reference` (through `backbone_reference`) and `step_carry_reference` keep
+that composition as the readable definition; tests/test_head_runner.py requires the same bytes from
+both.
 """
 
 from __future__ import annotations
 
-import ctypes
 import weakref
-from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
@@ -44,30 +45,6 @@ def bf16_to_f32(raw: np.ndarray) -> np.ndarray:
     """uint8 [..., 2k] bfloat16 bytes (little-endian) → float32 [..., k], exactly."""
     u = raw.view(np.uint16).astype(np.uint32)
     return (u << 16).view(np.float32)
-
-
-def _blas_one_thread() -> Callable[[], None]:
-    """A call that makes the calling thread's BLAS single-threaded (see the module docstring)."""
-    libs = Path(np.__file__).resolve().parent.parent / "numpy.libs"
-    for f in sorted(libs.glob("*openblas*")) if libs.is_dir() else []:
-        try:
-            lib = ctypes.CDLL(str(f))  # numpy loaded it already: the same handle
-        except OSError:
-            continue
-        local = getattr(lib, "openblas_set_num_threads_local", None)
-        if local is not None:
-            local.argtypes, local.restype = [ctypes.c_int], ctypes.c_int
-            return lambda: local(1) and None
-        for name in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_", "openblas_set_num_threads"):
-            glob = getattr(lib, name, None)
-            if glob is not None:
-                glob.argtypes = [ctypes.c_int]
-                glob(1)
-                return lambda: None
-    return lambda: None
-
-
-_one_thread = _blas_one_thread()
 
 
 _gelu = headmm.gelu  # 0.5 x (1 + erf(x / sqrt 2)), natively (see the module docstring)
@@ -136,6 +113,11 @@ class HeadRunner:
         self.carry = np.ascontiguousarray(sd["carry.weight"].T) if head.step == "carry" else None  # [d, d]
         self.cache_width = 3 * d
         self._scale = f32(1.0 / np.sqrt(self.dh))
+        # the backbone's weights as the native call takes them (model/headmm.py `backbone`)
+        two = head.hops == 2
+        self._bw = (self.pos, np.ascontiguousarray(self.queries), np.ascontiguousarray(self.tok), _packed(self.q_tok),
+                    _packed(self.o), _packed(self.m1), self.m1b, _packed(self.m2), self.m2b,
+                    _packed(self.q2) if two else None, _packed(self.o2) if two else None)
         # the step's weights as the native calls take them (model/headmm.py `step`, `greedy`)
         self._w = (self.markov, _packed(self.s1), self.s1b, _packed(self.s2), self.s2b, _packed(self.out),
                    None if self.carry is None else _packed(self.carry))
@@ -147,34 +129,50 @@ class HeadRunner:
 
     def backbone(self, win: np.ndarray, lens: np.ndarray, anchor: np.ndarray, n: int) -> np.ndarray:
         """win [B, W, 3d] projected rows right-aligned (index W-1 next to the anchor), lens [B] rows
-        present (≥ 1), anchor [B] ids → ctx [B, n, d]."""
-        _one_thread()
-        B, W, _ = win.shape
-        d, H, dh = self.d, self.h, self.dh
-        kv = win[:, :, d:] + self.pos
-        k = kv[..., :d].reshape(B, W, H, dh).transpose(0, 2, 3, 1)[:, :, None]  # [B, H, 1, dh, W]
-        v = kv[..., d:].reshape(B, W, H, dh).transpose(0, 2, 1, 3)[:, :, None]  # [B, H, 1, W, dh]
+        present (1 .. W), anchor [B] ids → ctx [B, n, d]: one native call (model/headmm.py
+        `backbone`), `backbone_reference`'s arithmetic to the bit."""
+        return headmm.backbone(win, lens, anchor, n, self._bw, self.h, self._scale)
+
+    def backbone_reference(self, win: np.ndarray, lens: np.ndarray, anchor: np.ndarray, n: int) -> np.ndarray:
+        """`backbone` a product, norm and sum at a time (the readable definition)."""
+        d = self.d
         e = self.tok[anchor]
         q = self.queries[:n][None] + _mm(e, self.q_tok)[:, None]  # [B, n, d]
-        gone = np.arange(W)[None, :] < (W - lens)[:, None]
-        gone = gone[:, None, None, :] if gone.any() else None
-        ctx = _mm(self._attend(q, k, v, gone), self.o) + (win[:, -1, :d] + e)[:, None]
+        k = win[:, :, d:2 * d] + self.pos[:, :d]  # [B, W, d]
+        v = win[:, :, 2 * d:] + self.pos[:, d:]
+        present = np.arange(win.shape[1])[None, :] >= (win.shape[1] - np.asarray(lens))[:, None]  # [B, W]
+        ctx = _mm(self._attend_reference(q, k, v, present), self.o) + (win[:, -1, :d] + e)[:, None]
         h = _gelu(_mm(ctx, self.m1, self.m1b, rms=True))
         ctx = _mm(h, self.m2, self.m2b, resid=ctx)
         if self.hops == 2:
-            ctx = _mm(self._attend(_mm(ctx, self.q2, rms=True), k, v, gone), self.o2, resid=ctx)
+            ctx = _mm(self._attend_reference(_mm(ctx, self.q2, rms=True), k, v, present), self.o2, resid=ctx)
         return ctx
 
-    def _attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, gone: np.ndarray | None) -> np.ndarray:
-        """q [B, n, d] over k [B, H, 1, dh, W], v [B, H, 1, W, dh], rows `gone` [B, 1, 1, W] masked → [B, n, d]."""
-        B, n, _ = q.shape
-        qh = q.reshape(B, n, self.h, self.dh).transpose(0, 2, 1, 3) * self._scale
-        s = (qh[..., None, :] @ k)[..., 0, :]  # [B, H, n, W]
-        if gone is not None:
-            s[np.broadcast_to(gone, s.shape)] = -np.inf
-        s = np.exp(s - s.max(-1, keepdims=True))
-        s /= s.sum(-1, keepdims=True)
-        return (s[..., None, :] @ v)[..., 0, :].transpose(0, 2, 1, 3).reshape(B, n, self.d)
+    def _attend_reference(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, present: np.ndarray) -> np.ndarray:
+        """q [B, n, d] over keys k and values v [B, W, d] of the `present` [B, W] rows → [B, n, d], each
+        head: score s_i = 0 + (q scale)[0] k_i[0] + (q scale)[1] k_i[1] + ... in order; p_i = exp(s_i -
+        max s) by the kernel's exp (headmm.exp_reference); z = 0 + p_0 + p_1 + ... over the rows in
+        order; out = 0 + (p_0 / z) v_0 + (p_1 / z) v_1 + ... A masked row adds nothing (its p is 0 and
+        its terms are left out, whatever its values)."""
+        B, n, d = q.shape
+        H, dh, W = self.h, self.dh, k.shape[1]
+        qs = (q * self._scale).reshape(B, n, H, dh)
+        kh = k.reshape(B, W, H, dh).transpose(0, 2, 3, 1)[:, None]  # [B, 1, H, dh, W]
+        s = np.zeros((B, n, H, W), dtype=np.float32)
+        for c in range(dh):
+            s = s + qs[..., c, None] * kh[..., c, :]
+        pm = present[:, None, None, :]
+        s = np.where(pm, s, np.float32(-np.inf))
+        p = np.where(pm, headmm.exp_reference(s - s.max(-1, keepdims=True)), np.float32(0.0))
+        z = np.zeros((B, n, H), dtype=np.float32)
+        for i in range(W):
+            z = z + p[..., i]
+        p = p / z[..., None]
+        vh = v.reshape(B, W, H, dh)[:, None]  # [B, 1, W, H, dh]
+        out = np.zeros((B, n, H, dh), dtype=np.float32)
+        for i in range(W):
+            out = out + np.where(pm[..., i, None], p[..., i, None] * vh[:, :, i], np.float32(0.0))
+        return out.reshape(B, n, d)
 
     def step(self, ctx_j: np.ndarray, prev: np.ndarray) -> np.ndarray:
         """ctx_j [B, d], prev [B] target ids (draft j - 1) → logits [B, V'] over draft_ids (a carry
@@ -220,12 +218,13 @@ class HeadRunner:
 
     def greedy_reference(self, win: np.ndarray, lens: np.ndarray, anchor: np.ndarray, n: int
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """`greedy` position by position through `step_carry_reference` and `top1`."""
+        """`greedy` through `backbone_reference`, then position by position through
+        `step_carry_reference` and `top1`."""
         B = len(anchor)
         ids = np.empty((B, n), dtype=np.int64)
         conf = np.empty((B, n), dtype=np.float32)
         marg = np.empty((B, n), dtype=np.float32)
-        ctx = self.backbone(win, lens, anchor, n)
+        ctx = self.backbone_reference(win, lens, anchor, n)
         prev, carry = anchor, None
         rows = np.arange(B)
         for j in range(n):

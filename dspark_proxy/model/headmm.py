@@ -22,7 +22,7 @@ import numpy as np
 
 from . import _headmm
 
-__all__ = ["EPS", "Packed", "default_threads", "exp_reference", "gelu", "gelu_reference", "greedy", "mm",
+__all__ = ["EPS", "Packed", "backbone", "default_threads", "exp_reference", "gelu", "gelu_reference", "greedy", "mm",
            "mm_reference", "par_stats", "rms", "rms_reference", "set_threads", "step", "threads", "tune", "use_threads", "top1", "top1_reference"]
 
 _PW = 32  # panel width, as _headmm.c's PW
@@ -136,6 +136,18 @@ def greedy(ctx: np.ndarray, anchor: np.ndarray, weights: tuple, draft_ids: np.nd
     return _headmm.greedy(np.ascontiguousarray(ctx, dtype=np.float32), np.ascontiguousarray(anchor, dtype=np.int64),
                           mk, s1.panels, s1b, s2.panels, s2b, out.panels, None if cw is None else cw.panels,
                           draft_ids, EPS)
+
+
+def backbone(win: np.ndarray, lens: np.ndarray, anchor: np.ndarray, n: int, weights: tuple, heads: int,
+             scale: np.float32) -> np.ndarray:
+    """The head's backbone natively (_headmm_bb.c): weights = (pos, queries, tok, q_tok, o, m1, m1b, m2,
+    m2b, q2, o2), the matrices `Packed`, q2 and o2 None for a 1-hop head; win [B, W, 3d], lens [B] rows
+    present (1 .. W), anchor [B] ids → ctx [B, n, d] (HeadRunner.backbone_reference's order)."""
+    pos, queries, tok, q_tok, o, m1, m1b, m2, m2b, q2, o2 = weights
+    return _headmm.backbone(np.ascontiguousarray(win, dtype=np.float32), np.ascontiguousarray(lens, dtype=np.int64),
+                            np.ascontiguousarray(anchor, dtype=np.int64), int(n), pos, queries, tok, q_tok.panels,
+                            o.panels, m1.panels, m1b, m2.panels, m2b, None if q2 is None else q2.panels,
+                            None if o2 is None else o2.panels, int(heads), float(scale), EPS)
 
 
 def rms(x: np.ndarray) -> np.ndarray:
