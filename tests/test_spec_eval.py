@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -76,3 +77,17 @@ def test_bench_runs_eval_only_when_named() -> None:
 
     res = CliRunner().invoke(cli, ["bench", "--sections", "nosuch"])
     assert res.exit_code != 0 and "eval" in res.output
+
+
+def test_eval_waits_for_the_snapshot_that_covers_its_rounds(monkeypatch) -> None:
+    """The proxy publishes its statistics every STATS_EVERY_S: an eval that ends sooner must not report
+    the round's parts as 0 from the snapshot before its rounds (as it did under a loaded full suite)."""
+    from dspark_proxy.spec.evaluate import _latency
+
+    snaps = iter([{}, {"worker_us": {"p50_us": 0.0}}, {"worker_us": {"p50_us": 812.0}}])
+    got = _latency("x", lambda name: {"proxy": {"latency": next(snaps)}})
+    assert got["worker_us"]["p50_us"] == 812.0
+    # a proxy that never reports one: given up on within a second, not waited on for ever
+    t0 = time.monotonic()
+    assert _latency("x", lambda name: {"proxy": {}}) == {}
+    assert time.monotonic() - t0 < 2.0

@@ -112,6 +112,20 @@ def _pct(xs: list[float], q: float) -> float | None:
     return round(float(np.percentile(xs, q)), 3) if xs else None
 
 
+def _latency(name: str, read_status: Callable[[str], dict]) -> dict:
+    """The proxy's round latencies as its statistics snapshot has them, waiting for the snapshot that
+    covers the rounds just run (the proxy publishes one every STATS_EVERY_S: a short run can end
+    before it, and its figures would read 0)."""
+    from ..proxy import STATS_EVERY_S
+
+    end = time.monotonic() + 4 * STATS_EVERY_S
+    while True:
+        lat = read_status(name)["proxy"].get("latency", {})
+        if lat.get("worker_us", {}).get("p50_us", 0.0) > 0 or time.monotonic() > end:
+            return lat
+        time.sleep(STATS_EVERY_S / 5)
+
+
 def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEFAULT_HEAD, prompts: int | None = None,
              max_new: int | None = None, max_batch: int | None = None, reps: int = 3, faults: bool = True,
              deadline_ms: float = 50.0, threads: int = 1, min_confidence: float = MIN_CONFIDENCE,
@@ -161,7 +175,7 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
             for arm in ARMS:
                 for st in runs[arm][1:] if arm == "target_only" else runs[arm]:
                     shown += mismatches(ref, st, arm)
-            lat = read_status(name)["proxy"].get("latency", {})
+            lat = _latency(name, read_status)
             ms = {k: round(lat.get(k, {}).get("p50_us", 0.0) / 1000.0, 3) for k in
                   ("worker_us", "rank0_round_us", "rtt_us", "proxy_cost_us")}
             res["head_ms"] = ms["worker_us"]
