@@ -34,6 +34,12 @@ def _policies(pid: int) -> list[int]:
     return out
 
 
+def _assert_no_cpu_after_rounds(pid: int) -> None:
+    c0 = cpu_s(pid)
+    time.sleep(1.0)
+    assert cpu_s(pid) - c0 < 0.005, "the proxy kept spending CPU after its rounds stopped"
+
+
 def _keep_awake(name: str) -> dict:
     time.sleep(0.35)  # the proxy's next statistics snapshot (every 0.25 s)
     return read_status(name)["proxy"]["gauges"]["keep_awake"]
@@ -64,9 +70,7 @@ def test_spinners_spin_while_rounds_come_at_sched_idle_and_stop_after(seg_name):
         while ka["sleeping"] < ka["spinners"] and time.monotonic() < end:
             ka = _keep_awake(seg_name)
         assert ka["sleeping"] == ka["spinners"], ka  # the window after the last round ran out: all asleep
-        c0 = cpu_s(proxy.pid)
-        time.sleep(1.0)
-        assert cpu_s(proxy.pid) - c0 < 0.005, "the proxy kept spending CPU after its rounds stopped"
+        _assert_no_cpu_after_rounds(proxy.pid)
     finally:
         if shim is not None:
             shim.close()
@@ -108,9 +112,7 @@ def test_refused_sched_idle_spins_not_at_all(seg_name, monkeypatch):
             assert shim.read_reply(t).status == 0
             time.sleep(0.002)
         assert _keep_awake(seg_name) == ka  # kicked 100 times: still nothing spins
-        c0 = cpu_s(proxy.pid)
-        time.sleep(1.0)
-        assert cpu_s(proxy.pid) - c0 < 0.005, "the proxy kept spending CPU after its rounds stopped"
+        _assert_no_cpu_after_rounds(proxy.pid)
     finally:
         if shim is not None:
             shim.close()
