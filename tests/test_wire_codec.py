@@ -404,3 +404,32 @@ def test_place_copies_anything_but_the_prefixs_own_views(sampled):
     want = shifted.copy()
     place(p, shifted, None)
     assert p.entries(3).tobytes() == want.tobytes()
+
+
+def _bad_entry_reference(e: np.ndarray, layout: WireLayout) -> list[bool]:
+    """bad_entry_mask's rules, one entry at a time in Python integers (no overflow to reason about)."""
+    out, seen = [], set()
+    for x in e.tolist():
+        slot, n_rows, _gen, first, anchor, _tok, flags, _k, n_out, _pad = x
+        bad = (flags & ~wire.RF_ALL) != 0 or (flags & wire.RF_RESYNC and not flags & wire.RF_NEW_GEN)
+        bad = bad or n_rows > layout.window or (flags & wire.RF_NEW_GEN and n_rows == 0) or first < 0
+        bad = bad or anchor != first + n_rows or n_out > layout.num_spec or slot >= layout.max_reqs
+        bad = bad or slot in seen
+        seen.add(slot)
+        out.append(bool(bad))
+    return out
+
+
+_I64 = st.integers(-(2**63), 2**63 - 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 20), st.one_of(st.integers(-5, 40), _I64),
+                          st.one_of(st.integers(-5, 60), _I64), st.integers(0, 255), st.integers(0, 8)),
+                max_size=12))
+def test_bad_entry_mask_is_its_entry_by_entry_definition(rows):
+    e = np.zeros(len(rows), dtype=wire.ENTRY_DTYPE)
+    for i, (slot, n_rows, first, anchor, flags, n_out) in enumerate(rows):
+        e[i]["slot"], e[i]["n_rows"], e[i]["first_pos"], e[i]["anchor_pos"] = slot, n_rows, first, anchor
+        e[i]["flags"], e[i]["n_out"] = flags, n_out
+    assert wire.bad_entry_mask(e, LAYOUT).tolist() == _bad_entry_reference(e, LAYOUT)

@@ -333,22 +333,29 @@ def decode_step(frame: Frame, layout: WireLayout) -> StepView:
     return StepView(h, n_req, n_rows, row_bytes, step_flags, entries, meta, rows)
 
 
+# per flags byte: malformed on its own (an unknown bit, RESYNC without NEW_GEN); NEW_GEN set
+_FLAGS_BAD = np.array([bool(f & ~RF_ALL) or (bool(f & RF_RESYNC) and not f & RF_NEW_GEN) for f in range(256)])
+_FLAGS_NEW_GEN = np.array([bool(f & RF_NEW_GEN) for f in range(256)])
+
+
 def bad_entry_mask(entries: np.ndarray, layout: WireLayout) -> np.ndarray:
     """Entries that are malformed on their own (vectorised): unknown flags, RESYNC without NEW_GEN,
     more than W rows, an empty NEW_GEN, negative positions, an anchor that is not right after the
     rows, n_out over N, a slot at or past the agreed max_reqs, or a slot that appears twice in the
-    batch (every later occurrence)."""
+    batch (every later occurrence). The flag rules are a table lookup per entry: a round's checks are
+    numpy calls on a handful of entries, each costing its call, not its data (tests/test_wire_codec.py
+    holds them to an entry-by-entry definition)."""
     flags = entries["flags"]
-    n_rows = entries["n_rows"].astype(np.int64)
+    n_rows = entries["n_rows"]
     first = entries["first_pos"]
     anchor = entries["anchor_pos"]
-    bad = (flags & ~np.uint8(RF_ALL)) != 0
-    bad |= ((flags & RF_RESYNC) != 0) & ((flags & RF_NEW_GEN) == 0)
+    bad = _FLAGS_BAD[flags]
     bad |= n_rows > layout.window
-    bad |= ((flags & RF_NEW_GEN) != 0) & (n_rows == 0)
+    bad |= _FLAGS_NEW_GEN[flags] & (n_rows == 0)
     bad |= first < 0
-    # anchor_pos == first_pos + n_rows, compared without overflowing int64
-    bad |= (anchor < first) | ((anchor - np.maximum(first, 0)) != n_rows)
+    # anchor_pos == first_pos + n_rows; where first_pos >= 0 and anchor_pos >= first_pos the difference
+    # cannot overflow, and anywhere else the entry is bad already
+    bad |= (anchor < first) | ((anchor - first) != n_rows)
     bad |= entries["n_out"] > layout.num_spec
     bad |= entries["slot"] >= layout.max_reqs  # slots are request indices < the agreed max_reqs
     if entries.shape[0] > 1:
