@@ -45,13 +45,14 @@ __all__ = ["TorchDrafter", "ProjectionPool"]
 
 
 class ProjectionPool:
-    """Projected rows of every slot window: proj [cap, W, width], pos and write id [cap, W] at index
-    position % W. `index_of` gives a window buffer its pool index for as long as the buffer lives."""
+    """Projected rows of every slot window: proj [cap, W, width] and the write id each came from [cap, W],
+    at index position % W. A row's projection does not depend on its position, and write ids are unique
+    in the process, so the id alone says whether a cell holds this row's projection (0: none).
+    `index_of` gives a window buffer its pool index for as long as the buffer lives."""
 
     def __init__(self, window: int, width: int, cap: int = 8) -> None:
         self.window, self.width = window, width
         self.proj = np.zeros((cap, window, width), dtype=np.float32)
-        self.pos = np.full((cap, window), -1, dtype=np.int64)
         self.wid = np.zeros((cap, window), dtype=np.int64)  # 0: never a valid write id
         self._of: dict[int, tuple[int, weakref.ref]] = {}
         self._free = list(range(cap - 1, -1, -1))
@@ -66,13 +67,11 @@ class ProjectionPool:
             got = self._of.get(key)
             if got is not None and got[1]() is None:
                 del self._of[key]
-                self.pos[got[0]] = -1
                 self._free.append(got[0])
 
     def _grow(self) -> None:
         cap = len(self.proj)
         self.proj = np.concatenate([self.proj, np.zeros_like(self.proj)])
-        self.pos = np.concatenate([self.pos, np.full_like(self.pos, -1)])
         self.wid = np.concatenate([self.wid, np.zeros_like(self.wid)])
         self._free.extend(range(2 * cap - 1, cap - 1, -1))
 
@@ -84,12 +83,11 @@ class ProjectionPool:
         self._reap()  # may free the entry at this very id: a dead buffer whose id the new one took
         got = self._of.pop(key, None)
         if got is not None:  # an old buffer's id, reused by a new one, its release not reaped: not our rows
-            self.pos[got[0]] = -1
             self._free.append(got[0])
         if not self._free:
             self._grow()
         i = self._free.pop()
-        self.pos[i] = -1
+        self.wid[i] = 0  # another buffer's ids cannot match this one's (unique), but a clean start costs nothing
         self._of[key] = (i, weakref.ref(buf, lambda _r, k=key, rel=self._released: rel.append(k)))
         return i
 
@@ -191,14 +189,13 @@ class TorchDrafter:
 
     def _windows(self, items: list[DraftItem], apos: np.ndarray, lens: np.ndarray) -> np.ndarray:
         """[B, W, 3d] projected windows, right-aligned (apos: anchor positions, lens: rows present);
-        projects only rows the pool does not hold for the same position and write."""
+        projects only rows the pool does not hold from the same write."""
         W, B, pool = self.window, len(items), self.pool
         rings = [it.ring for it in items]  # each slot's rows at position % W, where the caller gave them
         whole = all(r is not None for r in rings)
         bufs = rings if whole else [_base(it.segments[0]) for it in items]  # the same arrays where both exist
         slot = np.fromiter(map(pool.index_of, bufs), np.intp, B)
-        pos = apos[:, None] - W + self._cols[None, :]  # column c: position anchor - W + c
-        at = pos % W
+        at = (apos[:, None] + self._cols[None, :]) % W  # column c: position anchor - W + c, at its index % W
         have = self._cols[None, :] >= (W - lens)[:, None]
         if whole and all(it.ring_ids is not None for it in items):  # the slots' ids, gathered at once
             if self._rows.shape[0] < B:
@@ -209,7 +206,7 @@ class TorchDrafter:
             wid[have] = np.concatenate([it.written if it.written is not None else np.zeros(it.w, np.int64)
                                         for it in items])
         sl = slot[:, None]
-        miss = have & ((pool.pos[sl, at] != pos) | (pool.wid[sl, at] != wid) | (wid == 0))
+        miss = have & ((pool.wid[sl, at] != wid) | (wid == 0))  # (0: no id given, no reuse)
         hit_b = np.flatnonzero(miss.any(axis=1))
         if hit_b.shape[0]:
             bi, ci = np.nonzero(miss)  # row-major: request by request, positions ascending
@@ -223,7 +220,6 @@ class TorchDrafter:
             self.rows_projected += len(raw)
             sb = slot[bi]
             pool.proj[sb, ai] = proj
-            pool.pos[sb, ai] = pos[bi, ci]
             pool.wid[sb, ai] = wid[bi, ci]
         return pool.proj[sl, at]
 
