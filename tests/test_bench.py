@@ -76,6 +76,11 @@ def test_quick_json_has_every_section_with_numbers(quick_run: dict) -> None:
         assert paced["gap_ms"] > 0 and paced["failed_rounds"] == 0
         for k in ("handoff", "enqueue", "read_reply", "proxy_round"):
             _figures(paced[k], f"handoff/paced/{k}")
+        ka = r["handoff"]["keep_awake"]  # both again with the proxy's CPUs kept awake
+        assert ka["keep_awake_ms"] > 0 and ka["failed_rounds"] == 0 and ka["paced"]["failed_rounds"] == 0
+        for k in ("handoff", "enqueue", "read_reply", "proxy_round"):
+            _figures(ka[k], f"handoff/keep_awake/{k}")
+            _figures(ka["paced"][k], f"handoff/keep_awake/paced/{k}")
 
     # 2. GIL isolation: both modes at 0, 2 and 4 busy threads
     for mode in ("process", "thread"):

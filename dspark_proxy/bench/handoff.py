@@ -41,6 +41,7 @@ HANDOFF_SHAPE = {"max_reqs": 256, "num_spec": 5, "window": 128, "row_bytes": 256
 # back to back, the proxy's round runs with its caches warm; between a real engine's forwards its CPU
 # idles, and the round runs cold (the paced figure, README "Hand-off")
 PACED_GAP_MS = 3.0
+KEEP_AWAKE = ("--keep-awake-ms", "20")  # the proxy's CPUs kept awake, as the README sets it up for a real engine
 
 
 def _layout_args(shape: dict[str, int]) -> list[str]:
@@ -64,10 +65,12 @@ def _path(native: bool):
 
 def time_handoff(name: str, rounds: int, warmup: int, other_cpu: int | None,
                  shape: dict[str, int] = HANDOFF_SHAPE, native: bool = True,
-                 fixed_valid: int | None = None, gap_ms: float = 0.0) -> dict[str, Any]:
+                 fixed_valid: int | None = None, gap_ms: float = 0.0,
+                 proxy_args: tuple[str, ...] = ()) -> dict[str, Any]:
     """Rounds through a null-worker proxy process; returns raw ns arrays and the proxy's own figures.
     `native` False: both sides on the Python reference models. `gap_ms`: the engine busy on its own
-    CPU that long before each round (a forward), as a real engine paces its rounds."""
+    CPU that long before each round (a forward), as a real engine paces its rounds. `proxy_args`: more
+    of the proxy's flags (`--keep-awake-ms`)."""
     import numpy as np
 
     import engine_shim
@@ -75,7 +78,8 @@ def time_handoff(name: str, rounds: int, warmup: int, other_cpu: int | None,
     from dspark_proxy.status import read_status
 
     with on_cpu(other_cpu), _path(native):
-        proxy = spawn_proxy(name, "null", *_layout_args(shape), "--deadline-ms", "5000", "--log-every", "0")
+        proxy = spawn_proxy(name, "null", *_layout_args(shape), "--deadline-ms", "5000", "--log-every", "0",
+                            *proxy_args)
     shim = None
     try:
         with _path(native):
@@ -194,4 +198,13 @@ def run_handoff(quick: bool = False, say: Callable[[str], None] = lambda s: None
             h = time_handoff(f"{prefix or default_prefix()}-handoff-paced", rounds // 5, warmup // 5, other,
                              gap_ms=PACED_GAP_MS)
         out["paced"] = {"gap_ms": PACED_GAP_MS, "placement": "cross_core", **_summary(h)}
+        # the same two ways with the proxy's CPUs kept awake between rounds (README "Keeping the proxy's
+        # CPUs awake"): an idle vCPU is a cold one here, back to back too once the proxy sleeps
+        say("hand-off: unpinned and paced, the proxy kept awake")
+        h = time_handoff(f"{prefix or default_prefix()}-handoff-ka", rounds // 2, warmup, None, proxy_args=KEEP_AWAKE)
+        with pinned({eng}):
+            hp = time_handoff(f"{prefix or default_prefix()}-handoff-paced-ka", rounds // 5, warmup // 5, other,
+                              gap_ms=PACED_GAP_MS, proxy_args=KEEP_AWAKE)
+        out["keep_awake"] = {"keep_awake_ms": float(KEEP_AWAKE[1]), "placement": "unpinned", **_summary(h),
+                             "paced": {"gap_ms": PACED_GAP_MS, "placement": "cross_core", **_summary(hp)}}
     return out, samples

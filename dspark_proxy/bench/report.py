@@ -66,6 +66,13 @@ def _handoff(r: dict[str, Any]) -> list[str]:
                    + (f"  failed rounds: {pc['failed_rounds']}" if pc["failed_rounds"] else ""))
         for key, label in labels[:4]:
             out.append(_row(label, pc[key]))
+    ka = r.get("keep_awake")
+    if ka:
+        for title, x in ((f"unpinned, the proxy's CPUs kept awake (--keep-awake-ms {ka['keep_awake_ms']:g})", ka),
+                         ("paced as above, the proxy's CPUs kept awake", ka["paced"])):
+            out.append(f" [{title}]" + (f"  failed rounds: {x['failed_rounds']}" if x["failed_rounds"] else ""))
+            for key, label in labels[:4]:
+                out.append(_row(label, x[key]))
     return out
 
 
