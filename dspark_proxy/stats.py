@@ -90,6 +90,21 @@ class _Hist:
         return out
 
 
+class _GroupColumn:
+    """One row's figure in a HistGroup column (sums, mins or maxs), read and written as a float."""
+
+    def __init__(self, column: str) -> None:
+        self.column = column
+
+    def __get__(self, row, owner=None):
+        if row is None:
+            return self
+        return float(getattr(row._g, self.column)[row._i])
+
+    def __set__(self, row, v: float) -> None:
+        getattr(row._g, self.column)[row._i] = v
+
+
 class _HistRow:
     """One histogram of a `HistGroup`, read and written like a `_Hist` (its counts a row of the group's
     array, its sum, min and max items of the group's)."""
@@ -99,29 +114,9 @@ class _HistRow:
     def __init__(self, group: HistGroup, i: int) -> None:
         self.counts, self._g, self._i = group.counts[i], group, i
 
-    @property
-    def sum_us(self) -> float:
-        return float(self._g.sums[self._i])
-
-    @sum_us.setter
-    def sum_us(self, v: float) -> None:
-        self._g.sums[self._i] = v
-
-    @property
-    def min_us(self) -> float:
-        return float(self._g.mins[self._i])
-
-    @min_us.setter
-    def min_us(self, v: float) -> None:
-        self._g.mins[self._i] = v
-
-    @property
-    def max_us(self) -> float:
-        return float(self._g.maxs[self._i])
-
-    @max_us.setter
-    def max_us(self, v: float) -> None:
-        self._g.maxs[self._i] = v
+    sum_us = _GroupColumn("sums")
+    min_us = _GroupColumn("mins")
+    max_us = _GroupColumn("maxs")
 
     summary = _Hist.summary  # the same summary over this row's counts and figures
 

@@ -136,7 +136,6 @@ def test_bad_input_is_refused_by_name():
         headmm.backbone(win, lens, anchor, N, (*r._bw[:9], r._bw[3], None), r.h, r._scale)
 
 
-@pytest.mark.skipif(not (SHIPPED / "head.safetensors").is_file(), reason="the shipped head is not here")
 def test_the_shipped_heads_greedy_is_its_reference(threads):
     """On the shipped head (its real shapes: d 192, 4 heads, W 16, N 5, a 2048-id draft vocabulary),
     windows of projected rows: `greedy` (native backbone and positions) and `greedy_reference` (the
