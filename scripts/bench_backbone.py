@@ -70,23 +70,28 @@ class Rounds:
         self.slots = [SlotWindow(W, row_bytes, chains=False) for _ in range(B)]
         self.hi, self.vocab = [W] * B, vocab
         for s, sw in enumerate(self.slots):
-            sw.write(0, self.rows[s, :W], True)
+            sw.write(0, self.rows[s, :W], True, drafter.project_rows(self.rows[s, :W]))
             sw.hi, sw.lo = W, 0
 
     def round(self, gap_s: float) -> float:
         from dspark_proxy.wire import ReplyWriter
         from dspark_proxy.worker.drafters import DraftItem
 
-        items = []
-        for s, sw in enumerate(self.slots):
-            new, hi = (4 if self.rng.random() < 0.6 else 3), self.hi[s]
-            sw.write(hi, self.rows[s, hi % 4000:][:new], False)
-            sw.hi, sw.lo = hi + new, hi + new - self.W
-            self.hi[s] = hi + new
-            items.append(DraftItem(s, int(self.rng.integers(0, self.vocab)), sw.hi, self.W, 0, sw.segments(self.W),
-                                   written=sw.write_ids(self.W), ring=sw.rows))
-        reply = ReplyWriter(self.B, self.dr.num_spec, 0)
-        return timed(lambda: self.dr.draft(items, reply), gap_s)
+        news = [(4 if self.rng.random() < 0.6 else 3) for _ in self.slots]
+
+        def one() -> None:  # the round: its new rows projected as a STEP's are, then drafted
+            items = []
+            for s, sw in enumerate(self.slots):
+                new, hi = news[s], self.hi[s]
+                src = self.rows[s, hi % 4000:][:new]
+                sw.write(hi, src, False, self.dr.project_rows(src))
+                sw.hi, sw.lo = hi + new, hi + new - self.W
+                self.hi[s] = hi + new
+                items.append(DraftItem(s, int(self.rng.integers(0, self.vocab)), sw.hi, self.W, 0,
+                                       sw.segments(self.W), aux=sw.aux_window(self.W)))
+            self.dr.draft(items, ReplyWriter(self.B, self.dr.num_spec, 0))
+
+        return timed(one, gap_s)
 
 
 def main() -> None:

@@ -121,8 +121,8 @@ def test_draft_vocabulary_survives_save_and_load(tmp_path):
 @pytest.mark.parametrize("step, hops", KINDS)
 def test_served_drafts_are_the_offline_drafts_bit_for_bit(tmp_path, step, hops):
     """A sequence walked round by round as a speculative decoder does (1-4 new rows a round), four
-    requests batched with other slots' rows and n_out cuts: the worker's TorchDrafter (projection pool,
-    slot windows, bf16 rows, gathered from the slots' rows as the serve loop passes them or from the
+    requests batched with other slots' rows and n_out cuts: the worker's TorchDrafter (the projections
+    each slot keeps beside its rows, bf16 rows, windows from those kept as the serve loop passes them or from the
     window's segments) drafts exactly what head_drafts computes for the same anchors offline."""
     import dspark_proxy.wire as wire
     from dspark_proxy.model.manifest import HeadManifest
@@ -147,16 +147,20 @@ def test_served_drafts_are_the_offline_drafts_bit_for_bit(tmp_path, step, hops):
     held, anchor = [0] * S, [start] * S
     rng = np.random.default_rng(6)
     rounds = 0
+    third: list[int] = []  # the windows drafted from their rows alone (every third round)
     while all(a + N < T for a in anchor):
         items = []
         for s, sw in enumerate(slots):
             a = anchor[s]
-            sw.write(held[s], raw[s, held[s]:a], held[s] == 0)
+            new = raw[s, held[s]:a]
+            sw.write(held[s], new, held[s] == 0, dr.project_rows(new))
             held[s] = sw.hi = a
             sw.lo = max(0, a - W)
             w = min(W, a)
             items.append(DraftItem(s, int(toks[s, a]), a, w, int(rng.integers(0, N + 1)), sw.segments(w),
-                                   written=sw.write_ids(w), ring=sw.rows if rounds % 3 else None))
+                                   aux=sw.aux_window(w) if rounds % 3 else None))
+            if rounds % 3 == 0:
+                third.append(w)
         out = wire.ReplyWriter(S, N, wire.SF_WANT_MARGIN)
         dr.draft(items, out)
         for s, it in enumerate(items):
@@ -165,7 +169,8 @@ def test_served_drafts_are_the_offline_drafts_bit_for_bit(tmp_path, step, hops):
             assert (out.draft_ids[s, k:] == -1).all()
             anchor[s] += int(rng.integers(1, N + 1))
         rounds += 1
-    assert rounds >= 8 and dr.rows_projected == sum(held)  # each row projected once
+    # each row projected once as it came, and every third round's windows again (given without them)
+    assert rounds >= 8 and dr.rows_projected == sum(held) + sum(w for w in third)
 
 
 def test_offline_confidences_are_the_served_ones(tmp_path):

@@ -1,6 +1,6 @@
 """The torch drafter: deterministic drafts from seeded weights, the n_out cut, sampled-mode support
 and q, a saved head with its manifest (dtype from the manifest, mismatches refused by field), the
-per-slot caches, service through the worker, and torch never imported otherwise."""
+projections kept beside each slot's rows, service through the worker, and torch never imported otherwise."""
 
 from __future__ import annotations
 
@@ -212,74 +212,143 @@ def test_worker_refuses_a_mismatched_head_at_start(tmp_path):
     srv.stop()
 
 
-def _ids(via: str, sw, w: int) -> dict:
-    """A window's write ids as the caller gives them: per item (`written`), or the slot's whole ring of
-    rows and ids for the drafter to gather (`ring_ids`: what the worker's serve loop gives)."""
-    return {"written": sw.write_ids(w)} if via == "written" else {"ring": sw.rows, "ring_ids": sw.written}
+def _stream(rng, n):
+    return rng.standard_normal((n, RB // 4)).astype(np.float32).view(np.uint8)
 
 
-@pytest.mark.parametrize("via", ["written", "ring_ids"])
-def test_slot_cache_projects_only_new_rows_and_sees_restarts(tmp_path, via):
-    """Rounds on one slot's window buffer: each costs its new rows; drafts equal an uncached drafter's;
-    a restart that rewrites the same positions with other rows is re-projected."""
+def test_kept_projections_follow_every_write():
+    """Random writes to one slot (restarts, appends that wrap the ring, some without projections):
+    the window's kept projections are offered exactly when each of its rows has its own there, and
+    then they are the projections of exactly the rows the window holds."""
     from dspark_proxy.worker.session import SlotWindow
 
-    d = _saved_head(tmp_path)
-    cached = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, weights=str(d))
-    rng = np.random.default_rng(4)
-    stream = rng.standard_normal((40, RB // 4)).astype(np.float32).view(np.uint8)
+    dr = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, seed=1)
+    rng = np.random.default_rng(11)
     sw = SlotWindow(W, RB, chains=False)
-
-    def round_(hi, restart=False):
+    has: dict[int, bool] = {}  # the model: position -> its last write brought a projection
+    hi = lo = 0
+    offered = withheld = 0
+    for _ in range(400):
+        restart = hi == lo or rng.random() < 0.15
+        first = int(rng.integers(0, 40)) if restart else hi
+        k = int(rng.integers(1, W + 1))
+        rows = _stream(rng, k)
+        with_aux = rng.random() < 0.85
+        sw.write(first, rows, restart, dr.project_rows(rows) if with_aux else None)
         if restart:
-            sw.lo = 0
+            has, lo = {}, first
+        has.update({first + j: with_aux for j in range(k)})
+        hi = first + k
+        lo = max(lo, hi - W)
         sw.hi = hi
-        w = min(W, sw.hi - sw.lo)
-        it = DraftItem(0, 7, hi, w, 0, sw.segments(w), **_ids(via, sw, w))
-        fresh = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, weights=str(d))
-        assert np.array_equal(_run(cached, [it]).draft_ids, _run(fresh, [it]).draft_ids)
-
-    sw.write(0, stream[:5], True)
-    round_(5, restart=True)
-    assert cached.rows_projected == 5
-    for hi in range(6, 30):  # one new row a round, wrapping the W-row buffer
-        sw.write(hi - 1, stream[hi - 1:hi], False)
-        sw.lo = max(0, hi - W)
-        round_(hi)
-    assert cached.rows_projected == 5 + 24
-    other = rng.standard_normal((5, RB // 4)).astype(np.float32).view(np.uint8)
-    sw.write(0, other, True)  # a new request in the slot: positions 0..4 again, other rows
-    round_(5, restart=True)
-    assert cached.rows_projected == 5 + 24 + 5
+        w = int(rng.integers(1, hi - lo + 1))
+        got = sw.aux_window(w)
+        want = all(has[p] for p in range(hi - w, hi))
+        assert (got is not None) == want
+        if got is not None:
+            offered += 1
+            idx = np.arange(hi - w, hi) % W
+            assert np.array_equal(got[idx], dr.runner.project(dr._to_float(sw.rows[idx])))
+        else:
+            withheld += 1
+    assert offered > 100 and withheld > 20
 
 
-@pytest.mark.parametrize("via", ["written", "ring_ids"])
-def test_a_row_rewritten_in_place_is_projected_again_whatever_bytes_changed(tmp_path, via):
-    """The cache reuses a projection only for the write that produced it: a rewrite of the same
-    positions that changes a single byte (one a byte sample would not look at) is re-projected."""
+def test_drafts_from_kept_projections_equal_drafts_from_rows():
+    """The same windows drafted from the slots' kept projections and from their rows alone: the same
+    drafts, and only the windows without kept projections are projected in the round."""
     from dspark_proxy.worker.session import SlotWindow
 
-    d = _saved_head(tmp_path)
-    cached = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, weights=str(d))
-    rows = np.random.default_rng(8).standard_normal((W, RB // 4)).astype(np.float32).view(np.uint8)
-    sw = SlotWindow(W, RB, chains=False)
-    sw.write(0, rows, True)
-    sw.hi = W
+    dr = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, seed=2)
+    rng = np.random.default_rng(12)
+    sws, items, bare = [], [], []
+    for i in range(5):
+        sw = SlotWindow(W, RB, chains=False)
+        first = int(rng.integers(0, 30))
+        n = int(rng.integers(1, 2 * W))
+        for a in range(first, first + n, 3):  # appends of up to 3 rows, wrapping the ring
+            k = min(3, first + n - a)
+            rows = _stream(rng, k)
+            sw.write(a, rows, a == first, dr.project_rows(rows))
+        sw.hi = first + n
+        w = min(W, n)
+        sws.append(sw)
+        items.append(DraftItem(i, 7 + i, sw.hi, w, 0, sw.segments(w), aux=sw.aux_window(w)))
+        bare.append(DraftItem(i, 7 + i, sw.hi, w, 0, sw.segments(w)))
+    assert all(it.aux is not None for it in items)
+    before = dr.rows_projected
+    kept = _run(dr, items)
+    assert dr.rows_projected == before  # nothing projected: every window's rows were kept projected
+    fresh = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, seed=2)
+    got = _run(fresh, bare)
+    assert fresh.rows_projected == sum(it.w for it in bare)
+    assert np.array_equal(kept.draft_ids, got.draft_ids) and np.array_equal(kept.confidence, got.confidence)
+    mixed = [items[0], bare[1], items[2], bare[3], items[4]]  # some kept, some not, in one round
+    assert np.array_equal(_run(dr, mixed).draft_ids, got.draft_ids)
 
-    def drafts() -> np.ndarray:
-        it = DraftItem(0, 7, W, W, 0, sw.segments(W), **_ids(via, sw, W))
-        fresh = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, weights=str(d))
-        got = _run(cached, [it]).draft_ids.copy()
-        assert np.array_equal(got, _run(fresh, [it]).draft_ids)
-        return got
 
-    drafts()
-    assert cached.rows_projected == W
-    changed = rows.copy()
-    changed[:, 1] ^= 0x40  # one byte of every row: the float's low mantissa
-    sw.write(0, changed, True)
-    drafts()
-    assert cached.rows_projected == 2 * W  # every rewritten row projected again
+def _served_steps(dr, steps, fail_at=None):
+    """serve_step over `steps` (lists of (slot, first_pos, n_rows, new_gen)) on one session; drafts per
+    step, and each step's rows projected."""
+    from collections import Counter
+
+    from dspark_proxy.worker.serve import serve_step
+    from dspark_proxy.worker.session import Session
+
+    lay = wire.WireLayout(N, W, RB, 4)
+    sess = Session(1, W, RB, 4, chains=False)
+    rng = np.random.default_rng(13)
+    counters: Counter = Counter()
+    got = []
+    for t, step in enumerate(steps):
+        e = make_entries([dict(slot=s, first_pos=f, n_rows=k, generation=1, flags=(3 if new else 1),
+                               anchor_token=5 + s) for s, f, k, new in step])
+        rows = _stream(rng, int(e["n_rows"].sum()))
+        out = wire.ReplyWriter(len(step), N, 0)
+        before = dr.rows_projected
+        if t == fail_at:
+            real = dr.project_rows
+            dr.project_rows = lambda raw: (_ for _ in ()).throw(MemoryError("no room"))
+        try:
+            serve_step(sess, e, rows, None, out, lay, dr, counters)
+        finally:
+            if t == fail_at:
+                dr.project_rows = real
+        got.append((out.status.copy(), out.draft_ids.copy(), dr.rows_projected - before))
+    return got, counters
+
+
+def test_a_step_projects_its_rows_once_and_drafts_as_from_the_rows():
+    steps = [[(0, 0, 5, True), (1, 10, 3, True)]] + [[(0, 5 + j, 2, False), (1, 13 + j, 2, False)][: 1 + j % 2]
+                                                      for j in range(0, 20, 2)]
+    dr = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, seed=4)
+    got, counters = _served_steps(dr, steps)
+    for (status, ids, projected), step in zip(got, steps, strict=True):
+        assert projected == sum(k for _, _, k, _ in step)  # each row once, as it arrived
+        assert (status != wire.RS_INTERNAL).all() and (ids >= 0).all()
+    # the same steps served by a drafter that keeps nothing: its windows projected whole, same drafts
+    bare = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, seed=4)
+    bare.project_rows = None  # not a transforming drafter: the serve loop keeps no projections for it
+    again, _ = _served_steps(bare, steps)
+    for (_, ids, _), (_, ids2, _) in zip(got, again, strict=True):
+        assert np.array_equal(ids, ids2)
+    assert counters["drafter_errors"] == 0
+
+
+def test_a_failed_projection_fails_that_steps_drafts_and_later_windows_are_projected_whole():
+    steps = [[(0, 0, 4, True)], [(0, 4, 2, False)], [(0, 6, 1, False)], [(0, 7, W, False)]]
+    dr = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, seed=5)
+    got, counters = _served_steps(dr, steps, fail_at=1)
+    assert counters["drafter_errors"] == 1
+    assert got[1][0].tolist() == [wire.RS_INTERNAL] and (got[1][1] == -1).all()
+    # step 2's window holds rows applied without projections: the round projects its window whole
+    assert got[2][2] == 1 + 7 and (got[2][1] >= 0).all()
+    assert got[3][2] == W  # a whole window of new rows, all projected as they came: kept again
+    bare = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, seed=5)
+    bare.project_rows = None
+    again, _ = _served_steps(bare, steps)
+    for t in (0, 2, 3):
+        assert np.array_equal(got[t][1], again[t][1])
 
 
 def test_only_n_out_positions_are_computed(tmp_path):
@@ -320,38 +389,6 @@ def test_torch_is_not_imported_unless_chosen():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
 
 
-def test_projection_pool_frees_a_gone_windows_index(tmp_path):
-    """The pool holds one index per live window buffer; a buffer that is gone gives its index back
-    (pool memory follows the live slots, not every slot ever seen), and a new buffer starts empty."""
-    import gc
-
-    from dspark_proxy.worker.session import SlotWindow
-
-    d = _saved_head(tmp_path)
-    dr = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, weights=str(d))
-    rng = np.random.default_rng(9)
-
-    def batch(n):
-        sws = [SlotWindow(W, RB, chains=False) for _ in range(n)]
-        items = []
-        for i, sw in enumerate(sws):
-            sw.write(0, rng.standard_normal((W, RB // 4)).astype(np.float32).view(np.uint8), True)
-            sw.hi = W
-            items.append(DraftItem(i, 3, W, W, 0, sw.segments(W), written=sw.write_ids(W)))
-        _run(dr, items)
-        return sws
-
-    sws = batch(20)
-    assert len(dr.pool) == 20 and dr.rows_projected == 20 * W
-    cap = len(dr.pool.proj)
-    del sws
-    gc.collect()
-    keep = batch(3)
-    assert len(dr.pool) == 3 and len(dr.pool.proj) == cap  # indices reused, nothing grown
-    assert dr.rows_projected == 23 * W
-    del keep
-
-
 def test_a_device_other_than_the_cpu_is_refused_not_ignored():
     with pytest.raises(ValueError, match="device 'cuda'"):
         make_drafter("torch", num_spec=N, window=W, row_bytes=RB, device="cuda")
@@ -372,23 +409,3 @@ def test_a_rounds_thread_choice_does_not_lower_the_next_drafters_count():
         assert a.threads.most == 2 and b.threads.most == 2 and headmm.threads() == 2
     finally:
         headmm.set_threads(t)
-
-
-def test_a_buffer_at_a_freed_buffers_address_gets_its_own_pool_index():
-    """CPython gives a new window buffer the id of a freed one. The pool then holds the dead buffer's
-    entry under that id with its release queued: the new buffer gets an index (it raised KeyError,
-    failing the round's drafts) and the dead one's index is freed exactly once."""
-    import weakref
-
-    from dspark_proxy.worker.torch_drafter import ProjectionPool
-
-    pool = ProjectionPool(4, 8, cap=2)
-    new = np.zeros((4, 3), np.uint8)
-    gone = np.zeros((4, 3), np.uint8)
-    i = pool._free.pop()
-    pool._of[id(new)] = (i, weakref.ref(gone))  # the buffer that lived at new's address
-    del gone
-    pool._released.append(id(new))  # what the pool's weakref callback queues when it dies
-    j = pool.index_of(new)
-    assert sorted([*pool._free, j]) == [0, 1]  # every index once: none lost, none handed out twice
-    assert pool.index_of(new) == j and len(pool) == 1

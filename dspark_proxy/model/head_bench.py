@@ -50,8 +50,9 @@ def bench_head(target: str | Path, weights: str | Path, ns: tuple[int, ...] = (1
             out = model(prompts, use_cache=True)
         rows = tap.rows(getattr(torch, man.row_dtype)).contiguous().view(torch.uint8).numpy()  # [n, T, RB]
         slots = [SlotWindow(W, RB, chains=False) for _ in range(n)]
+        project = getattr(dr, "project_rows", None)  # kept beside the rows, as the worker's serve loop does
         for s, sw in enumerate(slots):
-            sw.write(0, rows[s, :W], True)
+            sw.write(0, rows[s, :W], True, project(rows[s, :W]) if project else None)
             sw.hi, sw.lo = W, 0
         nxt = out.logits[:, -1:].argmax(-1)
         cache = getattr(out, kw)
@@ -62,17 +63,15 @@ def bench_head(target: str | Path, weights: str | Path, ns: tuple[int, ...] = (1
             t_target.append(time.perf_counter() - t0)
             cache, nxt = getattr(out, kw), out.logits[:, -1:].argmax(-1)
             hi = W + (r + 1) * new_rows
+            src = rows[np.arange(n)[:, None], (hi - new_rows + np.arange(new_rows)[None]) % ctx_len]  # [n, new, RB]
+            t0 = time.perf_counter()  # the round: its new rows projected (all at once, as a STEP's), then drafted
+            proj = project(src.reshape(n * new_rows, RB)).reshape(n, new_rows, -1) if project else [None] * n
             items = []
             for s, sw in enumerate(slots):
-                src = rows[s, (hi - new_rows) % ctx_len:][:new_rows]
-                if len(src) < new_rows:
-                    src = np.concatenate([src, rows[s, :new_rows - len(src)]])
-                sw.write(hi - new_rows, src, False)
+                sw.write(hi - new_rows, src[s], False, proj[s])
                 sw.hi, sw.lo = hi, hi - W
-                items.append(DraftItem(s, int(nxt[s, 0]), hi, W, 0, sw.segments(W), written=sw.write_ids(W),
-                                       ring=sw.rows))  # as the worker's serve loop hands them over
+                items.append(DraftItem(s, int(nxt[s, 0]), hi, W, 0, sw.segments(W), aux=sw.aux_window(W)))
             reply = ReplyWriter(n, N, 0)
-            t0 = time.perf_counter()
             dr.draft(items, reply)
             t_head.append(time.perf_counter() - t0)
         skip = min(5, rounds // 4)  # warm-up

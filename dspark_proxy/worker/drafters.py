@@ -35,10 +35,8 @@ class DraftItem:
     seed: int = 0
     temperature: float = 0.0
     crc: int | None = None  # the integrity hash, when the worker assembled it from its CRC chains
-    written: np.ndarray | None = None  # the rows' write ids (SlotWindow.write_ids): per-row caches key on them
-    ring: np.ndarray | None = None  # the slot's rows [W, row_bytes] at position % W (SlotWindow.rows), when given
-    ring_ids: np.ndarray | None = None  # with ring: the write id of each of them (SlotWindow.written), for
-    # a drafter that gathers the window's ids itself (one gather for the batch instead of `written`'s per item)
+    aux: np.ndarray | None = None  # the slot's ring of the rows' transforms (SlotWindow.aux, [W, width] at
+    # position % W), given when every row of the window has its transform there (a `project_rows` drafter)
 
 
 class Drafter(Protocol):

@@ -4,7 +4,11 @@ rule and one order.
 
 Entries are applied one by one in batch order (the reference the proxy's vectorised ring model is
 checked against, written for clarity); a malformed entry (`wire.bad_entry_mask`) gets RS_BAD_ENTRY
-and changes nothing. A request is drafted when its status is usable (`USABLE_STATUS_TABLE`: ok or
+and changes nothing. A drafter that works on a per-row transform (`project_rows`: the torch drafter's
+projection) gets the STEP's rows in one call before they are applied, and each slot keeps the
+transforms beside its rows (worker/session.py), so the drafter reads its windows' transforms without
+asking which rows are new. Should that call raise, the rows are applied without them (the slots'
+windows are then transformed whole, as the drafter needs them) and this STEP's drafts fail. A request is drafted when its status is usable (`USABLE_STATUS_TABLE`: ok or
 partial window) and it asked for drafts (RF_NEED_DRAFT). `out` is anything with ReplyWriter's
 arrays (status, window_rows, draft_ids, confidence and the optional sections), cleared beforehand.
 """
@@ -48,7 +52,7 @@ def serve_step(session: Session, entries: np.ndarray, rows: np.ndarray, sample_m
     tokens, anchors = e["anchor_token"].tolist(), e["anchor_pos"].tolist()
     meta = sample_meta
     items: list[DraftItem] = []
-    want_ids = bool(getattr(drafter, "caches_rows", False))  # a drafter that caches per-row work
+    aux, failed = _transforms(drafter, rows, counters, drafter_name)
     ends_crc: list[tuple[int, int]] = []  # per item: (A(a - 1), A(hi - 1)) of its slot's CRC chain
     for i in range(n):
         if bad[i]:
@@ -58,7 +62,8 @@ def serve_step(session: Session, entries: np.ndarray, rows: np.ndarray, sample_m
                 counters["bad_entry_slot"] += 1  # beyond the agreed max_reqs: no window for it
             continue
         end = int(ends[i])
-        st, w = session.apply(slots[i], gens[i], firsts[i], ks[i], flags[i], rows[end - ks[i]:end])
+        st, w = session.apply(slots[i], gens[i], firsts[i], ks[i], flags[i], rows[end - ks[i]:end],
+                              None if aux is None else aux[end - ks[i]:end])
         out.status[i] = st
         out.window_rows[i] = w
         if USABLE_STATUS_TABLE[st] and flags[i] & RF_NEED_DRAFT:
@@ -66,11 +71,13 @@ def serve_step(session: Session, entries: np.ndarray, rows: np.ndarray, sample_m
             items.append(DraftItem(i, tokens[i], anchors[i], w, n_outs[i], sw.segments(w),
                                    int(meta["seed"][i]) if meta is not None else 0,
                                    float(meta["temperature"][i]) if meta is not None else 0.0,
-                                   ring=sw.rows if want_ids else None,
-                                   ring_ids=sw.written if want_ids else None))
+                                   aux=sw.aux_window(w)))
             if shift_w is not None:
                 ends_crc.append(sw.chain_ends(w))
     if not items:
+        return
+    if failed:
+        _fail(items, out)
         return
     if shift_w is not None:
         _integrity_crcs(shift_w, items, ends_crc)
@@ -80,10 +87,28 @@ def serve_step(session: Session, entries: np.ndarray, rows: np.ndarray, sample_m
     except Exception:
         log.exception("[worker] drafter %s failed for %d requests", drafter_name or drafter.name, len(items))
         counters["drafter_errors"] += 1
-        idx = np.array([it.index for it in items])
-        out.status[idx] = RS_INTERNAL
-        out.draft_ids[idx] = -1
-        out.confidence[idx] = 0.0
+        _fail(items, out)
+
+
+def _transforms(drafter: Drafter, rows: np.ndarray, counters: MutableMapping[str, int], drafter_name: str
+                ) -> tuple[np.ndarray | None, bool]:
+    """(the drafter's per-row transforms of the STEP's rows, or None; True when computing them raised)."""
+    project = getattr(drafter, "project_rows", None)
+    if project is None or not rows.shape[0]:
+        return None, False
+    try:
+        return project(rows), False
+    except Exception:
+        log.exception("[worker] drafter %s failed to transform %d rows", drafter_name or drafter.name, rows.shape[0])
+        counters["drafter_errors"] += 1
+        return None, True
+
+
+def _fail(items: list[DraftItem], out: Any) -> None:
+    idx = np.array([it.index for it in items])
+    out.status[idx] = RS_INTERNAL
+    out.draft_ids[idx] = -1
+    out.confidence[idx] = 0.0
 
 
 def _integrity_crcs(shift_w: CrcOpSet, items: list[DraftItem], ends_crc: list[tuple[int, int]]) -> None:

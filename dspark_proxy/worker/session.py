@@ -2,7 +2,10 @@
 "The worker").
 
 Each slot holds its generation, the positions [lo, hi) it has rows for (at most the last W), and a
-[W, row_bytes] array indexed by position % W, allocated when the slot is first seen. It also keeps a
+[W, row_bytes] array indexed by position % W, allocated when the slot is first seen. A drafter that
+works on a per-row transform of the rows (the torch drafter's projection) hands it in with the rows,
+all of a STEP's rows transformed at once (worker/serve.py), and the slot keeps it beside them in the
+same ring (`aux`), so a round costs its new rows and never a lookup of which rows are new. It also keeps a
 chain of prefix CRCs over the rows received since the window last restarted, A(p) = crc32(rows
 chain_start .. p), the last W + 1 of them: each row is hashed once, when it arrives, and the
 `integrity` drafter assembles any window's CRC from two chain entries (dspark_proxy.crc) instead of
@@ -13,7 +16,6 @@ against, so it is written for clarity, not speed.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import zlib
 from collections import OrderedDict
@@ -30,33 +32,44 @@ from ..wire import (
     RS_UNKNOWN_SLOT,
 )
 
-_WRITE_IDS = itertools.count(1)  # one id per SlotWindow.write, unique in the process
-
 __all__ = ["SlotWindow", "Session", "SessionTable", "SessionRefused"]
 
 
 class SlotWindow:
     """One slot's window: rows of positions [lo, hi) (hi - lo <= W) at index position % W."""
 
-    __slots__ = ("generation", "lo", "hi", "rows", "written", "chain", "chain_start", "chains")
+    __slots__ = ("generation", "lo", "hi", "rows", "aux", "aux_lo", "chain", "chain_start", "chains")
 
     def __init__(self, window: int, row_bytes: int, chains: bool = True) -> None:
         self.generation = 0
         self.lo = 0
         self.hi = 0
         self.rows = np.empty((window, row_bytes), dtype=np.uint8)
-        # which write put each row there (0: none): a drafter that caches per-row work (the torch
-        # drafter's projections) reuses it only while the id is unchanged, i.e. for exactly those bytes
-        self.written = np.zeros(window, dtype=np.int64)
+        # each row's transform by the drafter ([W, width] float32 at position % W, made at the first
+        # write that brings one), valid from position aux_lo on: a write without it ends the validity
+        # of everything before its end, a restart begins it anew
+        self.aux: np.ndarray | None = None
+        self.aux_lo = 0
         self.chain = [0] * (window + 1)  # A(p) at p % (W + 1)
         self.chain_start = 0
         self.chains = chains  # only the integrity drafter reads them: a torch drafter pays no CRC
 
-    def write(self, first_pos: int, rows: np.ndarray, restart: bool) -> None:
+    def write(self, first_pos: int, rows: np.ndarray, restart: bool, aux: np.ndarray | None = None) -> None:
+        """rows [k, row_bytes] at positions first_pos .. first_pos + k - 1; aux: their transforms [k, width]
+        (the drafter's, computed for the whole STEP at once), kept in the same ring."""
         w = self.rows.shape[0]
         k = rows.shape[0]
         if k == 0:
             return
+        if aux is None:
+            self.aux_lo = first_pos + k if restart else max(self.aux_lo, first_pos + k)
+        else:
+            if self.aux is None or self.aux.shape[1] != aux.shape[1]:
+                self.aux = np.zeros((w, aux.shape[1]), dtype=np.float32)
+                self.aux_lo = first_pos
+            elif restart:
+                self.aux_lo = first_pos
+            _ring_put(self.aux, first_pos % w, aux)
         if self.chains:
             R = w + 1
             chain = self.chain
@@ -66,17 +79,7 @@ class SlotWindow:
             for j in range(k):  # each row hashed once, as it arrives
                 prev = zlib.crc32(rows[j], prev)
                 chain[(first_pos + j) % R] = prev
-        wid = next(_WRITE_IDS)
-        start = first_pos % w
-        if start + k <= w:
-            self.rows[start:start + k] = rows
-            self.written[start:start + k] = wid
-        else:
-            cut = w - start
-            self.rows[start:] = rows[:cut]
-            self.rows[:k - cut] = rows[cut:]
-            self.written[start:] = wid
-            self.written[:k - cut] = wid
+        _ring_put(self.rows, first_pos % w, rows)
 
     def chain_ends(self, w: int) -> tuple[int, int]:
         """(A(a - 1), A(hi - 1)) for the window of the last w rows, a = hi - w; A(a - 1) is 0 when the
@@ -86,10 +89,9 @@ class SlotWindow:
         before = self.chain[(a - 1) % R] if a > self.chain_start else 0
         return before, self.chain[(self.hi - 1) % R]
 
-    def write_ids(self, w: int) -> np.ndarray:
-        """The write ids of the last w rows (positions hi-w .. hi-1), in order (a small gather)."""
-        size = self.rows.shape[0]
-        return self.written[(np.arange(self.hi - w, self.hi) % size)]
+    def aux_window(self, w: int) -> np.ndarray | None:
+        """The aux ring when each of the last w rows has its transform there, else None."""
+        return self.aux if self.aux is not None and self.hi - w >= self.aux_lo else None
 
     def segments(self, w: int) -> list[np.ndarray]:
         """The last w rows (positions hi-w .. hi-1) in order, as at most two contiguous views."""
@@ -98,6 +100,17 @@ class SlotWindow:
         if start + w <= size:
             return [self.rows[start:start + w]]
         return [self.rows[start:], self.rows[:w - (size - start)]]
+
+
+def _ring_put(ring: np.ndarray, start: int, x: np.ndarray) -> None:
+    """x's rows into ring from index start on, wrapping (len(x) <= len(ring))."""
+    k, w = x.shape[0], ring.shape[0]
+    if start + k <= w:
+        ring[start:start + k] = x
+    else:
+        cut = w - start
+        ring[start:] = x[:cut]
+        ring[:k - cut] = x[cut:]
 
 
 class Session:
@@ -115,8 +128,9 @@ class Session:
         self.reserved = 0  # bytes of windows reserved for it in its SessionTable's budget
 
     def apply(self, slot: int, generation: int, first_pos: int, n_rows: int, flags: int,
-              rows: np.ndarray) -> tuple[int, int]:
-        """Apply one well-formed entry; returns (status, rows held for the anchor)."""
+              rows: np.ndarray, aux: np.ndarray | None = None) -> tuple[int, int]:
+        """Apply one well-formed entry (aux: its rows' transforms, SlotWindow.write); returns (status,
+        rows held for the anchor)."""
         if slot >= self.max_slots:
             return RS_BAD_ENTRY, 0
         W = self.window
@@ -137,7 +151,7 @@ class Session:
                 return RS_GAP, 0
             sw.hi = first_pos + n_rows
             sw.lo = max(sw.lo, sw.hi - W)
-        sw.write(first_pos, rows, restart=bool(flags & RF_NEW_GEN))
+        sw.write(first_pos, rows, restart=bool(flags & RF_NEW_GEN), aux=aux)
         w = min(W, sw.hi - sw.lo)
         return (RS_OK if w == W else RS_PARTIAL_WINDOW), w
 

@@ -9,14 +9,11 @@ and plumbing tests only, and reads rows as `row_dtype` (default: raw bytes); the
 The head runs as `model.head_runner.HeadRunner` (numpy float32, batch-invariant), the code the
 offline measurement runs, so served drafts are the measured ones bit for bit.
 
-Each round pays for its new rows only: the projected rows (the head's `project`, 3d floats a row) of
-every slot's window live in one pool, `[slots, W, 3d]` with each row's position and write id beside
-it; a slot's window buffer (the segments' base array, held by weak reference) owns one pool index.
-A row is reused only while its write id (from the worker's SlotWindow: the slot's ids as
-`DraftItem.ring_ids`, gathered for the whole batch at once, or the window's as `DraftItem.written`) is
-the one it was projected from: a slot restarted or rewritten over the same positions is re-projected,
-and a caller that gives no ids gets no reuse. Hits, misses, the scatter of new projections and the window
-gather are array operations over the batch; only reading the new rows' bytes visits each request.
+Each round pays for its new rows only: the worker hands a STEP's rows to `project_rows` (the head's
+`project`, 3d floats a row) before applying them, and each slot keeps the projections beside its rows
+(worker/session.py, `SlotWindow.aux`); a round's windows are one gather from the slots' rings. A
+window without them (a caller that is not the worker's serve loop, or rows applied while projecting
+failed) is projected whole from its rows.
 Only the first n_out draft positions are computed. Greedy drafts with their softmax probability as
 confidence; margin is top1 - top2; in sampled mode, for requests with temperature > 0, the top-32
 support of the tempered distribution over the draft vocabulary and its renormalised probabilities q,
@@ -27,7 +24,6 @@ same draft.
 from __future__ import annotations
 
 import time
-import weakref
 
 import numpy as np
 import torch
@@ -40,56 +36,8 @@ from ..model.manifest import ROW_DTYPES, HeadManifest
 from ..wire import TOP_K, ReplyWriter
 from .drafters import DraftItem
 
-__all__ = ["TorchDrafter", "ProjectionPool"]
+__all__ = ["TorchDrafter"]
 
-
-
-class ProjectionPool:
-    """Projected rows of every slot window: proj [cap, W, width] and the write id each came from [cap, W],
-    at index position % W. A row's projection does not depend on its position, and write ids are unique
-    in the process, so the id alone says whether a cell holds this row's projection (0: none).
-    `index_of` gives a window buffer its pool index for as long as the buffer lives."""
-
-    def __init__(self, window: int, width: int, cap: int = 8) -> None:
-        self.window, self.width = window, width
-        self.proj = np.zeros((cap, window, width), dtype=np.float32)
-        self.wid = np.zeros((cap, window), dtype=np.int64)  # 0: never a valid write id
-        self._of: dict[int, tuple[int, weakref.ref]] = {}
-        self._free = list(range(cap - 1, -1, -1))
-        self._released: list[int] = []  # ids of buffers gone (weakref callbacks only append: GC-safe)
-
-    def __len__(self) -> int:
-        return len(self._of)
-
-    def _reap(self) -> None:
-        while self._released:
-            key = self._released.pop()
-            got = self._of.get(key)
-            if got is not None and got[1]() is None:
-                del self._of[key]
-                self._free.append(got[0])
-
-    def _grow(self) -> None:
-        cap = len(self.proj)
-        self.proj = np.concatenate([self.proj, np.zeros_like(self.proj)])
-        self.wid = np.concatenate([self.wid, np.zeros_like(self.wid)])
-        self._free.extend(range(2 * cap - 1, cap - 1, -1))
-
-    def index_of(self, buf: np.ndarray) -> int:
-        key = id(buf)
-        got = self._of.get(key)
-        if got is not None and got[1]() is buf:
-            return got[0]
-        self._reap()  # may free the entry at this very id: a dead buffer whose id the new one took
-        got = self._of.pop(key, None)
-        if got is not None:  # an old buffer's id, reused by a new one, its release not reaped: not our rows
-            self._free.append(got[0])
-        if not self._free:
-            self._grow()
-        i = self._free.pop()
-        self.wid[i] = 0  # another buffer's ids cannot match this one's (unique), but a clean start costs nothing
-        self._of[key] = (i, weakref.ref(buf, lambda _r, k=key, rel=self._released: rel.append(k)))
-        return i
 
 
 _GOLD = np.uint64(0x9E3779B97F4A7C15)
@@ -112,25 +60,8 @@ def seeded_uniform(seed: np.ndarray, pos: np.ndarray, j: int) -> np.ndarray:
     return (x >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
-def _base(seg: np.ndarray) -> np.ndarray:
-    return seg.base if isinstance(seg.base, np.ndarray) else seg
-
-
-def _take(segments: list[np.ndarray], idx: np.ndarray) -> np.ndarray:
-    """Rows idx (ascending, window order) of a window held as consecutive segments."""
-    if len(segments) == 1:
-        return segments[0][idx]
-    parts, o = [], 0
-    for sg in segments:
-        k = sg.shape[0]
-        parts.append(sg[idx[(idx >= o) & (idx < o + k)] - o])
-        o += k
-    return np.concatenate(parts)
-
-
 class TorchDrafter:
     name = "torch"
-    caches_rows = True  # the serve loop passes each row's write id (DraftItem.written)
 
     def __init__(self, *, num_spec: int, window: int, row_bytes: int, device: str = "cpu",
                  weights: str | None = None, seed: int = 0, d_model: int = 64, vocab: int = 4096,
@@ -163,10 +94,10 @@ class TorchDrafter:
         self.head = head.eval()
         self.runner = HeadRunner(self.head)
         self.vocab_size = int(head.vocab)  # told to the client in WELCOME: it checks support ids against it
-        self.pool = ProjectionPool(window, self.runner.cache_width)
-        self.rows_projected = 0  # rows that went through `project` (the rest came from the pool)
+        self.rows_projected = 0  # rows that went through `project`
         self._cols = np.arange(window)
-        self._rows = np.arange(64)  # row indices for the batch's gathers, grown to the largest batch seen
+        self._rows = np.arange(64)[:, None]  # row indices for the batch's gather, grown to the largest batch seen
+        self._rings = np.zeros((64, window, self.runner.cache_width), dtype=np.float32)  # the batch's aux rings
         self.threads = ThreadChoice(headmm.threads())  # the kernel's threads a round: measured (model/head_threads.py)
 
     def state_dict(self) -> dict:
@@ -187,41 +118,33 @@ class TorchDrafter:
         np.minimum(x, 1e4, out=x)
         return np.maximum(x, -1e4, out=x)
 
+    def project_rows(self, raw: np.ndarray) -> np.ndarray:
+        """Rows' bytes [k, row_bytes] → their projections [k, 3d] (what a slot keeps beside each row)."""
+        return self._project(raw)
+
+    def _project(self, raw: np.ndarray) -> np.ndarray:
+        self.rows_projected += raw.shape[0]
+        return self.runner.project(self._to_float(raw))
+
     def _windows(self, items: list[DraftItem], apos: np.ndarray, lens: np.ndarray) -> np.ndarray:
-        """[B, W, 3d] projected windows, right-aligned (apos: anchor positions, lens: rows present);
-        projects only rows the pool does not hold from the same write."""
-        W, B, pool = self.window, len(items), self.pool
-        rings = [it.ring for it in items]  # each slot's rows at position % W, where the caller gave them
-        whole = all(r is not None for r in rings)
-        bufs = rings if whole else [_base(it.segments[0]) for it in items]  # the same arrays where both exist
-        slot = np.fromiter(map(pool.index_of, bufs), np.intp, B)
+        """[B, W, 3d] projected windows, right-aligned (apos: anchor positions, lens: rows present; the
+        columns before a window's rows hold whatever its ring does there, and the head never reads them)."""
+        W, B = self.window, len(items)
         at = (apos[:, None] + self._cols[None, :]) % W  # column c: position anchor - W + c, at its index % W
-        have = self._cols[None, :] >= (W - lens)[:, None]
-        if whole and all(it.ring_ids is not None for it in items):  # the slots' ids, gathered at once
-            if self._rows.shape[0] < B:
-                self._rows = np.arange(2 * B)
-            wid = np.where(have, np.stack([it.ring_ids for it in items])[self._rows[:B, None], at], 0)
+        if B > self._rings.shape[0]:
+            self._rings = np.zeros((2 * B, W, self._rings.shape[2]), dtype=np.float32)
+            self._rows = np.arange(2 * B)[:, None]
+        rings = self._rings[:B]
+        kept = [it.aux for it in items]
+        if all(a is not None for a in kept):  # the serve loop's rounds: one copy of the rings, one gather
+            np.stack(kept, out=rings)
         else:
-            wid = np.zeros((B, W), dtype=np.int64)
-            wid[have] = np.concatenate([it.written if it.written is not None else np.zeros(it.w, np.int64)
-                                        for it in items])
-        sl = slot[:, None]
-        miss = have & ((pool.wid[sl, at] != wid) | (wid == 0))  # (0: no id given, no reuse)
-        hit_b = np.flatnonzero(miss.any(axis=1))
-        if hit_b.shape[0]:
-            bi, ci = np.nonzero(miss)  # row-major: request by request, positions ascending
-            ai = at[bi, ci]
-            if whole:  # one gather a request, straight from its slot's rows
-                raw = np.concatenate([rings[b][at[b, miss[b]]] for b in hit_b.tolist()])
-            else:
-                raw = np.concatenate([_take(items[b].segments, np.flatnonzero(miss[b, W - lens[b]:]))
-                                      for b in hit_b.tolist()])
-            proj = self.runner.project(self._to_float(raw))
-            self.rows_projected += len(raw)
-            sb = slot[bi]
-            pool.proj[sb, ai] = proj
-            pool.wid[sb, ai] = wid[bi, ci]
-        return pool.proj[sl, at]
+            for b, it in enumerate(items):
+                if it.aux is not None:
+                    rings[b] = it.aux
+                else:  # no projections kept for this window: its rows, projected now, at their ring indices
+                    rings[b, at[b, W - it.w:]] = self._project(np.concatenate(it.segments))
+        return rings[self._rows[:B], at]
 
     # -- drafting -----------------------------------------------------------------------------------
     def draft(self, items: list[DraftItem], out: ReplyWriter) -> None:
