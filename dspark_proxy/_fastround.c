@@ -19,6 +19,7 @@
  *   advance_accept round_fused.py          advance then accept_round, one call (_fastround_fused.c)
  *   finish_whole   round_fused.py          the usual round's announce + pack_whole + status, one call
  *   round_front    round_fused.py          read_round + advance + accept_round + fill_entries, one call
+ *   bad_entries    wire/codec.py           the worker's check of a STEP's entries (bad_entry_mask)
  *
  * Why C: at the batch sizes that matter a round's cost was numpy's per-call overhead (0.3-1 us a call,
  * some 40 calls a side), not the data; one call per job removes it. Nothing here decides policy: on
@@ -32,7 +33,7 @@
  * _fastround_held.c (Held: long-lived arrays' buffers taken once), _fastround_inputs.c (enqueue's arguments
  * taken as they are), _fastround_accept.c (the proxy's acceptance
  * sums), _fastround_page.c (the usual round's reply page), _fastround_fused.c (the usual round's fused calls),
- * _fastround.h (what they share).
+ * _fastround_entries.c (the worker's entry check), _fastround.h (what they share).
  *
  * Atomics (shm_layout.md §5 "Meta and desc slots", §10): the stamps are the only shared words touched
  * here, each paired as in _hostflag.c:
@@ -367,6 +368,9 @@ static PyMethodDef methods[] = {
      "go, fill, prefix, ent_off, ent_size, ring, gather, row_bytes) -> (code, n, max_q, rows_staged, n_staged, n_misfit, "
      "stage, k_staged, n_new_owner, n_resync, n_unknown, n_ver, tokens, n_ready, n_gathered): read_round, advance, "
      "accept_round, fill_entries, ring_gather"},
+    {"bad_entries", fr_bad_entries, METH_VARARGS,
+     "bad_entries(entries, eoffs, flags_bad, flags_new_gen, W, N, M, out) -> count: out[i] = entry i malformed on "
+     "its own (wire/codec.py bad_entry_mask_reference)"},
     {"hist_observe", (PyCFunction)(void (*)(void))fr_hist_observe, METH_FASTCALL,
      "hist_observe(held, keys, *values): each value into its histogram of a group (stats.py HistGroup); held: a "
      "Held of counts, sums, mins, maxs"},

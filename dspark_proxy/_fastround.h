@@ -162,6 +162,8 @@ PyObject *fr_check_page(PyObject *mod, PyObject *args);
 PyObject *fr_read_round(PyObject *mod, PyObject *args);
 PyObject *fr_advance(PyObject *mod, PyObject *args);
 PyObject *fr_fill_entries(PyObject *mod, PyObject *args);
+/* _fastround_entries.c: the worker's check of a STEP's entries */
+PyObject *fr_bad_entries(PyObject *mod, PyObject *args);
 PyObject *fr_ring_runs(PyObject *mod, PyObject *args);
 PyObject *fr_ring_gather(PyObject *mod, PyObject *args);
 PyObject *fr_accept_round(PyObject *mod, PyObject *args);

@@ -10,6 +10,7 @@ from .codec import (
     Frame,
     ReplyWriter,
     bad_entry_mask,
+    bad_entry_mask_reference,
     decode_control,
     decode_reply,
     decode_step,
@@ -98,7 +99,7 @@ from .step import StepPrefix
 
 __all__ = [
     # codec
-    "NEED_DATA", "Decoder", "Frame", "ReplyWriter", "bad_entry_mask", "decode_control", "decode_reply",
+    "NEED_DATA", "Decoder", "Frame", "ReplyWriter", "bad_entry_mask", "bad_entry_mask_reference", "decode_control", "decode_reply",
     "decode_step", "encode_control", "encode_step", "fill_step_prefix", "pack_app_header",
     "parse_app_header",
     # a STEP's prefix, built in place (step.py)

@@ -22,6 +22,9 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
+from .. import _fastround
+from ..native import enabled as _native_enabled
+from ..native import entry_offsets
 from .dtypes import (
     APP_HEADER_SIZE,
     APP_HEADER_STRUCT,
@@ -60,7 +63,7 @@ from .messages import (
 __all__ = [
     "Frame", "NEED_DATA", "Decoder", "parse_app_header", "pack_app_header",
     "encode_control", "decode_control", "fill_step_prefix", "encode_step", "decode_step",
-    "bad_entry_mask", "ReplyWriter", "decode_reply",
+    "bad_entry_mask", "bad_entry_mask_reference", "ReplyWriter", "decode_reply",
 ]
 
 _STEP_HDR = struct.Struct("<IIII")
@@ -336,15 +339,29 @@ def decode_step(frame: Frame, layout: WireLayout) -> StepView:
 # per flags byte: malformed on its own (an unknown bit, RESYNC without NEW_GEN); NEW_GEN set
 _FLAGS_BAD = np.array([bool(f & ~RF_ALL) or (bool(f & RF_RESYNC) and not f & RF_NEW_GEN) for f in range(256)])
 _FLAGS_NEW_GEN = np.array([bool(f & RF_NEW_GEN) for f in range(256)])
+_FLAGS_BAD_U8, _FLAGS_NEW_GEN_U8 = _FLAGS_BAD.astype(np.uint8), _FLAGS_NEW_GEN.astype(np.uint8)  # for the C pass
+_ENTRY_OFFSETS = entry_offsets(ENTRY_DTYPE)
 
 
 def bad_entry_mask(entries: np.ndarray, layout: WireLayout) -> np.ndarray:
-    """Entries that are malformed on their own (vectorised): unknown flags, RESYNC without NEW_GEN,
-    more than W rows, an empty NEW_GEN, negative positions, an anchor that is not right after the
-    rows, n_out over N, a slot at or past the agreed max_reqs, or a slot that appears twice in the
-    batch (every later occurrence). The flag rules are a table lookup per entry: a round's checks are
-    numpy calls on a handful of entries, each costing its call, not its data (tests/test_wire_codec.py
-    holds them to an entry-by-entry definition)."""
+    """Entries that are malformed on their own: unknown flags, RESYNC without NEW_GEN, more than W rows,
+    an empty NEW_GEN, negative positions, an anchor that is not right after the rows, n_out over N, a
+    slot at or past the agreed max_reqs, or a slot that appears twice in the batch (every later
+    occurrence). One pass in C (_fastround_entries.c); `bad_entry_mask_reference` is the definition
+    (DSPARK_NATIVE=0 runs it), tests/test_native_entries.py holds the two to the same bytes."""
+    if not _native_enabled():
+        return bad_entry_mask_reference(entries, layout)
+    if entries.dtype != ENTRY_DTYPE or not entries.flags.c_contiguous:
+        entries = np.ascontiguousarray(entries, dtype=ENTRY_DTYPE)
+    out = np.empty(entries.shape[0], dtype=bool)
+    _fastround.bad_entries(entries, _ENTRY_OFFSETS, _FLAGS_BAD_U8, _FLAGS_NEW_GEN_U8, layout.window,
+                           layout.num_spec, layout.max_reqs, out.view(np.uint8))
+    return out
+
+
+def bad_entry_mask_reference(entries: np.ndarray, layout: WireLayout) -> np.ndarray:
+    """`bad_entry_mask` in numpy, vectorised (the readable definition; the flag rules a table lookup
+    per entry). tests/test_wire_codec.py holds it to an entry-by-entry definition."""
     flags = entries["flags"]
     n_rows = entries["n_rows"]
     first = entries["first_pos"]
