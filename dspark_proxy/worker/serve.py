@@ -25,7 +25,15 @@ from typing import Any
 import numpy as np
 
 from ..crc import CrcOpSet
-from ..wire import RF_NEED_DRAFT, RS_BAD_ENTRY, RS_INTERNAL, USABLE_STATUS_TABLE, WireLayout, bad_entry_mask
+from ..wire import (
+    ENTRY_DTYPE,
+    RF_NEED_DRAFT,
+    RS_BAD_ENTRY,
+    RS_INTERNAL,
+    USABLE_STATUS_TABLE,
+    WireLayout,
+    bad_entry_mask,
+)
 from .drafters import Drafter, DraftItem
 from .session import Session
 
@@ -34,6 +42,8 @@ __all__ = ["serve_step"]
 log = logging.getLogger("dspark_proxy.worker.server")
 
 _ANCHOR_HDR = struct.Struct("<iq")  # anchor_token int32 LE, anchor_pos int64 LE (dspark_proxy.integrity)
+assert ENTRY_DTYPE.names == ("slot", "n_rows", "generation", "first_pos", "anchor_pos", "anchor_token", "flags",
+                             "k_window", "n_out", "_pad"), "serve_step unpacks the entries' fields in this order"
 
 
 def serve_step(session: Session, entries: np.ndarray, rows: np.ndarray, sample_meta: np.ndarray | None, out: Any,
@@ -43,37 +53,36 @@ def serve_step(session: Session, entries: np.ndarray, rows: np.ndarray, sample_m
     requests into `out`. shift_w: the integrity drafter's CRC shifts, to hash windows from the slots'
     CRC chains (None: the drafter reads the rows). A drafter that raises fails its requests
     (RS_INTERNAL), never the step."""
-    e = entries
-    n = e.shape[0]
-    bad = bad_entry_mask(e, layout)
-    ends = np.cumsum(e["n_rows"], dtype=np.int64)
-    slots, gens, firsts = e["slot"].tolist(), e["generation"].tolist(), e["first_pos"].tolist()
-    ks, flags, n_outs = e["n_rows"].tolist(), e["flags"].tolist(), e["n_out"].tolist()
-    tokens, anchors = e["anchor_token"].tolist(), e["anchor_pos"].tolist()
+    n = entries.shape[0]
+    bad = bad_entry_mask(entries, layout).tolist()
     meta = sample_meta
     items: list[DraftItem] = []
     aux, failed = _transforms(drafter, rows, counters, drafter_name)
     ends_crc: list[tuple[int, int]] = []  # per item: (A(a - 1), A(hi - 1)) of its slot's CRC chain
-    for i in range(n):
+    status, held = [RS_BAD_ENTRY] * n, [0] * n
+    end = 0
+    # one conversion of the entries to Python values (ENTRY_DTYPE's fields in order; a field per
+    # `tolist` cost a numpy call each, a round's largest share of this function at a few requests)
+    for i, (slot, k, gen, first, anchor, token, flags, _kw, n_out, _pad) in enumerate(entries.tolist()):
+        end += k
         if bad[i]:
-            out.status[i] = RS_BAD_ENTRY
             counters["bad_entries"] += 1
-            if slots[i] >= layout.max_reqs:
+            if slot >= layout.max_reqs:
                 counters["bad_entry_slot"] += 1  # beyond the agreed max_reqs: no window for it
             continue
-        end = int(ends[i])
-        st, w = session.apply(slots[i], gens[i], firsts[i], ks[i], flags[i], rows[end - ks[i]:end],
-                              None if aux is None else aux[end - ks[i]:end])
-        out.status[i] = st
-        out.window_rows[i] = w
-        if USABLE_STATUS_TABLE[st] and flags[i] & RF_NEED_DRAFT:
-            sw = session.slots[slots[i]]
-            items.append(DraftItem(i, tokens[i], anchors[i], w, n_outs[i], sw.segments(w),
+        st, w = session.apply(slot, gen, first, k, flags, rows[end - k:end], None if aux is None else aux[end - k:end])
+        status[i], held[i] = st, w
+        if USABLE_STATUS_TABLE[st] and flags & RF_NEED_DRAFT:
+            sw = session.slots[slot]
+            items.append(DraftItem(i, token, anchor, w, n_out, sw.segments(w),
                                    int(meta["seed"][i]) if meta is not None else 0,
                                    float(meta["temperature"][i]) if meta is not None else 0.0,
                                    aux=sw.aux_window(w)))
             if shift_w is not None:
                 ends_crc.append(sw.chain_ends(w))
+    if n:
+        out.status[:n] = status
+        out.window_rows[:n] = held
     if not items:
         return
     if failed:
