@@ -400,6 +400,9 @@ static PyMethodDef methods[] = {
     {"backbone", (PyCFunction)(void (*)(void))hm_backbone, METH_FASTCALL,
      "backbone(win, lens, anchor, n, pos, queries, tok, q_tok, o, m1, m1b, m2, m2b, q2, o2, H, scale, eps) -> ctx: "
      "the window's attention and MLP (model/head_runner.py HeadRunner.backbone_reference's order)"},
+    {"project_bf16", (PyCFunction)(void (*)(void))hm_project_bf16, METH_FASTCALL,
+     "project_bf16(raw, n_taps, hidden, in_wp, in_M, in_b, c_wp, c_M, eps) -> bfloat16 rows widened (non-finite 0, "
+     "clipped to 1e4), each tap RMS-normed, @ in_w + in_b, @ c_w (TorchDrafter._project_reference)"},
     {"set_threads", hm_set_threads_py, METH_O, "set_threads(n): threads a product may use, 1 to 8"},
     {"threads", hm_threads_py, METH_NOARGS, "threads() -> the threads a product may use"},
     {"par_stats", hm_stats_py, METH_NOARGS,

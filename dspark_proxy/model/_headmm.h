@@ -103,6 +103,9 @@ HM_LOCAL void top1_par(const float *l, Py_ssize_t B, Py_ssize_t V, long long *c_
 HM_LOCAL PyObject *hm_step(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 HM_LOCAL PyObject *hm_greedy(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 
+/* _headmm_proj.c: a STEP's bfloat16 rows to their projections (`project_bf16`) */
+HM_LOCAL PyObject *hm_project_bf16(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+
 /* _headmm_bb.c: the backbone, window to ctx (`backbone`) */
 HM_LOCAL PyObject *hm_backbone(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 

@@ -93,6 +93,7 @@ class HeadRunner:
         self.in_w = np.ascontiguousarray((sd["in_proj.weight"] * tn[None, :]).T)  # [F, d]
         self.in_b = sd["in_proj.bias"]
         self.c_w = np.ascontiguousarray(sd["cache_proj.weight"].T)  # [d, 3d]
+        self._pw = (_packed(self.in_w), _packed(self.c_w))  # `project_bf16`'s matrices
         self.pos = np.ascontiguousarray(sd["pos.weight"][:head.window][::-1])  # row i: distance W-1-i
         self.queries = sd["queries"]
         self.tok = sd["tok.weight"]
@@ -126,6 +127,12 @@ class HeadRunner:
         """x float32 [R, n_taps * hidden] → [R, 3d]: what a slot caches for each row."""
         r = _rms(x.reshape(len(x), self.n_taps, self.hidden)).reshape(len(x), -1)
         return _mm(_mm(r, self.in_w, self.in_b), self.c_w)
+
+    def project_bf16(self, raw: np.ndarray) -> np.ndarray:
+        """raw uint8 [R, n_taps * hidden * 2], bfloat16 rows → [R, 3d]: the rows widened (a non-finite
+        value 0, the rest clipped to ±1e4, as the worker's torch drafter reads rows), then `project`, in
+        one native call (model/headmm.py `project_bf16`; the same bytes as that composition)."""
+        return headmm.project_bf16(raw, self.n_taps, self.hidden, self._pw[0], self.in_b, self._pw[1])
 
     def backbone(self, win: np.ndarray, lens: np.ndarray, anchor: np.ndarray, n: int) -> np.ndarray:
         """win [B, W, 3d] projected rows right-aligned (index W-1 next to the anchor), lens [B] rows

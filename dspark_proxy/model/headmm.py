@@ -22,7 +22,7 @@ import numpy as np
 
 from . import _headmm
 
-__all__ = ["EPS", "Packed", "backbone", "default_threads", "exp_reference", "gelu", "gelu_reference", "greedy", "mm",
+__all__ = ["EPS", "Packed", "backbone", "default_threads", "exp_reference", "gelu", "gelu_reference", "greedy", "mm", "project_bf16",
            "mm_reference", "par_stats", "rms", "rms_reference", "set_threads", "step", "threads", "tune", "use_threads", "top1", "top1_reference"]
 
 _PW = 32  # panel width, as _headmm.c's PW
@@ -148,6 +148,16 @@ def backbone(win: np.ndarray, lens: np.ndarray, anchor: np.ndarray, n: int, weig
                             np.ascontiguousarray(anchor, dtype=np.int64), int(n), pos, queries, tok, q_tok.panels,
                             o.panels, m1.panels, m1b, m2.panels, m2b, None if q2 is None else q2.panels,
                             None if o2 is None else o2.panels, int(heads), float(scale), EPS)
+
+
+def project_bf16(raw: np.ndarray, n_taps: int, hidden: int, in_w: Packed, in_b: np.ndarray, c_w: Packed
+                 ) -> np.ndarray:
+    """bfloat16 rows (uint8 [R, n_taps * hidden * 2]) → [R, c_w's columns] natively (_headmm_proj.c): widened
+    (non-finite 0, clipped to ±1e4), each tap's values RMS-normed, @ in_w + in_b, @ c_w; the kernel's
+    functions in the reference composition's order (worker/torch_drafter.py `_project_reference`)."""
+    return _headmm.project_bf16(np.ascontiguousarray(raw, dtype=np.uint8), int(n_taps), int(hidden), in_w.panels,
+                                in_w.shape[1], np.ascontiguousarray(in_b, dtype=np.float32), c_w.panels, c_w.shape[1],
+                                EPS)
 
 
 def rms(x: np.ndarray) -> np.ndarray:
