@@ -240,12 +240,12 @@ class SpecEngine:
     def _write(self, slots: np.ndarray, at: np.ndarray, v, logits: torch.Tensor) -> None:
         """Emitted tokens (the first m + 1 of v.tokens) into seq from position `at`, with the top-2
         logits of each (for showing a near-tie flip if one ever happens)."""
-        top = logits.topk(2, dim=-1)
         m = v.m.numpy()
         b, j = np.nonzero(np.arange(v.tokens.shape[1])[None] <= m[:, None])  # the m + 1 emitted, row by row
         s, p = slots[b], at[b] + j
         self.seq[s, p] = v.tokens.numpy()[b, j]
-        vals, ids = top.values.numpy()[b, j], top.indices.numpy()[b, j]
+        top = logits[torch.from_numpy(b), torch.from_numpy(j)].topk(2, dim=-1)  # the emitted positions' only
+        vals, ids = top.values.numpy(), top.indices.numpy()
         self.margin[s, p, 0] = vals[:, 0]
         self.margin[s, p, 1] = ids[:, 1]
         self.margin[s, p, 2] = vals[:, 1]

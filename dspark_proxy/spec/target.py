@@ -117,7 +117,7 @@ class TargetEngine:
                             **{self._kw: self.cache})
                 h = out[0] if isinstance(out, tuple) else out
             h = self.inner.norm(h)
-        if need is None:
+        if need is None or bool(need.all()):  # (a verification of every request's drafts reads them all)
             logits = self.model.lm_head(h).float()
         else:
             logits = torch.zeros(B, Q, self.vocab)
