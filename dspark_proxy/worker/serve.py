@@ -8,8 +8,9 @@ and changes nothing. A drafter that works on a per-row transform (`project_rows`
 projection) gets the STEP's rows in one call before they are applied, and each slot keeps the
 transforms beside its rows (worker/session.py), so the drafter reads its windows' transforms without
 asking which rows are new. Should that call raise, the rows are applied without them (the slots'
-windows are then transformed whole, as the drafter needs them) and this STEP's drafts fail. A request is drafted when its status is usable (`USABLE_STATUS_TABLE`: ok or
-partial window) and it asked for drafts (RF_NEED_DRAFT). `out` is anything with ReplyWriter's
+windows are then transformed whole, as the drafter needs them) and this STEP's drafts fail. A request
+is drafted when its status is usable (`USABLE_STATUS_TABLE`: ok or partial window) and it asked for
+drafts (RF_NEED_DRAFT). `out` is anything with ReplyWriter's
 arrays (status, window_rows, draft_ids, confidence and the optional sections), cleared beforehand.
 """
 
@@ -57,7 +58,8 @@ def serve_step(session: Session, entries: np.ndarray, rows: np.ndarray, sample_m
     bad = bad_entry_mask(entries, layout).tolist()
     meta = sample_meta
     items: list[DraftItem] = []
-    aux, failed = _transforms(drafter, rows, counters, drafter_name)
+    with draft_lock if draft_lock is not None else contextlib.nullcontext():  # the drafter's kernels, one caller
+        aux, failed = _transforms(drafter, rows, counters, drafter_name)
     ends_crc: list[tuple[int, int]] = []  # per item: (A(a - 1), A(hi - 1)) of its slot's CRC chain
     status, held = [RS_BAD_ENTRY] * n, [0] * n
     end = 0
