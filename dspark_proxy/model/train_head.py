@@ -25,7 +25,7 @@ from .head_runner import HeadRunner
 from .hf import TAP_POINT, Tap, greedy_generate, load_causal_lm, target_id
 from .manifest import MANIFEST_NAME, WEIGHTS_NAME, HeadManifest
 
-__all__ = ["HeadConfig", "train_head", "make_sequences", "evaluate", "head_drafts", "draft_vocab", "data_key"]
+__all__ = ["HeadConfig", "TrainSets", "train_head", "make_sequences", "evaluate", "head_drafts", "draft_vocab", "data_key"]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -185,9 +185,34 @@ def evaluate(head: DraftHead, toks: torch.Tensor, rows: torch.Tensor, start: int
             "greedy_distinct_4gram_rate": round(float(np.mean(grams)), 4)}
 
 
+class TrainSets:
+    """The training sets as loaded (memory-mapped from the cache), indexed as their concatenation would
+    be, without making it: at 6,000 generations a set holds about 0.9 GB of rows, and a concatenated
+    copy of many sets would not fit in memory. `batch(b)` is the concatenation's `v[b]` for every
+    field, element for element (tests/test_train_sets.py)."""
+
+    def __init__(self, sets: list[dict[str, torch.Tensor]]) -> None:
+        if not sets:
+            raise ValueError("no training sets")
+        self.sets = sets
+        self.offsets = np.cumsum([0] + [len(d["toks"]) for d in sets])
+        self.toks = torch.cat([d["toks"] for d in sets])  # small (int64 tokens), read whole by draft_vocab
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def batch(self, b: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Generations b (indices into the concatenation), in b's order."""
+        idx = b.numpy()
+        which = np.searchsorted(self.offsets, idx, side="right") - 1
+        local = idx - self.offsets[which]
+        return {k: torch.stack([self.sets[w][k][int(i)] for w, i in zip(which.tolist(), local.tolist(), strict=True)])
+                for k in self.sets[0]}
+
+
 def _load_or_make(path: Path, make):
     if path.is_file():
-        return torch.load(path, weights_only=True, mmap=True)  # the sets are concatenated: no second copy
+        return torch.load(path, weights_only=True, mmap=True)  # read as batches need them (TrainSets)
     data = make()
     torch.save(data, path)
     return data
@@ -264,16 +289,14 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
             return make_sequences(model, encode_corpus(tok, corpus.read(which)), c, n, held_out=held)
         return _load_or_make(work / data_key(tid, c, which, n), make)
 
-    sets = [data("train", cfg.sequences, False, s) for s in (cfg.seed, *cfg.extra_seeds)]
-    train = {k: torch.cat([d[k] for d in sets]) for k in sets[0]}
-    del sets
+    train = TrainSets([data("train", cfg.sequences, False, s) for s in (cfg.seed, *cfg.extra_seeds)])
     held = data("held_out", cfg.eval_sequences, True)
     init_record = None
     if cfg.init:
         head, init_man = load_head(cfg.init, cfg.step, cfg.hops, cfg.window)
         init_record = {"path": str(cfg.init), "training": init_man.training}  # the lineage, recursively
         if (head.n_taps, head.hidden, head.window, head.num_spec, head.vocab, head.d, head.h) != (
-                len(cfg.layers), int(train["rows"].shape[-1]) // len(cfg.layers), cfg.window, cfg.num_spec,
+                len(cfg.layers), int(train.sets[0]["rows"].shape[-1]) // len(cfg.layers), cfg.window, cfg.num_spec,
                 int(tok_vocab), cfg.d_model, cfg.n_heads):
             raise ValueError(f"--init {cfg.init}: a head of other shapes than this run's")
         head.train()
@@ -282,12 +305,12 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
                          vocab=tok_vocab, d_model=cfg.d_model, n_heads=cfg.n_heads, step=cfg.step,
                          hops=cfg.hops)
         head.init_from_target(embed)
-    ids, coverage = draft_vocab(train["toks"], cfg.prompt_len, cfg.draft_vocab, tok_vocab)
+    toks = train.toks
+    ids, coverage = draft_vocab(toks, cfg.prompt_len, cfg.draft_vocab, tok_vocab)
     head.set_draft_vocab(ids)
     col_of = torch.full((tok_vocab,), -1, dtype=torch.long)
     col_of[head.draft_ids] = torch.arange(len(head.draft_ids))
     log(f"draft vocabulary {len(ids)} ids: {coverage:.2%} of the training generations' tokens")
-    toks = train["toks"]
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.01)
     steps_per_epoch = (len(toks) + cfg.batch - 1) // cfg.batch
     total = steps_per_epoch * cfg.epochs
@@ -318,7 +341,7 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
             for g in opt.param_groups:
                 g["lr"] = lr_at(epoch * steps_per_epoch + i)
             b = order[i * cfg.batch:(i + 1) * cfg.batch]
-            loss = _loss(head, {k: v[b] for k, v in train.items()}, cfg.prompt_len, cfg.distill, col_of)
+            loss = _loss(head, train.batch(b), cfg.prompt_len, cfg.distill, col_of)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
