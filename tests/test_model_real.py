@@ -130,6 +130,38 @@ def test_train_drafter_cli_smoke_and_resume(tmp_path):
     assert man2.training["init"]["training"]["loss_per_epoch"] == res["loss_per_epoch"]
 
 
+def test_train_drafter_resumes_inside_an_epoch_to_the_same_weights(tmp_path, monkeypatch):
+    """A run killed in the middle of an epoch resumes at its last checkpoint's step, not the epoch's
+    start, and ends with the bytes an uninterrupted run ends with."""
+    import dspark_proxy.model.train_head as th
+
+    cfg = th.HeadConfig(sequences=8, eval_sequences=2, gen_len=24, d_model=32, window=8, num_spec=3,
+                        draft_vocab=64, epochs=2, batch=2, checkpoint_every=1)  # 4 steps an epoch
+    th.train_head(TARGET, tmp_path / "whole", cfg, log=lambda m: None)
+    real, calls = th._loss, []
+
+    class Killed(Exception):
+        pass
+
+    def counting(*a, **k):
+        calls.append(1)
+        if len(calls) == 6:  # epoch 2, its second step: 5 steps done, the 5th checkpointed
+            raise Killed
+        return real(*a, **k)
+
+    monkeypatch.setattr(th, "_loss", counting)
+    with pytest.raises(Killed):
+        th.train_head(TARGET, tmp_path / "cut", cfg, log=lambda m: None)
+    calls.clear()
+    said: list[str] = []
+    th.train_head(TARGET, tmp_path / "cut", cfg, resume=True, log=said.append)
+    assert len(calls) == 3 and "resumed after epoch 1, step 1 of 4" in said
+    whole, cut = (tmp_path / d / "head.safetensors" for d in ("whole", "cut"))
+    assert whole.read_bytes() == cut.read_bytes()
+    m1, m2 = (HeadManifest.load(tmp_path / d / "manifest.json") for d in ("whole", "cut"))
+    assert m1.training["loss_per_epoch"] == m2.training["loss_per_epoch"]
+
+
 def test_worker_cli_refuses_a_head_for_other_shapes():
     import subprocess
     import sys

@@ -65,11 +65,14 @@ def _seeds(value: str) -> tuple[int, ...]:
               help="The backbone's looks at the window: 2 adds a second, its query made from the first's "
               "output (manifest format /2); a 1-hop --init head starts it.")
 @click.option("--resume", is_flag=True, help="Continue from <out>/.work/checkpoint.pt.")
+@click.option("--checkpoint-every", default=500, show_default=True, type=click.IntRange(0),
+              help="Steps between checkpoints inside an epoch (0: at each epoch's end only).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object (last line).")
 def train_drafter(target: str, out: str, layers: tuple[int, ...], row_dtype: str, window: int, num_spec: int,
                   d_model: int, n_heads: int, sequences: int, eval_sequences: int, prompt_len: int,
                   gen_len: int, epochs: int, batch: int, lr: float, seed: int, threads: int, draft_vocab: int,
-                  distill: float, init: str | None, extra_seeds: str, step: str, hops: int, resume: bool, as_json: bool) -> None:
+                  distill: float, init: str | None, extra_seeds: str, step: str, hops: int, resume: bool, checkpoint_every: int,
+                  as_json: bool) -> None:
     """Train a DSpark head on TARGET's own greedy generations of stdlib prompts."""
     try:
         from dspark_proxy.model.train_head import HeadConfig, train_head
@@ -79,7 +82,8 @@ def train_drafter(target: str, out: str, layers: tuple[int, ...], row_dtype: str
                      n_heads=n_heads, sequences=sequences, eval_sequences=eval_sequences, prompt_len=prompt_len,
                      gen_len=gen_len, epochs=epochs, batch=batch, lr=lr, seed=seed, threads=threads,
                      draft_vocab=draft_vocab, distill=distill, init=init,
-                     extra_seeds=_seeds(extra_seeds), step=step, hops=hops)
+                     extra_seeds=_seeds(extra_seeds), step=step, hops=hops,
+                     checkpoint_every=checkpoint_every)
     res = train_head(target, out, cfg, resume=resume, log=lambda m: click.echo(m, err=True))
     if as_json:
         click.echo(json.dumps(res))

@@ -4,7 +4,9 @@ The training text is the target's own greedy generations from corpus prompts (se
 along a greedy generation, "the next N tokens" are exactly what verification will accept, which
 teacher-forced corpus text is not. Rows come from one forward over each generated sequence with the
 tap on, the same rows an engine finalises. Generation is cached in `<out>/.work/` (ignored by git);
-each epoch checkpoints head, optimiser and sampler, so `--resume` continues where a run stopped.
+each epoch, and every `checkpoint_every` steps inside one, checkpoints head, optimiser and the place in
+the epoch's order, so `--resume` continues where a run stopped (a long one-epoch run included) and ends
+with the weights an uninterrupted run ends with.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class HeadConfig:
     extra_seeds: tuple[int, ...] = ()  # more training sets of `sequences` generations, prompts drawn by these
     step: str = "markov"  # the head's sequential step (head.STEPS); a markov --init starts a carry head
     hops: int = 1  # the backbone's looks at the window; a 1-hop --init starts a 2-hop head
+    checkpoint_every: int = 500  # steps between checkpoints inside an epoch (0: at each epoch's end only)
 
 
 def _progress(it, total: int, desc: str):
@@ -322,21 +325,31 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
             return cfg.lr * (step + 1) / warm
         return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm)))))
 
-    epoch0, history = 0, []
+    epoch0, step0, history, tot, cnt = 0, 0, [], 0.0, 0
     ckpt = work / "checkpoint.pt"
+
+    def checkpoint(epoch: int, step: int) -> None:  # written whole, then renamed: a kill never leaves half
+        tmp = ckpt.with_suffix(".tmp")
+        torch.save({"head": head.state_dict(), "draft_ids": head.draft_ids, "opt": opt.state_dict(),
+                    "epoch": epoch, "step": step, "history": history, "tot": tot, "cnt": cnt}, tmp)
+        tmp.replace(ckpt)
+
     if resume and ckpt.is_file():
         st = torch.load(ckpt, weights_only=False)
         head.load_state_dict(st["head"])
         head.set_draft_vocab(st["draft_ids"])
         opt.load_state_dict(st["opt"])
-        epoch0, history = st["epoch"], st["history"]
-        log(f"resumed after epoch {epoch0}")
+        epoch0, step0, history = st["epoch"], st.get("step", 0), st["history"]
+        tot, cnt = st.get("tot", 0.0), st.get("cnt", 0)
+        log(f"resumed after epoch {epoch0}" + (f", step {step0} of {steps_per_epoch}" if step0 else ""))
     t0 = time.time()
     for epoch in range(epoch0, cfg.epochs):
         head.train()
         order = torch.randperm(len(toks), generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch))
-        tot, cnt = 0.0, 0
-        bar = _progress(range(steps_per_epoch), steps_per_epoch, f"epoch {epoch + 1}/{cfg.epochs}")
+        first = step0 if epoch == epoch0 else 0  # a resumed epoch skips the steps its checkpoint had taken
+        if not first:
+            tot, cnt = 0.0, 0
+        bar = _progress(range(first, steps_per_epoch), steps_per_epoch - first, f"epoch {epoch + 1}/{cfg.epochs}")
         for i in bar:
             for g in opt.param_groups:
                 g["lr"] = lr_at(epoch * steps_per_epoch + i)
@@ -349,10 +362,11 @@ def train_head(target: str | Path, out: str | Path, cfg: HeadConfig, *, resume: 
             tot, cnt = tot + loss.item(), cnt + 1
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(loss=f"{tot / cnt:.3f}", refresh=False)
+            if cfg.checkpoint_every and (i + 1) % cfg.checkpoint_every == 0 and i + 1 < steps_per_epoch:
+                checkpoint(epoch, i + 1)
         history.append(round(tot / max(1, cnt), 4))
         log(f"epoch {epoch + 1}/{cfg.epochs} loss {history[-1]:.4f} ({time.time() - t0:.0f}s)")
-        torch.save({"head": head.state_dict(), "draft_ids": head.draft_ids, "opt": opt.state_dict(),
-                    "epoch": epoch + 1, "history": history}, ckpt)
+        checkpoint(epoch + 1, 0)
     man = HeadManifest(target_id=tid, target_name=target.name, tap_layers=list(cfg.layers), tap_point=TAP_POINT,
                        hidden=head.hidden, row_dtype=cfg.row_dtype, window=cfg.window, num_spec=cfg.num_spec,
                        vocab_size=head.vocab, d_model=cfg.d_model, n_heads=cfg.n_heads,
