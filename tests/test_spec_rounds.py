@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -111,3 +113,50 @@ def test_merge_puts_a_joiners_prompt_rows_before_its_first_verified_row() -> Non
     assert valid.tolist() == [3, 6, 16] and first.tolist() == [40, 0, 5]
     want = [1000 + p for p in range(40, 43)] + list(range(0, 6)) + [2000 + p for p in range(5, 21)]
     assert merged[:, 0].tolist() == want
+
+
+def _merge_by_request(held, part, W: int):
+    """`_merge`'s definition, one request at a time."""
+    hs, _, hv, hf, _, hr = held
+    slots, qlen, valid, first, k, rows = part
+    at = {s: i for i, s in enumerate(hs.tolist())}
+    valid, first = valid.copy(), first.copy()
+    held_rows = np.split(hr, np.cumsum(hv)[:-1])
+    own = np.split(rows, np.cumsum(part[2])[:-1])
+    out = []
+    for i, s in enumerate(slots.tolist()):
+        h = at.get(s)
+        if h is None:
+            out.append(own[i])
+            continue
+        v = min(int(hv[h]) + int(valid[i]), W)
+        take = v - int(valid[i])
+        first[i] -= take
+        out.append(np.concatenate([held_rows[h][held_rows[h].shape[0] - take:], own[i]]))
+        valid[i] = v
+    return slots, qlen, valid, first, k, np.concatenate(out)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_merge_is_its_request_by_request_definition(data) -> None:
+    """Random parts with random joiners among them: the one gather gives the loop's rows, bytes and order."""
+    n = data.draw(st.integers(1, 8))
+    slots = np.array(data.draw(st.permutations(range(12)))[:n])
+    valid = np.array(data.draw(st.lists(st.integers(1, N + 1), min_size=n, max_size=n)))
+    joiners = [i for i in range(n) if data.draw(st.booleans())]
+    hv = np.array([data.draw(st.integers(1, 40)) for _ in joiners], dtype=np.int64)
+    hf = np.array([data.draw(st.integers(0, 50)) for _ in joiners], dtype=np.int64)
+    first = np.array([data.draw(st.integers(0, 90)) for _ in range(n)], dtype=np.int64)
+    for h, i in enumerate(joiners):
+        first[i] = hf[h] + hv[h]  # a joiner's first verified row follows its prompt's
+    order = data.draw(st.permutations(range(len(joiners))))  # held lists the joiners in its own order
+    hs = slots[joiners][order] if joiners else np.zeros(0, dtype=np.int64)
+    hv, hf = hv[order] if joiners else hv, hf[order] if joiners else hf
+    hr = np.arange(int(hv.sum()), dtype=np.int64)[:, None] * np.array([[1, -1]])
+    rows = 10_000 + np.arange(int(valid.sum()), dtype=np.int64)[:, None] * np.array([[1, -1]])
+    held = (hs, hv + 1, hv, hf, np.zeros_like(hv), hr)
+    part = (slots, valid + 1, valid, first, np.zeros(n, dtype=np.int64), rows)
+    got, want = _merge(held, part, W), _merge_by_request(held, part, W)
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b)

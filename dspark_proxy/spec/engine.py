@@ -346,12 +346,6 @@ def _rows(rows: torch.Tensor | None, keep: np.ndarray) -> np.ndarray | None:
     return rows.view(torch.uint8).numpy()[keep]
 
 
-def _split(rows: np.ndarray | None, valid: np.ndarray) -> list[np.ndarray | None]:
-    if rows is None:
-        return [None] * len(valid)
-    return np.split(rows, np.cumsum(valid)[:-1])
-
-
 def _keep_part(part, keep: np.ndarray):
     """A forward's part (slots, qlen, valid, first_pos, k, rows) for the kept requests only."""
     slots, qlen, valid, first, k, rows = part
@@ -368,26 +362,32 @@ def _concat_parts(a, b):
 def _merge(held, part, W: int):
     """The verification part with each joiner's prompt rows (its prefill part, `held`) in front of the
     row its first verification finalised: positions [first_pos, first_pos + valid) of the two are
-    contiguous, and only the last W go out."""
+    contiguous, and only the last W go out. One gather for the whole part, no loop over requests
+    (tests/test_spec_rounds.py holds it to the request-by-request definition)."""
     hs, _, hv, hf, _, hr = held
     slots, qlen, valid, first, k, rows = part
-    at = {s: i for i, s in enumerate(hs.tolist())}
-    valid, first = valid.copy(), first.copy()
-    held_rows, own = _split(hr, hv), _split(rows, part[2])
-    out = []
-    for i, s in enumerate(slots.tolist()):
-        h = at.get(s)
-        if h is None:
-            out.append(own[i])
-            continue
-        assert hf[h] + hv[h] == first[i], "a joiner's prompt rows end where its first verification's begin"
-        v = min(int(hv[h]) + int(valid[i]), W)
-        first[i] = first[i] + valid[i] - v
-        take = v - int(valid[i])
-        if rows is not None:
-            out.append(np.concatenate([held_rows[h][held_rows[h].shape[0] - take:], own[i]]))
-        valid[i] = v
-    return slots, qlen, valid, first, k, (np.concatenate(out) if rows is not None else None)
+    hidx = np.full(int(max(slots.max(initial=0), hs.max(initial=0))) + 1, -1, dtype=np.int64)
+    hidx[hs] = np.arange(len(hs))
+    h = hidx[slots]  # the joiner's index in held, -1 for a request that is not joining
+    j = h >= 0
+    hj = h[j]
+    if not np.array_equal(hf[hj] + hv[hj], first[j]):
+        raise AssertionError("a joiner's prompt rows end where its first verification's begin")
+    take = np.zeros(len(slots), dtype=np.int64)  # prompt rows put in front: as many as fit in W
+    take[j] = np.minimum(hv[hj] + valid[j], W) - valid[j]
+    out_rows = None
+    if rows is not None:
+        h_end = np.cumsum(hv)  # end of each joiner's prompt rows in hr
+        o_start = np.cumsum(valid) - valid  # start of each request's own rows in `rows`
+        starts = np.empty(2 * len(slots), dtype=np.int64)  # per request: its prompt rows, then its own
+        lens = np.empty(2 * len(slots), dtype=np.int64)
+        starts[0::2] = np.where(j, h_end[np.maximum(h, 0)] - take, 0) if len(hv) else 0
+        starts[1::2] = len(hr) + o_start
+        lens[0::2], lens[1::2] = take, valid
+        seg_at = np.cumsum(lens) - lens
+        idx = np.repeat(starts - seg_at, lens) + np.arange(int(lens.sum()))
+        out_rows = np.concatenate([hr, rows])[idx]
+    return slots, qlen, (valid + take).astype(valid.dtype), (first - take).astype(first.dtype), k, out_rows
 
 
 def _drop(f: Finalised, keep: np.ndarray) -> Finalised:
