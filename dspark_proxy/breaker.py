@@ -67,7 +67,7 @@ class CircuitBreaker:
             raise ValueError(f"breaker cooldown must be >= 0 rounds (breaker_cooldown), got {cooldown}")
         self.threshold = threshold
         self.cooldown = cooldown
-        self._state = BreakerState.CLOSED
+        self.current = BreakerState.CLOSED  # read by the round every round: an attribute, not a property
         self.consecutive_failures = 0
         self.trips = 0  # times it opened, failed probes included
         self.recoveries = 0  # probes that closed it
@@ -78,17 +78,13 @@ class CircuitBreaker:
     @property
     def state(self) -> str:
         """"closed", "open" or "half_open"."""
-        return self._state.value
-
-    @property
-    def current(self) -> BreakerState:
-        return self._state
+        return self.current.value
 
     def allow(self, now_round: int) -> bool:
         """May round ``now_round`` go out? Open: not until more than ``cooldown`` rounds after the trip (rounds
         trip+1 .. trip+cooldown stay local), then this round is the probe. Half-open: only one probe per
         round (see the module docstring for a probe that never went out)."""
-        s = self._state
+        s = self.current
         if s is BreakerState.CLOSED:
             return True
         if s is BreakerState.OPEN:
@@ -106,12 +102,12 @@ class CircuitBreaker:
 
     def record(self, ok: bool, now_round: int) -> str | None:
         """The outcome of a round that went out. Returns "tripped", "recovered" or None."""
-        if ok and self._state is BreakerState.CLOSED:  # apply(SUCCESS) from CLOSED, without its lookups
+        if ok and self.current is BreakerState.CLOSED:  # apply(SUCCESS) from CLOSED, without its lookups
             self.consecutive_failures = 0
             return None
         if ok:
             ev = BreakerEvent.SUCCESS
-        elif self._state is BreakerState.CLOSED and self.consecutive_failures + 1 >= self.threshold:
+        elif self.current is BreakerState.CLOSED and self.consecutive_failures + 1 >= self.threshold:
             ev = BreakerEvent.FAILURE_AT_THRESHOLD
         else:
             ev = BreakerEvent.FAILURE
@@ -119,11 +115,11 @@ class CircuitBreaker:
 
     def apply(self, event: BreakerEvent, now_round: int) -> str | None:
         """One row of ``TRANSITIONS`` and its bookkeeping; an illegal pair raises and changes nothing."""
-        src = self._state
+        src = self.current
         dst = TRANSITIONS.get((src, event))
         if dst is None:
             raise BreakerError(f"circuit breaker: no transition for {event.value} while {src.value}")
-        self._state = dst
+        self.current = dst
         if event is BreakerEvent.COOLDOWN_OVER:
             self._probe_round = now_round
             self.probes += 1

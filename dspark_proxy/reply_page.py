@@ -38,7 +38,8 @@ class PagePacker:
         self._ok = self.page[L.o_ok:L.o_ok + M]
         self._ids = self.page[L.o_ids:L.o_ids + M * N].reshape(M, N)
         self._conf = self.page[L.o_conf:L.o_conf + M * N].view(np.float32).reshape(M, N)
-        self._ok_rows = self._ids_rows = 0
+        # (public: a fused call that packs the usual round (round_fused.py) reads and sets them too)
+        self.ok_rows = self.ids_rows = 0
         self._no = np.ones(M, dtype=np.bool_)  # scratch: the requests given no drafts
         self._n_out_table = np.asarray(n_out_table, dtype=np.int64)
         self.n_out_table_empty = not n_out_table  # n_out is 0 (all N) for every round
@@ -67,14 +68,14 @@ class PagePacker:
         nd = None
         whole = usable is None and idx is None and n_need == n
         if whole and self.native and native.fastround.pack_whole(
-                b, L.o_ok, L.o_ids, L.o_conf, L.M, self.N, n, cap, self._ok_rows, self._ids_rows, reply.draft_ids,
+                b, L.o_ok, L.o_ids, L.o_conf, L.M, self.N, n, cap, self.ok_rows, self.ids_rows, reply.draft_ids,
                 reply.confidence):  # the slices below in one C call (False: not that round, nothing written)
-            self._ok_rows = self._ids_rows = n
+            self.ok_rows = self.ids_rows = n
             give = None
             n_give = n
         elif whole and (nd := leading_drafts(reply.draft_ids, cap)) is None:  # every request gets all N: slices
-            ok_rows, ids_rows = self._ok_rows, self._ids_rows
-            self._ok_rows = self._ids_rows = n
+            ok_rows, ids_rows = self.ok_rows, self.ids_rows
+            self.ok_rows = self.ids_rows = n
             if ok_rows > n:
                 ok[n:ok_rows] = 0
             if ids_rows > n:
@@ -87,11 +88,11 @@ class PagePacker:
             give = None
             n_give = n
         else:
-            rows = max(self._ids_rows, n)
-            ok[:max(self._ok_rows, n)] = 0
+            rows = max(self.ids_rows, n)
+            ok[:max(self.ok_rows, n)] = 0
             ids[:rows] = -1
             conf[:rows] = 0
-            self._ok_rows = self._ids_rows = n
+            self.ok_rows = self.ids_rows = n
             give = e_need.copy() if usable is None else usable & e_need
             if nd is None:
                 nd = leading_drafts(reply.draft_ids[give], cap)
@@ -137,22 +138,14 @@ class PagePacker:
         b[0] = STATUS_OK if all_ok else STATUS_SOME_FAILED
         return all_ok, e_need, n_e_need
 
-    def rows_written(self) -> tuple[int, int]:
-        """The ok and ids rows an earlier round may have written (the rest are zero)."""
-        return self._ok_rows, self._ids_rows
-
-    def wrote_whole(self, n: int) -> None:
-        """A fused call (round_fused.py) packed the usual round of n requests, as pack's C path does."""
-        self._ok_rows = self._ids_rows = n
-
     def failed(self, n: int) -> None:
         """status ROUND_FAILED, n, and n_drafts 0 for every request: the reader hands the engine its own
         cleared arrays for a failed status, so nothing past the ok words is read (shm_layout.md)."""
         b = self.page
         b[0] = STATUS_ROUND_FAILED
         b[1] = n
-        self._ok[:self._ok_rows] = 0
-        self._ok_rows = 0
+        self._ok[:self.ok_rows] = 0
+        self.ok_rows = 0
 
     def n_out(self, n: int) -> int:
         """The entries' n_out for a round of n requests: the table's entry min(n, len - 1); 0 (an

@@ -135,7 +135,10 @@ class SlotTable:
         # the proxy's table starts unknown (it may meet an engine whose ring is full); the engine side's
         # copy, which is the ring, passes known=True
         self.unknown = np.full(m, not known, dtype=np.bool_)
-        self.n_unknown = 0  # unknown slots with an owner; the hot path tests this count only
+        # n_unknown and _any_unknown (properties below) live in here, where the C advance reads and
+        # writes them: nothing to copy across its call (a hot caller tests counts[0] without the property)
+        self.counts = np.zeros(2, dtype=np.int64)
+        self.n_unknown = 0
         self._any_unknown = not known
         # scratch for validate_round, sized for the largest possible round (each slot at most once)
         self._arange = np.arange(m, dtype=np.int64)
@@ -144,7 +147,6 @@ class SlotTable:
         # `advance` in one C call (_fastround.advance, dspark_proxy/native.py); the methods here are its
         # reference. Its results are views of scratch made once, valid until the next advance.
         self.native = native
-        self._counts = np.zeros(2, dtype=np.int64)  # n_unknown, _any_unknown, across the C call
         self._adv_scratch = tuple(np.zeros(m, dt) for dt in (np.int64, np.bool_, np.bool_, np.bool_, np.int64,
                                                                np.int64))
         self._adv_views: dict[int, tuple[np.ndarray, ...]] = {}
@@ -399,15 +401,31 @@ class SlotTable:
         n_new, n_resync, n_unknown = fastround.advance(held, slots, req_ids, first_pos, valid, self.W)
         return self.native_plan(self.native_views(slots.shape[0]), n_new, n_resync, n_unknown)
 
+    @property
+    def n_unknown(self) -> int:
+        """Unknown slots with an owner; the hot path tests this count only."""
+        return int(self.counts[0])
+
+    @n_unknown.setter
+    def n_unknown(self, v: int) -> None:
+        self.counts[0] = v
+
+    @property
+    def _any_unknown(self) -> bool:
+        """Some slot's range may be unknown (the unknown bookkeeping runs only then)."""
+        return bool(self.counts[1])
+
+    @_any_unknown.setter
+    def _any_unknown(self, v: bool) -> None:
+        self.counts[1] = v
+
     def native_held(self) -> object:
-        """The C advance's Held (the tables, the counts and the scratch) with the counts set for a call:
+        """The C advance's Held (the tables, the counts and the scratch), the same object at every call:
         for _advance_native and the fused calls (round_fused.py)."""
-        c = self._counts
-        c[0], c[1] = self.n_unknown, self._any_unknown
         held = self._held
         if held is None:  # the tables and the scratch, their buffers taken once (_fastround_held.c)
             held = self._held = fastround.Held((self.owner, self.generation, self.lo, self.hi, self.dirty,
-                                                self.announced, self.unknown, c, *self._adv_scratch))
+                                                self.announced, self.unknown, self.counts, *self._adv_scratch))
         return held
 
     def native_views(self, n: int) -> tuple[np.ndarray, ...]:
@@ -425,12 +443,10 @@ class SlotTable:
         plan = self._usual_plans.get(n)
         if plan is None:
             plan = self._usual_plans[n] = self.native_plan(self.native_views(n), 0, 0, 0)
-        self.n_unknown = int(self._counts[0])
         return plan
 
     def native_plan(self, out: tuple[np.ndarray, ...], n_new: int, n_resync: int, n_unknown: int) -> Advance:
-        """After a C advance: the table's n_unknown back from the counts, and the plan over `out`."""
-        self.n_unknown = int(self._counts[0])
+        """After a C advance: the plan over `out`."""
         anchor, new_owner, new_gen, resync, held_first, held_rows = out
         return Advance(anchor, new_owner, n_new, new_gen, resync, n_resync, held_first, held_rows, n_unknown)
 

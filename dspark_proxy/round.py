@@ -79,6 +79,7 @@ assert wire.RS_OK == 0  # "every request OK" is then one count_nonzero of the st
 # stats keys, built once rather than formatted every round
 _STATUS_KEYS = tuple(f"req_status_{wire.REQ_STATUS_NAMES.get(c, str(c))}" for c in range(wire.RS_MAX + 1))
 _STATUS_OK_KEY = _STATUS_KEYS[wire.RS_OK]
+_USUAL_KEYS = ("rows_sent", _STATUS_OK_KEY, "rounds_ok")  # what a usual round adds, in one call (_usual)
 _ROUNDS_KEY = {ph: f"rounds_{ph}" for ph in PHASES}
 _ENTRIES_AT = wire.APP_HEADER_SIZE + wire.STEP_HDR_SIZE  # the entries' offset in a STEP prefix (FORMAT.md)
 _ENTRY_SIZE = wire.ENTRY_SIZE
@@ -127,6 +128,7 @@ class RoundCore(LateRounds):
         self.want_resync = self.resync.want  # slots whose ring window we asked for
         self.ring_rows = RingRows(seg, self.native)  # the engine's shared ring, once it names one
         self._shared: bool | None = None  # rows from the shared ring (True) or the staging; None: not yet read
+        self._gather_arg: tuple | None = None  # RingRows.c_gather once the ring is open (round_fused.py's gather)
         self._last_epoch: int | None = None
         self.packer = PagePacker(self.lay.reply, self.N, settings.n_out_table, self.native)  # the reply page
         self.page = self.packer.page
@@ -141,7 +143,10 @@ class RoundCore(LateRounds):
         # the C path's usual round in fewer calls (round_fused.py); None on the reference path
         self.fused = FusedRound(self.slots, self.accept, self.packer, self.N, self.W) if self.native else None
         # what every round asks, bound once per incarnation (round.py, "Cost")
-        self._taken, self._consumed, self._publish = self.flags.taken, self.flags.reply_consumed, self.flags.publish
+        # the claimed and consumed words' loads (flags.taken and reply_consumed, without their Python call)
+        self._claimed = functools.partial(hf.load, seg.mm, self.lay.word_off(Word.CLAIMED))
+        self._consumed = functools.partial(hf.load, seg.mm, self.lay.word_off(Word.CONSUMED))
+        self._publish = self.flags.publish
         self._gathered_ns = functools.partial(hf.load, seg.mm, self._gathered_ns_off)
         self._decode_q = self.N + 1  # a longer query than this makes the round a prefill one
         self._fixed_timeout_s, self._min_timeout_s = settings.step_timeout_s, settings.min_step_timeout_s
@@ -155,21 +160,25 @@ class RoundCore(LateRounds):
         t0 = _clock()
         self.rounds = t
         self._rtt_us = -1.0  # set by a round that got its STEP's reply
-        if self._taken(t):
+        if self._claimed() >= t:  # taken
             self._skip_taken(t, waited_us)
             self.lat.skipped((_clock() - t0) * 1e6)
             return
         phase = "unknown"
         self._advanced = False
         try:
+            if self._shared is None:  # the engine named its ring (or none) before `attached`
+                self._shared = self.ring_rows.open()
+                self._gather_arg = self.ring_rows.c_gather if self._shared else None
             if self.fused is not None:  # the C path: as much of the usual round's front as fits, one call
                 n, pre = self._front(t)
             else:
                 n, pre = self.desc.read(t), None
             phase = "prefill" if self.desc.max_q > self._decode_q else "decode"  # (_phase, inline)
-            if self._shared is None:  # the engine named its ring (or none) before `attached`
-                self._shared = self.ring_rows.open()
-            self._run(t, n, phase, pre)
+            if pre is not None and pre[3] == 3:  # _front found the usual round and built its entries
+                self._usual(t, n, phase, pre)
+            else:
+                self._run(t, n, phase, pre)
         except BadDescriptor as e:
             self.stats.inc("fallback_bad_descriptor")
             self.stats.inc("rounds_failed")
@@ -184,7 +193,7 @@ class RoundCore(LateRounds):
                 self.slots.restart(np.arange(self.M))
             self.packer.failed(self.desc.n_of(t))
             _ROUND_ERRORS.exception(log, "[round] t=%d failed", t)
-        if not self._consumed(t - 1):
+        if self._consumed() < t - 1:
             raise RuntimeError(f"round {t}: the engine has not consumed round {t - 1}'s reply "
                                f"(words {self.flags.values()})")
         if not self._publish(t, self.page):
@@ -211,7 +220,7 @@ class RoundCore(LateRounds):
             and self._no_n_out and (not self._gate_on or (g.n_paused == 0 and g.n_probing == 0 and
                                                           g.b_state != PAUSED and t < g.next_tick and g.b_left > 1))
         n, plan, stage = self.fused.front(t, self.seg, self.desc, go, fill, self._prefix, _ENTRIES_AT, _ENTRY_SIZE,
-                                          self._entry_offs, self.ring_rows.c_gather if self._shared else None)
+                                          self._entry_offs, self._gather_arg)
         self._advanced = stage > 0  # round t's rows reached the ring model (an error past here keeps it)
         return n, (epoch, moved, plan, stage)
 
@@ -246,70 +255,61 @@ class RoundCore(LateRounds):
             # the engine's windows of slots whose range we do not know: take the engine's range
             w_of = self.resync.staged_windows(t)[slots]
             plan = self.resync.adopt(t, slots, plan, w_of)
-        if stage == 3:  # _front built the entries of a round it found usual (what steps 3-5 below check)
+        # 3. breaker
+        if not self.breaker.allow(t):
+            return self._fail(slots, n, "cooldown")
+        if epoch is None:
+            return self._fail(slots, n, "disabled" if self.client.disabled else "not_ready")
+        # 4-5. entries and rows
+        staged = v.staged
+        if plan.n_resync or d.n_staged or plan.n_unknown:
+            have_win, pending, n_pending, idx, w_of = self.resync.entries(t, n, slots, plan, w_of)
+        else:
+            # no window needed or staged (the usual round): the requests with staged rows have entries
+            have_win, pending, n_pending = None, None, 0
+            if d.n_misfit:
+                st.inc("requests_not_staged", d.n_misfit)
             if self.win.asked:
                 self.resync.ask(t, None)
-            have_win = pending = idx = None
-            n_pending, sel, e_rows, n_rows, e_slots, k, n_out = 0, slice(None), valid, d.rows_staged, slots, n, 0
-            ent, need = self._prefix.entries(n), v.need
+            # staged is valid or 0 (checked): fits and has rows
+            k = self.fused.k_staged if stage else int(np.count_nonzero(staged))
+            idx = None if k == n else np.flatnonzero(staged)
+        # sel picks the requests with an entry: all of them (a slice: views, no gathers) or idx
+        sel = slice(None) if idx is None else idx
+        if have_win is None:
+            e_rows, n_rows = valid[sel], d.rows_staged
         else:
-            # 3. breaker
-            if not self.breaker.allow(t):
-                return self._fail(slots, n, "cooldown")
-            if epoch is None:
-                return self._fail(slots, n, "disabled" if self.client.disabled else "not_ready")
-            # 4-5. entries and rows
-            staged = v.staged
-            if plan.n_resync or d.n_staged or plan.n_unknown:
-                have_win, pending, n_pending, idx, w_of = self.resync.entries(t, n, slots, plan, w_of)
-            else:
-                # no window needed or staged (the usual round): the requests with staged rows have entries
-                have_win, pending, n_pending = None, None, 0
-                if d.n_misfit:
-                    st.inc("requests_not_staged", d.n_misfit)
-                if self.win.asked:
-                    self.resync.ask(t, None)
-                # staged is valid or 0 (checked): fits and has rows
-                k = self.fused.k_staged if stage else int(np.count_nonzero(staged))
-                idx = None if k == n else np.flatnonzero(staged)
-            # sel picks the requests with an entry: all of them (a slice: views, no gathers) or idx
-            sel = slice(None) if idx is None else idx
-            if have_win is None:
-                e_rows, n_rows = valid[sel], d.rows_staged
-            else:
-                e_rows = np.where(have_win, plan.held_rows, valid)[sel]
-                n_rows = int(e_rows.sum())
-            if pacer.row_cap and pacer.over_cap(n_rows, e_rows.shape[0]):
-                idx, n_rows = self._within_cap(idx, n, e_rows)
-                sel = idx
-                e_rows = e_rows[:idx.shape[0]]
-            e_slots = slots[sel]
-            k = int(e_slots.shape[0])
-            if k == 0:
-                return self._fail(slots, n, "no_rows")
-            ent = self._prefix.entries(k)
-            need = v.need if stage else np.not_equal(v.need_raw, 0, out=v.need)  # _front wrote it from stage 1
-            self.accept.mask(slots, need)  # paused by the acceptance gate: rows sent, no drafts asked
-            n_out = self.packer.n_out(n)
-            if have_win is None and self.native:  # the usual round's entries in one C call (its reference: below)
-                self._fill_entries(idx, slots, valid, first_pos, plan, v.need_u8, n_out)
-            else:
-                flags = v.need_u8 | (plan.new_gen.view(np.uint8) << 1)  # RF_NEED_DRAFT | RF_NEW_GEN
-                if have_win is not None:
-                    flags |= have_win.view(np.uint8) << 2  # RF_RESYNC
-                e_first = first_pos[sel] if have_win is None else np.where(have_win, plan.held_first, first_pos)[sel]
-                ent["slot"] = e_slots
-                ent["n_rows"] = e_rows
-                ent["generation"] = self.slots.generation[e_slots]
-                ent["first_pos"] = e_first
-                ent["anchor_pos"] = plan.anchor_pos[sel]
-                ent["anchor_token"] = v.anchor[sel]
-                ent["flags"] = flags[sel]
-                ent["k_window"] = np.minimum(v.k_window[sel], 255)
-                ent["n_out"] = n_out
-        if self._shared and stage == 3 and self.fused.n_gathered >= 0:  # _front gathered them from the ring too
-            rows = self.ring_rows.gathered(self.fused.n_gathered)
-        elif self._shared:  # straight from the engine's ring: the rows were written once, there
+            e_rows = np.where(have_win, plan.held_rows, valid)[sel]
+            n_rows = int(e_rows.sum())
+        if pacer.row_cap and pacer.over_cap(n_rows, e_rows.shape[0]):
+            idx, n_rows = self._within_cap(idx, n, e_rows)
+            sel = idx
+            e_rows = e_rows[:idx.shape[0]]
+        e_slots = slots[sel]
+        k = int(e_slots.shape[0])
+        if k == 0:
+            return self._fail(slots, n, "no_rows")
+        ent = self._prefix.entries(k)
+        need = v.need if stage else np.not_equal(v.need_raw, 0, out=v.need)  # _front wrote it from stage 1
+        self.accept.mask(slots, need)  # paused by the acceptance gate: rows sent, no drafts asked
+        n_out = self.packer.n_out(n)
+        if have_win is None and self.native:  # the usual round's entries in one C call (its reference: below)
+            self._fill_entries(idx, slots, valid, first_pos, plan, v.need_u8, n_out)
+        else:
+            flags = v.need_u8 | (plan.new_gen.view(np.uint8) << 1)  # RF_NEED_DRAFT | RF_NEW_GEN
+            if have_win is not None:
+                flags |= have_win.view(np.uint8) << 2  # RF_RESYNC
+            e_first = first_pos[sel] if have_win is None else np.where(have_win, plan.held_first, first_pos)[sel]
+            ent["slot"] = e_slots
+            ent["n_rows"] = e_rows
+            ent["generation"] = self.slots.generation[e_slots]
+            ent["first_pos"] = e_first
+            ent["anchor_pos"] = plan.anchor_pos[sel]
+            ent["anchor_token"] = v.anchor[sel]
+            ent["flags"] = flags[sel]
+            ent["k_window"] = np.minimum(v.k_window[sel], 255)
+            ent["n_out"] = n_out
+        if self._shared:  # straight from the engine's ring: the rows were written once, there
             e_first = first_pos[sel] if have_win is None else np.where(have_win, plan.held_first, first_pos)[sel]
             rows = self.ring_rows.views(e_slots, e_first, e_rows)
             if have_win is not None and np.count_nonzero(have_win):
@@ -323,19 +323,66 @@ class RoundCore(LateRounds):
                 st.inc("resync_rounds")
                 st.inc("resync_rows", int(e_rows[have_win[sel]].sum()))
         sample_meta = None
-        step_flags = self._step_flags
         if self.sampled:
             sample_meta = self._prefix.sample(k)
             sample_meta["seed"] = v.seed[sel]
             sample_meta["temperature"] = v.temperature[sel]
-        # 6. preempted: the watchdog completed t while we built it; the staging may be refilling
-        if self._taken(t):
-            return self._fail(slots, n, "preempted")
-        # 7. STEP
+        # 6-7. preempted? then the STEP
+        reply = self._step(t, n, slots, ent, n_rows, rows, sample_meta, epoch, n_out)
+        if reply is not None:  # 8. accept
+            st.inc("rows_sent", n_rows)
+            self._accept(t, n, idx, e_slots, slots, plan, need, pending if n_pending else None, reply, n_out)
+
+    def _usual(self, t: int, n: int, phase: str, pre: tuple) -> None:
+        """Steps 2-8 of a round `_front` took to stage 3: it found the usual round (the connection's
+        epoch, no moved slot, a closed breaker, no row cap, no n_out table, a gate that masks nothing, no
+        window to resync, staged or of unknown range, every request with rows) and built its entries.
+        What _run checks for that round is known, so this is its path with nothing left to decide, in as
+        few Python calls as it takes: the round after an engine's forward runs with cold caches, where
+        each call costs a few µs (README, "Native hot paths")."""
+        st, fused, v = self.stats, self.fused, self.desc.v
+        st.inc(_ROUNDS_KEY[phase])
+        plan, slots, n_rows = pre[2], v.slots, self.desc.rows_staged
+        self._advanced = True
+        if plan.n_new_owner:
+            self.want_resync[slots[plan.new_owner]] = False
+        if self.win.asked:
+            self.resync.ask(t, None)
+        if not self._shared:
+            rows = [self.seg.staging[:n_rows]]  # the entries' rows: a prefix of the staging
+        elif fused.n_gathered >= 0:  # _front gathered them from the engine's ring too (RingRows.gathered, inline)
+            rows = [self._gather_arg[1][:fused.n_gathered]]
+        else:
+            rows = self.ring_rows.views(slots, v.first, v.valid)
+        sample_meta = None
+        if self.sampled:
+            sample_meta = self._prefix.sample(n)
+            sample_meta["seed"] = v.seed
+            sample_meta["temperature"] = v.temperature
+        reply = self._step(t, n, slots, self._prefix.entries(n), n_rows, rows, sample_meta, pre[0], 0)
+        if reply is None:
+            return
+        if fused.finish(n, slots, v.need, reply, self.N):  # _accept's usual round, inline
+            st.inc_each(_USUAL_KEYS, (n_rows, n, 1))
+            if self.breaker.consecutive_failures:  # (closed: _front checked)
+                self._breaker_record(t, True, "every request failed")
+        else:
+            st.inc("rows_sent", n_rows)
+            self._accept(t, n, None, slots, slots, plan, v.need, None, reply, 0)
+
+    def _step(self, t: int, n: int, slots: np.ndarray, ent: np.ndarray, n_rows: int, rows: list,
+              sample_meta: np.ndarray | None, epoch: int, n_out: int) -> StepReply | None:
+        """Steps 6 and 7: the round's STEP unless the watchdog completed t while we built it (the staging
+        may be refilling), and what its outcome teaches the link's pacing and the breaker. None: the
+        round failed (and is marked so); else the reply to accept."""
+        if self._claimed() >= t:
+            self._fail(slots, n, "preempted")
+            return None
+        pacer = self.pacer
         timeout_s = self._fixed_timeout_s  # (else what is left of the deadline since `gathered`, at least the minimum)
         if timeout_s is None:
             timeout_s = max(self._min_timeout_s, (self._gathered_ns() + self.deadline_ns - hf.monotonic_ns()) / 1e9)
-        out = self.client.step(self._prefix, ent, n_rows, step_id=t, step_flags=step_flags, epoch=epoch,
+        out = self.client.step(self._prefix, ent, n_rows, step_id=t, step_flags=self._step_flags, epoch=epoch,
                                rows=rows, sample_meta=sample_meta, timeout_s=timeout_s)
         if not out.ok:
             reason = out.reason or "unknown"
@@ -343,15 +390,14 @@ class RoundCore(LateRounds):
                 pacer.on_timeout(n_rows, timeout_s * 1e6)
             if reason not in ("not_ready", "disabled", "reconnected"):
                 self._breaker_record(t, False, reason)
-            return self._fail(slots, n, reason)
+            self._fail(slots, n, reason)
+            return None
         self._rtt_us, self._worker_us = out.rtt_us, out.reply.worker_us  # observed at the round's end
-        st.inc("rows_sent", n_rows)
         if n_rows >= pacer.min_rows:  # (a smaller STEP says nothing about the link: on_reply would return)
             pacer.on_reply(n_rows, out.rtt_us)
         if n_out:
-            st.inc("rounds_n_out_cut")
-        # 8. accept
-        self._accept(t, n, idx, e_slots, slots, plan, need, pending if n_pending else None, out.reply, n_out)
+            self.stats.inc("rounds_n_out_cut")
+        return out.reply
 
     def _fill_entries(self, idx: np.ndarray | None, slots: np.ndarray, valid: np.ndarray, first_pos: np.ndarray,
                       plan: Advance, need_u8: np.ndarray, n_out: int) -> None:

@@ -51,6 +51,7 @@ class FusedRound:
         self._can_finish = not L.sampled  # a sampled page has sections pack_whole does not write
         self._fin_held: Any = None
         self._front_fixed: tuple | None = None
+        self._usual_plans: dict[int, Advance] = {}  # SlotTable.native_plan_of's usual plans, by n
         self.fronts = [0, 0, 0, 0]  # rounds by the stage their front reached (tests read them)
         self.advanced = self.finished = 0  # rounds that took each fused call (tests read them)
         self.k_staged = 0  # the last front's requests with staged rows (stage >= 1)
@@ -63,26 +64,31 @@ class FusedRound:
         stage). `gather`: (ring, out, row_bytes) of the engine's shared ring (RingRows.c_gather): at stage 3
         the entries' rows are gathered into `out` too, `n_gathered` of them (-1: not gathered)."""
         acc, tab = self.accept, self.table
-        g = acc.gate
+        g = acc.gate  # (acc.sums_may_fuse(t), inline below: a call less in every round)
         fixed = self._front_fixed
         if fixed is None:  # what every call passes the same: the reader's copies, scratch, sizes and slots'
-            # offsets, the entries' offsets, the acceptance sums' arrays
+            # offsets, the entries' offsets, the acceptance sums' arrays, the ring model's tables
             fixed = self._front_fixed = (fastround.Held((*reader.front_arrays(), eoffs)), reader.M, reader.W, reader.R,
                                          reader.max_rows, tuple(reader.offsets(i) for i in range(META_SLOTS)),
-                                         acc.native_held())
-        held, M, W, R, max_rows, offs, held_acc = fixed
+                                         acc.native_held(), tab.native_held())
+        held, M, W, R, max_rows, offs, held_acc, held_tab = fixed
         desc_off, meta_off = offs[t % META_SLOTS]
         ring, out, B = gather or _NO_GATHER
         (code, n, max_q, rows, n_staged, n_misfit, stage, self.k_staged, n_new, n_resync, n_unknown, n_ver, tokens,
          n_ready, self.n_gathered) = fastround.round_front(seg.mm, desc_off, meta_off, held, t, M, W, R, max_rows,
-                                                           tab.native_held(), held_acc, self.N, g.on,
-                                                           g.n_probing > 0, acc.sums_may_fuse(t), go, fill, prefix,
+                                                           held_tab, held_acc, self.N, g.on,
+                                                           g.n_probing > 0, not (g.on and g.n_paused and t >= g.next_wake),
+                                                           go, fill, prefix,
                                                            ent_off, ent_size, ring, out, B)
         self.fronts[stage] += 1
         n = reader.read_done(t, code, n, max_q, rows, n_staged, n_misfit)
         if stage == 0:
             return n, None, 0
-        plan = tab.native_plan_of(n, n_new, n_resync, n_unknown)
+        plan = self._usual_plans.get(n) if not (n_new or n_resync or n_unknown) else None
+        if plan is None:  # (the usual round's plan is the same object every time: the table's, kept here too)
+            plan = tab.native_plan_of(n, n_new, n_resync, n_unknown)
+            if not (n_new or n_resync or n_unknown):
+                self._usual_plans[n] = plan
         if stage >= 2:
             acc.summed(t, n_ver, tokens, n_ready)
         else:
@@ -114,11 +120,10 @@ class FusedRound:
         if held is None:
             held = self._fin_held = fastround.Held((self.table.announced, self.table.dirty, self.packer.page))
         p = self.packer
-        ok_rows, ids_rows = p.rows_written()
         o_ok, o_ids, o_conf, M, N = self._page_args
         if not fastround.finish_whole(held, e_slots, reply.status, need, reply.draft_ids, reply.confidence, o_ok, o_ids,
-                                      o_conf, M, N, cap, ok_rows, ids_rows, STATUS_OK):
+                                      o_conf, M, N, cap, p.ok_rows, p.ids_rows, STATUS_OK):
             return False
-        p.wrote_whole(n)
+        p.ok_rows = p.ids_rows = n  # packed as pack's C path packs the usual round
         self.finished += 1
         return True

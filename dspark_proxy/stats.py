@@ -225,6 +225,12 @@ class Stats:
         c = self._counters
         c[key] = c.get(key, 0) + n
 
+    def inc_each(self, keys: tuple[str, ...], ns: tuple[int, ...]) -> None:
+        """inc(key, n) for each pair, in one call: the usual round's counters (round.py)."""
+        c = self._counters
+        for key, n in zip(keys, ns, strict=True):
+            c[key] = c.get(key, 0) + n
+
     def set(self, key: str, value: Any) -> None:
         """Store a gauge. The value is kept by reference: pass a fresh or immutable one (``list(events)``)."""
         self._gauges[key] = value

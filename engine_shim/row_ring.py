@@ -85,7 +85,7 @@ class EngineRing:
         slots = np.asarray(slots, dtype=np.int64)
         first_pos = np.asarray(first_pos, dtype=np.int64)
         valid = np.asarray(valid, dtype=np.int64)
-        if self.native and not self.table.n_unknown:  # the engine's table is known=True: always
+        if self.native and not self.table.counts[0]:  # (n_unknown) the engine's table is known=True: always
             return self._write_native(slots, req_ids, first_pos, valid, rows)
         W = self.W
         sent = np.maximum(valid, 0)
@@ -119,7 +119,7 @@ class EngineRing:
                       rows: np.ndarray) -> None:
         """``write`` for the shim's round, whose arrays EnqueueInputs has made C-contiguous int64 (rows
         uint8 [total, row_bytes]): on the C path one ring_write with no conversion (nor anchors)."""
-        if self.native and not self.table.n_unknown:
+        if self.native and not self.table.counts[0]:  # (n_unknown)
             held = self._held if self._held is not None else self._hold()
             native.fastround.ring_write(held, self._ring_u8, slots, req_ids, first_pos, valid, rows, self.W,
                                         self.row_bytes)

@@ -142,13 +142,13 @@ def test_the_usual_round_is_packed_by_the_c_path():
              "need": [True] * M, "k_window": [N] * M}
         for t in range(1, 5):
             b, _ = drv.batch(dict(r, n=M - t))  # a shrinking batch: rows beyond n are cleared
-            rr = nat.core.ring_rows
-            full = rr.c_gather
+            core = nat.core  # (the round binds its ring's c_gather once it has opened the ring: round 1)
+            full = core._gather_arg
             if t == 4:  # a gather the front refuses (too small a buffer): the round's own ring_gather sends
-                rr.c_gather = (full[0], full[1][:1], full[2])
+                core._gather_arg = (full[0], full[1][:1], full[2])
             assert _one(ref, t, b, "none") == _one(nat, t, b, "none")
             if t == 4:
-                rr.c_gather = full
+                core._gather_arg = full
             # from round 2 the front also gathers the rows from the engine's shared ring (the rows
             # sent, in _state's "client", are the reference's own gather)
             assert nat.core._shared and nat.core.fused.n_gathered == (-1 if t in (1, 4) else M - t), t

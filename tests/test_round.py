@@ -96,16 +96,16 @@ def test_fallback_preempted(rig):
     b = rig.batch([(1, 0, 2)])
     rig.t += 1
     rig.shim.enqueue(rig.t, **b)
-    orig = rig.core._taken  # the round binds flags.taken once (round.py)
+    orig = rig.core._claimed  # the round binds the claimed word's load once (round.py)
     calls = {"n": 0}
 
-    def taken(t):  # first look (late skip) says no; the pre-STEP look says yes
+    def claimed():  # first look (late skip) says no; the pre-STEP look says yes
         calls["n"] += 1
         if calls["n"] == 2:
-            assert flags.fail(t, 1) == 1
-        return orig(t)
+            assert flags.fail(rig.t, 1) == 1
+        return orig()
 
-    rig.core._taken = taken
+    rig.core._claimed = claimed
     rig.core.handle(rig.t, 0.0)
     reply = rig.shim.read_reply(rig.t)
     assert reply.status == STATUS_ROUND_FAILED
