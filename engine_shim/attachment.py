@@ -32,12 +32,12 @@ __all__ = ["Attachment", "reply_spin", "ENV_REPLY_SPIN_US"]
 log = logging.getLogger("engine_shim.shim")  # the shim's one logger: attach lines read as the shim's
 
 ENV_REPLY_SPIN_US = "DSPARK_PROXY_REPLY_SPIN_US"
-REPLY_SPIN_US = 50.0  # AdaptiveSpin's own bound
+REPLY_SPIN_US = 100.0  # AdaptiveSpin's own bound
 
 
 def reply_spin(peer_pid: int) -> AdaptiveSpin:
     """How long `read_reply` may spin for the reply before it sleeps in the futex: up to
-    DSPARK_PROXY_REPLY_SPIN_US (default 50), learned from the recent waits (AdaptiveSpin). An engine
+    DSPARK_PROXY_REPLY_SPIN_US (default 100), learned from when recent replies came (AdaptiveSpin). An engine
     whose thread has nothing else to do while its drafts come (its own CPU, as vLLM's demo placement
     gives it) can spin through the proxy's whole round: a sleeping vCPU took ~130 us to wake here
     (README, "Keeping the proxy's CPUs awake"). Never when engine and proxy share one CPU."""

@@ -107,6 +107,7 @@ def run_child(code: str, timeout_s: float = 20.0, env: dict | None = None) -> su
 def test_module_constants_match_the_layout():
     assert hf.WORD_STRIDE == 128 and hf.SLEEPERS_OFF == 8
     assert (hf.GATHERED, hf.CLAIMED, hf.PUBLISHED, hf.CONSUMED, hf.N_ROUND_WORDS) == (0, 1, 2, 3, 4)
+    assert hf.PUBLISHED_NS == Word.PUBLISHED_NS == Word.COUNT - 1 == 15
     assert hf.ROUND_FAILED == STATUS_ROUND_FAILED
     assert abs(hf.monotonic_ns() - time.monotonic_ns()) < 50_000_000  # the same clock (CLOCK_MONOTONIC)
 
@@ -247,6 +248,18 @@ def test_publish_won_lost_out_of_order(mm):
     assert (pg == 22).all() and (hf.load(mm, C), hf.load(mm, P)) == (2, 2)
     with pytest.raises(ValueError, match="rounds start at 1"):
         hf.publish(mm, WORDS, PAGE_OFF, 0, filled(1))
+
+
+def test_publish_stamps_when_its_reply_came(mm):
+    """The winner stamps PUBLISHED_NS (CLOCK_MONOTONIC, after its copy): the engine's spin learns from it
+    (AdaptiveSpin). A publish that loses its claim stamps nothing."""
+    stamp = hf.PUBLISHED_NS * STRIDE
+    t0 = hf.monotonic_ns()
+    assert hf.publish(mm, WORDS, PAGE_OFF, 1, filled(11)) == 1
+    first = hf.load(mm, stamp)
+    assert t0 <= first <= hf.monotonic_ns()
+    assert hf.publish(mm, WORDS, PAGE_OFF, 1, filled(99)) == 0
+    assert hf.load(mm, stamp) == first
 
 
 def test_fail_round_writes_a_failed_page(mm):
@@ -723,6 +736,39 @@ def test_adaptive_spin(monkeypatch):
     assert (one.max_ns, one.min_ns, one.spin_ns) == (0, 0, 0)
     one.update(100, True)
     assert one.spin_ns == 0
+
+
+@pytest.mark.parametrize("side", ["proxy", "engine"])
+@pytest.mark.parametrize("stamped", [True, False])
+def test_the_spin_learns_when_the_answer_came_not_when_the_wait_woke(seg, monkeypatch, side, stamped):
+    """A wait that slept returns at its wake-up, tens of µs after the answer came in a VM (README,
+    "Keeping the proxy's CPUs awake"): counted so, an answer that comes 10 µs into every wait keeps the
+    spin at zero, and both sides then sleep and wake each other every round. The writers' stamps say
+    when it came (gathered_ns before `gathered`, published_ns in publish), and the spin grows to twice
+    that. A stamp older than the wait (an earlier round's, or no writer stamped) is not trusted: the
+    wait's own length counts, as before."""
+    flags = HostFlags(seg)
+    if flags.spin.max_ns == 0:
+        pytest.skip("one core: no spin at all")
+    flags.spin.spin_ns = 0
+    word = Word.GATHERED_NS if side == "proxy" else Word.PUBLISHED_NS
+    off = seg.layout.word_off(word)
+
+    def slept(*args):  # the answer (stamp, then the word) 10 µs into the wait; the wake-up 3 ms later
+        hf.store(seg.mm, off, hf.monotonic_ns() + 10_000 if stamped else 1)
+        time.sleep(0.003)
+        return True if side == "proxy" else WAIT_PUBLISHED
+
+    if side == "proxy":
+        monkeypatch.setattr(hf, "wait_ge", slept)
+        assert flags.wait_gathered(1, 1.0)
+    else:
+        monkeypatch.setattr(hf, "wait_or_fail", slept)
+        assert flags.wait_or_fail(1, 1, hf.monotonic_ns() + 10**9) == WAIT_PUBLISHED
+    if stamped:
+        assert 20_000 <= flags.spin.spin_ns < 60_000, flags.spin.spin_ns
+    else:
+        assert flags.spin.spin_ns == 0  # 3 ms: a slow answer
 
 
 def test_spin_useful_looks_at_both_processes():

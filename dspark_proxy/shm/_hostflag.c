@@ -63,6 +63,7 @@ enum {
     W_PUBLISHED = 2,
     W_CONSUMED = 3,
     N_ROUND_WORDS = 4,
+    W_PUBLISHED_NS = 15, /* publish's clock stamp (layout.py Word.PUBLISHED_NS; shm_layout.md section 2) */
 };
 #define WORD_STRIDE 128   /* one word per false-sharing range (two 64-byte lines on x86 and Neoverse) */
 #define SLEEPERS_OFF 8    /* the sleepers count shares its word's line */
@@ -295,7 +296,9 @@ static void write_failed_page(char *page, Py_ssize_t zero_bytes, int32_t n) {
     p[1] = n;
 }
 
-/* publish(buf, words_off, page_off, t, src) -> 1 won / 0 lost / -1 out of order */
+/* publish(buf, words_off, page_off, t, src) -> 1 won / 0 lost / -1 out of order
+ * The winner also stamps PUBLISHED_NS (CLOCK_MONOTONIC after its copy), so the engine's spin learns
+ * when the reply came rather than when its own wait returned (hostflag.py AdaptiveSpin). */
 static PyObject *hf_publish(PyObject *mod, PyObject *args) {
     Py_buffer b, src;
     Py_ssize_t words_off, page_off;
@@ -308,16 +311,20 @@ static PyObject *hf_publish(PyObject *mod, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "rounds start at 1");
         goto done;
     }
-    if (check_words(&b, words_off) < 0 || check_range(&b, page_off, src.len, 64) < 0)
+    if (check_range(&b, words_off, (Py_ssize_t)(W_PUBLISHED_NS + 1) * WORD_STRIDE, 64) < 0 ||
+        check_range(&b, page_off, src.len, 64) < 0)
         goto done;
     char *base = (char *)b.buf;
     _Atomic uint64_t *claimed = word_at(base, words_off + W_CLAIMED * WORD_STRIDE);
     _Atomic uint64_t *published = word_at(base, words_off + W_PUBLISHED * WORD_STRIDE);
+    _Atomic uint64_t *stamp = word_at(base, words_off + W_PUBLISHED_NS * WORD_STRIDE);
     int won;
     Py_BEGIN_ALLOW_THREADS
     won = claim(claimed, (uint64_t)t);
     if (won == 1) {
         memcpy(base + page_off, src.buf, (size_t)src.len);
+        /* relaxed: the release of published below orders it; the engine loads it after its acquire */
+        atomic_store_explicit(stamp, (uint64_t)now_ns(), memory_order_relaxed);
         /* release: pairs with the acquire load of published in read_page / wait_ge */
         raise_to(published, (uint64_t)t);
         atomic_thread_fence(memory_order_seq_cst);
@@ -1069,6 +1076,7 @@ static int hf_exec(PyObject *m) {
         PyModule_AddIntConstant(m, "CLAIMED", W_CLAIMED) < 0 ||
         PyModule_AddIntConstant(m, "PUBLISHED", W_PUBLISHED) < 0 ||
         PyModule_AddIntConstant(m, "CONSUMED", W_CONSUMED) < 0 ||
+        PyModule_AddIntConstant(m, "PUBLISHED_NS", W_PUBLISHED_NS) < 0 ||
         PyModule_AddIntConstant(m, "N_ROUND_WORDS", N_ROUND_WORDS) < 0 ||
         PyModule_AddIntConstant(m, "ROUND_FAILED", ROUND_FAILED) < 0 ||
         PyModule_AddIntConstant(m, "SLEEPERS_OFF", SLEEPERS_OFF) < 0 ||

@@ -77,10 +77,12 @@ class AdaptiveSpin:
     costs tens of µs to wake. But a spin that never succeeds only burns a core (and on one shared
     core it delays the very process we wait for). So: grow the spin towards twice the waits that
     were satisfied quickly, halve it after each wait that had to sleep, never above `max_ns`, and
-    not at all when this process and its peer can only share one core (`spin_useful`).
+    not at all when this process and its peer can only share one core (`spin_useful`). A wait's
+    length is best measured to when the answer came, where the caller knows it (`wait_gathered`):
+    a wait that slept otherwise counts its own wake-up too.
     """
 
-    def __init__(self, max_ns: int = 50_000, min_ns: int = 0, peer_pid: int | None = None) -> None:
+    def __init__(self, max_ns: int = 100_000, min_ns: int = 0, peer_pid: int | None = None) -> None:
         self.max_ns = max_ns if spin_useful(peer_pid) else 0
         self.min_ns = min(min_ns, self.max_ns)
         self.spin_ns = self.max_ns
@@ -127,8 +129,25 @@ class HostFlags:
     # ------------------------------------------------------------------ proxy side
 
     def wait_gathered(self, t: int, timeout_s: float) -> bool:
-        """True once the engine finished round t's gather (acquire: its staging is visible)."""
-        return self._wait_ge(Word.GATHERED, t, timeout_s)
+        """True once the engine finished round t's gather (acquire: its staging is visible). The spin
+        learns from when the round came (`gathered_ns`, stamped by the engine just before `gathered`),
+        not from when this wait returned: after a sleep that includes the wake, tens of µs in a VM, which
+        would keep the spin at zero for an engine whose rounds come back to back (AdaptiveSpin)."""
+        t0 = _hostflag.monotonic_ns()
+        ok = _hostflag.wait_ge(self.mm, self._off[Word.GATHERED], t, timeout_s, self.spin.spin_ns)
+        self.spin.update(self._came(Word.GATHERED_NS, t0, ok), ok)
+        return ok
+
+    def _came(self, stamp_word: int, t0: int, ok: bool) -> int:
+        """How long after t0 the awaited word moved: its writer's stamp, taken just before the store,
+        when the wait succeeded and the stamp is not older than t0 (an older one is an earlier round's:
+        a writer that does not stamp, or an answer that was there before the wait); else the wait."""
+        now = _hostflag.monotonic_ns()
+        if ok:
+            stamp = _hostflag.load(self.mm, self._off[stamp_word])
+            if t0 <= stamp <= now:
+                return stamp - t0
+        return now - t0
 
     def taken(self, t: int) -> bool:
         """Round t already claimed (by the watchdog, a fail_all, or us)."""
@@ -175,7 +194,8 @@ class HostFlags:
         t0 = _hostflag.monotonic_ns()
         r = _hostflag.wait_or_fail(self.mm, self.words_off, self.page_off, self.zero_bytes, t, n,
                                    deadline_ns, self.spin.spin_ns)
-        self.spin.update(_hostflag.monotonic_ns() - t0, r == WAIT_PUBLISHED)
+        ok = r == WAIT_PUBLISHED
+        self.spin.update(self._came(Word.PUBLISHED_NS, t0, ok), ok)  # (the proxy's publish stamps it)
         return r
 
     def wait_published(self, t: int, timeout_s: float) -> bool:

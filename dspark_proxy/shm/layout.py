@@ -62,15 +62,16 @@ class Word:
     SHIM_STATS_SEQ = 12  # engine: seqlock sequence of the shim stats block
     PROXY_ROUND = 13  # proxy: the round it is working on (status display only)
     ROUND_N = 14  # engine: requests in the round being gathered (before `gathered`; the watchdog's failed page)
-    COUNT = 15
+    PUBLISHED_NS = _hostflag.PUBLISHED_NS  # proxy's publish: CLOCK_MONOTONIC after its copy (the engine's spin)
+    COUNT = 16
 
     NAMES = ("gathered", "claimed", "published", "consumed", "gathered_ns", "heartbeat_ns", "state",
              "attached", "engine_pid", "abandoned", "resync_seq", "proxy_stats_seq", "shim_stats_seq",
-             "proxy_round", "round_n")
+             "proxy_round", "round_n", "published_ns")
 
 
 assert len(Word.NAMES) == Word.COUNT
-assert (Word.GATHERED, Word.CLAIMED, Word.PUBLISHED, Word.CONSUMED) == (0, 1, 2, 3)
+assert (Word.GATHERED, Word.CLAIMED, Word.PUBLISHED, Word.CONSUMED, Word.PUBLISHED_NS) == (0, 1, 2, 3, 15)
 
 
 class State:
