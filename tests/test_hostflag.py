@@ -801,20 +801,62 @@ def test_spin_useful_looks_at_both_processes():
         os.waitpid(child, 0)
 
 
-@pytest.mark.parametrize("waiting_on", ["gathered", "published"])
+@pytest.mark.parametrize("waiting_on", ["gathered", "published", "idle"])
 def test_watcher_stop_wakes_its_wait_at_once(seg, waiting_on):
-    """stop() ends the watcher's futex wait at once instead of after its 50 ms slice: the watchdog
-    joins it before failing far ahead for a dead proxy, so a slow join delayed that release."""
+    """stop() ends the watcher's wait at once instead of at its end: the watchdog joins it before
+    failing far ahead for a dead proxy, so a slow join delayed that release. Its waits: the nap between
+    looks for a new round, the nap to a round's deadline, and once idle (0.1 s without a round) the
+    futex on `gathered`."""
     flags = HostFlags(seg)
     took = []
     for _ in range(5):
         w = flags.watcher(seg.word(Word.GATHERED), int(60e9))  # a far deadline: never claims
         if waiting_on == "published":
             flags.raise_gathered(seg.word(Word.GATHERED) + 1, 1)
-        time.sleep(0.005)  # in its wait, a slice of 50 ms ahead
+        time.sleep(0.15 if waiting_on == "idle" else 0.005)  # in its wait, far from its end
         t0 = time.perf_counter()
         w.stop()
         took.append(time.perf_counter() - t0)
         assert not w.running
     took.sort()
     assert took[2] < 0.005, f"stop() took {[round(x * 1e3, 2) for x in took]} ms"
+
+
+def _sleepers(seg: Segment, word: int) -> int:
+    return hf.load(seg.mm, seg.layout.word_off(word) + hf.SLEEPERS_OFF) & 0xFFFFFFFF
+
+
+def test_the_watcher_sleeps_on_no_round_word_while_rounds_come(seg):
+    """A sleeper on `gathered` or `published` makes every raise_gathered (the engine's enqueue) and every
+    publish (the proxy's round) pay a FUTEX_WAKE, 7-10 µs each in this project's VM, twice a round on
+    the hand-off's critical path: the watcher naps on a word of its own while rounds come. Idle (0.1 s
+    without a new round), it sleeps on `gathered` again, and the next round's raise wakes it; it still
+    claims a round left unpublished at its deadline."""
+    eng, prx = HostFlags(seg), HostFlags(seg)
+    delta_ns = int(20e6)
+    w = eng.watcher(seg.word(Word.GATHERED), delta_ns)
+    try:
+        page = np.zeros(seg.layout.reply.size, np.int32)
+        for t in range(1, 4):
+            eng.raise_gathered(t, 1)
+            time.sleep(0.003)  # the watcher looks (at most every half deadline) and naps to the deadline
+            assert _sleepers(seg, Word.GATHERED) == 0 and _sleepers(seg, Word.PUBLISHED) == 0
+            assert prx.publish(t, page) is True
+            eng.consume(t)
+        time.sleep(0.03)  # round 3 published: naps between looks for round 4
+        assert _sleepers(seg, Word.GATHERED) == 0 and _sleepers(seg, Word.PUBLISHED) == 0
+        deadline = time.monotonic() + 2.0
+        while _sleepers(seg, Word.GATHERED) != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _sleepers(seg, Word.GATHERED) == 1  # idle: on the futex of `gathered`
+        t0 = hf.monotonic_ns()
+        eng.raise_gathered(4, 1)  # nobody publishes it: the watcher claims it at its deadline
+        deadline = time.monotonic() + 2.0
+        while seg.word(Word.CLAIMED) < 4 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        late_ms = (hf.monotonic_ns() - t0 - delta_ns) / 1e6
+        assert seg.word(Word.CLAIMED) == 4 and seg.word(Word.PUBLISHED) == 4
+        assert -1.0 < late_ms < LATE_MS, late_ms  # at its deadline, not before
+        assert [(t, outcome) for t, outcome, *_ in w.drain()] == [(4, 2)]  # 2: claimed by the watcher
+    finally:
+        w.stop()

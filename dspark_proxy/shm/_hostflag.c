@@ -793,14 +793,24 @@ static PyObject *hf_monotonic_ns(PyObject *mod, PyObject *noargs) {
  *
  * A Python thread, however short its Python part, needs the GIL between two rounds; while engine
  * threads keep the GIL busy that costs a switch interval (5 ms) or more each time, and a deadline
- * that falls then is claimed late. This pthread loops entirely in C: wait for the next `gathered`,
- * wait for `published` until GATHERED_NS + delta, else claim and publish a failed page. What it did
+ * that falls then is claimed late. This pthread loops entirely in C: find the next `gathered`, wait
+ * for `published` until GATHERED_NS + delta, else claim and publish a failed page. What it did
  * goes into a small ring (under a mutex held for a few instructions, never across a wait) that the
  * Python watchdog drains for its events. It holds a buffer export of the segment, so the mapping
  * stays valid until stop() has joined it.
+ *
+ * While rounds come it never sleeps on the round words: a sleeper there makes every raise_gathered
+ * (the engine's enqueue) and every publish (the proxy's round) pay a FUTEX_WAKE, 7-10 us each on this
+ * project's VM, on the hand-off's critical path, twice a round. It naps on a word of its own instead:
+ * every `poll` (half the deadline) while no round is in flight, so a round is seen at the latest half
+ * its deadline after `gathered`, and until the round's deadline while one is. After WATCH_IDLE_NS
+ * without a new round it sleeps on `gathered` again, in slices, so an idle engine costs nothing and
+ * the first round after a pause pays the one wake. stop() wakes it from either sleep at once.
  */
 #define WATCH_RING 64
-#define WATCH_SLICE_NS 250000000LL /* waits in slices (a bound on a missed wake; each slice is a wake of an idle engine); stop() wakes it at once */
+#define WATCH_SLICE_NS 250000000LL /* idle: waits on `gathered` in slices (a bound on a missed wake; each slice is a wake of an idle engine) */
+#define WATCH_IDLE_NS 100000000LL  /* no new round for this long: idle (above) */
+#define WATCH_MIN_POLL_NS 200000LL /* the nap between looks for a new round: half the deadline, at least this */
 
 typedef struct {
     uint64_t t;
@@ -819,12 +829,28 @@ typedef struct {
     int joined;
     _Atomic int stop;
     Py_ssize_t words_off, page_off, zero_bytes, gns_off, n_off;
-    int64_t delta_ns, spin_ns;
+    int64_t delta_ns;
     _Atomic uint64_t after; /* the last round seen through (published or claimed) */
+    _Atomic uint32_t nap_seq; /* the futex word of its naps: bumped and woken only by stop() */
     pthread_mutex_t lock;   /* guards ring and head */
     uint64_t head;          /* records written so far */
     watch_rec ring[WATCH_RING];
 } Watcher;
+
+/* Sleep until `until` (CLOCK_MONOTONIC ns) or stop(), on nap_seq, which no round word's store wakes. The
+ * sequence is read before stop (both seq_cst): a stop we miss here bumped the sequence after our load
+ * (watcher_join), so the futex refuses to sleep (EAGAIN) or is woken. */
+static void watcher_nap(Watcher *w, int64_t until) {
+    for (;;) {
+        uint32_t s0 = atomic_load_explicit(&w->nap_seq, memory_order_seq_cst);
+        if (atomic_load_explicit(&w->stop, memory_order_seq_cst))
+            return;
+        int64_t left = until - now_ns();
+        if (left <= 0)
+            return;
+        futex_wait32(&w->nap_seq, s0, left); /* woken, timed out, EAGAIN or spurious: look again */
+    }
+}
 
 static void *watcher_main(void *arg) {
     Watcher *w = (Watcher *)arg;
@@ -834,21 +860,34 @@ static void *watcher_main(void *arg) {
     char *base = (char *)w->buf.buf;
     _Atomic uint64_t *gathered = word_at(base, w->words_off + W_GATHERED * WORD_STRIDE);
     _Atomic uint64_t *published = word_at(base, w->words_off + W_PUBLISHED * WORD_STRIDE);
+    int64_t poll = w->delta_ns / 2 > WATCH_MIN_POLL_NS ? w->delta_ns / 2 : WATCH_MIN_POLL_NS;
+    int64_t last_round = now_ns(); /* when a new round was last seen: attached, rounds are about to come */
     while (!atomic_load_explicit(&w->stop, memory_order_acquire)) {
         uint64_t after = atomic_load_explicit(&w->after, memory_order_relaxed);
-        if (wait_ge_stoppable(gathered, after + 1, now_ns() + WATCH_SLICE_NS, 0, &w->stop) != WAIT_OK)
-            continue;
         /* acquire: pairs with raise_gathered's release; GATHERED_NS and ROUND_N precede it */
         uint64_t t = atomic_load_explicit(gathered, memory_order_acquire);
+        if (t <= after) { /* no new round: a nap while rounds come, the futex on `gathered` once idle */
+            int64_t now = now_ns();
+            if (now - last_round >= WATCH_IDLE_NS)
+                wait_ge_stoppable(gathered, after + 1, now + WATCH_SLICE_NS, 0, &w->stop);
+            else
+                watcher_nap(w, now + poll);
+            continue;
+        }
+        last_round = now_ns();
         int64_t gns = (int64_t)atomic_load_explicit(word_at(base, w->gns_off), memory_order_relaxed);
         int32_t n = (int32_t)atomic_load_explicit(word_at(base, w->n_off), memory_order_relaxed);
         int64_t deadline = gns + w->delta_ns;
         int r = WAIT_TIMEOUT;
-        for (;;) {
-            int64_t slice = now_ns() + WATCH_SLICE_NS;
-            r = wait_ge_stoppable(published, t, slice < deadline ? slice : deadline, w->spin_ns, &w->stop);
-            if (r == WAIT_OK || now_ns() >= deadline || atomic_load_explicit(&w->stop, memory_order_acquire))
+        for (;;) { /* published by its deadline? a look, then a nap to the deadline (not on `published`) */
+            /* acquire: pairs with the publisher's release of published (its page copy precedes it) */
+            if (atomic_load_explicit(published, memory_order_acquire) >= t) {
+                r = WAIT_OK;
                 break;
+            }
+            if (now_ns() >= deadline || atomic_load_explicit(&w->stop, memory_order_acquire))
+                break;
+            watcher_nap(w, deadline);
         }
         if (r != WAIT_OK && atomic_load_explicit(&w->stop, memory_order_acquire) && now_ns() < deadline)
             break; /* stopping: not this thread's round to fail any more */
@@ -876,8 +915,12 @@ static void *watcher_main(void *arg) {
 static void watcher_join(Watcher *w) {
     if (!w->started || w->joined)
         return;
-    /* seq_cst: pairs with the waiter's seq_cst load of stop after its sequence (wait_ge_stoppable) */
+    /* seq_cst: pairs with the waiter's seq_cst load of stop after its sequence (wait_ge_stoppable,
+     * watcher_nap) */
     atomic_store_explicit(&w->stop, 1, memory_order_seq_cst);
+    /* seq_cst: after stop, pairs with watcher_nap's load of the sequence before its look at stop */
+    atomic_fetch_add_explicit(&w->nap_seq, 1, memory_order_seq_cst);
+    futex_wake_all(&w->nap_seq);
     char *base = (char *)w->buf.buf;
     /* wake it from either wait: the store of a word it may sleep on is not ours to make, a wake is */
     wake_if_sleepers(word_at(base, w->words_off + W_GATHERED * WORD_STRIDE));
@@ -890,14 +933,14 @@ static void watcher_join(Watcher *w) {
 
 static int Watcher_init(Watcher *w, PyObject *args, PyObject *kwds) {
     unsigned long long after_t;
-    long long delta_ns, spin_ns;
+    long long delta_ns;
     (void)kwds;
     if (w->has_buf) {
         PyErr_SetString(PyExc_RuntimeError, "Watcher already initialised");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "w*nnnnnO&LL", &w->buf, &w->words_off, &w->page_off, &w->zero_bytes,
-                          &w->gns_off, &w->n_off, conv_u64, &after_t, &delta_ns, &spin_ns))
+    if (!PyArg_ParseTuple(args, "w*nnnnnO&L", &w->buf, &w->words_off, &w->page_off, &w->zero_bytes,
+                          &w->gns_off, &w->n_off, conv_u64, &after_t, &delta_ns))
         return -1;
     w->has_buf = 1;
     if (check_words(&w->buf, w->words_off) < 0 || check_zero_bytes(w->zero_bytes) < 0 ||
@@ -909,7 +952,6 @@ static int Watcher_init(Watcher *w, PyObject *args, PyObject *kwds) {
         return -1;
     }
     w->delta_ns = delta_ns;
-    w->spin_ns = spin_ns;
     atomic_store(&w->after, (uint64_t)after_t);
     return 0;
 }
@@ -1018,9 +1060,8 @@ static PyType_Slot Watcher_slots[] = {
     {Py_tp_dealloc, Watcher_dealloc},
     {Py_tp_methods, Watcher_methods},
     {Py_tp_getset, Watcher_getset},
-    {Py_tp_doc, "Watcher(buf, words_off, page_off, zero_bytes, gathered_ns_off, n_off, after_t, delta_ns, "
-                "spin_ns): claims each round not published by its deadline, from a thread that never takes "
-                "the GIL."},
+    {Py_tp_doc, "Watcher(buf, words_off, page_off, zero_bytes, gathered_ns_off, n_off, after_t, delta_ns): "
+                "claims each round not published by its deadline, from a thread that never takes the GIL."},
     {0, NULL},
 };
 

@@ -180,7 +180,7 @@ class HostFlags:
         """A started C thread that fails every round gathered after `after_t` not published by
         GATHERED_NS + delta_ns, without ever taking the GIL (see _hostflag.c, "the watcher thread")."""
         w = _hostflag.Watcher(self.mm, self.words_off, self.page_off, self.zero_bytes, self._off[Word.GATHERED_NS],
-                              self._off[Word.ROUND_N], after_t, delta_ns, 0)
+                              self._off[Word.ROUND_N], after_t, delta_ns)
         w.start()
         return w
 
