@@ -66,15 +66,20 @@ def _path(native: bool):
 def time_handoff(name: str, rounds: int, warmup: int, other_cpu: int | None,
                  shape: dict[str, int] = HANDOFF_SHAPE, native: bool = True,
                  fixed_valid: int | None = None, gap_ms: float = 0.0,
-                 proxy_args: tuple[str, ...] = ()) -> dict[str, Any]:
+                 proxy_args: tuple[str, ...] = (), published_first: bool = False) -> dict[str, Any]:
     """Rounds through a null-worker proxy process; returns raw ns arrays and the proxy's own figures.
     `native` False: both sides on the Python reference models. `gap_ms`: the engine busy on its own
     CPU that long before each round (a forward), as a real engine paces its rounds. `proxy_args`: more
-    of the proxy's flags (`--keep-awake-ms`)."""
+    of the proxy's flags (`--keep-awake-ms`). `published_first`: read_reply is called only once the
+    reply is published (the engine looks at the word first), so it times the read of a published
+    reply: its copy, checks and `consumed`, no wait."""
     import numpy as np
 
     import engine_shim
     from dspark_proxy.launch import spawn_proxy
+    from dspark_proxy.shm import hostflag as hf
+    from dspark_proxy.shm.layout import Word
+    from dspark_proxy.shm.segment import Segment
     from dspark_proxy.status import read_status
 
     with on_cpu(other_cpu), _path(native):
@@ -92,19 +97,29 @@ def time_handoff(name: str, rounds: int, warmup: int, other_cpu: int | None,
         read = np.empty(total, np.int64)
         failed = 0
         clock = time.perf_counter_ns
-        for i in range(total):
-            if gap_ms:
-                busy_until = clock() + int(gap_ms * 1e6)
-                while clock() < busy_until:
-                    pass
-            kw = gen.next()
-            t0 = clock()
-            shim.enqueue(gen.t, **kw)
-            t1 = clock()
-            reply = shim.read_reply(gen.t)
-            t2 = clock()
-            enq[i], read[i] = t1 - t0, t2 - t1
-            failed += reply.status == 2
+        words = Segment.open(name) if published_first else None
+        try:
+            published = words.layout.word_off(Word.PUBLISHED) if words is not None else 0
+            for i in range(total):
+                if gap_ms:
+                    busy_until = clock() + int(gap_ms * 1e6)
+                    while clock() < busy_until:
+                        pass
+                kw = gen.next()
+                t0 = clock()
+                shim.enqueue(gen.t, **kw)
+                t1 = clock()
+                if words is not None:
+                    while hf.load(words.mm, published) < gen.t:
+                        pass
+                    t1 = clock()
+                reply = shim.read_reply(gen.t)
+                t2 = clock()
+                enq[i], read[i] = t1 - t0, t2 - t1
+                failed += reply.status == 2
+        finally:
+            if words is not None:
+                words.close()
         time.sleep(0.35)  # the proxy publishes its statistics every 0.25 s
         lat = read_status(name)["proxy"].get("latency", {})
         return {"enqueue": enq[warmup:], "read_reply": read[warmup:], "round": (enq + read)[warmup:],
@@ -151,12 +166,13 @@ def run_handoff(quick: bool = False, say: Callable[[str], None] = lambda s: None
             h = time_handoff(name, rounds, warmup, other)
             more = rounds // 2 if quick else rounds  # the rounds of the comparison rows (quick: fewer)
             ref = time_handoff(name + "-ref", more, warmup, other, native=False)
-            big = {}
+            big, pub = {}, None
             if i == 0:  # n = 256 one-row decode rounds, both paths, in the first placement only
                 shape256 = dict(HANDOFF_SHAPE, n=256)
                 for path, nat in (("native", True), ("reference", False)):
                     big[path] = time_handoff(f"{name}-256{path[0]}", more // 2, warmup, other, shape256,
                                              native=nat, fixed_valid=1)
+                pub = time_handoff(f"{name}-pub", more // 2, warmup, other, published_first=True)
             base = {"futex_adaptive": time_futex(pings, "adaptive", other),
                     "futex_sleep": time_futex(pings, "0", other),
                     "pipe": time_pipe(pings, other),
@@ -169,6 +185,8 @@ def run_handoff(quick: bool = False, say: Callable[[str], None] = lambda s: None
         r["reference"] = _summary(ref)
         if big:
             r["decode_n256"] = {path: _summary(x) for path, x in big.items()}
+        if pub is not None:  # read_reply of a reply already published (no wait in it)
+            r["read_reply_published"] = {**summarize(pub["read_reply"]), "failed_rounds": pub["failed"]}
         for k, v in base.items():
             r[k] = summarize(v, skip)
             samples.add(f"{place}/{k}", v, skip)

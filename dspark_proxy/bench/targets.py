@@ -34,6 +34,28 @@ def _handoff(res: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _engine_cost(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """The engine's cost per step (its hand-off, enqueue, read_reply and the proxy's round between
+    them), unpinned, at n = 1 and at n = 256 one-row decode rounds."""
+    u = _get(res, "handoff", "placements", "unpinned")
+    if not u:
+        return []
+    p50 = lambda *path: _get(u, *path, "p50_us")  # noqa: E731 - a lookup, named where it is read
+    out = []
+
+    def line(goal: str, v: float | None, bound: float, unit: str = "us") -> None:
+        out.append(_line(goal, "not measured" if v is None else f"{v} {unit}", None if v is None else v <= bound))
+
+    line("hand-off p50 <= 20 us (unpinned, n=1)", p50("handoff"), 20.0)
+    line("hand-off p99 <= 60 us (unpinned, n=1)", _get(u, "handoff", "p99_us"), 60.0)
+    line("enqueue p50 <= 10 us (unpinned, n=1)", p50("enqueue"), 10.0)
+    line("enqueue p50 <= 40 us (unpinned, n=256 decode)", p50("decode_n256", "native", "enqueue"), 40.0)
+    line("read_reply of a published reply p50 <= 5 us (unpinned, n=1)", p50("read_reply_published"), 5.0)
+    line("proxy's own round p50 <= 15 us (unpinned, n=1)", p50("proxy_round"), 15.0)
+    line("proxy's own round p50 <= 50 us (unpinned, n=256 decode)", p50("decode_n256", "native", "proxy_round"), 50.0)
+    return out
+
+
 def _gil(res: dict[str, Any]) -> list[dict[str, Any]]:
     pr = _get(res, "gil", "modes", "process", "busy_4", "ratios_vs_idle", "proxy_round_p50")
     pc = _get(res, "gil", "modes", "process", "busy_4", "ratios_vs_idle", "proxy_cost_p50")
@@ -123,4 +145,4 @@ def evaluate(res: dict[str, Any]) -> list[dict[str, Any]]:
     failed = failed_rounds(res)
     checks = [_line("every measured round succeeded", ", ".join(f"{k} {v} failed" for k, v in failed.items()),
                     not any(failed.values()))]
-    return checks + _handoff(res) + _gil(res) + _scaling(res) + _rows(res) + _memory(res)
+    return checks + _handoff(res) + _engine_cost(res) + _gil(res) + _scaling(res) + _rows(res) + _memory(res)
