@@ -28,8 +28,9 @@ common decode round, and everything rare sits behind one count (a resync window,
 not fit, a failed status, a partial window each take the general path only when a count says they
 exist). On the default (C) path the usual round is two C calls (round_fused.py): `_front` (read,
 advance, sums, entries and the small rows' gather, stopping where the round stops being usual; `stage`
-says where, and `_run` goes on from there) and `_accept`'s finish_whole (ring model, page, status); its
-latencies are one more (round_stats.py), and what every round asks is bound once per incarnation.
+says where, and `_run` goes on from there) and finish_whole (ring model, page, status), with `_usual`
+between them when the front went all the way (the STEP, and nothing left to decide); its latencies
+are one more (round_stats.py), and what every round asks is bound once per incarnation.
 scripts/bench_round.py measures it (README, "Native hot paths", for the figures and their history).
 
 Thread ownership: one round thread owns everything here; `stats` is shared read-only with the

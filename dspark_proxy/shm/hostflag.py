@@ -78,8 +78,8 @@ class AdaptiveSpin:
     core it delays the very process we wait for). So: grow the spin towards twice the waits that
     were satisfied quickly, halve it after each wait that had to sleep, never above `max_ns`, and
     not at all when this process and its peer can only share one core (`spin_useful`). A wait's
-    length is best measured to when the answer came, where the caller knows it (`wait_gathered`):
-    a wait that slept otherwise counts its own wake-up too.
+    length is best measured to when the answer came, where the caller knows it (`wait_gathered`,
+    `wait_or_fail`): a wait that slept otherwise counts its own wake-up too.
     """
 
     def __init__(self, max_ns: int = 100_000, min_ns: int = 0, peer_pid: int | None = None) -> None:
