@@ -48,7 +48,7 @@ the engine thread for the engine side's copy); nothing here locks.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -96,6 +96,19 @@ class Advance(NamedTuple):
     n_unknown: int = 0
 
 
+class _Count:
+    """An attribute of SlotTable kept in its `counts` array, where the C advance reads and writes it."""
+
+    def __init__(self, i: int, kind: type) -> None:
+        self.i, self.kind = i, kind
+
+    def __get__(self, table: SlotTable, owner: type | None = None) -> Any:
+        return self.kind(table.counts[self.i])
+
+    def __set__(self, table: SlotTable, v: int) -> None:
+        table.counts[self.i] = v
+
+
 class SlotTable:
     """Per-slot ring bookkeeping for ``max_slots`` slots of ``window`` (``W``) rows.
 
@@ -118,6 +131,9 @@ class SlotTable:
     Positions and counts are int64 too. Every method assumes each slot at most once (validate_round).
     """
 
+    n_unknown = _Count(0, int)  # unknown slots with an owner; the hot path tests this count only
+    _any_unknown = _Count(1, bool)  # some slot's range may be unknown (the unknown bookkeeping runs only then)
+
     def __init__(self, max_slots: int, window: int, *, known: bool = False, native: bool = False) -> None:
         if max_slots <= 0:
             raise ValueError(f"max_slots must be > 0, got {max_slots}")
@@ -135,8 +151,8 @@ class SlotTable:
         # the proxy's table starts unknown (it may meet an engine whose ring is full); the engine side's
         # copy, which is the ring, passes known=True
         self.unknown = np.full(m, not known, dtype=np.bool_)
-        # n_unknown and _any_unknown (properties below) live in here, where the C advance reads and
-        # writes them: nothing to copy across its call (a hot caller tests counts[0] without the property)
+        # n_unknown and _any_unknown (_Count attributes) live in here, where the C advance reads and
+        # writes them: nothing to copy across its call (a hot caller tests counts[0] without the lookup)
         self.counts = np.zeros(2, dtype=np.int64)
         self.n_unknown = 0
         self._any_unknown = not known
@@ -400,24 +416,6 @@ class SlotTable:
         held = self.native_held()
         n_new, n_resync, n_unknown = fastround.advance(held, slots, req_ids, first_pos, valid, self.W)
         return self.native_plan(self.native_views(slots.shape[0]), n_new, n_resync, n_unknown)
-
-    @property
-    def n_unknown(self) -> int:
-        """Unknown slots with an owner; the hot path tests this count only."""
-        return int(self.counts[0])
-
-    @n_unknown.setter
-    def n_unknown(self, v: int) -> None:
-        self.counts[0] = v
-
-    @property
-    def _any_unknown(self) -> bool:
-        """Some slot's range may be unknown (the unknown bookkeeping runs only then)."""
-        return bool(self.counts[1])
-
-    @_any_unknown.setter
-    def _any_unknown(self, v: bool) -> None:
-        self.counts[1] = v
 
     def native_held(self) -> object:
         """The C advance's Held (the tables, the counts and the scratch), the same object at every call:
