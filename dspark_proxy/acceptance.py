@@ -88,7 +88,7 @@ class DraftEffect:
         self.drafts = self.tokens = 0  # request-rounds that verified drafts; drafts verified
         self._flushed = np.zeros(num_spec + 1, dtype=np.int64)
         self._flushed_drafts = self._flushed_tokens = 0
-        self.unflushed = 0  # rounds counted since the last flush
+        self._rounds = 0
 
     def observe(self, n_ver: int, acc: np.ndarray, k_window: np.ndarray) -> None:
         """One round: n_ver requests verified drafts, `acc` accepted (0 where none were verified)."""
@@ -102,15 +102,15 @@ class DraftEffect:
         if n_ver:
             self.drafts += n_ver
             self.tokens += tokens
-        self.unflushed += 1
-        if self.unflushed >= self.flush_every:
+        self._rounds += 1
+        if self._rounds >= self.flush_every:
             self.flush()
 
     def accepted_total(self) -> int:
         return int(self.hist @ np.arange(self.N + 1))
 
     def flush(self) -> None:
-        self.unflushed = 0
+        self._rounds = 0
         d = self.drafts - self._flushed_drafts
         if not d:
             return
@@ -173,21 +173,11 @@ class Acceptance:
         return held
 
     def summed(self, t: int, n_ver: int, tokens: int, n_ready: int) -> None:
-        """After the C sums: the counts, then the gate's end of the round (its judgements). Most rounds
-        end() would only count the batch's verified round: its tests come first here, and the counts are
-        DraftEffect.count's, inline, so that those rounds (the C path's usual ones) cost two calls less."""
-        g, e = self.gate, self.effect
-        if n_ver:  # (e.count(n_ver, tokens), inline)
-            e.drafts += n_ver
-            e.tokens += tokens
-        e.unflushed += 1
-        if e.unflushed >= e.flush_every:
-            e.flush()
+        """After the C sums: the counts, then the gate's end of the round (its judgements)."""
+        g = self.gate
+        self.effect.count(n_ver, tokens)
         if g.on:
-            if n_ready or g.b_state == PAUSED or t >= g.next_tick or (n_ver and g.b_left <= 1):
-                g.end(t, n_ver, self._ready[:n_ready] if n_ready else None)
-            elif n_ver:
-                g.b_left -= 1
+            g.end(t, n_ver, self._ready[:n_ready] if n_ready else None)
 
     def sums_may_fuse(self, t: int) -> bool:
         """Whether the C sums may run right after the advance without the gate's begin(): it has nothing

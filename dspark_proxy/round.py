@@ -80,7 +80,7 @@ assert wire.RS_OK == 0  # "every request OK" is then one count_nonzero of the st
 # stats keys, built once rather than formatted every round
 _STATUS_KEYS = tuple(f"req_status_{wire.REQ_STATUS_NAMES.get(c, str(c))}" for c in range(wire.RS_MAX + 1))
 _STATUS_OK_KEY = _STATUS_KEYS[wire.RS_OK]
-_USUAL_KEYS = ("rows_sent", _STATUS_OK_KEY, "rounds_ok")  # what a usual round adds, in one call (_usual)
+_FINISHED_KEYS = (_STATUS_OK_KEY, "rounds_ok")  # what a round finished in C adds, in one call (_accept)
 _ROUNDS_KEY = {ph: f"rounds_{ph}" for ph in PHASES}
 _ENTRIES_AT = wire.APP_HEADER_SIZE + wire.STEP_HDR_SIZE  # the entries' offset in a STEP prefix (FORMAT.md)
 _ENTRY_SIZE = wire.ENTRY_SIZE
@@ -323,11 +323,7 @@ class RoundCore(LateRounds):
             if np.count_nonzero(have_win):
                 st.inc("resync_rounds")
                 st.inc("resync_rows", int(e_rows[have_win[sel]].sum()))
-        sample_meta = None
-        if self.sampled:
-            sample_meta = self._prefix.sample(k)
-            sample_meta["seed"] = v.seed[sel]
-            sample_meta["temperature"] = v.temperature[sel]
+        sample_meta = self._sample_meta(k, sel)
         # 6-7. preempted? then the STEP
         reply = self._step(t, n, slots, ent, n_rows, rows, sample_meta, epoch, n_out)
         if reply is not None:  # 8. accept
@@ -351,25 +347,25 @@ class RoundCore(LateRounds):
             self.resync.ask(t, None)
         if not self._shared:
             rows = [self.seg.staging[:n_rows]]  # the entries' rows: a prefix of the staging
-        elif fused.n_gathered >= 0:  # _front gathered them from the engine's ring too (RingRows.gathered, inline)
-            rows = [self._gather_arg[1][:fused.n_gathered]]
+        elif fused.n_gathered >= 0:  # _front gathered them from the engine's ring too
+            rows = self.ring_rows.gathered(fused.n_gathered)
         else:
             rows = self.ring_rows.views(slots, v.first, v.valid)
-        sample_meta = None
-        if self.sampled:
-            sample_meta = self._prefix.sample(n)
-            sample_meta["seed"] = v.seed
-            sample_meta["temperature"] = v.temperature
-        reply = self._step(t, n, slots, self._prefix.entries(n), n_rows, rows, sample_meta, pre[0], 0)
-        if reply is None:
-            return
-        if fused.finish(n, slots, v.need, reply, self.N):  # _accept's usual round, inline
-            st.inc_each(_USUAL_KEYS, (n_rows, n, 1))
-            if self.breaker.consecutive_failures:  # (closed: _front checked)
-                self._breaker_record(t, True, "every request failed")
-        else:
+        reply = self._step(t, n, slots, self._prefix.entries(n), n_rows, rows, self._sample_meta(n, slice(None)),
+                           pre[0], 0)
+        if reply is not None:
             st.inc("rows_sent", n_rows)
             self._accept(t, n, None, slots, slots, plan, v.need, None, reply, 0)
+
+    def _sample_meta(self, k: int, sel: slice | np.ndarray) -> np.ndarray | None:
+        """A sampled segment's seed and temperature of the k requests `sel` picks, in the STEP prefix."""
+        if not self.sampled:
+            return None
+        v = self.desc.v
+        meta = self._prefix.sample(k)
+        meta["seed"] = v.seed[sel]
+        meta["temperature"] = v.temperature[sel]
+        return meta
 
     def _step(self, t: int, n: int, slots: np.ndarray, ent: np.ndarray, n_rows: int, rows: list,
               sample_meta: np.ndarray | None, epoch: int, n_out: int) -> StepReply | None:
@@ -435,8 +431,7 @@ class RoundCore(LateRounds):
         if idx is None and pending is None and self.fused is not None and \
                 self.fused.finish(n, e_slots, need, reply, n_out or self.N):
             # the usual round, done in one C call: below, it is the n_failed == 0 and `whole` branches
-            st.inc(_STATUS_OK_KEY, n)
-            st.inc("rounds_ok")
+            st.inc_each(_FINISHED_KEYS, (n, 1))
             if self.breaker.current is not _CLOSED or self.breaker.consecutive_failures:
                 self._breaker_record(t, True, "every request failed")  # (closed and clean: it would do nothing)
             return

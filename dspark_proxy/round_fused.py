@@ -51,7 +51,6 @@ class FusedRound:
         self._can_finish = not L.sampled  # a sampled page has sections pack_whole does not write
         self._fin_held: Any = None
         self._front_fixed: tuple | None = None
-        self._usual_plans: dict[int, Advance] = {}  # SlotTable.native_plan_of's usual plans, by n
         self.fronts = [0, 0, 0, 0]  # rounds by the stage their front reached (tests read them)
         self.advanced = self.finished = 0  # rounds that took each fused call (tests read them)
         self.k_staged = 0  # the last front's requests with staged rows (stage >= 1)
@@ -64,7 +63,7 @@ class FusedRound:
         stage). `gather`: (ring, out, row_bytes) of the engine's shared ring (RingRows.c_gather): at stage 3
         the entries' rows are gathered into `out` too, `n_gathered` of them (-1: not gathered)."""
         acc, tab = self.accept, self.table
-        g = acc.gate  # (acc.sums_may_fuse(t), inline below: a call less in every round)
+        g = acc.gate
         fixed = self._front_fixed
         if fixed is None:  # what every call passes the same: the reader's copies, scratch, sizes and slots'
             # offsets, the entries' offsets, the acceptance sums' arrays, the ring model's tables
@@ -77,18 +76,14 @@ class FusedRound:
         (code, n, max_q, rows, n_staged, n_misfit, stage, self.k_staged, n_new, n_resync, n_unknown, n_ver, tokens,
          n_ready, self.n_gathered) = fastround.round_front(seg.mm, desc_off, meta_off, held, t, M, W, R, max_rows,
                                                            held_tab, held_acc, self.N, g.on,
-                                                           g.n_probing > 0, not (g.on and g.n_paused and t >= g.next_wake),
+                                                           g.n_probing > 0, acc.sums_may_fuse(t),
                                                            go, fill, prefix,
                                                            ent_off, ent_size, ring, out, B)
         self.fronts[stage] += 1
         n = reader.read_done(t, code, n, max_q, rows, n_staged, n_misfit)
         if stage == 0:
             return n, None, 0
-        plan = self._usual_plans.get(n) if not (n_new or n_resync or n_unknown) else None
-        if plan is None:  # (the usual round's plan is the same object every time: the table's, kept here too)
-            plan = tab.native_plan_of(n, n_new, n_resync, n_unknown)
-            if not (n_new or n_resync or n_unknown):
-                self._usual_plans[n] = plan
+        plan = tab.native_plan_of(n, n_new, n_resync, n_unknown)
         if stage >= 2:
             acc.summed(t, n_ver, tokens, n_ready)
         else:

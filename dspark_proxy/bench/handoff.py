@@ -77,7 +77,7 @@ def time_handoff(name: str, rounds: int, warmup: int, other_cpu: int | None,
 
     import engine_shim
     from dspark_proxy.launch import spawn_proxy
-    from dspark_proxy.shm import hostflag as hf
+    from dspark_proxy.shm import _hostflag as hf_c
     from dspark_proxy.shm.layout import Word
     from dspark_proxy.shm.segment import Segment
     from dspark_proxy.status import read_status
@@ -109,9 +109,8 @@ def time_handoff(name: str, rounds: int, warmup: int, other_cpu: int | None,
                 t0 = clock()
                 shim.enqueue(gen.t, **kw)
                 t1 = clock()
-                if words is not None:
-                    while hf.load(words.mm, published) < gen.t:
-                        pass
+                if words is not None:  # the engine looks at the word first (bounded: the proxy may be gone)
+                    hf_c.wait_ge(words.mm, published, gen.t, 5.0, 100_000)
                     t1 = clock()
                 reply = shim.read_reply(gen.t)
                 t2 = clock()
