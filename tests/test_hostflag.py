@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dspark_proxy.limits import SUPPORT_K
 from dspark_proxy.shm import _hostflag as hf
 from dspark_proxy.shm import hostflag
 from dspark_proxy.shm.hostflag import (
@@ -37,7 +38,7 @@ from dspark_proxy.shm.hostflag import (
     HostFlags,
     OutOfOrder,
 )
-from dspark_proxy.shm.layout import STATUS_ROUND_FAILED, LayoutParams, Word
+from dspark_proxy.shm.layout import STATUS_ROUND_FAILED, LayoutParams, ReplyPageLayout, Word
 from dspark_proxy.shm.segment import Segment
 
 pytestmark = pytest.mark.timeout(30)
@@ -323,6 +324,62 @@ def test_fail_all_never_publishes_a_round_someone_else_holds(mm):
     assert hf.cas(mm, C, 1, 2)  # round 2's claimant, before its memcpy
     hf.fail_all(mm, WORDS, PAGE_OFF, ZERO_BYTES, 2)
     assert hf.read_page(mm, WORDS, PAGE_OFF, 2, dst) != PAGE_OK
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_publish_and_read_rows_copy_the_header_and_the_rounds_requests_only(sampled):
+    """With a rows spec, publish copies the header and the first page[1] requests of every block, and
+    read_page the first n: all a reader of a round of n parses (reply.py), and no more. Every other
+    word keeps what was there; a page's n outside 0..M is clamped, never trusted."""
+    lay = ReplyPageLayout(6, 3, sampled)
+    M, N, K = 6, 3, SUPPORT_K
+    blocks = [(lay.o_ok, 1), (lay.o_ids, N), (lay.o_conf, N)] + (
+        [(lay.o_sample_mask, 1), (lay.o_qids, N * K), (lay.o_q, N * K)] if sampled else [])
+    assert np.frombuffer(lay.rows_spec, np.int64).tolist() == [M, *(w for b in blocks for w in b)]
+    mm = mmap.mmap(-1, 4096 + ((lay.nbytes + 4095) // 4096) * 4096)
+    try:
+        pg = np.frombuffer(mm, np.int32, lay.size, 4096)
+        for t, n, page_n in [(1, 2, 2), (2, 0, 0), (3, M, M), (4, 5, -3), (5, M, M + 9), (6, 1, 1)]:
+            pg[:] = -77
+            src = np.arange(lay.size, dtype=np.int32) + 1000 * t
+            src[1] = page_n
+            want = pg.copy()
+            rows = max(0, min(page_n, M))
+            want[:2] = src[:2]
+            for off, per in blocks:
+                want[off:off + rows * per] = src[off:off + rows * per]
+            assert hf.publish(mm, 0, 4096, t, src, lay.rows_spec) == 1
+            assert (pg == want).all(), (t, n)
+            dst = np.full(lay.size, 5, np.int32)
+            got = dst.copy()
+            got[:2] = pg[:2]
+            for off, per in blocks:
+                got[off:off + n * per] = pg[off:off + n * per]
+            assert hf.read_page(mm, 0, 4096, t, dst, lay.rows_spec, n) == PAGE_OK
+            assert (dst == got).all(), (t, n)
+        # the seqlock rule holds with rows: not published, then the claim moved on
+        dst = np.zeros(lay.size, np.int32)
+        assert hf.read_page(mm, 0, 4096, 7, dst, lay.rows_spec, 1) == PAGE_NOT_PUBLISHED and (dst == 0).all()
+        assert hf.cas(mm, C, 6, 7)
+        assert hf.read_page(mm, 0, 4096, 6, dst, lay.rows_spec, 1) == PAGE_NOT_THIS_ROUND
+    finally:
+        del pg
+        mm.close()
+
+
+@pytest.mark.parametrize("spec", [
+    np.array([], np.int64), np.array([4, 2], np.int64), np.array([-1, 2, 1], np.int64),
+    np.array([4, 1, 1], np.int64), np.array([4, 2, -1], np.int64), np.array([4, 60, 2], np.int64),
+    np.array([1 << 30, 2, 1], np.int64), b"\x00" * 12])
+def test_a_bad_rows_spec_is_refused_before_anything_is_claimed(mm, spec):
+    """A rows spec that does not fit the page (or is not one) is a ValueError: no claim, no copy."""
+    pg = page_of(mm)
+    pg[:] = 3
+    with pytest.raises(ValueError, match="rows spec"):
+        hf.publish(mm, WORDS, PAGE_OFF, 1, filled(11), spec)
+    assert hf.load(mm, C) == 0 and (pg == 3).all()
+    with pytest.raises(ValueError, match="rows spec"):
+        hf.read_page(mm, WORDS, PAGE_OFF, 1, np.zeros(PAGE_INTS, np.int32), spec, 1)
 
 
 # ---------------------------------------------------------------------------------------- wait_or_fail

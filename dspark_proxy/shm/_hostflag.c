@@ -296,7 +296,56 @@ static void write_failed_page(char *page, Py_ssize_t zero_bytes, int32_t n) {
     p[1] = n;
 }
 
-/* publish(buf, words_off, page_off, t, src) -> 1 won / 0 lost / -1 out of order
+/*
+ * A page's rows (ReplyPageLayout.rows_spec): int64 [M, off_1, per_1, ..., off_k, per_k] in int32 words.
+ * The page is [status, n], then k blocks of M requests, request i's words at off + i * per. A round of
+ * n requests is its header and the first n requests of each block: all that its reader reads (reply.py
+ * parses [:n] only), so publish and read_page copy that much and not the whole page: 11 KB at the
+ * README's M=256, each 64-byte line of it a cache miss on the other side's core.
+ */
+typedef struct {
+    int64_t M;
+    Py_ssize_t k;
+    const int64_t *sec; /* off_1, per_1, ... */
+} rows_spec;
+
+static int parse_rows(const Py_buffer *spec, Py_ssize_t page_bytes, rows_spec *out) {
+    Py_ssize_t words = spec->len / 8;
+    if (spec->len % 8 != 0 || words < 1 || words % 2 != 1 || words > 1 + 2 * 16) {
+        PyErr_SetString(PyExc_ValueError, "rows spec: int64 [M, off, per, ...], at most 16 blocks");
+        return -1;
+    }
+    const int64_t *w = (const int64_t *)spec->buf;
+    out->M = w[0];
+    out->k = (words - 1) / 2;
+    out->sec = w + 1;
+    if (out->M < 0 || out->M > (1 << 24)) {
+        PyErr_Format(PyExc_ValueError, "rows spec: M %lld out of range", (long long)out->M);
+        return -1;
+    }
+    for (Py_ssize_t j = 0; j < out->k; j++) {
+        int64_t off = out->sec[2 * j], per = out->sec[2 * j + 1];
+        if (off < 2 || per < 0 || per > (1 << 16) || (off + out->M * per) * 4 > (int64_t)page_bytes) {
+            PyErr_Format(PyExc_ValueError, "rows spec: block %zd (%lld + %lld x %lld words) outside the "
+                         "%zd-byte page", j, (long long)off, (long long)out->M, (long long)per, page_bytes);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The header and requests [0, n) of every block (n clamped to 0..M: a page's own n is not trusted). */
+static void copy_rows(char *dst, const char *src, const rows_spec *s, int64_t n) {
+    n = n < 0 ? 0 : n > s->M ? s->M : n;
+    memcpy(dst, src, 8);
+    for (Py_ssize_t j = 0; j < s->k; j++) {
+        size_t at = (size_t)s->sec[2 * j] * 4;
+        memcpy(dst + at, src + at, (size_t)(n * s->sec[2 * j + 1]) * 4);
+    }
+}
+
+/* publish(buf, words_off, page_off, t, src[, rows]) -> 1 won / 0 lost / -1 out of order
+ * With `rows` (a rows spec) only src's header and its first src[1] requests are copied. 
  * The winner also stamps PUBLISHED_NS (CLOCK_MONOTONIC after its copy), so the engine's spin learns
  * when the reply came rather than when its own wait returned (hostflag.py AdaptiveSpin). */
 static PyObject *hf_publish(PyObject *mod, PyObject *args) {
@@ -304,9 +353,11 @@ static PyObject *hf_publish(PyObject *mod, PyObject *args) {
     Py_ssize_t words_off, page_off;
     unsigned long long t;
     (void)mod;
-    if (!PyArg_ParseTuple(args, "w*nnO&y*", &b, &words_off, &page_off, conv_u64, &t, &src))
+    Py_buffer spec = {0};
+    if (!PyArg_ParseTuple(args, "w*nnO&y*|y*", &b, &words_off, &page_off, conv_u64, &t, &src, &spec))
         return NULL;
     PyObject *res = NULL;
+    rows_spec rows;
     if (t == 0) {
         PyErr_SetString(PyExc_ValueError, "rounds start at 1");
         goto done;
@@ -314,6 +365,11 @@ static PyObject *hf_publish(PyObject *mod, PyObject *args) {
     if (check_range(&b, words_off, (Py_ssize_t)(W_PUBLISHED_NS + 1) * WORD_STRIDE, 64) < 0 ||
         check_range(&b, page_off, src.len, 64) < 0)
         goto done;
+    if (spec.buf != NULL && (src.len < 8 || parse_rows(&spec, src.len, &rows) < 0)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "a page with rows holds at least its header (8 bytes)");
+        goto done;
+    }
     char *base = (char *)b.buf;
     _Atomic uint64_t *claimed = word_at(base, words_off + W_CLAIMED * WORD_STRIDE);
     _Atomic uint64_t *published = word_at(base, words_off + W_PUBLISHED * WORD_STRIDE);
@@ -322,7 +378,10 @@ static PyObject *hf_publish(PyObject *mod, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     won = claim(claimed, (uint64_t)t);
     if (won == 1) {
-        memcpy(base + page_off, src.buf, (size_t)src.len);
+        if (spec.buf != NULL) /* src is private to the caller: its own n is what it packed */
+            copy_rows(base + page_off, (const char *)src.buf, &rows, ((const int32_t *)src.buf)[1]);
+        else
+            memcpy(base + page_off, src.buf, (size_t)src.len);
         /* relaxed: the release of published below orders it; the engine loads it after its acquire */
         atomic_store_explicit(stamp, (uint64_t)now_ns(), memory_order_relaxed);
         /* release: pairs with the acquire load of published in read_page / wait_ge */
@@ -335,6 +394,8 @@ static PyObject *hf_publish(PyObject *mod, PyObject *args) {
 done:
     PyBuffer_Release(&b);
     PyBuffer_Release(&src);
+    if (spec.buf != NULL)
+        PyBuffer_Release(&spec);
     return res;
 }
 
@@ -418,20 +479,30 @@ done:
 }
 
 /*
- * read_page(buf, words_off, page_off, t, dst) -> 1 accepted / 0 not this round's page (someone
- * failed ahead, or the claim moved while copying: target-only) / -1 not published yet.
- * The seqlock rule: the copy is trusted only if claimed == t before and after it.
+ * read_page(buf, words_off, page_off, t, dst[, rows, n]) -> 1 accepted / 0 not this round's page
+ * (someone failed ahead, or the claim moved while copying: target-only) / -1 not published yet.
+ * The seqlock rule: the copy is trusted only if claimed == t before and after it. With `rows` (a rows
+ * spec) only the header and the first n requests of each block are copied (n: the round's own, which
+ * the caller then checks against the page's).
  */
 static PyObject *hf_read_page(PyObject *mod, PyObject *args) {
     Py_buffer b, dst;
     Py_ssize_t words_off, page_off;
     unsigned long long t;
     (void)mod;
-    if (!PyArg_ParseTuple(args, "w*nnO&w*", &b, &words_off, &page_off, conv_u64, &t, &dst))
+    Py_buffer spec = {0};
+    Py_ssize_t n = 0;
+    if (!PyArg_ParseTuple(args, "w*nnO&w*|y*n", &b, &words_off, &page_off, conv_u64, &t, &dst, &spec, &n))
         return NULL;
     PyObject *res = NULL;
+    rows_spec rows;
     if (check_words(&b, words_off) < 0 || check_range(&b, page_off, dst.len, 64) < 0)
         goto done;
+    if (spec.buf != NULL && (dst.len < 8 || parse_rows(&spec, dst.len, &rows) < 0)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "a page with rows holds at least its header (8 bytes)");
+        goto done;
+    }
     char *base = (char *)b.buf;
     _Atomic uint64_t *claimed = word_at(base, words_off + W_CLAIMED * WORD_STRIDE);
     _Atomic uint64_t *published = word_at(base, words_off + W_PUBLISHED * WORD_STRIDE);
@@ -443,7 +514,10 @@ static PyObject *hf_read_page(PyObject *mod, PyObject *args) {
     } else if (atomic_load_explicit(claimed, memory_order_acquire) != (uint64_t)t) {
         r = 0;
     } else {
-        memcpy(dst.buf, base + page_off, (size_t)dst.len);
+        if (spec.buf != NULL)
+            copy_rows((char *)dst.buf, base + page_off, &rows, (int64_t)n);
+        else
+            memcpy(dst.buf, base + page_off, (size_t)dst.len);
         /* acquire fence: the copy's loads complete before the second look at claimed */
         atomic_thread_fence(memory_order_acquire);
         r = atomic_load_explicit(claimed, memory_order_relaxed) == (uint64_t)t ? 1 : 0;
@@ -453,6 +527,8 @@ static PyObject *hf_read_page(PyObject *mod, PyObject *args) {
 done:
     PyBuffer_Release(&b);
     PyBuffer_Release(&dst);
+    if (spec.buf != NULL)
+        PyBuffer_Release(&spec);
     return res;
 }
 
@@ -1087,13 +1163,13 @@ static PyMethodDef hf_methods[] = {
      "wait_ge(buf, off, target, timeout_s, spin_ns) -> bool: spin, then futex sleep, GIL released."},
     {"wake", hf_wake, METH_VARARGS, "wake(buf, off): wake every sleeper on the word."},
     {"publish", hf_publish, METH_VARARGS,
-     "publish(buf, words_off, page_off, t, src) -> 1 won / 0 lost / -1 out of order."},
+     "publish(buf, words_off, page_off, t, src[, rows]) -> 1 won / 0 lost / -1 out of order."},
     {"fail_round", hf_fail_round, METH_VARARGS,
      "fail_round(buf, words_off, page_off, zero_bytes, t, n) -> 1 won / 0 lost / -1 out of order."},
     {"fail_all", hf_fail_all, METH_VARARGS,
      "fail_all(buf, words_off, page_off, zero_bytes, T) -> bool: claim and release every round up to T."},
     {"read_page", hf_read_page, METH_VARARGS,
-     "read_page(buf, words_off, page_off, t, dst) -> 1 ok / 0 not this round's / -1 not published."},
+     "read_page(buf, words_off, page_off, t, dst[, rows, n]) -> 1 ok / 0 not this round's / -1 not published."},
     {"wait_or_fail", hf_wait_or_fail, METH_VARARGS,
      "wait_or_fail(buf, words_off, page_off, zero_bytes, t, n, deadline_ns, spin_ns) -> 1..4."},
     {"raise_gathered", hf_raise_gathered, METH_VARARGS,

@@ -105,6 +105,7 @@ class HostFlags:
         self.page_off = lay.page
         self.zero_bytes = lay.reply.fail_zero_bytes
         self.page_bytes = lay.reply.nbytes
+        self._rows = lay.reply.rows_spec
         self._off = [lay.word_off(i) for i in range(Word.COUNT)]
         self.spin = spin or AdaptiveSpin(peer_pid=peer_pid)
 
@@ -164,6 +165,14 @@ class HostFlags:
             raise OutOfOrder(f"publish({t}) while round {t - 1} is unclaimed (words {self.values()})")
         return r == 1
 
+    def publish_rows(self, t: int, page: np.ndarray) -> bool:
+        """publish, copying only what the page's own round covers: its header and the first page[1]
+        requests of each block (ReplyPageLayout.rows_spec); what read_rows reads. The round's publish."""
+        r = _hostflag.publish(self.mm, self.words_off, self.page_off, t, page, self._rows)
+        if r < 0:
+            raise OutOfOrder(f"publish({t}) while round {t - 1} is unclaimed (words {self.values()})")
+        return r == 1
+
     def fail_all(self, T: int) -> bool:
         """Every round up to T becomes target-only at once (monotonic far-ahead release)."""
         return _hostflag.fail_all(self.mm, self.words_off, self.page_off, self.zero_bytes, T)
@@ -204,6 +213,11 @@ class HostFlags:
     def read_page(self, t: int, dst: np.ndarray) -> int:
         """Copy the page into dst under the seqlock rule: PAGE_OK only if claimed == t before and after."""
         return _hostflag.read_page(self.mm, self.words_off, self.page_off, t, dst)
+
+    def read_rows(self, t: int, dst: np.ndarray, n: int) -> int:
+        """read_page of a round of n requests: the header and each block's first n (publish_rows). The
+        caller checks the page's own n against n (a page of a larger round was copied in part)."""
+        return _hostflag.read_page(self.mm, self.words_off, self.page_off, t, dst, self._rows, n)
 
     def consume(self, t: int) -> None:
         """The engine is done with round t's page (release; the proxy may write round t+1's)."""
