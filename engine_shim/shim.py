@@ -30,7 +30,7 @@ from dspark_proxy.shm.hostflag import (
     WAIT_PUBLISHED,
     HostFlags,
 )
-from dspark_proxy.shm.layout import META_SLOTS, STATUS_NAMES, ReplyPageLayout, Word
+from dspark_proxy.shm.layout import META_SLOTS, STATUS_NAMES, STATUS_ROUND_FAILED, ReplyPageLayout
 from dspark_proxy.shm.segment import DEFAULT_NAME, Segment
 from dspark_proxy.shm.target import check_target_id
 from dspark_proxy.stats import Stats
@@ -175,14 +175,15 @@ class Shim:
         if self._att.state is not AttachState.ATTACHED:
             self.counters.inc("rounds_detached")
             return
-        seg, flags = self._seg, self._flags
+        att = self._att  # (its seg and flags: the engine thread's, read here without the properties)
+        seg, flags = att.seg, att.flags
         assert seg is not None and flags is not None
         self._write_round(seg, t, n, a)
-        flags.raise_gathered(t, n)
+        gathered_ns = flags.raise_gathered(t, n)  # (the GATHERED_NS it stamped)
         ov = self.deadline_override_ms  # the deadline in ns, worked out again only when it may have changed
         if self._deadline_delta_ns < 0 or ov != self._deadline_ov:
             self._deadline_ov, self._deadline_delta_ns = ov, int(self.deadline_ms() * 1e6)
-        self._deadline_ns = seg.word(Word.GATHERED_NS) + self._deadline_delta_ns
+        self._deadline_ns = gathered_ns + self._deadline_delta_ns
         self._round_attached = True
 
     def _reject(self, t: int, slots: Any, err: ShimError) -> None:
@@ -246,8 +247,9 @@ class Shim:
         if not self._round_attached:
             return self._reader.failed(t, n, "detached")
         self._round_attached = False
-        flags, seg = self._flags, self._seg
-        assert flags is not None and seg is not None
+        att = self._att
+        flags = att.flags
+        assert flags is not None and att.seg is not None
         r = flags.wait_or_fail(t, n, self._deadline_ns)
         reason = ""
         if r == WAIT_CLAIMED_UNPUBLISHED:
@@ -271,7 +273,7 @@ class Shim:
         reply = self._reader.parse(t, n)
         key = _REPLY_KEYS.get(reply.status)
         self.counters.inc(key or f"replies_{reply.status_name}")
-        if not reply.ok:
+        if reply.status == STATUS_ROUND_FAILED:  # (not reply.ok)
             self.watchdog.report()  # the watcher thread may have failed it: its event, now
         return reply
 

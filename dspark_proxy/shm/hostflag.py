@@ -179,11 +179,12 @@ class HostFlags:
 
     # ------------------------------------------------------------------ engine side
 
-    def raise_gathered(self, t: int, n: int = 0) -> None:
+    def raise_gathered(self, t: int, n: int = 0) -> int:
         """Round t's staging, metadata and descriptor are complete (release; wakes the proxy). Its
-        start time and request count go first: the watchdog reads them after `gathered` (acquire)."""
-        _hostflag.raise_gathered(self.mm, self.words_off, self._off[Word.GATHERED_NS], self._off[Word.ROUND_N],
-                                 t, n)
+        start time and request count go first: the watchdog reads them after `gathered` (acquire).
+        Returns that start time (GATHERED_NS), which round t's deadline counts from."""
+        return _hostflag.raise_gathered(self.mm, self.words_off, self._off[Word.GATHERED_NS],
+                                        self._off[Word.ROUND_N], t, n)
 
     def watcher(self, after_t: int, delta_ns: int) -> _hostflag.Watcher:
         """A started C thread that fails every round gathered after `after_t` not published by
