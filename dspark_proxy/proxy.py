@@ -10,6 +10,7 @@ process) and in the shim's thread mode (a thread inside the engine process).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -24,6 +25,7 @@ from .events import EventRing
 from .keep_awake import KeepAwake
 from .metrics import LATENCY_BOUNDS_US  # the bounds only: prometheus-client is imported at start
 from .round import RoundCore, RoundSettings
+from .shm import _hostflag
 from .shm import hostflag as hf
 from .shm.hostflag import FAR_AHEAD, HostFlags
 from .shm.layout import LayoutParams, State, Word
@@ -149,7 +151,7 @@ class Proxy:
         self._last_log = 0
         self._last_round: int | None = None  # the previous engine's last round (rebasing the next one's)
         self.engine_gone = False  # the last incarnation ended with its engine's process gone
-        self._hang_asked = threading.Event()  # --fault-round-hang-ms: SIGUSR1 (or hang_round_loop()) sets it
+        self._hang_asked = False  # --fault-round-hang-ms: SIGUSR1 (or hang_round_loop()) sets it
 
     # ------------------------------------------------------------------ control
 
@@ -159,13 +161,12 @@ class Proxy:
 
     def hang_round_loop(self) -> None:
         """Fault hook (--fault-round-hang-ms): the round loop blocks for that long before its next
-        round while the heartbeat goes on (signal-safe: sets an Event and nothing else)."""
-        self._hang_asked.set()
+        round while the heartbeat goes on (signal-safe: sets a flag and nothing else; a plain attribute,
+        which the round loop reads without a call)."""
+        self._hang_asked = True
 
-    def _maybe_hang(self, t: int) -> None:
-        if not self._hang_asked.is_set():
-            return
-        self._hang_asked.clear()
+    def _hang(self, t: int) -> None:
+        self._hang_asked = False
         ms = self.cfg.fault_round_hang_ms
         log.warning("[proxy] fault: round loop blocked for %.0f ms before round %d", ms, t)
         self.stats.inc("fault_round_hangs")
@@ -223,14 +224,18 @@ class Proxy:
         engine = EngineAlive(pid)  # a pidfd: a reused pid is not the engine
         log.info("[proxy] engine attached incarnation=%d pid=%d round=%d", seg.incarnation, pid, t0)
         t = t0
+        # PROXY_ROUND, as each round begins (the shim's watchdog reads it: no sleeper, so no wake), without
+        # set_word's two Python calls: between `gathered` and the round, every call is on the engine's wait
+        begin = functools.partial(_hostflag.store_release, seg.mm, seg.layout.word_off(Word.PROXY_ROUND))
         try:
             while not self._stop.is_set():
                 w0 = time.perf_counter()
                 if not self._wait_gathered(seg, core.flags, t, engine):
                     break
                 waited_us = (time.perf_counter() - w0) * 1e6  # the engine's step, as the proxy saw it
-                seg.set_word(Word.PROXY_ROUND, t)
-                self._maybe_hang(t)
+                begin(t)
+                if self._hang_asked:
+                    self._hang(t)
                 core.handle(t, waited_us)
                 self.stats.observe("gather_us", waited_us)  # after the publish: off the engine's wait
                 self._awake.kick()  # the next round's CPU awake and warm (--keep-awake-ms; off: a no-op)

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dspark_proxy.limits import SUPPORT_K
 from dspark_proxy.shm import _hostflag as hf
@@ -797,35 +799,67 @@ def test_adaptive_spin(monkeypatch):
 
 @pytest.mark.parametrize("side", ["proxy", "engine"])
 @pytest.mark.parametrize("stamped", [True, False])
-def test_the_spin_learns_when_the_answer_came_not_when_the_wait_woke(seg, monkeypatch, side, stamped):
+def test_the_spin_learns_when_the_answer_came_not_when_the_wait_woke(seg, side, stamped):
     """A wait that slept returns at its wake-up, tens of µs after the answer came in a VM (README,
     "Keeping the proxy's CPUs awake"): counted so, an answer that comes 10 µs into every wait keeps the
     spin at zero, and both sides then sleep and wake each other every round. The writers' stamps say
     when it came (gathered_ns before `gathered`, published_ns in publish), and the spin grows to twice
     that. A stamp older than the wait (an earlier round's, or no writer stamped) is not trusted: the
-    wait's own length counts, as before."""
+    wait's own length counts, as before. The waits learn in their C call (spin_learn); here the answer
+    is stamped 5 ms into a real futex sleep and its word moves 30 ms in, with a 50 ms spin bound."""
     flags = HostFlags(seg)
     if flags.spin.max_ns == 0:
         pytest.skip("one core: no spin at all")
-    flags.spin.spin_ns = 0
-    word = Word.GATHERED_NS if side == "proxy" else Word.PUBLISHED_NS
-    off = seg.layout.word_off(word)
+    flags.spin.max_ns, flags.spin.spin_ns = 50_000_000, 0  # no spin: the wait sleeps at once
+    word, stamp = (Word.GATHERED, Word.GATHERED_NS) if side == "proxy" else (Word.PUBLISHED, Word.PUBLISHED_NS)
+    start = hf.monotonic_ns()
+    if side == "engine":
+        seg.set_word(Word.GATHERED, 1)
+        assert hf.cas(seg.mm, seg.layout.word_off(Word.CLAIMED), 0, 1)  # the proxy's claim; its copy "takes" 30 ms
 
-    def slept(*args):  # the answer (stamp, then the word) 10 µs into the wait; the wake-up 3 ms later
-        hf.store(seg.mm, off, hf.monotonic_ns() + 10_000 if stamped else 1)
-        time.sleep(0.003)
-        return True if side == "proxy" else WAIT_PUBLISHED
+    def answer() -> None:
+        time.sleep(0.030)
+        hf.store(seg.mm, seg.layout.word_off(stamp), start + 5_000_000 if stamped else 1)
+        seg.set_word(word, 1)  # (a store that wakes the sleeper)
 
-    if side == "proxy":
-        monkeypatch.setattr(hf, "wait_ge", slept)
-        assert flags.wait_gathered(1, 1.0)
-    else:
-        monkeypatch.setattr(hf, "wait_or_fail", slept)
-        assert flags.wait_or_fail(1, 1, hf.monotonic_ns() + 10**9) == WAIT_PUBLISHED
-    if stamped:
-        assert 20_000 <= flags.spin.spin_ns < 60_000, flags.spin.spin_ns
-    else:
-        assert flags.spin.spin_ns == 0  # 3 ms: a slow answer
+    th = threading.Thread(target=answer)
+    th.start()
+    try:
+        if side == "proxy":
+            assert flags.wait_gathered(1, 5.0)
+        else:
+            assert flags.wait_or_fail(1, 1, hf.monotonic_ns() + 5 * 10**9) == WAIT_PUBLISHED
+    finally:
+        th.join(5)
+    if stamped:  # 5 ms less the call's own start, doubled
+        assert 8_000_000 <= flags.spin.spin_ns <= 10_000_000, flags.spin.spin_ns
+    else:  # at least 30 ms, doubled, capped at 50
+        assert flags.spin.spin_ns >= 40_000_000, flags.spin.spin_ns
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(-10, 10**9), st.booleans()), max_size=40),
+       st.integers(0, 10**8), st.integers(0, 10**8), st.integers(0, 10**8))
+def test_the_c_spin_rule_is_adaptive_spins(waits, spin, mx, mn):
+    """The waits' C rule (spin_learn) gives the state AdaptiveSpin.update gives, wait after wait."""
+    ref = AdaptiveSpin(max_ns=0)
+    ref.state[:] = (min(spin, mx), mx, min(mn, mx))
+    c = ref.state.copy()
+    for waited, ok in waits:
+        ref.update(waited, ok)
+        hf.spin_learn(c, waited, ok)
+        assert c.tolist() == ref.state.tolist()
+
+
+def test_a_bad_spin_state_is_refused(seg):
+    flags = HostFlags(seg)
+    for bad in (np.zeros(2, np.int64), np.zeros(3, np.int32), np.zeros(4, np.int64)):
+        with pytest.raises(ValueError, match="spin state"):
+            hf.wait_ge(seg.mm, seg.layout.word_off(Word.GATHERED), 1, 0.0, 0, bad, -1)
+        with pytest.raises(ValueError, match="spin state"):
+            hf.spin_learn(bad, 1, True)
+    with pytest.raises(ValueError, match="spin state"):
+        hf.wait_or_fail(seg.mm, flags.words_off, flags.page_off, flags.zero_bytes, 1, 1, 0, 0, np.zeros(2, np.int64))
 
 
 def test_spin_useful_looks_at_both_processes():

@@ -230,6 +230,60 @@ static int wait_ge_signals(_Atomic uint64_t *w, uint64_t target, int64_t deadlin
     }
 }
 
+/*
+ * The spin a wait learns (hostflag.py AdaptiveSpin: its `update` is the rule's reference, its `state`
+ * the int64 [spin_ns, max_ns, min_ns] a wait passes here, so the engine's and the proxy's waits learn
+ * inside their one C call rather than in three more Python calls after it). A wait's length counts to
+ * when the answer came: its writer's stamp (gathered_ns, published_ns) when t0 <= stamp <= now, else
+ * the wait itself (an older stamp is an earlier round's).
+ */
+static int check_spin_state(const Py_buffer *st) {
+    if (st->len != 3 * (Py_ssize_t)sizeof(int64_t) || ((uintptr_t)st->buf % sizeof(int64_t)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "spin state: an aligned int64 [spin_ns, max_ns, min_ns]");
+        return -1;
+    }
+    return 0;
+}
+
+static int64_t came_ns(char *base, Py_ssize_t stamp_off, int64_t t0, int ok) {
+    int64_t now = now_ns();
+    if (ok && stamp_off >= 0) {
+        /* relaxed: a timing hint, nothing is read through it */
+        int64_t stamp = (int64_t)atomic_load_explicit(word_at(base, stamp_off), memory_order_relaxed);
+        if (t0 <= stamp && stamp <= now)
+            return stamp - t0;
+    }
+    return now - t0;
+}
+
+/* AdaptiveSpin.update: grow towards twice a quick answer (at least 2 us), halve after one that was not */
+static void spin_learn(int64_t *st, int64_t waited_ns, int ok) {
+    if (ok && waited_ns < st[1]) {
+        int64_t v = 2 * waited_ns > st[0] ? 2 * waited_ns : st[0];
+        v = v > 2000 ? v : 2000;
+        st[0] = v < st[1] ? v : st[1];
+    } else {
+        st[0] = st[0] / 2 > st[2] ? st[0] / 2 : st[2];
+    }
+}
+
+/* spin_learn(state, waited_ns, ok): the C rule alone, for the differential test against AdaptiveSpin.update */
+static PyObject *hf_spin_learn(PyObject *mod, PyObject *args) {
+    Py_buffer st;
+    long long waited;
+    int ok;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "w*Lp", &st, &waited, &ok))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_spin_state(&st) == 0) {
+        spin_learn((int64_t *)st.buf, (int64_t)waited, ok);
+        res = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&st);
+    return res;
+}
+
 /* timeout_s must not be NaN (callers check: see check_timeout) */
 static int64_t deadline_from_timeout(double timeout_s) {
     int64_t now = now_ns();
@@ -533,13 +587,14 @@ done:
 }
 
 /*
- * wait_or_fail(buf, words_off, page_off, zero_bytes, t, n, deadline_ns, spin_ns)
+ * wait_or_fail(buf, words_off, page_off, zero_bytes, t, n, deadline_ns, spin_ns[, state])
  *   -> 1: published >= t by the deadline
  *      2: this call claimed t at the deadline and published a failed page (the watchdog's claim)
  *      3: someone else holds the claim of t but had not published by the deadline
  *      4: claimed is behind t-1 (round t-1 still unclaimed: caller out of order), nothing done
  * The whole wait and the deadline claim run without the GIL, so a busy engine cannot make the
- * claim late. deadline_ns is CLOCK_MONOTONIC (time.monotonic_ns() in Python).
+ * claim late. deadline_ns is CLOCK_MONOTONIC (time.monotonic_ns() in Python). With a spin state
+ * (AdaptiveSpin.state) the spin is its state[0], learned after the wait, under the GIL.
  */
 static PyObject *hf_wait_or_fail(PyObject *mod, PyObject *args) {
     Py_buffer b;
@@ -547,9 +602,10 @@ static PyObject *hf_wait_or_fail(PyObject *mod, PyObject *args) {
     unsigned long long t;
     int n;
     long long deadline, spin_ns;
+    Py_buffer st = {0};
     (void)mod;
-    if (!PyArg_ParseTuple(args, "w*nnnO&iLL", &b, &words_off, &page_off, &zero_bytes, conv_u64, &t, &n, &deadline,
-                          &spin_ns))
+    if (!PyArg_ParseTuple(args, "w*nnnO&iLL|w*", &b, &words_off, &page_off, &zero_bytes, conv_u64, &t, &n,
+                          &deadline, &spin_ns, &st))
         return NULL;
     PyObject *res = NULL;
     if (t == 0) {
@@ -558,6 +614,12 @@ static PyObject *hf_wait_or_fail(PyObject *mod, PyObject *args) {
     }
     if (check_words(&b, words_off) < 0 || check_zero_bytes(zero_bytes) < 0 || check_range(&b, page_off, zero_bytes + 8, 64) < 0)
         goto done;
+    if (st.buf != NULL && (check_spin_state(&st) < 0 ||
+                           check_range(&b, words_off, (Py_ssize_t)(W_PUBLISHED_NS + 1) * WORD_STRIDE, 64) < 0))
+        goto done;
+    int64_t t0 = now_ns();
+    if (st.buf != NULL)
+        spin_ns = ((int64_t *)st.buf)[0];
     char *base = (char *)b.buf;
     _Atomic uint64_t *published = word_at(base, words_off + W_PUBLISHED * WORD_STRIDE);
     int out = 0;
@@ -585,9 +647,13 @@ static PyObject *hf_wait_or_fail(PyObject *mod, PyObject *args) {
             goto done;
         spin_ns = 0;
     }
+    if (st.buf != NULL) /* learned from publish's stamp: when the reply came, not when this wait woke */
+        spin_learn((int64_t *)st.buf, came_ns(base, words_off + W_PUBLISHED_NS * WORD_STRIDE, t0, out == 1), out == 1);
     res = PyLong_FromLong(out);
 done:
     PyBuffer_Release(&b);
+    if (st.buf != NULL)
+        PyBuffer_Release(&st);
     return res;
 }
 
@@ -755,24 +821,33 @@ static PyObject *hf_raise_to(PyObject *mod, PyObject *args) {
 
 /* wait_ge(buf, off, target, timeout_s, spin_ns) -> bool; timeout_s < 0 waits forever */
 static PyObject *hf_wait_ge(PyObject *mod, PyObject *args) {
-    Py_buffer b;
-    Py_ssize_t off;
+    Py_buffer b, st = {0};
+    Py_ssize_t off, stamp_off = -1;
     unsigned long long target;
     double timeout_s;
     long long spin_ns;
     (void)mod;
-    if (!PyArg_ParseTuple(args, "w*nO&dL", &b, &off, conv_u64, &target, &timeout_s, &spin_ns))
+    if (!PyArg_ParseTuple(args, "w*nO&dL|w*n", &b, &off, conv_u64, &target, &timeout_s, &spin_ns, &st, &stamp_off))
         return NULL;
     PyObject *res = NULL;
     if (check_timeout(timeout_s) < 0 || check_range(&b, off, 16, 64) < 0)
         goto done;
+    if (st.buf != NULL && (check_spin_state(&st) < 0 || (stamp_off >= 0 && check_range(&b, stamp_off, 8, 8) < 0)))
+        goto done;
+    int64_t t0 = now_ns();
+    if (st.buf != NULL)
+        spin_ns = ((int64_t *)st.buf)[0];
     int r = wait_ge_signals(word_at(b.buf, off), (uint64_t)target, deadline_from_timeout(timeout_s),
                             (int64_t)spin_ns);
     if (r == -2)
         goto done;
+    if (st.buf != NULL)
+        spin_learn((int64_t *)st.buf, came_ns((char *)b.buf, stamp_off, t0, r == WAIT_OK), r == WAIT_OK);
     res = PyBool_FromLong(r == WAIT_OK);
 done:
     PyBuffer_Release(&b);
+    if (st.buf != NULL)
+        PyBuffer_Release(&st);
     return res;
 }
 
@@ -1160,7 +1235,10 @@ static PyMethodDef hf_methods[] = {
     {"cas", hf_cas, METH_VARARGS, "cas(buf, off, expected, desired) -> bool."},
     {"raise_to", hf_raise_to, METH_VARARGS, "raise_to(buf, off, v) -> previous: monotonic max."},
     {"wait_ge", hf_wait_ge, METH_VARARGS,
-     "wait_ge(buf, off, target, timeout_s, spin_ns) -> bool: spin, then futex sleep, GIL released."},
+     "wait_ge(buf, off, target, timeout_s, spin_ns[, state, stamp_off]) -> bool: spin, then futex sleep, GIL "
+     "released. With a spin state the spin is state[0], learned after the wait (from the stamp at stamp_off)."},
+    {"spin_learn", hf_spin_learn, METH_VARARGS,
+     "spin_learn(state, waited_ns, ok): the waits' spin rule alone (AdaptiveSpin.update is its reference)."},
     {"wake", hf_wake, METH_VARARGS, "wake(buf, off): wake every sleeper on the word."},
     {"publish", hf_publish, METH_VARARGS,
      "publish(buf, words_off, page_off, t, src[, rows]) -> 1 won / 0 lost / -1 out of order."},
@@ -1171,7 +1249,8 @@ static PyMethodDef hf_methods[] = {
     {"read_page", hf_read_page, METH_VARARGS,
      "read_page(buf, words_off, page_off, t, dst[, rows, n]) -> 1 ok / 0 not this round's / -1 not published."},
     {"wait_or_fail", hf_wait_or_fail, METH_VARARGS,
-     "wait_or_fail(buf, words_off, page_off, zero_bytes, t, n, deadline_ns, spin_ns) -> 1..4."},
+     "wait_or_fail(buf, words_off, page_off, zero_bytes, t, n, deadline_ns, spin_ns[, state]) -> 1..4. With a "
+     "spin state the spin is state[0], learned after the wait from PUBLISHED_NS."},
     {"raise_gathered", hf_raise_gathered, METH_VARARGS,
      "raise_gathered(buf, words_off, gathered_ns_off, n_off, t, n) -> gathered_ns: stamp, count, release."},
     {"seq_write", hf_seq_write, METH_VARARGS, "seq_write(buf, seq_off, data_off, src) -> new seq."},

@@ -82,12 +82,19 @@ class AdaptiveSpin:
     `wait_or_fail`): a wait that slept otherwise counts its own wake-up too.
     """
 
+
     def __init__(self, max_ns: int = 100_000, min_ns: int = 0, peer_pid: int | None = None) -> None:
-        self.max_ns = max_ns if spin_useful(peer_pid) else 0
-        self.min_ns = min(min_ns, self.max_ns)
-        self.spin_ns = self.max_ns
+        mx = max_ns if spin_useful(peer_pid) else 0
+        # [spin_ns, max_ns, min_ns]: the rounds' waits (wait_gathered, wait_or_fail) pass it to their C
+        # call, which learns in place by the rule `update` spells out (_hostflag.c spin_learn)
+        self.state = np.array([mx, mx, min(min_ns, mx)], dtype=np.int64)
+
+    spin_ns = property(lambda self: int(self.state[0]), lambda self, v: self.state.__setitem__(0, v))
+    max_ns = property(lambda self: int(self.state[1]), lambda self, v: self.state.__setitem__(1, v))
+    min_ns = property(lambda self: int(self.state[2]), lambda self, v: self.state.__setitem__(2, v))
 
     def update(self, waited_ns: int, ok: bool) -> None:
+        """The rule, for the waits that learn in Python (`_wait_ge`), and the C rule's reference."""
         if ok and waited_ns < self.max_ns:
             self.spin_ns = min(self.max_ns, max(self.spin_ns, 2 * waited_ns, 2_000))
         else:
@@ -134,21 +141,8 @@ class HostFlags:
         learns from when the round came (`gathered_ns`, stamped by the engine just before `gathered`),
         not from when this wait returned: after a sleep that includes the wake, tens of µs in a VM, which
         would keep the spin at zero for an engine whose rounds come back to back (AdaptiveSpin)."""
-        t0 = _hostflag.monotonic_ns()
-        ok = _hostflag.wait_ge(self.mm, self._off[Word.GATHERED], t, timeout_s, self.spin.spin_ns)
-        self.spin.update(self._came(Word.GATHERED_NS, t0, ok), ok)
-        return ok
-
-    def _came(self, stamp_word: int, t0: int, ok: bool) -> int:
-        """How long after t0 the awaited word moved: its writer's stamp, taken just before the store,
-        when the wait succeeded and the stamp is not older than t0 (an older one is an earlier round's:
-        a writer that does not stamp, or an answer that was there before the wait); else the wait."""
-        now = _hostflag.monotonic_ns()
-        if ok:
-            stamp = _hostflag.load(self.mm, self._off[stamp_word])
-            if t0 <= stamp <= now:
-                return stamp - t0
-        return now - t0
+        return _hostflag.wait_ge(self.mm, self._off[Word.GATHERED], t, timeout_s, 0, self.spin.state,
+                                 self._off[Word.GATHERED_NS])
 
     def taken(self, t: int) -> bool:
         """Round t already claimed (by the watchdog, a fail_all, or us)."""
@@ -201,12 +195,8 @@ class HostFlags:
     def wait_or_fail(self, t: int, n: int, deadline_ns: int) -> int:
         """Wait for round t's publish until deadline_ns; at the deadline claim and fail it (in C, so
         the claim is on time whatever holds the GIL). Returns a WAIT_* outcome."""
-        t0 = _hostflag.monotonic_ns()
-        r = _hostflag.wait_or_fail(self.mm, self.words_off, self.page_off, self.zero_bytes, t, n,
-                                   deadline_ns, self.spin.spin_ns)
-        ok = r == WAIT_PUBLISHED
-        self.spin.update(self._came(Word.PUBLISHED_NS, t0, ok), ok)  # (the proxy's publish stamps it)
-        return r
+        return _hostflag.wait_or_fail(self.mm, self.words_off, self.page_off, self.zero_bytes, t, n, deadline_ns, 0,
+                                      self.spin.state)  # (learns from the proxy's publish's stamp)
 
     def wait_published(self, t: int, timeout_s: float) -> bool:
         return self._wait_ge(Word.PUBLISHED, t, timeout_s)
