@@ -82,8 +82,9 @@ def test_check_slots_agrees_with_validate_round(slots_l: list[int]) -> None:
 
 
 def test_page_rows_of_an_earlier_larger_round_are_cleared(seg_name):
-    """The page is cleared (n_drafts 0, ids -1, conf 0) only where an earlier round wrote: what the
-    engine reads must not show it."""
+    """The round's page is cleared (n_drafts 0, ids -1, conf 0) only where an earlier round wrote: what
+    the engine reads must not show it. That is the round's own copy (RoundCore.page): the segment's page
+    gets a round's header and its n requests only (publish_rows), the rest keeps older bytes unread."""
     rig = Rig(seg_name, M=8, N=3, W=4)
     try:
         N, L = rig.N, rig.seg.layout.reply
@@ -91,10 +92,11 @@ def test_page_rows_of_an_earlier_larger_round_are_cleared(seg_name):
         for _ in range(4):  # windows fill: every request OK, every row of the page written
             reply, b = rig.round(big)
         assert reply.status == STATUS_OK and reply.ok_mask.all() and rig.check_drafts(reply, b) == 8
-        page = rig.seg.page
+        page, shared = rig.core.page, rig.seg.page
         assert page[L.o_ids:L.o_ids + 8 * N].any()
         reply, b = rig.round([(1, 1, 1), (5, 5, 1)])  # a smaller round, all slices
         assert reply.status == STATUS_OK and rig.check_drafts(reply, b) == 2
+        assert (shared[:L.o_ok + 2] == page[:L.o_ok + 2]).all() and shared[L.o_ok + 2:L.o_ok + 8].all()
         assert not page[L.o_ok + 2:L.o_ok + 8].any()
         assert (page[L.o_ids + 2 * N:L.o_ids + 8 * N] == -1).all()
         assert not page[L.o_conf + 2 * N:L.o_conf + 8 * N].any()
