@@ -99,7 +99,11 @@ class Attachment:
                 self._lost = why
 
     def boundary(self, t: int) -> None:
-        """Engine thread, start of enqueue(t): apply what the watchdog handed over."""
+        """Engine thread, start of enqueue(t): apply what the watchdog handed over. Nothing handed over
+        (almost every round) is seen without the lock: a hand-over that lands just after this look is
+        applied at the next boundary, as one that lands just after the locked read below would be."""
+        if self._lost is None and self.pending is None:
+            return
         with self._lock:
             lost, self._lost = self._lost, None
             pending = self.pending
