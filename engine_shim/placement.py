@@ -5,8 +5,12 @@ The watcher (watchdog.py) wakes twice a round, at `gathered` and at `published`.
 CPU each wake takes that CPU from the engine in the middle of its step, and at `published` the
 watcher and the engine thread, woken by the same store, queue for the one CPU (measured inside vLLM
 on 2 vCPUs under load: read_reply 1.07 ms p50 with the watcher on vLLM's CPU, 0.32 ms with it on the
-proxy's, one engine alternating). A thread starts on its creator's CPUs, so the creator is moved to
-the watcher's CPUs for the instant it starts it (`run_on`).
+proxy's, one engine alternating). The watcher is started with its CPUs set as a thread attribute
+(HostFlags.watcher): the engine thread never moves, not even for an instant, since the proxy reads
+its CPUs as the engine attaches to decide whether to spin (hostflag.py `spin_useful`). Moving it to
+the watcher's CPUs while it started the thread, as once done here, sometimes made that read see the
+engine on the proxy's own CPU, and the proxy never spun for that engine: 58 us a hand-off instead of
+19 with each pinned to its own CPU (tests/test_placement.py).
 
 `DSPARK_PROXY_WATCHER_CPUS` ("3", "2,3", "2-3") names them; "inherit" keeps the creator's. Unset: the
 machine's CPUs the creating thread may not use, when it is pinned to part of the machine (where
@@ -17,15 +21,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
-from typing import TypeVar
 
-__all__ = ["ENV_WATCHER_CPUS", "parse_cpus", "run_on", "watcher_cpus"]
+__all__ = ["ENV_WATCHER_CPUS", "parse_cpus", "watcher_cpus"]
 
 log = logging.getLogger(__name__)
 
 ENV_WATCHER_CPUS = "DSPARK_PROXY_WATCHER_CPUS"
-R = TypeVar("R")
 
 
 def parse_cpus(text: str) -> set[int]:
@@ -57,22 +58,3 @@ def watcher_cpus() -> set[int] | None:
         return None
     rest = set(range(os.cpu_count() or 1)) - mine
     return rest or None
-
-
-def run_on(cpus: set[int] | None, fn: Callable[[], R]) -> R:
-    """fn() with the calling thread on `cpus`, so threads it starts begin there; the caller's CPUs are
-    restored after. Where they cannot be set (outside the process's cpuset, no such call), fn() as is."""
-    if not cpus:
-        return fn()
-    try:
-        before = os.sched_getaffinity(0)
-        os.sched_setaffinity(0, cpus)
-    except (AttributeError, OSError, ValueError):
-        return fn()
-    try:
-        return fn()
-    finally:
-        try:
-            os.sched_setaffinity(0, before)
-        except OSError:  # pragma: no cover - the CPUs it ran on a moment ago
-            pass

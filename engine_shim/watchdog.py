@@ -36,7 +36,7 @@ from dspark_proxy.stats import Stats
 
 from .attach import AttachState
 from .liveness import OwnerWatch
-from .placement import run_on, watcher_cpus
+from .placement import watcher_cpus
 
 __all__ = ["WatchedShim", "Watchdog"]
 
@@ -222,8 +222,8 @@ class Watchdog:
                 return
             old = self._watcher
             # off the engine's CPUs when it is pinned (placement.py): its wakes would stall the engine's step
-            self._watcher = run_on(watcher_cpus(), lambda: flags.watcher(flags.load(Word.CLAIMED),
-                                                                         int(self.shim.deadline_ms() * 1e6)))
+            self._watcher = flags.watcher(flags.load(Word.CLAIMED), int(self.shim.deadline_ms() * 1e6),
+                                          watcher_cpus())
             self._watcher_seg = seg
         self._kick.set()  # the attached checks begin now, not at the end of a pending wait
         if old is not None:

@@ -4,16 +4,18 @@ the CPU list, the default, and a real shim whose engine thread is pinned to one 
 from __future__ import annotations
 
 import os
-import threading
 import time
 
 import pytest
 
 from dspark_proxy.launch import spawn_proxy
+from dspark_proxy.shm.hostflag import HostFlags
+from dspark_proxy.shm.layout import LayoutParams
+from dspark_proxy.shm.segment import Segment
 from dspark_proxy.sim import SimConfig, SimEngine
 from engine_shim import Shim, placement
 from engine_shim.attach import AttachState
-from engine_shim.placement import ENV_WATCHER_CPUS, parse_cpus, run_on, watcher_cpus
+from engine_shim.placement import ENV_WATCHER_CPUS, parse_cpus, watcher_cpus
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,25 +44,36 @@ def test_the_default_is_the_machines_cpus_the_engine_may_not_use(monkeypatch):
     assert watcher_cpus() is None  # logged, and the engine's CPUs: a bad value never stops the engine
 
 
-def _affinity_of_new_thread(cpus: set[int] | None) -> tuple[set[int], set[int]]:
-    got: list[set[int]] = []
-    t = threading.Thread(target=lambda: got.append(os.sched_getaffinity(0)))
-    run_on(cpus, t.start)  # a thread is made at start()
-    t.join()
-    return got[0], os.sched_getaffinity(0)
+def _tasks() -> set[int]:
+    return {int(x) for x in os.listdir("/proc/self/task")}
 
 
 @two_cpus
-def test_run_on_starts_threads_there_and_gives_the_caller_its_cpus_back():
+def test_the_watcher_starts_on_its_cpus_and_its_creator_never_moves(seg_name, monkeypatch):
+    """Watcher.start(cpus) sets the new thread's CPUs as it is made; the calling thread's own are never
+    touched (no sched_setaffinity from Python at all); CPUs the process may not use: the creator's."""
     mine = os.sched_getaffinity(0)
     other = {max(mine)}
-    assert _affinity_of_new_thread(other) == (other, mine)
-    assert _affinity_of_new_thread(None) == (mine, mine)
-    assert _affinity_of_new_thread({100000}) == (mine, mine)  # no such CPU: as is
-
-
-def _tasks() -> set[int]:
-    return {int(x) for x in os.listdir("/proc/self/task")}
+    seg = Segment.create(seg_name, LayoutParams(max_reqs=4, num_spec=3, window=8, row_bytes=64, max_rows=32,
+                                                resync_per_round=2), deadline_ms=50.0)
+    calls: list[tuple] = []
+    real = os.sched_setaffinity
+    monkeypatch.setattr(os, "sched_setaffinity", lambda *a: (calls.append(a), real(*a))[1])
+    try:
+        for cpus, want in ((other, other), (None, mine), ({100000}, mine)):
+            before = _tasks()
+            w = HostFlags(seg).watcher(0, 10**9, cpus)
+            try:
+                new = _tasks() - before
+                assert len(new) == 1, new
+                assert os.sched_getaffinity(new.pop()) == want, cpus
+                assert os.sched_getaffinity(0) == mine
+            finally:
+                w.stop()
+        assert calls == []
+    finally:
+        seg.unlink()
+        seg.close()
 
 
 @two_cpus
@@ -83,7 +96,12 @@ def test_a_pinned_engines_watcher_runs_on_the_other_cpus(seg_name, monkeypatch):
         while shim.state is not AttachState.PENDING and time.monotonic() < end:
             time.sleep(0.01)
         tasks = _tasks()
+        moved: list[tuple] = []  # the engine thread must not move, even for an instant (placement.py)
+        real = os.sched_setaffinity
+        monkeypatch.setattr(os, "sched_setaffinity", lambda *a: (moved.append(a), real(*a))[1])
         SimEngine(SimConfig(seed=1, max_reqs=4, num_spec=3, window=8, row_bytes=64)).run(shim, rounds=5)
+        monkeypatch.setattr(os, "sched_setaffinity", real)
+        assert moved == []
         assert shim.state is AttachState.ATTACHED
         new = _tasks() - tasks
         assert new, "no watcher thread started at attach"

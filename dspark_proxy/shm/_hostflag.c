@@ -1107,8 +1107,16 @@ static int Watcher_init(Watcher *w, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
-static PyObject *Watcher_start(Watcher *w, PyObject *noargs) {
-    (void)noargs;
+/*
+ * start([cpus]): the thread begins on `cpus` (an iterable of CPU numbers; None: the creator's), set
+ * as a pthread attribute so the creating thread itself never moves: a peer that reads the engine
+ * thread's CPUs meanwhile (the proxy's spin decision, hostflag.py spin_useful) sees them as they are.
+ * CPUs the process may not use (pthread_create's EINVAL): the creator's, as with none named.
+ */
+static PyObject *Watcher_start(Watcher *w, PyObject *args) {
+    PyObject *cpus = Py_None;
+    if (!PyArg_ParseTuple(args, "|O", &cpus))
+        return NULL;
     if (!w->has_buf) {
         PyErr_SetString(PyExc_RuntimeError, "Watcher not initialised");
         return NULL;
@@ -1117,7 +1125,39 @@ static PyObject *Watcher_start(Watcher *w, PyObject *noargs) {
         PyErr_SetString(PyExc_RuntimeError, "Watcher already started");
         return NULL;
     }
-    int err = pthread_create(&w->thread, NULL, watcher_main, w);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    int named = 0;
+    if (cpus != Py_None) {
+        PyObject *it = PyObject_GetIter(cpus);
+        if (it == NULL)
+            return NULL;
+        PyObject *item;
+        while ((item = PyIter_Next(it)) != NULL) {
+            long c = PyLong_AsLong(item);
+            Py_DECREF(item);
+            if (c == -1 && PyErr_Occurred())
+                break;
+            if (c >= 0 && c < CPU_SETSIZE) { /* a CPU this machine cannot have: left out */
+                CPU_SET((int)c, &set);
+                named = 1;
+            }
+        }
+        Py_DECREF(it);
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    int err = EINVAL;
+    if (named) {
+        pthread_attr_t attr;
+        if (pthread_attr_init(&attr) == 0) {
+            if (pthread_attr_setaffinity_np(&attr, sizeof set, &set) == 0)
+                err = pthread_create(&w->thread, &attr, watcher_main, w);
+            pthread_attr_destroy(&attr);
+        }
+    }
+    if (err == EINVAL) /* none named, or none the process may use */
+        err = pthread_create(&w->thread, NULL, watcher_main, w);
     if (err != 0) {
         errno = err;
         return PyErr_SetFromErrno(PyExc_OSError);
@@ -1192,7 +1232,8 @@ static void Watcher_dealloc(Watcher *w) {
 }
 
 static PyMethodDef Watcher_methods[] = {
-    {"start", (PyCFunction)Watcher_start, METH_NOARGS, "Start the watcher thread."},
+    {"start", (PyCFunction)Watcher_start, METH_VARARGS,
+     "start([cpus]): start the watcher thread, on `cpus` (None: the creator's) without moving the creator."},
     {"stop", (PyCFunction)Watcher_stop, METH_NOARGS, "Stop and join it (idempotent; wakes its wait at once)."},
     {"drain", (PyCFunction)Watcher_drain, METH_NOARGS,
      "drain() -> [(t, outcome, n, claim_ns, deadline_ns)]: what it did since the last drain."},

@@ -180,12 +180,13 @@ class HostFlags:
         return _hostflag.raise_gathered(self.mm, self.words_off, self._off[Word.GATHERED_NS],
                                         self._off[Word.ROUND_N], t, n)
 
-    def watcher(self, after_t: int, delta_ns: int) -> _hostflag.Watcher:
+    def watcher(self, after_t: int, delta_ns: int, cpus: set[int] | None = None) -> _hostflag.Watcher:
         """A started C thread that fails every round gathered after `after_t` not published by
-        GATHERED_NS + delta_ns, without ever taking the GIL (see _hostflag.c, "the watcher thread")."""
+        GATHERED_NS + delta_ns, without ever taking the GIL (see _hostflag.c, "the watcher thread"),
+        on `cpus` (None: the caller's), set without moving the caller."""
         w = _hostflag.Watcher(self.mm, self.words_off, self.page_off, self.zero_bytes, self._off[Word.GATHERED_NS],
                               self._off[Word.ROUND_N], after_t, delta_ns)
-        w.start()
+        w.start(sorted(cpus) if cpus else None)
         return w
 
     def fail(self, t: int, n: int) -> int:
