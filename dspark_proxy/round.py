@@ -147,7 +147,8 @@ class RoundCore(LateRounds):
         # the claimed and consumed words' loads (flags.taken and reply_consumed, without their Python call)
         self._claimed = functools.partial(hf.load, seg.mm, self.lay.word_off(Word.CLAIMED))
         self._consumed = functools.partial(hf.load, seg.mm, self.lay.word_off(Word.CONSUMED))
-        self._publish = self.flags.publish_rows  # the header and the round's n requests (shm_layout.md §1)
+        # the header and the round's n requests only (shm_layout.md §3)
+        self._publish = functools.partial(self.flags.publish, rows=True)
         self._gathered_ns = functools.partial(hf.load, seg.mm, self._gathered_ns_off)
         self._decode_q = self.N + 1  # a longer query than this makes the round a prefill one
         self._fixed_timeout_s, self._min_timeout_s = settings.step_timeout_s, settings.min_step_timeout_s

@@ -265,7 +265,7 @@ class Shim:
         if r == WAIT_FAILED_BY_ME:
             self.note_watchdog(t, n, "watchdog")
             reason = "deadline"
-        got = flags.read_rows(t, self._reader.buf, n)  # the header and requests [0, n): all parse reads
+        got = flags.read_page(t, self._reader.buf, n)  # the header and requests [0, n): all parse reads
         flags.consume(t)
         if got != PAGE_OK:
             self.counters.inc("pages_not_this_round")

@@ -99,7 +99,7 @@ def check_page(dst: np.ndarray, t: int, m: int, rows: bool = False) -> int:
     """Which writer's complete reply dst holds for round t: PROXY_ID or WATCHDOG_ID; anything else fails.
 
     A proxy page is t*4+1 in every int32 (a torn copy would mix rounds), but for its n word, m, when
-    it went by rows (publish_rows copies page[1] requests). A failed page is status, n = t*4+2 and a
+    it went by rows (publish with rows copies page[1] requests). A failed page is status, n = t*4+2 and a
     zeroed ok_mask (fail_zero_bytes); beyond that it keeps older bytes by design.
     """
     v = t * 4 + PROXY_ID
@@ -141,8 +141,8 @@ def _race_proxy(name: str, rounds: int, seed: int, wins: np.ndarray, stats: np.n
             pass
         page.fill(t * 4 + PROXY_ID)
         if t % 2:
-            page[1] = seg.params.max_reqs  # n = M: publish_rows copies every row
-        if (prx.publish_rows if t % 2 else prx.publish)(t, page):  # the round's publish, and the whole page
+            page[1] = seg.params.max_reqs  # n = M: publish with rows copies every row
+        if prx.publish(t, page, rows=bool(t % 2)):  # the round's publish, and the whole page
             wins[t] = 1
             if row != t:  # won, so nobody claimed t before: the engine cannot have refilled the staging
                 stats[3] += 1
@@ -185,7 +185,7 @@ def test_every_round_has_exactly_one_winner_and_no_page_is_torn(seg_name):
                 staged[0, 0] = t
                 eng.raise_gathered(t)
                 assert eng.wait_published(t, 10.0), f"round {t} never published: {eng.values()}"
-                r = eng.read_rows(t, dst, m) if t % 2 else eng.read_page(t, dst)  # (shim.py reads rows)
+                r = eng.read_page(t, dst, m if t % 2 else None)  # (shim.py reads rows)
                 assert r == PAGE_OK, f"round {t}: read_page {r} (nobody can claim t+1 before we gather it)"
                 kind[t] = check_page(dst, t, m, rows=bool(t % 2))
                 eng.consume(t)

@@ -84,7 +84,7 @@ def test_check_slots_agrees_with_validate_round(slots_l: list[int]) -> None:
 def test_page_rows_of_an_earlier_larger_round_are_cleared(seg_name):
     """The round's page is cleared (n_drafts 0, ids -1, conf 0) only where an earlier round wrote: what
     the engine reads must not show it. That is the round's own copy (RoundCore.page): the segment's page
-    gets a round's header and its n requests only (publish_rows), the rest keeps older bytes unread."""
+    gets a round's header and its n requests only (publish with rows), the rest keeps older bytes unread."""
     rig = Rig(seg_name, M=8, N=3, W=4)
     try:
         N, L = rig.N, rig.seg.layout.reply

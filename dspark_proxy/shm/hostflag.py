@@ -82,7 +82,6 @@ class AdaptiveSpin:
     `wait_or_fail`): a wait that slept otherwise counts its own wake-up too.
     """
 
-
     def __init__(self, max_ns: int = 100_000, min_ns: int = 0, peer_pid: int | None = None) -> None:
         mx = max_ns if spin_useful(peer_pid) else 0
         # [spin_ns, max_ns, min_ns]: the rounds' waits (wait_gathered, wait_or_fail) pass it to their C
@@ -151,18 +150,15 @@ class HostFlags:
     def reply_consumed(self, t: int) -> bool:
         return _hostflag.load(self.mm, self._off[Word.CONSUMED]) >= t
 
-    def publish(self, t: int, page: np.ndarray) -> bool:
+    def publish(self, t: int, page: np.ndarray, rows: bool = False) -> bool:
         """Claim t, copy `page` (int32, the page's size) into the reply page, release published = t:
-        one GIL-free C call. False when someone claimed t first (the reply is discarded)."""
-        r = _hostflag.publish(self.mm, self.words_off, self.page_off, t, page)
-        if r < 0:
-            raise OutOfOrder(f"publish({t}) while round {t - 1} is unclaimed (words {self.values()})")
-        return r == 1
-
-    def publish_rows(self, t: int, page: np.ndarray) -> bool:
-        """publish, copying only what the page's own round covers: its header and the first page[1]
-        requests of each block (ReplyPageLayout.rows_spec); what read_rows reads. The round's publish."""
-        r = _hostflag.publish(self.mm, self.words_off, self.page_off, t, page, self._rows)
+        one GIL-free C call. False when someone claimed t first (the reply is discarded). `rows`: copy
+        only what the page's own round covers, its header and the first page[1] requests of each block
+        (ReplyPageLayout.rows_spec): all that read_page(t, dst, n) reads. The round publishes so."""
+        if rows:
+            r = _hostflag.publish(self.mm, self.words_off, self.page_off, t, page, self._rows)
+        else:
+            r = _hostflag.publish(self.mm, self.words_off, self.page_off, t, page)
         if r < 0:
             raise OutOfOrder(f"publish({t}) while round {t - 1} is unclaimed (words {self.values()})")
         return r == 1
@@ -202,13 +198,12 @@ class HostFlags:
     def wait_published(self, t: int, timeout_s: float) -> bool:
         return self._wait_ge(Word.PUBLISHED, t, timeout_s)
 
-    def read_page(self, t: int, dst: np.ndarray) -> int:
-        """Copy the page into dst under the seqlock rule: PAGE_OK only if claimed == t before and after."""
-        return _hostflag.read_page(self.mm, self.words_off, self.page_off, t, dst)
-
-    def read_rows(self, t: int, dst: np.ndarray, n: int) -> int:
-        """read_page of a round of n requests: the header and each block's first n (publish_rows). The
-        caller checks the page's own n against n (a page of a larger round was copied in part)."""
+    def read_page(self, t: int, dst: np.ndarray, n: int | None = None) -> int:
+        """Copy the page into dst under the seqlock rule: PAGE_OK only if claimed == t before and after.
+        `n`: round t's request count; only the header and each block's first n are copied (publish's
+        `rows`), and the caller checks the page's own n against it."""
+        if n is None:
+            return _hostflag.read_page(self.mm, self.words_off, self.page_off, t, dst)
         return _hostflag.read_page(self.mm, self.words_off, self.page_off, t, dst, self._rows, n)
 
     def consume(self, t: int) -> None:

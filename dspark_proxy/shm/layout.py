@@ -199,7 +199,7 @@ class ReplyPageLayout:
         # a failed page: status and n, then n_drafts zeroed (nobody reads past it when status says failed)
         self.fail_zero_bytes = M * 4
         # the blocks of M requests after [status, n], as (offset, words per request): what a round of n
-        # publishes and reads is the header and each block's first n (HostFlags.publish_rows / read_rows)
+        # publishes and reads is the header and each block's first n (HostFlags.publish with rows, read_page with n)
         blocks = [(self.o_ok, 1), (self.o_ids, N), (self.o_conf, N)]
         if sampled:
             blocks += [(self.o_sample_mask, 1), (self.o_qids, N * SUPPORT_K), (self.o_q, N * SUPPORT_K)]
