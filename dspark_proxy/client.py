@@ -471,10 +471,11 @@ class TcpDraftClient:
             if self.disabled:
                 log.warning("[client] enabled again: the worker at %s:%d now agrees", self.host, self.port)
                 self.disabled, self.disabled_reason = False, None
+            # Counted before the connection is visible: whoever sees the new epoch sees it counted.
+            self.counters["reconnects" if live.epoch > 1 else "connects"] += 1
             self._live = live
             if live.target_id != self.target_id:  # set_target_id ran during the handshake: do it again
                 live.conn.shutdown()
-            self.counters["reconnects" if live.epoch > 1 else "connects"] += 1
             log.info("[client] connected to %s:%d epoch=%d worker=%s drafter=%s", self.host, self.port,
                      live.epoch, live.welcome.worker_id, live.welcome.drafter)
 
