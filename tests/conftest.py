@@ -16,6 +16,12 @@ from pathlib import Path
 
 import posix_ipc
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Every property test is bounded by pytest-timeout, not by hypothesis's per-example deadline or its
+# data-generation health check: both fail on a loaded machine alone. A test's own @settings inherit these.
+settings.register_profile("dspark", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("dspark")
 
 DEV_SHM = Path("/dev/shm")
 _SHM_PREFIX = "dspark-proxy."  # segment.shm_name(): "/dspark-proxy.<name>"
