@@ -258,7 +258,7 @@ def test_wrong_token_keeps_the_engine_target_only(seg_name, tmp_path):
         time.sleep(0.5)  # the refused handshake
         res = sim.run(shim, rounds=100)
         assert res.usable_drafts == 0 and res.wrong_drafts == 0
-        assert max(sim.wait_ns) < 50e6
+        assert max(sim.wait_ns) < 50e6 + 20e6  # the deadline, and the campaign's slack for a busy machine
         time.sleep(0.4)
         st = json.loads(_cli("status", "--name", seg_name, "--json").stdout)
         assert st["proxy"]["counters"].get("fallback_disabled", 0) >= 50

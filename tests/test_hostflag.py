@@ -812,18 +812,19 @@ def test_the_spin_learns_when_the_answer_came_not_when_the_wait_woke(seg, side, 
         pytest.skip("one core: no spin at all")
     flags.spin.max_ns, flags.spin.spin_ns = 50_000_000, 0  # no spin: the wait sleeps at once
     word, stamp = (Word.GATHERED, Word.GATHERED_NS) if side == "proxy" else (Word.PUBLISHED, Word.PUBLISHED_NS)
-    start = hf.monotonic_ns()
     if side == "engine":
         seg.set_word(Word.GATHERED, 1)
         assert hf.cas(seg.mm, seg.layout.word_off(Word.CLAIMED), 0, 1)  # the proxy's claim; its copy "takes" 30 ms
+    start = [0]  # taken just before the wait (after the thread's start, which a busy machine delays)
 
     def answer() -> None:
         time.sleep(0.030)
-        hf.store(seg.mm, seg.layout.word_off(stamp), start + 5_000_000 if stamped else 1)
+        hf.store(seg.mm, seg.layout.word_off(stamp), start[0] + 5_000_000 if stamped else 1)
         seg.set_word(word, 1)  # (a store that wakes the sleeper)
 
     th = threading.Thread(target=answer)
     th.start()
+    start[0] = hf.monotonic_ns()
     try:
         if side == "proxy":
             assert flags.wait_gathered(1, 5.0)
@@ -831,8 +832,8 @@ def test_the_spin_learns_when_the_answer_came_not_when_the_wait_woke(seg, side, 
             assert flags.wait_or_fail(1, 1, hf.monotonic_ns() + 5 * 10**9) == WAIT_PUBLISHED
     finally:
         th.join(5)
-    if stamped:  # 5 ms less the call's own start, doubled
-        assert 8_000_000 <= flags.spin.spin_ns <= 10_000_000, flags.spin.spin_ns
+    if stamped:  # 5 ms less the call's own start (µs after `start`, ms if preempted there), doubled
+        assert 4_000_000 <= flags.spin.spin_ns <= 10_000_000, flags.spin.spin_ns
     else:  # at least 30 ms, doubled, capped at 50
         assert flags.spin.spin_ns >= 40_000_000, flags.spin.spin_ns
 
@@ -910,7 +911,7 @@ def test_watcher_stop_wakes_its_wait_at_once(seg, waiting_on):
         took.append(time.perf_counter() - t0)
         assert not w.running
     took.sort()
-    assert took[2] < 0.005, f"stop() took {[round(x * 1e3, 2) for x in took]} ms"
+    assert took[2] < 0.02, f"stop() took {[round(x * 1e3, 2) for x in took]} ms"
 
 
 def _sleepers(seg: Segment, word: int) -> int:
@@ -924,7 +925,7 @@ def test_the_watcher_sleeps_on_no_round_word_while_rounds_come(seg):
     without a new round), it sleeps on `gathered` again, and the next round's raise wakes it; it still
     claims a round left unpublished at its deadline."""
     eng, prx = HostFlags(seg), HostFlags(seg)
-    delta_ns = int(20e6)
+    delta_ns = int(200e6)  # (a deadline the 3 ms sleeps below cannot reach, even preempted)
     w = eng.watcher(seg.word(Word.GATHERED), delta_ns)
     try:
         page = np.zeros(seg.layout.reply.size, np.int32)

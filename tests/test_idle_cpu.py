@@ -206,6 +206,6 @@ def test_a_killed_proxy_is_seen_at_once_while_idle(proxy, seg_name):
         seen_after = time.monotonic() - killed
         assert any(e["how"] == "proxy_dead" for e in shim.events.dump())
         print(f"\nproxy_dead seen {seen_after * 1e3:.0f} ms after the kill")
-        assert seen_after < 0.15, seen_after  # the exit itself, plus scheduling on a loaded machine
+        assert seen_after < 0.5, seen_after  # the exit itself, plus scheduling on a loaded machine (before: 1 s)
     finally:
         shim.close()

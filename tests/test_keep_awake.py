@@ -35,9 +35,18 @@ def _policies(pid: int) -> list[int]:
 
 
 def _assert_no_cpu_after_rounds(pid: int) -> None:
-    c0 = cpu_s(pid)
-    time.sleep(1.0)
-    assert cpu_s(pid) - c0 < 0.005, "the proxy kept spending CPU after its rounds stopped"
+    """Under 5 ms of CPU in a second (the idle budget, README "Idle"), in one of up to three seconds: a
+    spinner left running spends the whole second in every one, while an idle proxy's snapshot or a
+    loaded machine's costlier wakes can push one second past it (test_idle_cpu allows three windows
+    for the same reason)."""
+    used = []
+    for _ in range(3):
+        c0 = cpu_s(pid)
+        time.sleep(1.0)
+        used.append(cpu_s(pid) - c0)
+        if used[-1] < 0.005:
+            return
+    pytest.fail(f"the proxy kept spending CPU after its rounds stopped: {used} s in each second")
 
 
 def _keep_awake(name: str) -> dict:

@@ -179,7 +179,7 @@ def test_claimed_but_never_published_is_a_hung_proxy(seg_name):
         assert seg.word(Word.ABANDONED) == 1
         t0 = time.perf_counter()
         reply = shim.read_reply(2)
-        assert reply.reason == "detached" and time.perf_counter() - t0 < 0.005
+        assert reply.reason == "detached" and time.perf_counter() - t0 < 0.02  # at once: not the 30 ms deadline
         assert shim.counters.counter("detach_proxy_hung") == 1
         time.sleep(0.1)  # the watchdog keeps looking, but never offers the abandoned incarnation again
         assert shim.state is AttachState.DETACHED
@@ -262,7 +262,8 @@ def test_dead_proxy_fails_far_ahead_and_detaches(seg_name, child_proxy):
         assert view.word(Word.CLAIMED) >= FAR_AHEAD and view.word(Word.PUBLISHED) >= FAR_AHEAD
         t0 = time.perf_counter()
         shim.enqueue(2, **batches())
-        assert shim.read_reply(2).reason == "detached" and time.perf_counter() - t0 < 0.005
+        # at once, the detach included (not the 5 s deadline; a busy machine may preempt the call)
+        assert shim.read_reply(2).reason == "detached" and time.perf_counter() - t0 < 0.05
         assert shim.state is AttachState.DETACHED and view.word(Word.ABANDONED) == 1
         assert shim.counters.counter("detach_proxy_dead") == 1
         assert time.monotonic() - killed < 7.0

@@ -163,16 +163,17 @@ class Admission:
             send_error(conn, "busy", f"the worker serves {self.max_connections} connections already")
             return None
         a = agreed
-        conn.send_parts([encode_control(Welcome(protocol_version=PROTOCOL_VERSION, num_spec=a.num_spec,
-                                                window=a.window, row_bytes=a.row_bytes, max_reqs=a.max_reqs,
-                                                sampled=a.sampled, worker_id=self.worker_id, drafter=drafter,
-                                                vocab_size=vocab_size))],
-                        deadline)
+        # counted before the WELCOME: a peer that has it finds the handshake counted
         self.counters["handshakes"] += 1
         adopted = [k for k in ("num_spec", "window", "row_bytes", "max_reqs")
                    if getattr(a, k) != getattr(self.layout, k)]
         if adopted:
             self.counters["handshakes_adopted"] += 1
+        conn.send_parts([encode_control(Welcome(protocol_version=PROTOCOL_VERSION, num_spec=a.num_spec,
+                                                window=a.window, row_bytes=a.row_bytes, max_reqs=a.max_reqs,
+                                                sampled=a.sampled, worker_id=self.worker_id, drafter=drafter,
+                                                vocab_size=vocab_size))],
+                        deadline)
         log.info("[worker] peer=%s client=%s ready N=%d W=%d row_bytes=%d max_reqs=%d sampled=%s%s", peer,
                  hello.client_id, a.num_spec, a.window, a.row_bytes, a.max_reqs, a.sampled,
                  f" (adopted from the HELLO: {', '.join(adopted)})" if adopted else "")
