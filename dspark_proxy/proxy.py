@@ -45,6 +45,7 @@ HEARTBEAT_EVERY_S = 0.1
 HEARTBEAT_UNATTACHED_EVERY_S = 1.0
 WAIT_SLICE_S = 0.25
 ENGINE_LOOK_S = 1.0  # how often a proxy waiting for `gathered` asks whether its engine's process is gone
+RELOOK_MASK = 4095  # and, while rounds come, every 4096th round: whether its spin can pay (_relook)
 STATS_EVERY_S = 0.25
 STATS_IDLE_EVERY_S = 5.0
 
@@ -222,6 +223,7 @@ class Proxy:
         self.engine_gone = False
         pid = seg.word(Word.ENGINE_PID)
         engine = EngineAlive(pid)  # a pidfd: a reused pid is not the engine
+        self.stats.set("spin_max_ns", core.flags.spin.max_ns)  # decided at attach, from both sides' CPUs
         log.info("[proxy] engine attached incarnation=%d pid=%d round=%d", seg.incarnation, pid, t0)
         t = t0
         # PROXY_ROUND, as each round begins (the shim's watchdog reads it: no sleeper, so no wake), without
@@ -240,6 +242,8 @@ class Proxy:
                 self.stats.observe("gather_us", waited_us)  # after the publish: off the engine's wait
                 self._awake.kick()  # the next round's CPU awake and warm (--keep-awake-ms; off: a no-op)
                 self._maybe_log(t)
+                if not t & RELOOK_MASK:
+                    self._relook(core.flags)
                 t += 1
         except Exception as e:  # noqa: BLE001 - the hand-off is broken: die for this incarnation
             self._die(seg, core.flags, t, repr(e))
@@ -304,6 +308,7 @@ class Proxy:
             waited = time.monotonic() - t0
             if waited >= next_look:  # (once a second: the idle proxy's budget, README "Idle")
                 next_look = waited + ENGINE_LOOK_S
+                self._relook(flags)
                 if not engine.alive():
                     log.info("[proxy] the engine of incarnation %d (pid %d) is gone at round %d: starting a new "
                              "one", seg.incarnation, engine.pid, t)
@@ -314,6 +319,16 @@ class Proxy:
                 next_log += 30.0
                 log.warning("[proxy] round %d not gathered after %.0f s (words %s)", t, waited, flags.values())
         return False
+
+    def _relook(self, flags: HostFlags) -> None:
+        """Whether the round's waits may spin is decided at attach from the CPUs the engine's thread and
+        ours may use; a thread re-pinned since (an engine that binds its threads after it attached) would
+        keep a stale decision: looked at again once a second while idle and every 4096th round, after
+        the publish (README, "Native hot paths")."""
+        if flags.spin.relook():
+            self.stats.set("spin_max_ns", flags.spin.max_ns)
+            log.info("[proxy] the CPUs the engine or the proxy may use changed: the round's waits now spin up "
+                     "to %d us", flags.spin.max_ns // 1000)
 
     def _die(self, seg: Segment, flags: HostFlags, t: int, reason: str) -> None:
         """Fail every pending and later round first (one C call), then record it."""

@@ -893,6 +893,48 @@ def test_spin_useful_looks_at_both_processes():
         os.waitpid(child, 0)
 
 
+def test_relook_follows_a_peer_re_pinned_after_the_decision():
+    """The decision at construction is taken again by relook(): each transition (no spin -> spin -> no
+    spin) restarts the spin from the new bound, and a look that changes nothing leaves what the waits
+    learned alone."""
+    import os
+
+    saved = os.sched_getaffinity(0)
+    if len(saved) < 2:
+        pytest.skip("needs two cores")
+    a, b = sorted(saved)[:2]
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.close(w)
+            os.sched_setaffinity(0, {a})
+            os.read(r, 1)  # blocks until the parent closes its end
+        finally:
+            os._exit(0)
+    os.close(r)
+    try:
+        deadline = time.monotonic() + 2
+        while os.sched_getaffinity(child) != {a} and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.sched_setaffinity(0, {a})
+        spin = AdaptiveSpin(max_ns=80_000, min_ns=3_000, peer_pid=child)
+        assert spin.state.tolist() == [0, 0, 0]  # one shared core: no spin
+        assert spin.relook() is False
+        os.sched_setaffinity(child, {b})  # the peer moves to a core of its own
+        assert spin.relook() is True and spin.state.tolist() == [80_000, 80_000, 3_000]
+        spin.update(10_000, True)
+        spin.update(0, False)
+        learned = spin.state.tolist()
+        assert spin.relook() is False and spin.state.tolist() == learned  # nothing changed: kept
+        os.sched_setaffinity(child, {a})  # back onto ours
+        assert spin.relook() is True and spin.state.tolist() == [0, 0, 0]
+    finally:
+        os.sched_setaffinity(0, saved)
+        os.close(w)
+        os.waitpid(child, 0)
+
+
 @pytest.mark.parametrize("waiting_on", ["gathered", "published", "idle"])
 def test_watcher_stop_wakes_its_wait_at_once(seg, waiting_on):
     """stop() ends the watcher's wait at once instead of at its end: the watchdog joins it before

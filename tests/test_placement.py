@@ -13,6 +13,7 @@ from dspark_proxy.shm.hostflag import HostFlags
 from dspark_proxy.shm.layout import LayoutParams
 from dspark_proxy.shm.segment import Segment
 from dspark_proxy.sim import SimConfig, SimEngine
+from dspark_proxy.status import read_status
 from engine_shim import Shim, placement
 from engine_shim.attach import AttachState
 from engine_shim.placement import ENV_WATCHER_CPUS, parse_cpus, watcher_cpus
@@ -112,3 +113,49 @@ def test_a_pinned_engines_watcher_runs_on_the_other_cpus(seg_name, monkeypatch):
         if shim is not None:
             shim.close()
         proxy.stop()
+
+
+def _spin_max_ns(name: str) -> int | None:
+    return read_status(name)["proxy"].get("gauges", {}).get("spin_max_ns")
+
+
+@two_cpus
+def test_the_proxy_decides_again_whether_to_spin_when_the_engine_is_re_pinned(seg_name):
+    """The proxy decides at attach whether its round's waits may spin, from the CPUs its threads and the
+    engine's thread may use (hostflag.py `spin_useful`); an engine that re-pins its thread after it
+    attached gets the decision taken again within a second of idle (proxy.py `_relook`), both ways.
+    `status` shows it as the gauge spin_max_ns."""
+    cpus = sorted(os.sched_getaffinity(0))
+    shared, own = {cpus[0]}, {cpus[1]}
+    before = os.sched_getaffinity(0)
+    layout = ["--max-reqs", "4", "--num-spec", "3", "--window", "8", "--row-bytes", "64"]
+    sim = SimEngine(SimConfig(seed=2, max_reqs=4, num_spec=3, window=8, row_bytes=64))
+    proxy = shim = None
+
+    def settled(want: int) -> int | None:
+        time.sleep(1.3)  # idle past the proxy's once-a-second look
+        sim.run(shim, rounds=2)  # rounds make its next snapshot due
+        end = time.monotonic() + 10
+        while _spin_max_ns(seg_name) != want and time.monotonic() < end:
+            time.sleep(0.05)
+        return _spin_max_ns(seg_name)
+
+    try:
+        os.sched_setaffinity(0, shared)  # the proxy starts from this thread: engine and proxy share a CPU
+        proxy = spawn_proxy(seg_name, "null", *layout, "--deadline-ms", "500", "--log-every", "0")
+        shim = Shim(seg_name, max_reqs=4, num_spec=3, window=8, row_bytes=64, look_every_s=0.01)
+        end = time.monotonic() + 10
+        while shim.state is not AttachState.ATTACHED and time.monotonic() < end:
+            sim.run(shim, rounds=1)
+        assert shim.state is AttachState.ATTACHED
+        assert settled(0) == 0  # one CPU for both: no spin
+        os.sched_setaffinity(0, own)  # the engine thread moves to a CPU of its own
+        assert settled(100_000) == 100_000
+        os.sched_setaffinity(0, shared)  # and back
+        assert settled(0) == 0
+    finally:
+        os.sched_setaffinity(0, before)
+        if shim is not None:
+            shim.close()
+        if proxy is not None:
+            proxy.stop()

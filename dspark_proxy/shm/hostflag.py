@@ -83,10 +83,23 @@ class AdaptiveSpin:
     """
 
     def __init__(self, max_ns: int = 100_000, min_ns: int = 0, peer_pid: int | None = None) -> None:
+        self.cap_ns, self.floor_ns, self.peer_pid = max_ns, min_ns, peer_pid  # what `relook` decides from
         mx = max_ns if spin_useful(peer_pid) else 0
         # [spin_ns, max_ns, min_ns]: the rounds' waits (wait_gathered, wait_or_fail) pass it to their C
         # call, which learns in place by the rule `update` spells out (_hostflag.c spin_learn)
         self.state = np.array([mx, mx, min(min_ns, mx)], dtype=np.int64)
+
+    def relook(self) -> bool:
+        """Decide again whether spinning can pay (`spin_useful`): a thread either side re-pinned after
+        the decision at construction would otherwise keep it for good (a spin lost, or a spin on the
+        one core the answer must come from). True when it changed: the spin starts afresh from the
+        new bound, as a new one would. Only the thread that waits with this spin may call it (the C
+        waits learn in `state` without a lock)."""
+        mx = self.cap_ns if spin_useful(self.peer_pid) else 0
+        if mx == int(self.state[1]):
+            return False
+        self.state[:] = (mx, mx, min(self.floor_ns, mx))
+        return True
 
     spin_ns = property(lambda self: int(self.state[0]), lambda self, v: self.state.__setitem__(0, v))
     max_ns = property(lambda self: int(self.state[1]), lambda self, v: self.state.__setitem__(1, v))
