@@ -324,7 +324,7 @@ class Proxy:
         """Whether the round's waits may spin is decided at attach from the CPUs the engine's thread and
         ours may use; a thread re-pinned since (an engine that binds its threads after it attached) would
         keep a stale decision: looked at again once a second while idle and every 4096th round, after
-        the publish (README, "Native hot paths")."""
+        the publish (shm_layout.md §6)."""
         if flags.spin.relook():
             self.stats.set("spin_max_ns", flags.spin.max_ns)
             log.info("[proxy] the CPUs the engine or the proxy may use changed: the round's waits now spin up "

@@ -8,6 +8,7 @@ figures themselves are printed with -s and measured properly in test_hostflag_ra
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import shutil
@@ -863,60 +864,53 @@ def test_a_bad_spin_state_is_refused(seg):
         hf.wait_or_fail(seg.mm, flags.words_off, flags.page_off, flags.zero_bytes, 1, 1, 0, 0, np.zeros(2, np.int64))
 
 
-def test_spin_useful_looks_at_both_processes():
-    """Pinned to different cores each: spin (the best case); both on the same single core: never."""
-    import os
-
+@contextlib.contextmanager
+def _peer_on(cpu: int) -> Iterator[int]:
+    """A child process pinned to `cpu`, blocked until the block ends (this thread's CPUs restored then);
+    yields its pid, for the spin decisions' peer."""
     saved = os.sched_getaffinity(0)
-    if len(saved) < 2:
-        pytest.skip("needs two cores")
-    a, b = sorted(saved)[:2]
+    r, w = os.pipe()
     child = os.fork()
     if child == 0:
         try:
-            os.sched_setaffinity(0, {b})
-            time.sleep(5)
+            os.close(w)
+            os.read(r, 1)  # until the parent closes its end
         finally:
             os._exit(0)
+    os.close(r)
     try:
-        deadline = time.monotonic() + 2
-        while os.sched_getaffinity(child) != {b} and time.monotonic() < deadline:
-            time.sleep(0.01)
+        os.sched_setaffinity(child, {cpu})
+        yield child
+    finally:
+        os.sched_setaffinity(0, saved)
+        os.close(w)
+        os.waitpid(child, 0)
+
+
+def _two_cores() -> tuple[int, int]:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two cores")
+    return cpus[0], cpus[1]
+
+
+def test_spin_useful_looks_at_both_processes():
+    """Pinned to different cores each: spin (the best case); both on the same single core: never."""
+    a, b = _two_cores()
+    with _peer_on(b) as child:
         os.sched_setaffinity(0, {a})
         assert hostflag.spin_useful(child) is True  # each on its own core
         os.sched_setaffinity(0, {b})
         assert hostflag.spin_useful(child) is False  # sharing the one core
         assert hostflag.spin_useful(None) is False  # peer unknown and we are pinned to one core
-    finally:
-        os.sched_setaffinity(0, saved)
-        os.kill(child, 9)
-        os.waitpid(child, 0)
 
 
 def test_relook_follows_a_peer_re_pinned_after_the_decision():
     """The decision at construction is taken again by relook(): each transition (no spin -> spin -> no
     spin) restarts the spin from the new bound, and a look that changes nothing leaves what the waits
     learned alone."""
-    import os
-
-    saved = os.sched_getaffinity(0)
-    if len(saved) < 2:
-        pytest.skip("needs two cores")
-    a, b = sorted(saved)[:2]
-    r, w = os.pipe()
-    child = os.fork()
-    if child == 0:
-        try:
-            os.close(w)
-            os.sched_setaffinity(0, {a})
-            os.read(r, 1)  # blocks until the parent closes its end
-        finally:
-            os._exit(0)
-    os.close(r)
-    try:
-        deadline = time.monotonic() + 2
-        while os.sched_getaffinity(child) != {a} and time.monotonic() < deadline:
-            time.sleep(0.01)
+    a, b = _two_cores()
+    with _peer_on(a) as child:
         os.sched_setaffinity(0, {a})
         spin = AdaptiveSpin(max_ns=80_000, min_ns=3_000, peer_pid=child)
         assert spin.state.tolist() == [0, 0, 0]  # one shared core: no spin
@@ -929,10 +923,6 @@ def test_relook_follows_a_peer_re_pinned_after_the_decision():
         assert spin.relook() is False and spin.state.tolist() == learned  # nothing changed: kept
         os.sched_setaffinity(child, {a})  # back onto ours
         assert spin.relook() is True and spin.state.tolist() == [0, 0, 0]
-    finally:
-        os.sched_setaffinity(0, saved)
-        os.close(w)
-        os.waitpid(child, 0)
 
 
 @pytest.mark.parametrize("waiting_on", ["gathered", "published", "idle"])
