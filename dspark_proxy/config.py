@@ -377,9 +377,11 @@ class WorkerConfig(LayoutConfig):
     adopt_shapes: bool = _opt(True, "Serve each proxy under the max_reqs, window, N and row_bytes of its HELLO "
                               "where the drafter allows (a trained head fixes its own); off: only this "
                               "worker's, others refused naming the field.")
-    memory_budget_mb: int = _opt(0, "MiB of slot windows for all sessions together; past it a new session is "
+    memory_budget_mb: int = _opt(0, "MiB of slots (rows, CRC chains, the drafter's per-slot state) for all sessions together; past it a new session is "
                                  "refused with a clear error (0: room for 8 sessions of --max-reqs, at least 1 GiB with --adopt-shapes).",
                                  _Range(0, 1 << 30))
+    max_window: int = _opt(_MAX_WINDOW, "Largest window a proxy's HELLO may ask (with --adopt-shapes); past it the "
+                           "handshake is refused naming window.", _Range(1, 1 << 20))
     device: str = _opt("cpu", "Torch device for the torch drafter: cpu (its head runs in numpy on the CPU; others are refused).")
     weights: str | None = _opt(None, "Torch drafter head: a train-drafter directory (head.safetensors + manifest.json) or its .safetensors file (default: seeded random weights).")
     seed: int = _opt(0, "Seed of the torch drafter's random weights.", _Range(0, 2**63 - 1))

@@ -21,7 +21,8 @@ import zlib
 
 import numpy as np
 
-__all__ = ["CrcOp", "CrcOpSet", "multmodp", "x2nmodp", "byte_tables", "xor_lookup", "le_bytes"]
+__all__ = ["CrcOp", "CrcOpSet", "WindowShifts", "multmodp", "x2nmodp", "byte_tables", "xor_lookup", "le_bytes",
+           "shift_tables"]
 
 _POLY = 0xEDB88320  # the reflected CRC-32 polynomial, as zlib uses it
 _SMALL = 128  # below this many lookups, one fancy take + reduce beats column by column
@@ -135,14 +136,43 @@ class CrcOp:
         return int(self.apply(np.array([x], dtype=np.uint32))[0])
 
 
+def shift_tables(step_bytes: int, count: int, scale: int = 1) -> np.ndarray:
+    """The byte tables of shift(k * scale * step_bytes) for k = 0 .. count - 1, uint32 [count, 4, 256],
+    built with numpy for all k at once (one multmodp per k): about 1000 times faster than `CrcOp.shift`
+    one by one, which matters when a peer's HELLO chooses the window (worker/server.py)."""
+    one = x2nmodp(int(step_bytes) * int(scale), 3)
+    polys = np.empty(count, dtype=np.uint32)
+    p = 1 << 31  # x^0: shift(0) is the identity
+    for k in range(count):
+        polys[k] = p
+        p = multmodp(p, one)
+    # basis[:, i] = the map applied to the bit 1 << i, i.e. poly * x^(31 - i) (multmodp's bit order)
+    basis = np.empty((count, 32), dtype=np.uint32)
+    cur = polys.copy()
+    for i in range(31, -1, -1):
+        basis[:, i] = cur
+        cur = (cur >> np.uint32(1)) ^ (np.uint32(_POLY) * (cur & np.uint32(1)))
+    tables = np.zeros((count, 4, 256), dtype=np.uint32)
+    for k in range(4):  # table[b] = XOR of the basis of b's bits, built by doubling
+        for bit in range(8):
+            lo = 1 << bit
+            tables[:, k, lo:2 * lo] = tables[:, k, :lo] ^ basis[:, 8 * k + bit, None]
+    return tables
+
+
 class CrcOpSet:
     """Several maps, one chosen per element: ``apply(x, which)`` is ``ops[which[i]].apply(x[i])``."""
 
     __slots__ = ("flat", "n_ops")
 
-    def __init__(self, ops: list[CrcOp]) -> None:
-        self.flat = np.concatenate([op.flat for op in ops])
-        self.n_ops = len(ops)
+    def __init__(self, ops: list[CrcOp] | np.ndarray) -> None:
+        """ops: the maps, or their byte tables [n, 4, 256] (`shift_tables`)."""
+        if isinstance(ops, np.ndarray):
+            self.flat = np.ascontiguousarray(ops, dtype=np.uint32).reshape(-1)
+            self.n_ops = ops.shape[0]
+        else:
+            self.flat = np.concatenate([op.flat for op in ops])
+            self.n_ops = len(ops)
 
     def apply(self, x: np.ndarray, which: np.ndarray) -> np.ndarray:
         which = np.asarray(which, dtype=np.intp)
@@ -167,3 +197,41 @@ def byte_tables(msg_len: int, n_bytes: int | None = None) -> tuple[int, np.ndarr
             col[b] = zlib.crc32(zero) ^ c0
         zero[k] = 0
     return c0, tables
+
+
+class WindowShifts:
+    """shift(w * row_bytes) for every window length w = 0 .. window, applied per element: what the
+    worker assembles window CRCs with (worker/serve.py). Up to `DIRECT` windows it is one table per w
+    (one lookup pass per batch, as before); beyond, w = hi * B + lo with B about sqrt(window), so it
+    keeps about 2 sqrt(window) tables instead of window + 1 (8 MiB, not 4 GiB, at the protocol's
+    2^20) and applies two passes. Either way it is built in milliseconds (`shift_tables`)."""
+
+    DIRECT = 512  # window + 1 tables of 4 KiB each up to here: 2 MiB
+
+    __slots__ = ("window", "row_bytes", "_one", "_lo", "_hi", "_bits")
+
+    def __init__(self, row_bytes: int, window: int) -> None:
+        self.window, self.row_bytes = int(window), int(row_bytes)
+        n = self.window + 1
+        self._one: CrcOpSet | None = None
+        if n <= self.DIRECT:
+            self._one = CrcOpSet(shift_tables(row_bytes, n))
+            return
+        self._bits = max(1, (n.bit_length() + 1) // 2)
+        b = 1 << self._bits
+        self._lo = CrcOpSet(shift_tables(row_bytes, b))
+        self._hi = CrcOpSet(shift_tables(row_bytes, -(-n // b), scale=b))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of tables held."""
+        if self._one is not None:
+            return self._one.flat.nbytes
+        return self._lo.flat.nbytes + self._hi.flat.nbytes
+
+    def apply(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """shift(w[i] * row_bytes) applied to x[i] (uint32 arrays of one length; 0 <= w <= window)."""
+        if self._one is not None:
+            return self._one.apply(x, w)
+        w = np.asarray(w, dtype=np.intp)
+        return self._hi.apply(self._lo.apply(x, w & ((1 << self._bits) - 1)), w >> self._bits)

@@ -65,7 +65,7 @@ class Admission:
     def __init__(self, layout: WireLayout, *, token: bytes | None, worker_id: str, max_connections: int,
                  max_handshakes: int, handshake_timeout_s: float, counters: Counter[str],
                  terms: Callable[[Hello, Any], WireLayout],
-                 charge: Callable[[int, int], str | None] | None = None) -> None:
+                 charge: Callable[[int, WireLayout], str | None] | None = None) -> None:
         if max_handshakes < 1:
             raise ValueError(f"max_handshakes={max_handshakes}: at least 1")
         self.layout = layout
@@ -76,7 +76,7 @@ class Admission:
         self.handshake_timeout_s = handshake_timeout_s
         self.counters = counters
         self.terms = terms  # the HELLO -> the layout served, or Refused (terms.py)
-        self.charge = charge  # (connection, bytes of one session's windows) -> refusal or None (session.py)
+        self.charge = charge  # (connection, its agreed layout) -> refusal or None (one session's bytes, session.py)
         self.lock = threading.Lock()
         self.conns: dict[int, FramedConnection] = {}
         self.pending: dict[int, FramedConnection] = {}  # still in the handshake, oldest first
@@ -156,7 +156,7 @@ class Admission:
             agreed = self.terms(hello, peer)
         except Refused as e:
             return self._refuse(conn, peer, e)
-        if not self._charge_memory(cid, conn, agreed.max_reqs * agreed.window * agreed.row_bytes):
+        if not self._charge_memory(cid, conn, agreed):
             return None
         if not self._admit(cid):
             self.counters["connections_refused"] += 1
@@ -185,10 +185,11 @@ class Admission:
         log.warning("[worker] peer=%s mismatch %s", peer, e)
         send_error(conn, "mismatch", str(e), field=e.field)
 
-    def _charge_memory(self, cid: int, conn: FramedConnection, need: int) -> bool:
-        """The shapes adopted at HELLO are charged to the worker's memory budget now, shared fairly by the
-        proxies connected (SessionTable.charge_conn): past it, the handshake is refused naming the bytes."""
-        refusal = self.charge(cid, need) if self.charge is not None else None
+    def _charge_memory(self, cid: int, conn: FramedConnection, agreed: WireLayout) -> bool:
+        """The shapes adopted at HELLO are charged to the worker's memory budget now (one session of them,
+        all its slots can hold), shared fairly by the proxies connected (SessionTable.charge_conn): past
+        it, the handshake is refused naming the bytes."""
+        refusal = self.charge(cid, agreed) if self.charge is not None else None
         if refusal is None:
             return True
         self.counters["handshake_memory_refused"] += 1

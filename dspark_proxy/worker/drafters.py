@@ -19,7 +19,8 @@ import numpy as np
 from ..integrity import GOLDEN, integrity_hash
 from ..wire import TOP_K, ReplyWriter
 
-__all__ = ["DraftItem", "Drafter", "IntegrityDrafter", "make_drafter", "DRAFTER_NAMES", "DRAFTERS", "DrafterEntry"]
+__all__ = ["DraftItem", "Drafter", "IntegrityDrafter", "make_drafter", "DRAFTER_NAMES", "DRAFTERS", "DrafterEntry",
+           "drafter_slot_bytes"]
 
 
 @dataclass
@@ -40,6 +41,10 @@ class DraftItem:
 
 
 class Drafter(Protocol):
+    """A drafter. One that keeps state per slot (transforms of the rows, keys and values) also says how
+    much with `slot_bytes(window, row_bytes) -> int`, so the worker's memory budget charges it
+    (worker/session.py); one without that method is charged nothing beyond the slot's own window."""
+
     name: str
 
     def draft(self, items: list[DraftItem], out: ReplyWriter) -> None:
@@ -66,6 +71,10 @@ class IntegrityDrafter:
         self._k = np.arange(TOP_K, dtype=np.int64)
         self._j = np.arange(num_spec, dtype=np.int64)
         self._golden = (self._j * GOLDEN) & 0xFFFFFFFF
+
+    def slot_bytes(self, window: int, row_bytes: int) -> int:
+        """Nothing of its own per slot: the CRC chain it reads is the slot's (worker/session.py)."""
+        return 0
 
     def draft(self, items: list[DraftItem], out: ReplyWriter) -> None:
         """The whole batch at once (a per-item numpy call cost ~4 us a request at n = 256)."""
@@ -110,6 +119,12 @@ class IntegrityDrafter:
         for seg in it.segments[1:]:
             h = zlib.crc32(seg, h)
         return h
+
+
+def drafter_slot_bytes(drafter: object, window: int, row_bytes: int) -> int:
+    """What `drafter` declares it keeps per slot at these shapes (its `slot_bytes`), 0 when it does not say."""
+    fn = getattr(drafter, "slot_bytes", None)
+    return int(fn(window, row_bytes)) if fn is not None else 0
 
 
 def _make_integrity(*, num_spec: int, window: int, **_: object) -> Drafter:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..crc import CrcOpSet
+from ..crc import WindowShifts
 from ..wire import (
     ENTRY_DTYPE,
     RF_NEED_DRAFT,
@@ -49,7 +49,7 @@ assert ENTRY_DTYPE.names == ("slot", "n_rows", "generation", "first_pos", "ancho
 
 def serve_step(session: Session, entries: np.ndarray, rows: np.ndarray, sample_meta: np.ndarray | None, out: Any,
                layout: WireLayout, drafter: Drafter, counters: MutableMapping[str, int], *,
-               shift_w: CrcOpSet | None = None, draft_lock: Any = None, drafter_name: str = "") -> None:
+               shift_w: WindowShifts | None = None, draft_lock: Any = None, drafter_name: str = "") -> None:
     """Apply `entries` (rows: [n_rows, row_bytes], in entry order) to `session` and draft for the usable
     requests into `out`. shift_w: the integrity drafter's CRC shifts, to hash windows from the slots'
     CRC chains (None: the drafter reads the rows). A drafter that raises fails its requests
@@ -122,7 +122,7 @@ def _fail(items: list[DraftItem], out: Any) -> None:
     out.confidence[idx] = 0.0
 
 
-def _integrity_crcs(shift_w: CrcOpSet, items: list[DraftItem], ends_crc: list[tuple[int, int]]) -> None:
+def _integrity_crcs(shift_w: WindowShifts, items: list[DraftItem], ends_crc: list[tuple[int, int]]) -> None:
     """The integrity hash of every item from its slot's CRC chain, for the whole batch at once:
     crc(hdr ‖ window) = shift(w L)(crc(hdr) ^ A(a - 1)) ^ A(hi - 1) (dspark_proxy.crc). No row is
     read again: each was hashed once, when it arrived."""

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from .. import __version__
 from ..conn import FramedConnection, listen_tcp
-from ..crc import CrcOp, CrcOpSet
+from ..crc import WindowShifts
 from ..wire import (
     APP_HEADER_SIZE,
     MAX_CONTROL_PAYLOAD,
@@ -47,7 +47,7 @@ from ..wire import (
     pack_app_header,
 )
 from .admission import Admission, send_error
-from .drafters import Drafter, make_drafter
+from .drafters import Drafter, drafter_slot_bytes, make_drafter
 from .faults import FaultAction, FaultCounter, FaultPlan
 from .serve import serve_step
 from .session import Session, SessionRefused, SessionTable
@@ -61,6 +61,7 @@ CRASH_EXIT_CODE = 70  # os._exit code of the crash_after fault
 DEFAULT_BUDGET_SESSIONS = 8  # without --memory-budget-mb: windows for 8 sessions of the worker's max_reqs
 DEFAULT_BUDGET_ADOPTING = 1 << 30  # ... and at least this while adopting the proxies' shapes (terms.py)
 _SERVED_KEPT = 16  # drafters kept for layouts other than the worker's own (a connection keeps its own)
+MAX_WINDOW = 65536  # default --max-window: the largest window a proxy can be started with (config.py)
 
 
 def is_loopback(host: str) -> bool:
@@ -88,7 +89,8 @@ class WorkerServer:
                  weights: str | None = None, seed: int = 0, max_slots: int = 1 << 20,
                  max_sessions: int = 64, max_connections: int = 64, max_frame_bytes: int | None = None,
                  handshake_timeout_s: float = 1.0, memory_budget_bytes: int | None = None,
-                 max_sessions_per_conn: int = 4, max_handshakes: int = 16, adopt_shapes: bool = True) -> None:
+                 max_sessions_per_conn: int = 4, max_handshakes: int = 16, adopt_shapes: bool = True,
+                 max_window: int = MAX_WINDOW) -> None:
         self.layout = WireLayout(num_spec=num_spec, window=window, row_bytes=row_bytes, max_reqs=max_reqs,
                                  sampled=sampled)
         if token is not None and len(token) == 0:
@@ -106,25 +108,27 @@ class WorkerServer:
         self.max_frame_bytes = max_frame_bytes or (APP_HEADER_SIZE + self.layout.max_step_payload())
         self.worker_id = f"dspark-worker/{__version__} pid={os.getpid()}"
         self.counters: Counter[str] = Counter()
+        self.drafter: Drafter | None = None  # made at start()
         self.admission = Admission(self.layout, token=token, worker_id=self.worker_id,
                                    max_connections=max_connections, max_handshakes=max_handshakes,
                                    handshake_timeout_s=handshake_timeout_s, counters=self.counters,
                                    terms=self._terms,
-                                   charge=lambda cid, need: self.sessions.charge_conn(cid, need))
-        one = min(max_slots, max_reqs) * window * row_bytes  # a session of this worker's max_reqs
-        budget = memory_budget_bytes or max(DEFAULT_BUDGET_SESSIONS * one, DEFAULT_BUDGET_ADOPTING if adopt_shapes else 0)
-        if budget < one:
-            raise ValueError(f"memory budget of {budget} bytes is below one session's windows ({one} bytes: "
-                             f"max_reqs {max_reqs} x window {window} x row_bytes {row_bytes}); raise "
-                             "--memory-budget-mb")
-        self.budget_bytes = budget
-        # adopting: a session's slots are bounded by its connection's agreed max_reqs and the budget
+                                   charge=self._charge)
+        if max_window < window:
+            raise ValueError(f"max_window {max_window} is below this worker's own window {window}")
+        self.max_window = max_window
+        # adopting: a session's slots are bounded by its connection's agreed max_reqs and the budget; every
+        # slot is charged all it can hold, the drafter's own per-slot state too (session.py)
         self.sessions = SessionTable(window, row_bytes, max_slots if adopt_shapes else min(max_slots, max_reqs),
-                                     max_sessions, chains=drafter == "integrity",
-                                     per_conn=max_sessions_per_conn, budget_bytes=budget)
+                                     max_sessions, chains=drafter == "integrity", per_conn=max_sessions_per_conn,
+                                     drafter_slot_bytes=lambda w, rb: drafter_slot_bytes(self.drafter, w, rb))
+        one = self.sessions.session_bytes(max_reqs)  # a session of this worker's max_reqs (the drafter's part
+        # is checked again at start, once the drafter is made)
+        budget = memory_budget_bytes or max(DEFAULT_BUDGET_SESSIONS * one, DEFAULT_BUDGET_ADOPTING if adopt_shapes else 0)
+        self.budget_bytes = self.sessions.budget_bytes = budget
+        self._check_budget()
         self._drafter_args = dict(num_spec=num_spec, window=window, row_bytes=row_bytes, device=torch_device,
                                   weights=weights, seed=seed)
-        self.drafter = None
         self._served: OrderedDict[tuple[int, int, int], _Served] = OrderedDict()  # by (N, W, row_bytes)
         self._served_lock = threading.Lock()
         self._draft_lock = threading.Lock()
@@ -136,6 +140,20 @@ class WorkerServer:
     @property
     def port(self) -> int:
         return self._port
+
+    def _check_budget(self) -> None:
+        """ValueError when the budget cannot hold one session of this worker's own shapes."""
+        one = self.sessions.session_bytes(self.layout.max_reqs)
+        if self.budget_bytes < one:
+            lay = self.layout
+            raise ValueError(f"memory budget of {self.budget_bytes} bytes is below one session's slots ({one} "
+                             f"bytes: max_reqs {lay.max_reqs} x (window {lay.window} x row_bytes {lay.row_bytes}"
+                             " + chains and the drafter's state)); raise --memory-budget-mb")
+
+    def _charge(self, cid: int, layout: WireLayout) -> str | None:
+        """Admission's HELLO charge: one session of the agreed shapes, all its slots can hold."""
+        need = self.sessions.session_bytes(layout.max_reqs, layout.window, layout.row_bytes)
+        return self.sessions.charge_conn(cid, need)
 
     @property
     def drafter_identity(self) -> str:
@@ -150,6 +168,7 @@ class WorkerServer:
         if self._listener is not None:
             return
         self.drafter = make_drafter(self.drafter_name, **self._drafter_args)
+        self._check_budget()  # now with the drafter's per-slot state
         self._listener = listen_tcp(self.host, self._port)
         self._port = self._listener.getsockname()[1]
         log.info("[worker] listening host=%s port=%d drafter=%s N=%d W=%d row_bytes=%d max_reqs=%d "
@@ -336,25 +355,31 @@ class WorkerServer:
     def _terms(self, hello: Hello, peer) -> WireLayout:
         """The layout a HELLO is served under, or terms.Refused naming the field (Admission calls it)."""
         return agree(hello, self.layout, drafter=self.drafter, adopt=self.adopt_shapes,
-                     budget_bytes=self.budget_bytes, peer=peer)
+                     budget_bytes=self.budget_bytes, peer=peer, max_window=self.max_window,
+                     session_bytes=self.sessions.session_bytes)
 
     def _served_for(self, layout: WireLayout) -> _Served:
         """The drafter (and the integrity drafter's CRC shifts) for an agreed layout: the worker's own
-        drafter where its shapes are those, else one made for them, kept for the next connection."""
+        drafter where its shapes are those, else one made for them, kept for the next connection. Made
+        outside the lock, so a connection of new shapes never holds up another's first STEP (two
+        connections of one new layout may both make it: the first kept wins)."""
         key = (layout.num_spec, layout.window, layout.row_bytes)
         with self._served_lock:
             got = self._served.get(key)
-            if got is None:
-                own = (self.layout.num_spec, self.layout.window, self.layout.row_bytes)
-                a = {**self._drafter_args, "num_spec": key[0], "window": key[1], "row_bytes": key[2]}
-                drafter = self.drafter if key == own else make_drafter(self.drafter_name, **a)
-                # integrity: shift(w * row_bytes) for w = 0..W, to assemble window CRCs from the slots' chains
-                shift_w = (CrcOpSet([CrcOp.shift(k * key[2]) for k in range(key[1] + 1)])
-                           if self.drafter_name == "integrity" else None)
-                got = self._served[key] = _Served(drafter, shift_w)
-                while len(self._served) > _SERVED_KEPT:  # open connections keep theirs
-                    self._served.popitem(last=False)
+            if got is not None:
+                self._served.move_to_end(key)
+                return got
+        own = (self.layout.num_spec, self.layout.window, self.layout.row_bytes)
+        a = {**self._drafter_args, "num_spec": key[0], "window": key[1], "row_bytes": key[2]}
+        drafter = self.drafter if key == own else make_drafter(self.drafter_name, **a)
+        # integrity: shift(w * row_bytes) for w = 0..W, to assemble window CRCs from the slots' chains
+        # (about 2 sqrt(W) tables past 512 rows, built in milliseconds: crc.py)
+        shift_w = WindowShifts(key[2], key[1]) if self.drafter_name == "integrity" else None
+        with self._served_lock:
+            got = self._served.setdefault(key, _Served(drafter, shift_w))
             self._served.move_to_end(key)
+            while len(self._served) > _SERVED_KEPT:  # open connections keep theirs
+                self._served.popitem(last=False)
             return got
 
 
@@ -362,4 +387,4 @@ class _Served(NamedTuple):
     """What one agreed layout's STEPs are drafted with."""
 
     drafter: Drafter
-    shift_w: CrcOpSet | None
+    shift_w: WindowShifts | None

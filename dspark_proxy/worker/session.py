@@ -12,13 +12,20 @@ chain_start .. p), the last W + 1 of them: each row is hashed once, when it arri
 re-hashing W rows every round; with any other drafter (`chains=False`) no row is hashed. Entries are
 applied one by one in batch order: this is the reference the proxy's vectorised model is checked
 against, so it is written for clarity, not speed.
+
+Everything a slot keeps is in compact arrays (the chain: 4 bytes an entry, `array('I')`, as fast to
+index as a list), and all of it is what the memory budget charges (`slot_bytes`): the window of rows,
+the chain, a fixed overhead for the Python objects, and whatever the drafter declares it keeps per
+slot (its `slot_bytes(window, row_bytes)`: the torch drafter's transforms, a head's keys and values).
 """
 
 from __future__ import annotations
 
 import threading
 import zlib
+from array import array
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 
@@ -32,15 +39,26 @@ from ..wire import (
     RS_UNKNOWN_SLOT,
 )
 
-__all__ = ["SlotWindow", "Session", "SessionTable", "SessionRefused"]
+__all__ = ["SlotWindow", "Session", "SessionTable", "SessionRefused", "slot_bytes", "SLOT_OVERHEAD"]
+
+SLOT_OVERHEAD = 1024  # a slot's Python objects: SlotWindow, its arrays' headers, its dict entry (measured ~700)
+_CHAIN = "I"  # the chain's array type: 4-byte unsigned (a CRC-32)
+assert array(_CHAIN).itemsize == 4
+
+
+def slot_bytes(window: int, row_bytes: int, chains: bool, drafter_bytes: int = 0) -> int:
+    """What one slot may hold at these shapes: its window of rows, its CRC chain when kept, the
+    objects' overhead and the drafter's own per-slot state (`drafter_bytes`, its `slot_bytes`)."""
+    return window * row_bytes + (4 * (window + 1) if chains else 0) + SLOT_OVERHEAD + drafter_bytes
 
 
 class SlotWindow:
     """One slot's window: rows of positions [lo, hi) (hi - lo <= W) at index position % W."""
 
-    __slots__ = ("generation", "lo", "hi", "rows", "aux", "aux_lo", "chain", "chain_start", "chains")
+    __slots__ = ("generation", "lo", "hi", "rows", "aux", "aux_lo", "chain", "chain_start", "chains", "window")
 
     def __init__(self, window: int, row_bytes: int, chains: bool = True) -> None:
+        self.window = window  # rows.shape[0], kept as an int: read on every entry
         self.generation = 0
         self.lo = 0
         self.hi = 0
@@ -50,14 +68,15 @@ class SlotWindow:
         # of everything before its end, a restart begins it anew
         self.aux: np.ndarray | None = None
         self.aux_lo = 0
-        self.chain = [0] * (window + 1)  # A(p) at p % (W + 1)
+        # A(p) at p % (W + 1), 4 bytes each (a list of ints took 40: issue 28 item 2); none without chains
+        self.chain = array(_CHAIN, bytes(4 * (window + 1))) if chains else array(_CHAIN)
         self.chain_start = 0
         self.chains = chains  # only the integrity drafter reads them: a torch drafter pays no CRC
 
     def write(self, first_pos: int, rows: np.ndarray, restart: bool, aux: np.ndarray | None = None) -> None:
         """rows [k, row_bytes] at positions first_pos .. first_pos + k - 1; aux: their transforms [k, width]
         (the drafter's, computed for the whole STEP at once), kept in the same ring."""
-        w = self.rows.shape[0]
+        w = self.window
         k = rows.shape[0]
         if k == 0:
             return
@@ -84,7 +103,7 @@ class SlotWindow:
     def chain_ends(self, w: int) -> tuple[int, int]:
         """(A(a - 1), A(hi - 1)) for the window of the last w rows, a = hi - w; A(a - 1) is 0 when the
         window starts where the chain does. crc(window) = A(hi-1) ^ shift(w L)(A(a-1))."""
-        R = self.rows.shape[0] + 1
+        R = self.window + 1
         a = self.hi - w
         before = self.chain[(a - 1) % R] if a > self.chain_start else 0
         return before, self.chain[(self.hi - 1) % R]
@@ -95,7 +114,7 @@ class SlotWindow:
 
     def segments(self, w: int) -> list[np.ndarray]:
         """The last w rows (positions hi-w .. hi-1) in order, as at most two contiguous views."""
-        size = self.rows.shape[0]
+        size = self.window
         start = (self.hi - w) % size
         if start + w <= size:
             return [self.rows[start:start + w]]
@@ -172,9 +191,9 @@ class SessionTable:
       closes (the client's next connection raises the epoch and resends every window); another
       connection may neither step it nor drop it while its owner is open;
     - a connection holds at most `per_conn` sessions;
-    - every session reserves, when created, the windows of every slot it may use (its connection's
-      agreed max_reqs x W x row_bytes); past `budget_bytes` a new session is refused, so the
-      windows never outgrow the budget;
+    - every session reserves, when created, all that every slot it may use can hold (its connection's
+      agreed max_reqs x `slot_bytes`: the window of rows, the CRC chain, the objects and the drafter's
+      per-slot state); past `budget_bytes` a new session is refused, so the slots never outgrow it;
     - past `max_sessions`, only sessions whose connection is gone are evicted (least recently used
       first); a session of an open connection never is;
     - several proxies share the budget (`charge_conn`): a connection is charged one session's windows at
@@ -184,9 +203,12 @@ class SessionTable:
     """
 
     def __init__(self, window: int, row_bytes: int, max_slots: int, max_sessions: int,
-                 chains: bool = True, *, per_conn: int = 4, budget_bytes: int | None = None) -> None:
+                 chains: bool = True, *, per_conn: int = 4, budget_bytes: int | None = None,
+                 drafter_slot_bytes: Callable[[int, int], int] | None = None) -> None:
+        """drafter_slot_bytes(window, row_bytes): what the drafter keeps per slot (its `slot_bytes`)."""
         self._window = window
         self._chains = chains
+        self._drafter_slot_bytes = drafter_slot_bytes
         self._row_bytes = row_bytes
         self._max_slots = max_slots
         self._max_sessions = max_sessions
@@ -203,9 +225,11 @@ class SessionTable:
         self._extra: dict[int, int] = {}  # connection -> bytes of its sessions beyond the charged one
 
     def session_bytes(self, max_slots: int, window: int | None = None, row_bytes: int | None = None) -> int:
-        """What a session with max_slots slots reserves: every slot's whole window (of the table's shapes
-        unless its connection agreed others)."""
-        return (min(max_slots, self._max_slots) * (window or self._window) * (row_bytes or self._row_bytes))
+        """What a session with max_slots slots reserves: all that every slot can hold (`slot_bytes`), at
+        the table's shapes unless its connection agreed others."""
+        window, row_bytes = window or self._window, row_bytes or self._row_bytes
+        extra = int(self._drafter_slot_bytes(window, row_bytes)) if self._drafter_slot_bytes is not None else 0
+        return min(max_slots, self._max_slots) * slot_bytes(window, row_bytes, self._chains, extra)
 
     def open_conn(self, owner: int) -> None:
         with self._lock:
@@ -236,7 +260,7 @@ class SessionTable:
                 self._remove(victim)
                 self.evicted += 1
             if self._over(need):
-                return (f"this proxy's shapes need {need} bytes of windows; {self.reserved_bytes} of the "
+                return (f"this proxy's shapes need {need} bytes of slots; {self.reserved_bytes} of the "
                         f"worker's {self.budget_bytes} bytes (--memory-budget-mb) are held by "
                         f"{len(self._charge)} other proxies")
             self._charge[owner] = need
@@ -293,7 +317,7 @@ class SessionTable:
                 raise SessionRefused("session_limit", f"the worker holds {self._max_sessions} sessions, all of "
                                      "open connections")
             if self._over(need):
-                raise SessionRefused("memory_budget", f"a new session needs {need} bytes of windows; "
+                raise SessionRefused("memory_budget", f"a new session needs {need} bytes of slots; "
                                      f"{self.reserved_bytes} of the worker's {self.budget_bytes} bytes "
                                      "(--memory-budget-mb) are held by other sessions")
             if owner in self._charge:

@@ -5,7 +5,10 @@ started with other shapes is served under its own where the drafter allows, so a
 without the proxy's shapes still serves it. Only what the drafter fixes is refused, naming the field
 and both values: the `integrity` drafter fixes nothing; a trained head fixes its row layout, N and
 window (its manifest's), and any drafter that does not say otherwise is taken to fix all three.
-The memory budget bounds what is adopted: one session of the HELLO's shapes must fit in it.
+The memory budget bounds what is adopted: one session of the HELLO's shapes must fit in it, counted as
+all its slots can hold (`session_bytes`: rows, CRC chain, the drafter's per-slot state), and a window
+past the worker's `--max-window` is refused, so nothing a HELLO asks costs more than the budget charges
+(issue 28: the CRC shift tables of a window are about 2 sqrt(W) tables, built in milliseconds, crc.py).
 
 The head's target is checked here too: a HELLO that names a target (`target_id`) is refused by a
 drafter made for another one; a HELLO that names none is served, and the worker says so once.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from ..wire import Hello, WireLayout
@@ -51,9 +55,11 @@ def drafter_target(drafter: Any) -> str | None:
 
 
 def agree(hello: Hello, own: WireLayout, *, drafter: Any, adopt: bool = True,
-          budget_bytes: int | None = None, peer: object = None) -> WireLayout:
+          budget_bytes: int | None = None, peer: object = None, max_window: int | None = None,
+          session_bytes: Callable[[int, int, int], int] | None = None) -> WireLayout:
     """The layout this connection is served under (the protocol version already checked), or Refused
-    naming the field."""
+    naming the field. session_bytes(max_reqs, window, row_bytes): what one session of those shapes
+    is charged (SessionTable.session_bytes; default: its windows of rows alone)."""
     fixed = drafter_fixes(drafter, own)
     for field in SHAPE_FIELDS:
         got = getattr(hello, field)
@@ -62,15 +68,24 @@ def agree(hello: Hello, own: WireLayout, *, drafter: Any, adopt: bool = True,
             why = (f"the {getattr(drafter, 'name', 'drafter')} drafter's" if field in fixed
                    else "this worker's (--no-adopt-shapes)")
             raise Refused(field, f"{field}: client {got}, worker {want} ({why})")
+    if max_window is not None and hello.window > max_window:
+        raise Refused("window", f"window: client {hello.window}, worker serves at most {max_window} "
+                      "(--max-window)")
     if hello.max_reqs < 1 or (not adopt and hello.max_reqs > own.max_reqs):
         raise Refused("max_reqs", f"max_reqs: client {hello.max_reqs}, worker serves at most {own.max_reqs}")
     if hello.sampled and not own.sampled:
         raise Refused("sampled", "sampled: client wants sampled mode, worker started without --sampled")
-    need = hello.max_reqs * hello.window * hello.row_bytes
-    if budget_bytes is not None and need > budget_bytes:
-        raise Refused("max_reqs", f"max_reqs: client {hello.max_reqs} x window {hello.window} x row_bytes "
-                      f"{hello.row_bytes} = {need} bytes of windows a session, worker's memory budget "
-                      f"{budget_bytes} bytes (--memory-budget-mb)")
+    cost = session_bytes or (lambda m, w, rb: m * w * rb)
+    if budget_bytes is not None:
+        one = cost(1, hello.window, hello.row_bytes)
+        if one > budget_bytes:  # not even one slot fits: the window (with its rows) is what is too large
+            raise Refused("window", f"window: client {hello.window} (x row_bytes {hello.row_bytes}: {one} "
+                          f"bytes a slot), worker's memory budget {budget_bytes} bytes (--memory-budget-mb)")
+        need = cost(hello.max_reqs, hello.window, hello.row_bytes)
+        if need > budget_bytes:
+            raise Refused("max_reqs", f"max_reqs: client {hello.max_reqs} x window {hello.window} x row_bytes "
+                          f"{hello.row_bytes} = {need} bytes a session (rows, chains, the drafter's state), "
+                          f"worker's memory budget {budget_bytes} bytes (--memory-budget-mb)")
     _check_target(hello, drafter, peer)
     return WireLayout(hello.num_spec, hello.window, hello.row_bytes, hello.max_reqs, hello.sampled)
 
