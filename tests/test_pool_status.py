@@ -18,6 +18,7 @@ from dspark_proxy.pool.member import link_of
 from dspark_proxy.proxy import Proxy, worker_links
 from dspark_proxy.status import worker_lines
 from dspark_proxy.worker import WorkerServer
+from dspark_proxy.worker.session import slot_bytes
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -88,7 +89,7 @@ def test_connected_then_backing_off_with_next_try():
 
 
 def test_a_worker_whose_memory_is_taken_refuses_and_status_says_why():
-    one = M * W * B
+    one = M * slot_bytes(W, B, chains=True)  # one session of the integrity worker's own shapes
     srv = WorkerServer("127.0.0.1", 0, num_spec=N, window=W, row_bytes=B, max_reqs=M, memory_budget_bytes=one)
     srv.start()
     first, second = _client(srv.port), _client(srv.port)

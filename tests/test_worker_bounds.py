@@ -11,6 +11,7 @@ import pytest
 
 import dspark_proxy.wire as wire
 from dspark_proxy.worker import WorkerServer
+from dspark_proxy.worker.session import slot_bytes
 from dspark_proxy.worker.testing import RawPeer, make_entries
 
 pytestmark = pytest.mark.timeout(30)
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.timeout(30)
 N, W, RB, M = 3, 4, 1024, 4
 LAYOUT = wire.WireLayout(num_spec=N, window=W, row_bytes=RB, max_reqs=M)
 ND, NG = wire.RF_NEED_DRAFT, wire.RF_NEW_GEN
-ONE_SESSION = M * W * RB  # the windows one session of max_reqs M may fill
+ONE_SESSION = M * slot_bytes(W, RB, chains=True)  # all one session of max_reqs M may hold (integrity: chains)
 
 
 @pytest.fixture

@@ -68,4 +68,4 @@ def test_only_the_integrity_worker_hashes_rows(monkeypatch):
     assert len(calls) == 3  # the integrity worker's session hashes each row once
     torch_srv = WorkerServer("127.0.0.1", 0, num_spec=2, window=W, row_bytes=B, max_reqs=2, drafter="torch")
     integrity_srv = WorkerServer("127.0.0.1", 0, num_spec=2, window=W, row_bytes=B, max_reqs=2)
-    assert not torch_srv.sessions.get(1, 0).chains and integrity_srv.sessions.get(1, 0).chains
+    assert not torch_srv.sessions.get(1, 0, 2).chains and integrity_srv.sessions.get(1, 0, 2).chains
