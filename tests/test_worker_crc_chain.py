@@ -69,3 +69,34 @@ def test_only_the_integrity_worker_hashes_rows(monkeypatch):
     torch_srv = WorkerServer("127.0.0.1", 0, num_spec=2, window=W, row_bytes=B, max_reqs=2, drafter="torch")
     integrity_srv = WorkerServer("127.0.0.1", 0, num_spec=2, window=W, row_bytes=B, max_reqs=2)
     assert not torch_srv.sessions.get(1, 0, 2).chains and integrity_srv.sessions.get(1, 0, 2).chains
+
+
+def test_window_shifts_equal_zlibs_combine_at_every_size():
+    """WindowShifts (what the worker assembles window CRCs with) is shift(w * row_bytes) for every w,
+    one table per w up to 512 windows and two passes beyond, up to the protocol's 2^20; built in
+    milliseconds and about 2 sqrt(W) tables, not W + 1 (issue 28 item 1)."""
+    import time
+
+    from dspark_proxy.crc import WindowShifts, shift_tables
+
+    tables = shift_tables(7, 9)
+    for k in range(9):
+        assert np.array_equal(tables[k], CrcOp.shift(7 * k).tables)
+    rng = np.random.default_rng(5)
+    for row_bytes, window in ((24, 5), (3, 511), (1, 512), (2, 4000), (1, 1 << 15), (5, 1 << 20)):
+        t0 = time.perf_counter()
+        ws = WindowShifts(row_bytes, window)
+        assert time.perf_counter() - t0 < 2.0 and ws.nbytes <= 11 << 20
+        x = rng.integers(0, 2**32, 40, dtype=np.uint64).astype(np.uint32)
+        w = np.concatenate([[0, 1, window, window - 1], rng.integers(0, window + 1, 36)])
+        want = [_combine(int(a), int(k) * row_bytes) for a, k in zip(x, w, strict=True)]
+        assert ws.apply(x, w).tolist() == want, (row_bytes, window)
+
+
+def _combine(crc_a: int, len_b: int) -> int:
+    """crc(A ‖ zeros(len_b)) ^ crc(zeros(len_b)): the shift by len_b bytes, from zlib's bytes (small
+    len_b) or its combine algebra (CrcOp)."""
+    if len_b <= 4096:
+        zeros = bytes(len_b)
+        return zlib.crc32(zeros, crc_a) ^ zlib.crc32(zeros)
+    return CrcOp.shift(len_b).apply_int(crc_a)
