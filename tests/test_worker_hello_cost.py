@@ -186,3 +186,33 @@ def test_every_drafter_is_charged_what_it_keeps_per_slot():
             peer.close()
     finally:
         srv.stop()
+
+
+def test_a_slow_layout_is_made_outside_the_lock_other_connections_take(worker, monkeypatch):
+    """Whatever a new layout's drafter and tables cost, they are made outside the lock every connection
+    takes before its first STEP: a layout whose tables take 3 s does not delay another layout's STEP."""
+    import dspark_proxy.worker.server as server_mod
+
+    real = server_mod.WindowShifts
+
+    def slow(row_bytes: int, window: int):
+        if window == 999:
+            time.sleep(3.0)
+        return real(row_bytes, window)
+
+    monkeypatch.setattr(server_mod, "WindowShifts", slow)
+    make, made = worker
+    srv = make()
+    slow_peer = RawPeer(srv.port, wire.WireLayout(N, 999, 4, 1), session=2)
+    made.append(slow_peer)
+    assert isinstance(slow_peer.handshake(), wire.Welcome)  # its connection now makes its tables
+    time.sleep(0.1)
+    honest = RawPeer(srv.port, wire.WireLayout(N, 32, 128, 8))
+    made.append(honest)
+    t0 = time.monotonic()
+    assert isinstance(honest.handshake(), wire.Welcome)
+    rows = np.full((4, 128), 9, np.uint8)
+    reply = _first_draft(honest, rows)
+    took = time.monotonic() - t0
+    assert isinstance(reply, wire.StepReply) and reply.draft_ids[0].tolist() == integrity_ids(7, 4, rows)
+    assert took < 1.0, f"the other layout's first STEP was answered after {took:.2f} s"
