@@ -164,20 +164,20 @@ def test_a_sessions_real_memory_stays_within_what_the_budget_reserved():
 
 
 def test_every_drafter_is_charged_what_it_keeps_per_slot():
-    """A drafter declares its per-slot state (`slot_bytes`): the torch drafter's projections are charged
-    beside the rows, at HELLO and for each session, and a drafter that keeps keys and values per slot
-    is charged the same way."""
+    """A drafter declares what a slot holds for it, rows included (`slot_bytes`): the torch drafter's
+    projections are charged beside the rows, at HELLO and for each session, and a drafter that keeps
+    keys and values per slot is charged the same way."""
     from dspark_proxy.worker.session import SessionTable, slot_bytes
 
-    kv = SessionTable(8, 16, 4, 4, chains=False, drafter_slot_bytes=lambda w, rb: 2 * w * 64 * 4)
-    assert kv.session_bytes(4) == 4 * slot_bytes(8, 16, chains=False, drafter_bytes=2 * 8 * 64 * 4)
+    kv = SessionTable(8, 16, 4, 4, chains=False, drafter_slot_bytes=lambda w, rb: w * (rb + 2 * 64 * 4))
+    assert kv.session_bytes(4) == 4 * slot_bytes(8, 16, chains=False, drafter_bytes=8 * (16 + 2 * 64 * 4))
     assert kv.session_bytes(4) > 4 * 8 * 16 + 4 * 2 * 8 * 64 * 4
     pytest.importorskip("torch")
     srv = WorkerServer("127.0.0.1", 0, num_spec=2, window=4, row_bytes=8, max_reqs=2, drafter="torch")
     srv.start()
     try:
         width = srv.drafter.runner.cache_width
-        assert srv.sessions.session_bytes(2) == 2 * slot_bytes(4, 8, chains=False, drafter_bytes=4 * width * 4)
+        assert srv.sessions.session_bytes(2) == 2 * slot_bytes(4, 8, chains=False, drafter_bytes=4 * (8 + width * 4))
         peer = RawPeer(srv.port, wire.WireLayout(2, 4, 8, 2))
         try:
             assert isinstance(peer.handshake(), wire.Welcome)

@@ -41,9 +41,9 @@ class DraftItem:
 
 
 class Drafter(Protocol):
-    """A drafter. One that keeps state per slot (transforms of the rows, keys and values) also says how
-    much with `slot_bytes(window, row_bytes) -> int`, so the worker's memory budget charges it
-    (worker/session.py); one without that method is charged nothing beyond the slot's own window."""
+    """A drafter. One that keeps state per slot (transforms of the rows, keys and values) says what a
+    slot holds for it with `slot_bytes(window, row_bytes) -> int`, its rows included, so the worker's
+    memory budget charges it (worker/session.py); one without that method is charged the rows alone."""
 
     name: str
 
@@ -73,8 +73,8 @@ class IntegrityDrafter:
         self._golden = (self._j * GOLDEN) & 0xFFFFFFFF
 
     def slot_bytes(self, window: int, row_bytes: int) -> int:
-        """Nothing of its own per slot: the CRC chain it reads is the slot's (worker/session.py)."""
-        return 0
+        """The rows alone: the CRC chain it reads is the slot's, charged there (worker/session.py)."""
+        return window * row_bytes
 
     def draft(self, items: list[DraftItem], out: ReplyWriter) -> None:
         """The whole batch at once (a per-item numpy call cost ~4 us a request at n = 256)."""
@@ -121,10 +121,11 @@ class IntegrityDrafter:
         return h
 
 
-def drafter_slot_bytes(drafter: object, window: int, row_bytes: int) -> int:
-    """What `drafter` declares it keeps per slot at these shapes (its `slot_bytes`), 0 when it does not say."""
+def drafter_slot_bytes(drafter: object, window: int, row_bytes: int) -> int | None:
+    """What a slot holds for `drafter` at these shapes, rows included (its `slot_bytes`); None when it
+    does not say (then the rows alone are charged)."""
     fn = getattr(drafter, "slot_bytes", None)
-    return int(fn(window, row_bytes)) if fn is not None else 0
+    return int(fn(window, row_bytes)) if fn is not None else None
 
 
 def _make_integrity(*, num_spec: int, window: int, **_: object) -> Drafter:

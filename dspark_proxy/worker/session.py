@@ -14,9 +14,10 @@ applied one by one in batch order: this is the reference the proxy's vectorised 
 against, so it is written for clarity, not speed.
 
 Everything a slot keeps is in compact arrays (the chain: 4 bytes an entry, `array('I')`, as fast to
-index as a list), and all of it is what the memory budget charges (`slot_bytes`): the window of rows,
-the chain, a fixed overhead for the Python objects, and whatever the drafter declares it keeps per
-slot (its `slot_bytes(window, row_bytes)`: the torch drafter's transforms, a head's keys and values).
+index as a list), and all of it is what the memory budget charges (`slot_bytes`): what the drafter
+declares a slot holds for it (its `slot_bytes(window, row_bytes)`: the window of rows and what it keeps
+beside them, the torch drafter's transforms, a head's keys and values; the rows alone when it does not
+say), the chain, and a fixed overhead for the Python objects.
 """
 
 from __future__ import annotations
@@ -46,10 +47,12 @@ _CHAIN = "I"  # the chain's array type: 4-byte unsigned (a CRC-32)
 assert array(_CHAIN).itemsize == 4
 
 
-def slot_bytes(window: int, row_bytes: int, chains: bool, drafter_bytes: int = 0) -> int:
-    """What one slot may hold at these shapes: its window of rows, its CRC chain when kept, the
-    objects' overhead and the drafter's own per-slot state (`drafter_bytes`, its `slot_bytes`)."""
-    return window * row_bytes + (4 * (window + 1) if chains else 0) + SLOT_OVERHEAD + drafter_bytes
+def slot_bytes(window: int, row_bytes: int, chains: bool, drafter_bytes: int | None = None) -> int:
+    """What one slot may hold at these shapes: its rows and the drafter's state beside them
+    (`drafter_bytes`, the drafter's `slot_bytes`; the rows alone when None), its CRC chain when kept,
+    and the objects' overhead."""
+    held = window * row_bytes if drafter_bytes is None else drafter_bytes
+    return held + (4 * (window + 1) if chains else 0) + SLOT_OVERHEAD
 
 
 class SlotWindow:
@@ -204,8 +207,9 @@ class SessionTable:
 
     def __init__(self, window: int, row_bytes: int, max_slots: int, max_sessions: int,
                  chains: bool = True, *, per_conn: int = 4, budget_bytes: int | None = None,
-                 drafter_slot_bytes: Callable[[int, int], int] | None = None) -> None:
-        """drafter_slot_bytes(window, row_bytes): what the drafter keeps per slot (its `slot_bytes`)."""
+                 drafter_slot_bytes: Callable[[int, int], int | None] | None = None) -> None:
+        """drafter_slot_bytes(window, row_bytes): what a slot holds for the drafter, rows included (its
+        `slot_bytes`; None: the rows alone)."""
         self._window = window
         self._chains = chains
         self._drafter_slot_bytes = drafter_slot_bytes
@@ -228,8 +232,8 @@ class SessionTable:
         """What a session with max_slots slots reserves: all that every slot can hold (`slot_bytes`), at
         the table's shapes unless its connection agreed others."""
         window, row_bytes = window or self._window, row_bytes or self._row_bytes
-        extra = int(self._drafter_slot_bytes(window, row_bytes)) if self._drafter_slot_bytes is not None else 0
-        return min(max_slots, self._max_slots) * slot_bytes(window, row_bytes, self._chains, extra)
+        held = self._drafter_slot_bytes(window, row_bytes) if self._drafter_slot_bytes is not None else None
+        return min(max_slots, self._max_slots) * slot_bytes(window, row_bytes, self._chains, held)
 
     def open_conn(self, owner: int) -> None:
         with self._lock:

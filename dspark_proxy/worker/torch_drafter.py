@@ -101,9 +101,9 @@ class TorchDrafter:
         self.threads = ThreadChoice(headmm.threads())  # the kernel's threads a round: measured (model/head_threads.py)
 
     def slot_bytes(self, window: int, row_bytes: int) -> int:
-        """What each slot keeps for this drafter (charged to the worker's memory budget,
-        worker/session.py): its rows' transforms, [window, cache_width] float32 (SlotWindow.aux)."""
-        return window * int(self.runner.cache_width) * 4
+        """What each slot holds for this drafter (charged to the worker's memory budget,
+        worker/session.py): its rows and their transforms, [window, cache_width] float32 (SlotWindow.aux)."""
+        return window * (row_bytes + int(self.runner.cache_width) * 4)
 
     def state_dict(self) -> dict:
         return self.head.state_dict()
