@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dspark_proxy.crc import CrcOp, CrcOpSet, byte_tables, le_bytes, xor_lookup
+from dspark_proxy.crc import CrcOp, WindowShifts, byte_tables, le_bytes, xor_lookup
 from dspark_proxy.integrity import GOLDEN, integrity_drafts, integrity_hash
 
 from .rows import RowGen
@@ -72,7 +72,7 @@ class Oracle:
         self.chain_end = np.zeros(M, dtype=np.int64)  # one past the last position in the chain
         L = rowgen.row_bytes
         self._pow = [CrcOp.shift((1 << b) * L) for b in range(max(1, W.bit_length()))]
-        self._shift_w = CrcOpSet([CrcOp.shift(w * L) for w in range(W + 1)])  # past a window of w rows
+        self._shift_w = WindowShifts(L, W)  # past a window of w rows (built in ms, crc.py)
         # anchor header: int32 token (bytes 0..3) ‖ int64 position (bytes 4..11; 8..11 are zero)
         c12, tab = byte_tables(12, 8)
         self._hdr_flat = tab.reshape(-1)
