@@ -293,8 +293,9 @@ class ProxyConfig(LayoutConfig):
                                 "next round's wake-up and caches stay warm, no other task loses CPU time, and "
                                 "spinning stops this long after the last round (0: off).", _Range(0, 60_000))
     token_file: str | None = _opt(None, "File holding the shared secret for the worker handshake.")
-    metrics_port: int | None = _opt(None, "Serve Prometheus metrics on 127.0.0.1:PORT (0: any free port).",
+    metrics_port: int | None = _opt(None, "Serve Prometheus metrics on --metrics-host:PORT (0: any free port).",
                                     _Range(0, 65535))
+    metrics_host: str = _opt("127.0.0.1", "Address the Prometheus endpoint binds (0.0.0.0: every interface).")
     step_timeout_ms: float | None = _opt(None, "Timeout of one worker round trip in ms (default: what is "
                                          "left of the deadline when the STEP goes out).",
                                          _Range(0, 60_000, lo_open=True))
@@ -383,8 +384,15 @@ class WorkerConfig(LayoutConfig):
     max_window: int = _opt(_MAX_WINDOW, "Largest window a proxy's HELLO may ask (with --adopt-shapes); past it the "
                            "handshake is refused naming window.", _Range(1, 1 << 20))
     device: str = _opt("cpu", "Torch device for the torch drafter: cpu (its head runs in numpy on the CPU; others are refused).")
-    weights: str | None = _opt(None, "Torch drafter head: a train-drafter directory (head.safetensors + manifest.json) or its .safetensors file (default: seeded random weights).")
-    seed: int = _opt(0, "Seed of the torch drafter's random weights.", _Range(0, 2**63 - 1))
+    head: str | None = _opt(None, "Torch drafter head: a train-drafter directory (head.safetensors + "
+                            "manifest.json) or its .safetensors file.", alias="weights")
+    random_weights: bool = _opt(False, "Let --drafter torch serve seeded random weights without --head (a smoke "
+                                "test: nearly every draft is rejected).")
+    seed: int = _opt(0, "Seed of the torch drafter's random weights (--random-weights).", _Range(0, 2**63 - 1))
+    metrics_port: int | None = _opt(None, "Serve the worker's Prometheus metrics on --metrics-host:PORT (0: any "
+                                    "free port).", _Range(0, 65535))
+    metrics_host: str = _opt("127.0.0.1", "Address the worker's Prometheus endpoint binds (0.0.0.0: every "
+                             "interface).")
     log_level: LogLevel = _opt("INFO", "Logging level.")
 
     def _validate(self) -> None:
@@ -396,6 +404,12 @@ class WorkerConfig(LayoutConfig):
                 f"or pass --insecure to accept that.", "listen")
         if not self.device:
             raise ConfigError(f"device: must not be empty {_where('device')}", "device")
+        if self.drafter == "torch" and not self.head and not self.random_weights:
+            raise ConfigError(f"--drafter torch needs a trained head: --head DIR (or {env_var('head')}; "
+                              f"train one with train-drafter), or --random-weights to serve seeded random "
+                              f"weights whose drafts are nearly all rejected", "head")
+        if self.head and self.random_weights:
+            raise ConfigError("--head and --random-weights: give one of them", "random_weights")
 
 
 _CONFIG_CLASSES: tuple[type[_Base], ...] = (ProxyConfig, WorkerConfig)
@@ -420,6 +434,7 @@ def load_toml(path: str, cls: type[_Base]) -> dict[str, Any]:
     sections = {c.SECTION for c in _CONFIG_CLASSES}
     known = {f.name for c in _CONFIG_CLASSES for f in dataclasses.fields(c)}
     mine = {f.name for f in dataclasses.fields(cls)}
+    doc = _renamed_keys(path, doc)
     out: dict[str, Any] = {}
     section: dict[str, Any] = {}
     for key, value in doc.items():
@@ -442,6 +457,30 @@ def load_toml(path: str, cls: type[_Base]) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: {flag_only[0]!r} is a fault-injection setting: give it as "
                           f"{_flag(flag_only[0])} on the command line only", flag_only[0])
     return out
+
+
+def field_aliases() -> dict[str, str]:
+    """Deprecated setting names -> their names now (a field's ``alias``; aliases.py, docs/operating.md)."""
+    return {f.metadata["alias"]: f.name for c in _CONFIG_CLASSES for f in dataclasses.fields(c)
+            if f.metadata.get("alias")}
+
+
+def _renamed_keys(path: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """A file written for an older release still loads: a renamed key is read as its new name, with one
+    line on stderr saying so (the same words as a deprecated flag)."""
+    aliases = field_aliases()
+
+    def rename(table: dict[str, Any], where: str) -> dict[str, Any]:
+        out = {}
+        for key, value in table.items():
+            if key in aliases and not isinstance(value, dict):
+                print(f"dspark-proxy: config file {path}: key {where}{key!r} is deprecated: use "
+                      f"{aliases[key]!r} (same meaning)", file=sys.stderr)
+                key = aliases[key]
+            out[key] = value
+        return out
+
+    return {k: rename(v, f"[{k}] ") if isinstance(v, dict) else v for k, v in rename(doc, "").items()}
 
 
 def _flag_only(cls: type[_Base], name: str) -> bool:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import click
 from click.core import ParameterSource
 
+from .aliases import deprecated_alias
 from .config import _C, ConfigError, LayoutConfig, Source, _Base, _flag, env_var, load_toml
 
 __all__ = ["build_config", "click_options", "shapes_from"]
@@ -147,6 +148,9 @@ def click_options(cls: type[_Base]) -> Callable[[Callable[..., Any]], Callable[.
         opts.append(click.option(decl, f.name, type=None if is_flag else ctype, default=default,
                                  envvar=env, show_envvar=env is not None, show_default=default is not None
                                  and default != "", help=f.metadata["help"]))
+        if f.metadata.get("alias"):  # a deprecated name: works, and says what to use instead (aliases.py)
+            old = f.metadata["alias"]
+            opts.append(deprecated_alias(_flag(old), _flag(f.name), f.name, envvar=env_var(old), type=ctype))
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         for opt in reversed(opts):

@@ -37,5 +37,5 @@ def worker_needs(cfg: Any) -> None:
     """`dspark-proxy worker`: what the chosen drafter needs."""
     if getattr(cfg, "drafter", None) == "torch":
         require("torch", extra="torch", what="--drafter torch")
-        if getattr(cfg, "weights", None):
-            require("safetensors", extra="model", what="--drafter torch --weights (a saved head)")
+        if getattr(cfg, "head", None):
+            require("safetensors", extra="model", what="--drafter torch --head (a saved head)")

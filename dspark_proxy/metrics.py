@@ -37,6 +37,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 from .deps import MissingDependency
+from .metric_help import counter_help, gauge_help, latency_help
 
 __all__ = ["MetricsServer", "snapshot_to_families", "start_metrics_server", "LATENCY_BOUNDS_S",
            "LATENCY_BOUNDS_US"]
@@ -80,7 +81,8 @@ def snapshot_to_families(snap: Mapping[str, Any], namespace: str = "dspark_proxy
     if isinstance(client, Mapping):
         for key, value in sorted(client.items()):
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                c = CounterMetricFamily(_name(namespace, "client", key), f"worker link counter {key}")
+                c = CounterMetricFamily(_name(namespace, "client", key),
+                                        f"The worker link's count of {key.replace('_', ' ')} (key client.{key}).")
                 c.add_metric([], float(value))
                 yield c
     config = gauges.pop("config", None)
@@ -105,11 +107,11 @@ def _counter_families(counters: Mapping[str, Any], namespace: str, family: Any) 
                 grouped.setdefault((fam, label), []).append((key[len(prefix):], float(value)))
                 break
         else:
-            c = family(_name(namespace, key), f"counter {key}")
+            c = family(_name(namespace, key), counter_help(key))
             c.add_metric([], float(value))
             yield c
     for (fam, label), samples in sorted(grouped.items()):
-        c = family(_name(namespace, fam), f"counters by {label}", labels=[label])
+        c = family(_name(namespace, fam), counter_help(fam), labels=[label])
         for lv, v in sorted(samples, key=lambda x: (len(x[0]), x[0])):
             c.add_metric([lv], v)
         yield c
@@ -120,7 +122,7 @@ def _info_family(name: str, fields: Mapping[str, Any]) -> Any:
 
     labels = {_BAD_CHARS.sub("_", str(k)): "" if v is None else (",".join(map(str, v)) if isinstance(v, list)
                                                                   else str(v)) for k, v in fields.items()}
-    info = InfoMetricFamily(name, "the proxy's settings")
+    info = InfoMetricFamily(name, "The proxy's effective settings, one label each (value 1).")
     info.add_metric([], labels)
     return info
 
@@ -132,22 +134,22 @@ def _latency_families(snap: Mapping[str, Any], namespace: str, gauge: Any) -> It
     for key, s in sorted(snap.get("latency", {}).items()):
         if not s.get("count"):
             continue
-        base = key[:-3] if key.endswith("_us") else key
+        base = _no_unit(key)
         name = _name(namespace, base, "seconds")
         h = hists.get(key)
         if h is not None:
             buckets = [(f"{le / 1e6:g}", float(c)) for le, c in zip(h["le_us"], h["cumulative"], strict=True)]
             buckets.append(("+Inf", float(h["count"])))
-            yield HistogramMetricFamily(name, f"latency {key} (log-linear buckets underneath, ~1% error)",
-                                        buckets=buckets, sum_value=h["sum_us"] / 1e6)
+            yield HistogramMetricFamily(name, latency_help(base, key), buckets=buckets,
+                                        sum_value=h["sum_us"] / 1e6)
         else:
-            m = Metric(name, f"latency {key} (from log-linear buckets, ~1% relative error)", "summary")
+            m = Metric(name, latency_help(base, key), "summary")
             for q, field in _QUANTILES:
                 m.add_sample(name, {"quantile": q}, s[field] / 1e6)
             m.add_sample(name + "_count", {}, float(s["count"]))
             m.add_sample(name + "_sum", {}, s["mean_us"] * s["count"] / 1e6)
             yield m
-        g = gauge(_name(namespace, base, "max_seconds"), f"largest {key} observed")
+        g = gauge(_name(namespace, base, "max_seconds"), f"Largest {base.replace('_', ' ')} observed, in seconds.")
         g.add_metric([], s["max_us"] / 1e6)
         yield g
 
@@ -195,20 +197,35 @@ def worker_families(links: Any, namespace: str = "dspark_proxy") -> Iterator[Any
     yield from (state, brk, nxt, why, slots, *counters.values())
 
 
+# a gauge key's unit suffix -> the factor to base units (seconds); promtool refuses abbreviated units
+_UNIT_SUFFIXES = (("_ns", 1e-9), ("_us", 1e-6), ("_ms", 1e-3))
+_US_INSIDE = re.compile(r"_us(?=_|$)")
+
+
+def _no_unit(key: str) -> str:
+    """A latency key without its microseconds: ``rtt_us_decode`` -> ``rtt_decode`` (then ``_seconds``)."""
+    return _US_INSIDE.sub("", key)
+
+
 def _gauge_families(name: str, key: str, value: Any, family: Any, depth: int) -> Iterator[Any]:
+    short = key.replace(".", "_")
     if isinstance(value, (bool, int, float)):
-        g = family(name, f"gauge {key}")
+        for suffix, factor in _UNIT_SUFFIXES:
+            if name.endswith(suffix):  # spin_max_ns -> spin_max_seconds, in seconds
+                name, short, value = name[:-len(suffix)] + "_seconds", short[:-len(suffix)], value * factor
+                break
+        g = family(name, gauge_help(short, key))
         g.add_metric([], float(value))
         yield g
     elif isinstance(value, str) and depth > 0:
-        g = family(name, f"gauge {key}", labels=["value"])
+        g = family(name, gauge_help(short, key), labels=["value"])
         g.add_metric([value], 1.0)
         yield g
     elif isinstance(value, Mapping) and depth == 0:
         for sub, v in sorted(value.items()):
             yield from _gauge_families(_name(name, str(sub)), f"{key}.{sub}", v, family, depth + 1)
     elif isinstance(value, (list, tuple)) and depth == 0:
-        g = family(_name(name, "len"), f"entries in {key}")
+        g = family(_name(name, "len"), gauge_help(short + "_len", key))
         g.add_metric([], float(len(value)))
         yield g
 
@@ -223,7 +240,7 @@ class _Collector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        up = GaugeMetricFamily(_name(self._ns, "stats_up"), "1 if the statistics could be read")
+        up = GaugeMetricFamily(_name(self._ns, "stats_up"), "1 if this scrape could read the statistics, else 0.")
         try:
             got = self._get()
             snap = got.snapshot() if hasattr(got, "snapshot") else got

@@ -153,7 +153,7 @@ def test_bool_flag_overrides_its_env_var():
 
 
 def test_worker_command_choices_and_flags():
-    out = _ok(WorkerConfig, ["--drafter", "torch", "--fault-crash-after", "3", "--listen", "[::1]:0"])
+    out = _ok(WorkerConfig, ["--drafter", "torch", "--random-weights", "--fault-crash-after", "3", "--listen", "[::1]:0"])
     assert out["cfg"]["drafter"] == "torch" and out["cfg"]["fault_crash_after"] == 3
     r = _run(WorkerConfig, ["--drafter", "nope"])
     assert r.exit_code == 2 and "--drafter" in r.output

@@ -114,7 +114,7 @@ def test_screen_off_a_terminal_appends_plain_frames():
 
 @pytest.mark.parametrize("argv,hidden", [
     (["start", "--metrics-port", "0", "--worker", "inproc"], "prometheus_client"),
-    (["worker", "--drafter", "torch", "--listen", "127.0.0.1:0"], "torch"),
+    (["worker", "--drafter", "torch", "--random-weights", "--listen", "127.0.0.1:0"], "torch"),
 ])
 def test_a_missing_optional_dependency_is_one_line_and_an_exit_code(monkeypatch, seg_name, argv, hidden):
     from dspark_proxy.cli import cli

@@ -9,10 +9,10 @@ concatenated in `tap_layers` order, each `hidden` values of `row_dtype`, little-
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["HeadManifest", "ManifestMismatch", "ROW_DTYPES", "MANIFEST_NAME", "WEIGHTS_NAME", "head_paths"]
+__all__ = ["HeadManifest", "ManifestMismatch", "ROW_DTYPES", "MANIFEST_NAME", "WEIGHTS_NAME", "head_paths", "load_head_manifest"]
 
 FORMAT = "dspark-head/1"
 # /2 adds `step` ("markov": /1's head; "carry": its sequential step also carries the previous
@@ -97,22 +97,55 @@ class HeadManifest:
 
     @classmethod
     def load(cls, path: str | Path) -> HeadManifest:
-        d = json.loads(Path(path).read_text())
+        """The manifest at `path`. Every problem is one ValueError (OSError: unreadable) naming the file:
+        not JSON (with the line and column), not an object, fields missing or unknown, a bad value."""
+        text = Path(path).read_text()
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON (line {e.lineno} column {e.colno}: {e.msg})") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"{path}: a head manifest is a JSON object, this is a {type(d).__name__}")
         rb = d.pop("row_bytes", None)
         known = set(cls.__dataclass_fields__)
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"{path}: unknown manifest fields {sorted(unknown)}")
+        required = [n for n, f in cls.__dataclass_fields__.items()
+                    if f.default is MISSING and f.default_factory is MISSING]
+        missing = [n for n in required if n not in d]
+        if missing:
+            raise ValueError(f"{path}: manifest fields missing: {', '.join(missing)} (is this a head written "
+                             f"by train-drafter?)")
         m = cls(**d)
-        m.validate()
+        try:
+            m.validate()
+        except (ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"{path}: {e}") from None
         if rb is not None and rb != m.row_bytes:
             raise ValueError(f"{path}: row_bytes={rb} disagrees with tap_layers x hidden x row_dtype = {m.row_bytes}")
         return m
 
 
 def head_paths(weights: str | Path) -> tuple[Path, Path]:
-    """(weights file, manifest) from a head directory or its .safetensors file (manifest beside it)."""
+    """(weights file, manifest) from a head directory or its .safetensors file (manifest beside it).
+
+    A path that does not exist is taken as the directory it most likely names (unless it ends in
+    .safetensors), so that an error names `<it>/manifest.json`, not a file in its parent."""
     p = Path(weights)
-    if p.is_dir():
+    if p.is_dir() or (not p.exists() and p.suffix != ".safetensors"):
         return p / WEIGHTS_NAME, p / MANIFEST_NAME
     return p, p.parent / MANIFEST_NAME
+
+
+def load_head_manifest(head: str | Path) -> HeadManifest:
+    """The manifest of a head directory (or of its .safetensors file): one ValueError naming the path when
+    the head is missing or its manifest unreadable, for a one-line error at the command line."""
+    mpath = head_paths(head)[1]
+    if not Path(head).exists():
+        raise ValueError(f"head {head}: no such directory (a head directory holds {WEIGHTS_NAME} and "
+                         f"{MANIFEST_NAME})")
+    try:
+        return HeadManifest.load(mpath)
+    except OSError as e:
+        raise ValueError(f"head {head}: cannot read {mpath} ({e.strerror or e})") from None

@@ -28,6 +28,7 @@ _RENAMED = {
     "torch_device": lambda cfg: cfg.device,
     "memory_budget_bytes": lambda cfg: (cfg.memory_budget_mb << 20) or None,
     "faults": lambda cfg: fault_plan(cfg),
+    "weights": lambda cfg: cfg.head,
 }
 
 
@@ -58,15 +59,12 @@ def server_options(cfg: WorkerConfig) -> dict[str, Any]:
 def head_shapes(cfg: WorkerConfig, sources: Mapping[str, str]) -> WorkerConfig:
     """A torch head's manifest fixes its N, window and row bytes (worker/terms.py): those the command
     line, environment and file left at their defaults are taken from it, so `worker --drafter torch
-    --weights DIR` needs no shape flags; one given explicitly is still checked against it at start."""
-    if cfg.drafter != "torch" or not cfg.weights:
+    --head DIR` needs no shape flags; one given explicitly is still checked against it at start."""
+    if cfg.drafter != "torch" or not cfg.head:
         return cfg
-    from ..model.manifest import HeadManifest, head_paths  # no torch: the manifest is JSON
+    from ..model.manifest import load_head_manifest  # no torch: the manifest is JSON
 
-    try:
-        man = HeadManifest.load(head_paths(cfg.weights)[1])
-    except (OSError, ValueError):
-        return cfg  # the drafter's own start reports an unreadable head, with its path
+    man = load_head_manifest(cfg.head)  # ValueError naming the path: the command prints it as one line
     take = {k: getattr(man, k) for k in ("num_spec", "window", "row_bytes") if sources.get(k, "default") == "default"}
     if take:
         log.info("[worker] shapes from the head's manifest: %s", " ".join(f"{k}={v}" for k, v in take.items()))

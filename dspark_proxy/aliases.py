@@ -1,0 +1,82 @@
+"""Deprecated flag names that still work: one name per thing (docs/operating.md, "Renamed flags").
+
+The head directory is ``--head``, the target model directory ``--target``, a prompt file ``--prompts FILE``
+and a count of prompts ``--n-prompts`` on every command. The old spellings (``--weights``, ``--model``, an
+integer ``--prompts``) keep working for a while, each printing one line on stderr that names the new
+one, so that scripts written against an older release run unchanged and say what to change.
+
+An alias is a hidden click option that writes the same parameter as the new flag; click (8.2+) lets the
+more explicit source win when two options share a parameter, so ``--head`` beats ``DSPARK_PROXY_WEIGHTS``
+and either beats a default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+__all__ = ["deprecated_alias", "warn_deprecated", "PromptsArg", "split_prompts", "read_prompts_file"]
+
+
+def warn_deprecated(old: str, new: str, ctx: click.Context | None = None) -> None:
+    """The one line a deprecated spelling prints (stderr)."""
+    prog = (ctx.find_root().info_name if ctx is not None else None) or "dspark-proxy"
+    click.echo(f"{prog}: {old} is deprecated: use {new} (same meaning)", err=True)
+
+
+def deprecated_alias(old: str, new: str, dest: str, *, envvar: str | None = None,
+                     type: Any = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A hidden option ``old`` that sets parameter ``dest`` like ``new`` does, with one warning when used
+    (on the command line, or through its old environment variable ``envvar``)."""
+
+    def warn(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        src = ctx.get_parameter_source(dest)
+        if value is not None and src in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+            shown = f"{old} ({envvar})" if src is ParameterSource.ENVIRONMENT and envvar else old
+            warn_deprecated(shown, new, ctx)
+        return value
+
+    return click.option(old, dest, hidden=True, envvar=envvar, type=type, callback=warn)
+
+
+class PromptsArg(click.ParamType):
+    """``--prompts FILE`` (one prompt a line); an integer is the deprecated spelling of ``--n-prompts N``
+    (unless a file of that name exists), returned as an int after one warning line."""
+
+    name = "FILE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str | int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        text = str(value)
+        if text.isdigit() and not os.path.exists(text):
+            warn_deprecated(f"--prompts {text} (a count)", f"--n-prompts {text}", ctx)
+            return int(text)
+        if not os.path.isfile(text):
+            self.fail(f"{text}: no such file (give a text file with one prompt a line)", param, ctx)
+        return text
+
+
+def read_prompts_file(path: str) -> list[str]:
+    """The non-empty lines of a prompt file; ``click.BadParameter`` names the file if none or unreadable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [ln.rstrip("\n") for ln in f if ln.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise click.BadParameter(f"{path}: cannot read it ({getattr(e, 'strerror', None) or e})",
+                                 param_hint="--prompts") from None
+    if not lines:
+        raise click.BadParameter(f"{path}: no prompts in it (one prompt a line)", param_hint="--prompts")
+    return lines
+
+
+def split_prompts(prompts: str | int | None, n_prompts: int | None) -> tuple[list[str] | None, int | None]:
+    """(prompt texts from a ``--prompts`` file or None, the count of held-out prompts): a deprecated integer
+    ``--prompts`` is the count unless ``--n-prompts`` is given too."""
+    if isinstance(prompts, int):
+        return None, n_prompts if n_prompts is not None else prompts
+    return (read_prompts_file(prompts) if prompts else None), n_prompts
