@@ -5,9 +5,8 @@ and a count of prompts ``--n-prompts`` on every command. The old spellings (``--
 integer ``--prompts``) keep working for a while, each printing one line on stderr that names the new
 one, so that scripts written against an older release run unchanged and say what to change.
 
-An alias is a hidden click option that writes the same parameter as the new flag; click (8.2+) lets the
-more explicit source win when two options share a parameter, so ``--head`` beats ``DSPARK_PROXY_WEIGHTS``
-and either beats a default.
+An alias is a hidden click option that writes the new flag's parameter unless that came from a place at
+least as explicit: ``--head`` beats ``DSPARK_PROXY_WEIGHTS``, and either beats a default.
 """
 
 from __future__ import annotations
@@ -31,16 +30,26 @@ def warn_deprecated(old: str, new: str, ctx: click.Context | None = None) -> Non
 def deprecated_alias(old: str, new: str, dest: str, *, envvar: str | None = None,
                      type: Any = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A hidden option ``old`` that sets parameter ``dest`` like ``new`` does, with one warning when used
-    (on the command line, or through its old environment variable ``envvar``)."""
+    (on the command line, or through its old environment variable ``envvar``).
 
-    def warn(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-        src = ctx.get_parameter_source(dest)
-        if value is not None and src in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
-            shown = f"{old} ({envvar})" if src is ParameterSource.ENVIRONMENT and envvar else old
-            warn_deprecated(shown, new, ctx)
-        return value
+    The alias has a parameter of its own (click's parser keys values by parameter name, so two options
+    on one name could not be told apart) and writes ``dest`` from its callback, unless ``dest`` already
+    came from a place at least as explicit (the new flag beats the old one's environment variable)."""
 
-    return click.option(old, dest, hidden=True, envvar=envvar, type=type, callback=warn)
+    def apply(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        src = ctx.get_parameter_source(param.name or "")
+        if value is None or src not in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+            return
+        shown = f"{old} ({envvar})" if src is ParameterSource.ENVIRONMENT and envvar else old
+        warn_deprecated(shown, new, ctx)
+        have = ctx.get_parameter_source(dest)
+        if have is not None and dest in ctx.params and have <= src:
+            return  # the new name was given too, as explicitly: it wins
+        ctx.params[dest] = value
+        ctx.set_parameter_source(dest, src)
+
+    return click.option(old, f"{dest}__{old.lstrip('-').replace('-', '_')}", hidden=True, envvar=envvar,
+                        type=type, callback=apply, expose_value=False)
 
 
 class PromptsArg(click.ParamType):

@@ -35,6 +35,8 @@ def proxy_needs(cfg: Any) -> None:
 
 def worker_needs(cfg: Any) -> None:
     """`dspark-proxy worker`: what the chosen drafter needs."""
+    if getattr(cfg, "metrics_port", None) is not None:
+        require("prometheus_client", extra="metrics", what="--metrics-port (the worker's Prometheus endpoint)")
     if getattr(cfg, "drafter", None) == "torch":
         require("torch", extra="torch", what="--drafter torch")
         if getattr(cfg, "head", None):

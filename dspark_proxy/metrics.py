@@ -39,8 +39,8 @@ from typing import Any
 from .deps import MissingDependency
 from .metric_help import counter_help, gauge_help, latency_help
 
-__all__ = ["MetricsServer", "snapshot_to_families", "start_metrics_server", "LATENCY_BOUNDS_S",
-           "LATENCY_BOUNDS_US"]
+__all__ = ["MetricsServer", "MetricsBindError", "snapshot_to_families", "start_metrics_server",
+           "LATENCY_BOUNDS_S", "LATENCY_BOUNDS_US"]
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +257,13 @@ class _Collector:
         yield from families
 
 
+class MetricsBindError(OSError):
+    """The endpoint's address cannot be bound (in use, not this host's): one line naming it."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class MetricsServer:
     """A running endpoint: ``port`` (the real one when 0 was asked), ``url``, ``stop()`` (idempotent)."""
 
@@ -285,19 +292,26 @@ class MetricsServer:
         self.stop()
 
 
-def start_metrics_server(port: int, stats_getter: Callable[[], Any], *, addr: str = "127.0.0.1",
-                         namespace: str = "dspark_proxy") -> MetricsServer:
+def start_metrics_server(port: int, stats_getter: Callable[[], Any] | None, *, addr: str = "127.0.0.1",
+                         namespace: str = "dspark_proxy",
+                         collector: Any = None) -> MetricsServer:
     """Serve ``/metrics`` on ``addr:port`` (port 0: any free port) from a daemon thread.
 
     ``stats_getter()`` is called on the HTTP thread at every scrape and returns a ``Stats.snapshot()``
-    dict (or a ``Stats``, whose ``snapshot()`` is then taken there). RuntimeError if prometheus-client is
-    not installed; OSError if the port cannot be bound.
+    dict (or a ``Stats``, whose ``snapshot()`` is then taken there); or ``collector`` (an object with
+    ``collect()``, the worker's) serves instead. MissingDependency if prometheus-client is not installed;
+    MetricsBindError, naming the address, if it cannot be bound.
     """
     prom = _import_prometheus()
     registry = prom.CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(stats_getter, namespace))
+    registry.register(collector if collector is not None else _Collector(stats_getter, namespace))
     handler = prom.exposition.MetricsHandler.factory(registry)
-    httpd = ThreadingHTTPServer((addr, port), handler)  # daemon_threads: a stuck scraper never blocks exit
+    try:
+        httpd = ThreadingHTTPServer((addr, port), handler)  # daemon_threads: a stuck scraper never blocks exit
+    except (OSError, OverflowError) as e:
+        shown = f"[{addr}]" if ":" in addr else addr
+        raise MetricsBindError(f"--metrics-host/--metrics-port: cannot serve metrics on {shown}:{port} "
+                               f"({getattr(e, 'strerror', None) or e})") from None
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.5},
                               name="dspark-metrics", daemon=True)
     thread.start()

@@ -458,7 +458,7 @@ def run_proxy(cfg: ProxyConfig, token: bytes | None = None, sources: dict[str, s
     if cfg.metrics_port is not None:
         from .metrics import start_metrics_server
 
-        metrics = start_metrics_server(cfg.metrics_port, proxy.snapshot)
+        metrics = start_metrics_server(cfg.metrics_port, proxy.snapshot, addr=cfg.metrics_host)
         log.info("[proxy] metrics url=%s", metrics.url)
     try:
         proxy.serve()

@@ -168,7 +168,7 @@ def test_worker_cli_refuses_a_head_for_other_shapes():
 
     man = HeadManifest.load(HEAD / "manifest.json")
     cmd = [sys.executable, "-m", "dspark_proxy.cli", "worker", "--listen", "127.0.0.1:0", "--drafter", "torch",
-           "--weights", str(HEAD), "--num-spec", str(man.num_spec), "--window", str(man.window + 1),
+           "--head", str(HEAD), "--num-spec", str(man.num_spec), "--window", str(man.window + 1),
            "--row-bytes", str(man.row_bytes), "--max-reqs", "4"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert r.returncode == 3 and f"window={man.window}" in r.stderr, r.stderr

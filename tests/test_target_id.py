@@ -184,7 +184,7 @@ def test_a_head_worker_takes_its_shapes_from_the_manifest():
     from dspark_proxy.model.manifest import HeadManifest
 
     man = HeadManifest.load(HEAD / "manifest.json")
-    w = spawn_worker("--drafter", "torch", "--weights", str(HEAD), timeout_s=60.0)
+    w = spawn_worker("--drafter", "torch", "--head", str(HEAD), timeout_s=60.0)
     try:
         port = int(w.address.rsplit(":", 1)[1])
         lay = wire.WireLayout(num_spec=man.num_spec, window=man.window, row_bytes=man.row_bytes, max_reqs=16)

@@ -50,7 +50,7 @@ def runs():
     name = f"vllm-e2e-{os.getpid()}"
     try:
         nospec = run_arm_process(_spec("nospec", name))
-        worker = spawn_worker(*LAYOUT, "--drafter", "torch", "--weights", os.fspath(DEFAULT_HEAD))
+        worker = spawn_worker(*LAYOUT, "--drafter", "torch", "--head", os.fspath(DEFAULT_HEAD))
         try:
             proxy = spawn_proxy(name, worker.address, *LAYOUT, "--deadline-ms", str(DEADLINE_MS),
                                 "--log-every", "0")

@@ -8,14 +8,24 @@ import json
 
 import click
 
+from ..aliases import PromptsArg, deprecated_alias, split_prompts
+from ..exitcodes import EXIT_USAGE
+from .errors import fail
+
 __all__ = ["eval_cmd"]
 
 
 @click.command("eval")
 @click.option("--quick", is_flag=True, help="16 prompts x 64 tokens, batch 4 (CI-sized; faults included).")
-@click.option("--model", default=None, help="Local HF causal-LM directory (default: models/stdlib-llama).")
-@click.option("--weights", "head", default=None, help="Head directory (default: models/stdlib-llama-head).")
-@click.option("--prompts", type=int, default=None, help="Held-out prompts (default 48; --quick 16).")
+@click.option("--target", "model", default=None,
+              help="The target: a local HF causal-LM directory (default: models/stdlib-llama).")
+@deprecated_alias("--model", "--target", "model")
+@click.option("--head", "head", default=None, envvar="DSPARK_PROXY_HEAD", show_envvar=True,
+              help="Head directory (default: models/stdlib-llama-head).")
+@deprecated_alias("--weights", "--head", "head")
+@click.option("--prompts", "prompts", type=PromptsArg(), default=None,
+              help="A text file of prompts, one a line (default: held-out stdlib prompts).")
+@click.option("--n-prompts", type=int, default=None, help="Held-out prompts (default 48; --quick 16).")
 @click.option("--max-new", type=int, default=None, help="Tokens per prompt (default 96; --quick 64).")
 @click.option("--max-batch", type=int, default=None, help="Requests decoded together (default 8; --quick 4).")
 @click.option("--reps", default=3, show_default=True, help="Interleaved repetitions of every arm.")
@@ -25,7 +35,8 @@ __all__ = ["eval_cmd"]
               help="Draft-length policy of the head's arms: verify drafts while the product of their "
                    "confidences stays at or above this (0: every draft; default: the engine's).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (last line).")
-def eval_cmd(quick: bool, model: str | None, head: str | None, prompts: int | None, max_new: int | None,
+def eval_cmd(quick: bool, model: str | None, head: str | None, prompts: str | int | None, n_prompts: int | None,
+             max_new: int | None,
              max_batch: int | None, reps: int, faults: bool, deadline_ms: float, min_confidence: float | None,
              as_json: bool) -> None:
     """Measure what the head earns: acceptance, speed-up over target-only and n-gram, losslessness, faults."""
@@ -35,7 +46,15 @@ def eval_cmd(quick: bool, model: str | None, head: str | None, prompts: int | No
         from ..spec.run import DEFAULT_HEAD, DEFAULT_MODEL
     except ImportError as e:
         raise click.ClickException(f"{e}; install the model extra: pip install -e '.[model]'") from None
-    r = run_eval(quick=quick, model=model or DEFAULT_MODEL, head=head or DEFAULT_HEAD, prompts=prompts,
+    from ..model.manifest import load_head_manifest
+
+    texts, count = split_prompts(prompts, n_prompts)
+    try:
+        load_head_manifest(head or DEFAULT_HEAD)
+    except ValueError as e:
+        fail("eval", str(e), EXIT_USAGE)
+    r = run_eval(quick=quick, model=model or DEFAULT_MODEL, head=head or DEFAULT_HEAD, prompts=count,
+                 prompt_texts=texts,
                  max_new=max_new, max_batch=max_batch, reps=reps, faults=faults, deadline_ms=deadline_ms,
                  min_confidence=MIN_CONFIDENCE if min_confidence is None else min_confidence, say=lambda m: click.echo(f"[eval] {m}", err=True))
     click.echo(json.dumps(r) if as_json else format_eval(r))

@@ -8,14 +8,23 @@ import json
 
 import click
 
+from ..aliases import PromptsArg, deprecated_alias, split_prompts
+from ..exitcodes import EXIT_USAGE
+from .errors import fail
+
 __all__ = ["generate"]
 
 
 @click.command("generate")
-@click.option("--model", default=None, help="Local HF causal-LM directory (default: models/stdlib-llama).")
-@click.option("--weights", "head", default=None,
+@click.option("--target", "model", default=None,
+              help="The target: a local HF causal-LM directory (default: models/stdlib-llama).")
+@deprecated_alias("--model", "--target", "model")
+@click.option("--head", "head", default=None, envvar="DSPARK_PROXY_HEAD", show_envvar=True,
               help="The worker's head directory (default: models/stdlib-llama-head); its manifest sets the tap.")
+@deprecated_alias("--weights", "--head", "head")
 @click.option("--prompt", "prompts", multiple=True, help="A prompt (repeatable). Default: held-out stdlib prompts.")
+@click.option("--prompts", "prompts_file", type=PromptsArg(), default=None,
+              help="A text file of prompts, one a line (beside any --prompt).")
 @click.option("--n-prompts", default=8, show_default=True, help="Held-out prompts when no --prompt is given.")
 @click.option("--prompt-len", default=32, show_default=True, help="Tokens of each held-out prompt.")
 @click.option("--max-new", default=64, show_default=True, help="Tokens to generate per prompt.")
@@ -30,7 +39,8 @@ __all__ = ["generate"]
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Greedy: also decode target-only and count the prompts whose output differs.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (last line).")
-def generate(model: str | None, head: str | None, prompts: tuple[str, ...], n_prompts: int, prompt_len: int,
+def generate(model: str | None, head: str | None, prompts: tuple[str, ...], prompts_file: str | int | None,
+             n_prompts: int, prompt_len: int,
              max_new: int, max_batch: int, drafter: str, proxy_name: str | None, temperature: float, seed: int,
              deadline_ms: float, threads: int, check: bool, as_json: bool) -> None:
     """Generate with speculative decoding through dspark-proxy; print the texts and what it took."""
@@ -42,9 +52,15 @@ def generate(model: str | None, head: str | None, prompts: tuple[str, ...], n_pr
     except ImportError as e:
         raise click.ClickException(f"{e}; install the model extra: pip install -e '.[model]'") from None
     model, head = model or DEFAULT_MODEL, head or DEFAULT_HEAD
-    from ..model.manifest import HeadManifest, head_paths
+    from ..model.manifest import load_head_manifest
 
-    man = HeadManifest.load(head_paths(head)[1])
+    texts, count = split_prompts(prompts_file, None)
+    prompts = (*prompts, *(texts or ()))
+    n_prompts = count if count is not None else n_prompts
+    try:
+        man = load_head_manifest(head)
+    except ValueError as e:
+        fail("generate", str(e), EXIT_USAGE)
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model, local_files_only=True)

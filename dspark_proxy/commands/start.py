@@ -11,6 +11,7 @@ from ..config import ProxyConfig, format_settings
 from ..config_flags import build_config, click_options
 from ..deps import MissingDependency, proxy_needs
 from ..exitcodes import EXIT_MISSING_DEPENDENCY, EXIT_STARTUP_FAILURE
+from ..metrics import MetricsBindError
 from ..runtime import TokenFileError, read_token, setup_logging
 from ..shm.segment import SegmentError
 
@@ -42,6 +43,6 @@ def start(ctx: click.Context, **_: object) -> None:
     except MissingDependency as e:
         click.echo(f"dspark-proxy start: {e}", err=True)
         sys.exit(EXIT_MISSING_DEPENDENCY)
-    except SegmentError as e:
+    except (SegmentError, MetricsBindError) as e:
         click.echo(f"dspark-proxy start: {e}", err=True)
         sys.exit(EXIT_STARTUP_FAILURE)

@@ -32,10 +32,10 @@ def worker(ctx: click.Context, **_: object) -> None:
     from ..worker.run import run_worker as run
 
     cfg, sources = build_config(WorkerConfig, ctx)
-    cfg = head_shapes(cfg, sources)
     setup_logging(cfg.log_level)
-    log.info("[worker] settings %s", format_settings(cfg, sources))
     try:
+        cfg = head_shapes(cfg, sources)  # a missing or malformed head: one line naming its file
+        log.info("[worker] settings %s", format_settings(cfg, sources))
         worker_needs(cfg)  # before anything starts: a missing extra is one line, not a traceback
         run(cfg, token=token_or_bad_parameter(cfg.token_file))
     except MissingDependency as e:

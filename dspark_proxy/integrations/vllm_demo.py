@@ -179,7 +179,7 @@ def run_vllm_demo(*, model: str | os.PathLike = DEFAULT_MODEL, head: str | os.Pa
             say(f"[demo] vLLM arm {arm}")
             arms[arm] = run_arm_process({**base, "arm": arm})
         with started_on(ours_cpus):
-            worker = spawn_worker(*layout, "--drafter", "torch", "--weights", os.fspath(head))
+            worker = spawn_worker(*layout, "--drafter", "torch", "--head", os.fspath(head))
         # two proxies on one worker: the timed run's proxy statistics (the draft time) are its own
         for arm, seg, spec in (("dspark", name, {**base, "timing": None}),
                                ("dspark_timing", name + "-t", {**base, "prompts": [], "env": {**base["env"],

@@ -129,7 +129,9 @@ def _latency(name: str, read_status: Callable[[str], dict]) -> dict:
 def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEFAULT_HEAD, prompts: int | None = None,
              max_new: int | None = None, max_batch: int | None = None, reps: int = 3, faults: bool = True,
              deadline_ms: float = 50.0, threads: int = 1, min_confidence: float = MIN_CONFIDENCE,
-             say: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+             say: Callable[[str], None] = lambda s: None,
+             prompt_texts: list[str] | None = None) -> dict[str, Any]:
+    """`prompt_texts` (eval --prompts FILE) replace the held-out prompts, each cut to its last 32 tokens."""
     import engine_shim
 
     from ..model.manifest import HeadManifest, head_paths
@@ -146,7 +148,13 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
     man = HeadManifest.load(head_paths(head)[1])
     N, P = man.num_spec, 32
     target = open_engine(model, head, max_batch=B, max_len=P + max_new + N + 2)
-    ps = held_out_prompts(target.tokenizer, n_prompts, P)
+    if prompt_texts:
+        enc = [np.asarray(target.tokenizer(t, add_special_tokens=False)["input_ids"], np.int64)[-P:]
+               for t in prompt_texts]
+        ps = [p for p in enc if len(p)]
+        n_prompts = len(ps)
+    else:
+        ps = held_out_prompts(target.tokenizer, n_prompts, P)
     reqs = [Request(i, p, max_new) for i, p in enumerate(ps)]
     name = f"eval-{os.getpid()}"
     res: dict[str, Any] = {"prompts": n_prompts, "max_new": max_new, "max_batch": B, "num_spec": N, "window": man.window,

@@ -32,7 +32,7 @@ def _env(**kv: str):
 
 
 class SpecSystem:
-    """worker (--drafter torch --weights HEAD) on a fixed loopback port + proxy `name`; a context manager."""
+    """worker (--drafter torch --head HEAD) on a fixed loopback port + proxy `name`; a context manager."""
 
     def __init__(self, name: str, head: str, *, max_reqs: int, deadline_ms: float, sampled: bool = False,
                  worker_threads: int = 1, seed: int = 0) -> None:
@@ -63,7 +63,7 @@ class SpecSystem:
         for _ in range(20):  # the port may still be held by a killed worker's socket for a moment
             try:
                 with _env(OMP_NUM_THREADS=self.threads, MKL_NUM_THREADS=self.threads):
-                    self.worker = spawn_worker(*self.layout, "--drafter", "torch", "--weights", self.head,
+                    self.worker = spawn_worker(*self.layout, "--drafter", "torch", "--head", self.head,
                                                listen=self.address, timeout_s=60.0)
                 return
             except RuntimeError as e:

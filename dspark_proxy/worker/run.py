@@ -86,19 +86,29 @@ def run_worker(cfg: WorkerConfig, *, token: bytes | None = None, install_signals
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, _on_signal)
     try:
-        _serve(server, host)
+        _serve(server, host, cfg)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def _serve(server: WorkerServer, host: str) -> None:
+def _serve(server: WorkerServer, host: str, cfg: WorkerConfig) -> None:
     server.start()
-    shown = f"[{host}]" if ":" in host else host
-    print(f"worker listening on {shown}:{server.port}", flush=True)
-    sys.stdout.flush()
+    metrics = None
     try:
+        if cfg.metrics_port is not None:  # before the line tests wait for: a scrape may follow it at once
+            from ..metrics import start_metrics_server
+            from .metrics import WorkerCollector
+
+            metrics = start_metrics_server(cfg.metrics_port, None, addr=cfg.metrics_host,
+                                           collector=WorkerCollector(server))
+            log.info("[worker] metrics url=%s", metrics.url)
+        shown = f"[{host}]" if ":" in host else host
+        print(f"worker listening on {shown}:{server.port}", flush=True)
+        sys.stdout.flush()
         server.serve_forever()
     finally:
+        if metrics is not None:
+            metrics.stop()
         server.stop()
         log.info("[worker] stopped counters=%s", dict(server.counters))

@@ -25,6 +25,7 @@ from typing import NamedTuple
 from .. import __version__
 from ..conn import FramedConnection, listen_tcp
 from ..crc import WindowShifts
+from ..metrics import LATENCY_BOUNDS_S
 from ..wire import (
     APP_HEADER_SIZE,
     MAX_CONTROL_PAYLOAD,
@@ -49,6 +50,7 @@ from ..wire import (
 from .admission import Admission, send_error
 from .drafters import Drafter, drafter_slot_bytes, make_drafter
 from .faults import FaultAction, FaultCounter, FaultPlan
+from .metrics import WorkerObserved
 from .serve import serve_step
 from .session import Session, SessionRefused, SessionTable
 from .terms import agree
@@ -109,6 +111,8 @@ class WorkerServer:
         self.worker_id = f"dspark-worker/{__version__} pid={os.getpid()}"
         self.counters: Counter[str] = Counter()
         self.drafter: Drafter | None = None  # made at start()
+        self.observed = WorkerObserved(LATENCY_BOUNDS_S)  # the drafter's time a round, rounds per peer
+        self._peer_of: dict[int, str] = {}  # connection id -> the peer's host (worker/metrics.py)
         self.admission = Admission(self.layout, token=token, worker_id=self.worker_id,
                                    max_connections=max_connections, max_handshakes=max_handshakes,
                                    handshake_timeout_s=handshake_timeout_s, counters=self.counters,
@@ -169,7 +173,11 @@ class WorkerServer:
             return
         self.drafter = make_drafter(self.drafter_name, **self._drafter_args)
         self._check_budget()  # now with the drafter's per-slot state
-        self._listener = listen_tcp(self.host, self._port)
+        try:
+            self._listener = listen_tcp(self.host, self._port)
+        except OSError as e:
+            shown = f"[{self.host}]" if ":" in self.host else self.host
+            raise OSError(f"--listen {shown}:{self._port}: cannot listen there ({e.strerror or e})") from None
         self._port = self._listener.getsockname()[1]
         log.info("[worker] listening host=%s port=%d drafter=%s N=%d W=%d row_bytes=%d max_reqs=%d "
                  "sampled=%s auth=%s faults=%s", self.host, self._port, self.drafter_identity,
@@ -234,6 +242,7 @@ class WorkerServer:
 
     def _conn_main(self, cid: int, conn: FramedConnection, peer) -> None:
         self.sessions.open_conn(cid)
+        self._peer_of[cid] = str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
         try:
             layout = self.admission.handshake(cid, conn, peer, drafter=self.drafter_identity,
                                               vocab_size=int(getattr(self.drafter, "vocab_size", 0)))
@@ -259,6 +268,7 @@ class WorkerServer:
             dropped = self.sessions.close_conn(cid)  # first: a peer that saw the close finds them gone
             conn.close()
             self.admission.forget(cid)
+            self._peer_of.pop(cid, None)
             log.info("[worker] conn=%d peer=%s closed sessions_dropped=%d", cid, peer, dropped)
 
     # ------------------------------------------------------------------ frames
@@ -315,8 +325,10 @@ class WorkerServer:
             send_error(conn, e.code, str(e), session=h.session, epoch=h.epoch, step_id=h.step_id)
             return True
         out = ReplyWriter(sv.n_req, layout.num_spec, sv.step_flags)
+        t_draft = time.perf_counter()
         with session.lock:
             self._serve(session, sv, out, layout, served)
+        self.observed.round(self._peer_of.get(cid, "?"), time.perf_counter() - t_draft)
         self.counters["steps"] += 1
         self.counters["rows"] += sv.n_rows
         if self.faults.delay_ms > 0:
