@@ -420,10 +420,17 @@ def _remote_client(cfg: ProxyConfig, params: LayoutParams, token: bytes | None) 
         return make(host, port)
     from .pool.client import PoolClient
 
-    return PoolClient(spec.addresses, max_reqs=cfg.max_reqs, num_spec=cfg.num_spec, window=cfg.window,
+    pool = PoolClient(spec.addresses, max_reqs=cfg.max_reqs, num_spec=cfg.num_spec, window=cfg.window,
                       row_bytes=cfg.row_bytes, max_rows=params.max_rows, deadline_ms=cfg.deadline_ms,
                       sampled=cfg.sampled, make_client=make, file=spec.file,
                       breaker=(cfg.breaker_threshold, cfg.breaker_cooldown))
+    if spec.dns is not None:  # members from DNS, re-resolved while it runs (pool/dns.py)
+        from .pool.dns import DnsWatcher
+
+        watcher = DnsWatcher(*spec.dns, pool.set_addresses)
+        watcher.resolve_now()  # the first members before the first round, where the name resolves yet
+        pool.watchers.append(watcher)
+    return pool
 
 
 def worker_links(client: object, breaker: CircuitBreaker) -> list[dict]:

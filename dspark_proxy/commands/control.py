@@ -33,6 +33,8 @@ def status(name: str, as_json: bool, watch: float | None) -> None:
         try:
             st = read_status(name)
         except SegmentError as e:
+            if as_json:  # a script parsing stdout gets JSON whatever happened (the exit code says it failed)
+                click.echo(json.dumps({"name": name, "error": str(e)}))
             click.echo(f"dspark-proxy status: {e}", err=True)
             sys.exit(EXIT_FAILURE)
         click.echo(json.dumps(st, default=str) if as_json else format_status(st))

@@ -1,4 +1,5 @@
-"""The `--worker` value: one address, several (comma-separated), or ``@FILE`` listing them.
+"""The `--worker` value: one address, several (comma-separated), ``@FILE`` listing them, or
+``dns:NAME:PORT`` (every address NAME resolves to, re-resolved every few seconds: pool/dns.py).
 
 A file lists one ``HOST:PORT`` a line (commas also separate; ``#`` starts a comment; blank lines are
 skipped). It is re-read on SIGHUP (`PoolClient.reload`): a file that no longer parses is reported and
@@ -21,12 +22,13 @@ class WorkerSpec:
 
     addresses: tuple[str, ...]
     file: str | None = None
+    dns: tuple[str, int] | None = None  # (name, port) of dns:NAME:PORT; addresses then come from it
 
     @property
     def is_pool(self) -> bool:
         """A pool client (pool/client.py) rather than the plain one: several workers, or a file that a
         reload may grow."""
-        return self.file is not None or len(self.addresses) > 1
+        return self.file is not None or self.dns is not None or len(self.addresses) > 1
 
 
 def parse_address_list(text: str, *, field: str = "worker", where: str = "") -> tuple[str, ...]:
@@ -62,6 +64,12 @@ def read_address_file(path: str, *, field: str = "worker") -> tuple[str, ...]:
 def parse_worker_spec(value: str, *, field: str = "worker") -> WorkerSpec:
     """``HOST:PORT``, ``HOST:PORT,HOST:PORT,...`` or ``@FILE``; ConfigError names what is wrong."""
     v = value.strip()
+    if v.startswith("dns:"):
+        name, sep, port = v[4:].rpartition(":")
+        if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"{field}={value!r}: dns:NAME:PORT needs a name and a port in 1..65535 "
+                              f"(e.g. dns:drafters.default.svc.cluster.local:7470)", field)
+        return WorkerSpec((), dns=(name, int(port)))
     if v.startswith("@"):
         path = v[1:].strip()
         if not path:

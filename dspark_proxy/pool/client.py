@@ -95,6 +95,7 @@ class PoolClient:
         self.rebalance_per_round = max(1, rebalance_per_round)
         self.margin, self.max_margin_s = margin, max_margin_s
         self.file = file
+        self.watchers: list[Any] = []  # pool/dns.py's DnsWatcher for dns:NAME:PORT: started and stopped with it
         self.pool_counters: Counter[str] = Counter()
         self._target_id: str | None = None  # set_target_id's: a worker that joins later names it too
         self.members: list[Member] = [self._member(a) for a in addresses]
@@ -155,8 +156,12 @@ class PoolClient:
         self._started = True
         for m in self.members:
             m.client.start()
+        for w in self.watchers:
+            w.start()
 
     def stop(self) -> None:
+        for w in self.watchers:
+            w.stop()
         for m in list(self.members):
             m.client.stop()
 
@@ -197,6 +202,10 @@ class PoolClient:
         """Re-read the worker file on a short thread (signal-safe to call: it only starts the thread);
         the new list is applied at the start of the next round. A file that does not parse is logged
         and changes nothing."""
+        if self.watchers:
+            for w in self.watchers:
+                w.kick()
+            return
         if self.file is None:
             log.warning("[pool] reload asked, but the workers were not given as @FILE: nothing to re-read")
             return
