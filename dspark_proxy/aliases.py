@@ -23,8 +23,7 @@ __all__ = ["deprecated_alias", "warn_deprecated", "PromptsArg", "split_prompts",
 
 def warn_deprecated(old: str, new: str, ctx: click.Context | None = None) -> None:
     """The one line a deprecated spelling prints (stderr)."""
-    prog = (ctx.find_root().info_name if ctx is not None else None) or "dspark-proxy"
-    click.echo(f"{prog}: {old} is deprecated: use {new} (same meaning)", err=True)
+    click.echo(f"dspark-proxy: {old} is deprecated: use {new} (same meaning)", err=True)
 
 
 def deprecated_alias(old: str, new: str, dest: str, *, envvar: str | None = None,
