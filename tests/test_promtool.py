@@ -1,0 +1,101 @@
+"""Both Prometheus endpoints pass `promtool check metrics` (Debian's prometheus package; .ci/run installs
+it) with real traffic: the proxy's with an engine attached and a worker serving it, and the worker's
+while it serves. Without promtool this fails, never skips: an unchecked endpoint is how lints crept in."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+import engine_shim
+from dspark_proxy.launch import spawn_proxy, spawn_worker
+from dspark_proxy.sim import SimConfig, SimEngine
+
+pytestmark = pytest.mark.timeout(120)
+
+M, N, W, B = 8, 4, 8, 32
+LAYOUT = ("--max-reqs", str(M), "--num-spec", str(N), "--window", str(W), "--row-bytes", str(B))
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _scrape(url: str, want: str, timeout_s: float = 20.0) -> str:
+    """The endpoint's text once it has `want` in it (the worker's counters appear after its first round)."""
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                text = r.read().decode()
+            if want in text:
+                return text
+        except OSError:
+            pass
+        assert time.monotonic() < end, f"{url} never showed {want}"
+        time.sleep(0.1)
+
+
+def _promtool(text: str) -> subprocess.CompletedProcess:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is not installed: apt-get install prometheus (.ci/run does)"
+    return subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+
+
+def test_proxy_and_worker_endpoints_pass_promtool(seg_name):
+    pytest.importorskip("prometheus_client")
+    wport, pport = _free_port("127.0.0.2"), _free_port()
+    worker = spawn_worker(*LAYOUT, "--metrics-host", "127.0.0.2", "--metrics-port", str(wport))
+    proxy = None
+    try:
+        proxy = spawn_proxy(seg_name, worker.address, *LAYOUT, "--deadline-ms", "2000", "--metrics-port", str(pport))
+        shim = engine_shim.attach(seg_name, max_reqs=M, num_spec=N, window=W, row_bytes=B, timeout_s=10.0)
+        try:
+            res = SimEngine(SimConfig(seed=3, max_reqs=M, num_spec=N, window=W, row_bytes=B)).run(shim, rounds=60)
+            assert res.wrong_drafts == 0
+            proxy_text = _scrape(f"http://127.0.0.1:{pport}/metrics", "dspark_proxy_rtt_seconds_bucket")
+            worker_text = _scrape(f"http://127.0.0.2:{wport}/metrics", "dspark_worker_rounds_total{peer=")
+        finally:
+            shim.close()
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        worker.stop()
+    for text in (proxy_text, worker_text):
+        r = _promtool(text)
+        assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr
+    assert "dspark_proxy_client_steps_sent_total" in proxy_text and "dspark_proxy_worker_link_state" in proxy_text
+    for name in ("dspark_worker_sessions 1.0", "dspark_worker_memory_used_bytes", "dspark_worker_memory_budget_bytes",
+                 "dspark_worker_draft_seconds_bucket", 'dspark_worker_refusals_total{cause="mismatch"} 0.0',
+                 'dspark_worker_rounds_total{peer="127.0.0.1"}'):
+        assert name in worker_text, name
+    assert "_us" not in "".join(ln.split("{")[0].split(" ")[0] for ln in proxy_text.splitlines()
+                                 if not ln.startswith("#"))
+
+
+def test_worker_refusals_by_cause_are_counted():
+    """A proxy of other shapes is refused at its HELLO (adopt off): the worker counts it as a mismatch."""
+    pytest.importorskip("prometheus_client")
+    from dspark_proxy.client import TcpDraftClient
+    from dspark_proxy.metrics import start_metrics_server
+    from dspark_proxy.worker.metrics import WorkerCollector
+    from dspark_proxy.worker.server import WorkerServer
+
+    srv = WorkerServer("127.0.0.1", 0, num_spec=N, window=W, row_bytes=B, max_reqs=M, adopt_shapes=False)
+    srv.start()
+    client = TcpDraftClient("127.0.0.1", srv.port, max_reqs=M, num_spec=N, window=W + 1, row_bytes=B)
+    try:
+        with start_metrics_server(0, None, collector=WorkerCollector(srv)) as ms:
+            client.start()
+            text = _scrape(ms.url, 'dspark_worker_refusals_total{cause="mismatch"} 1.0')
+        assert _promtool(text).returncode == 0
+    finally:
+        client.stop()
+        srv.stop()
