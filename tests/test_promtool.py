@@ -4,21 +4,28 @@ while it serves. Without promtool this fails, never skips: an unchecked endpoint
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import socket
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
 import engine_shim
 from dspark_proxy.launch import spawn_proxy, spawn_worker
+from dspark_proxy.metrics import snapshot_to_families
 from dspark_proxy.sim import SimConfig, SimEngine
 
 pytestmark = pytest.mark.timeout(120)
 
 M, N, W, B = 8, 4, 8, 32
+DASHBOARD = Path(__file__).resolve().parent.parent / "docs" / "grafana-dashboard.json"
+# counted only when they happen (no fallback in a healthy run): checked from a snapshot that has them
+CONDITIONAL = {"counters": {"fallback_timeout": 1, "rounds_failed": 1}}
 LAYOUT = ("--max-reqs", str(M), "--num-spec", str(N), "--window", str(W), "--row-bytes", str(B))
 
 
@@ -76,6 +83,7 @@ def test_proxy_and_worker_endpoints_pass_promtool(seg_name):
                  "dspark_worker_draft_seconds_bucket", 'dspark_worker_refusals_total{cause="mismatch"} 0.0',
                  'dspark_worker_rounds_total{peer="127.0.0.1"}'):
         assert name in worker_text, name
+    _dashboard_names_exist(proxy_text + worker_text)
     assert "_us" not in "".join(ln.split("{")[0].split(" ")[0] for ln in proxy_text.splitlines()
                                  if not ln.startswith("#"))
 
@@ -99,3 +107,37 @@ def test_worker_refusals_by_cause_are_counted():
     finally:
         client.stop()
         srv.stop()
+
+
+def _sample_names(text: str) -> set[str]:
+    return {ln.split("{")[0].split(" ")[0] for ln in text.splitlines() if ln and not ln.startswith("#")}
+
+
+def _dashboard_names_exist(scraped: str) -> None:
+    """Every metric an expression of docs/grafana-dashboard.json names is one the endpoints serve."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    class _Snap:
+        def collect(self):
+            return snapshot_to_families(CONDITIONAL)
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(_Snap())
+    have = _sample_names(scraped) | _sample_names(generate_latest(reg).decode())
+    named = _dashboard_metrics()
+    assert named - have == set(), f"the dashboard names metrics no endpoint serves: {sorted(named - have)}"
+
+
+def _dashboard_metrics() -> set[str]:
+    dash = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += [v["query"] for v in dash["templating"]["list"] if v["type"] == "query"]
+    return {m for e in exprs for m in re.findall(r"\bdspark_(?:proxy|worker)_[a-z0-9_]+", e)}
+
+
+def test_dashboard_is_grafana_json_on_both_endpoints():
+    dash = json.loads(DASHBOARD.read_text())
+    assert dash["panels"] and all(p["targets"] and all(t["expr"] for t in p["targets"]) for p in dash["panels"])
+    names = _dashboard_metrics()
+    assert any(n.startswith("dspark_proxy_") for n in names) and any(n.startswith("dspark_worker_") for n in names)
+    assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
