@@ -296,7 +296,7 @@ class Proxy:
         its shared ring, M x W x row_bytes of /dev/shm, at once rather than when the next engine of
         the name comes). A prefill's forward can take seconds, so there is no give-up on a live engine."""
         t0 = time.monotonic()
-        next_log, next_look = 30.0, ENGINE_LOOK_S
+        next_log, next_look = IDLE_LOG_FIRST_S, ENGINE_LOOK_S
         while not self._stop.is_set():
             if flags.wait_gathered(t, WAIT_SLICE_S):
                 return True
@@ -315,9 +315,12 @@ class Proxy:
                     self.stats.inc("engine_gone")
                     self.engine_gone = True
                     return False
-            if waited >= next_log:
-                next_log += 30.0
-                log.warning("[proxy] round %d not gathered after %.0f s (words %s)", t, waited, flags.values())
+            if waited >= next_log:  # an idle engine (no requests) is no fault: INFO, ever less often
+                log.info("[proxy] round %d not gathered for %.0f s: the engine is idle or in a long step (logged "
+                         "at %.0f s, then at doubling waits up to every %.0f s; words %s)", t, waited, IDLE_LOG_FIRST_S,
+                         IDLE_LOG_MAX_S,
+                         flags.values())
+                next_log = min(next_log * 2, next_log + IDLE_LOG_MAX_S)
         return False
 
     def _relook(self, flags: HostFlags) -> None:
@@ -431,6 +434,10 @@ def _remote_client(cfg: ProxyConfig, params: LayoutParams, token: bytes | None) 
         watcher.resolve_now()  # the first members before the first round, where the name resolves yet
         pool.watchers.append(watcher)
     return pool
+
+
+IDLE_LOG_FIRST_S = 30.0  # an idle proxy's "not gathered" line: at 30, 60, 120, ... s, then every 10 min
+IDLE_LOG_MAX_S = 600.0
 
 
 def worker_links(client: object, breaker: CircuitBreaker) -> list[dict]:

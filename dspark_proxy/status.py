@@ -54,44 +54,118 @@ def _block(seg: Segment, which: str) -> dict[str, Any]:
         return {"error": "unreadable snapshot"}
 
 
+WIDTH = 80  # `status` fits a terminal of 80 columns: sections, wrapped key=value lists, tables
+_IDLE_GAP_US = 1e6  # a wait between rounds this long is an idle engine (no requests), not a stall
+# shown in the Drafting section instead (drafting_summary), not again among the counters
+_DRAFTING_KEYS = ("spec_decode_", "fallback_", "accept_")
+
+
 def format_status(st: dict[str, Any]) -> str:
+    """`status` for people: a title, then one section per part (Layout, Words, Proxy, Latency, Drafting,
+    Shim, Events), each line at most WIDTH columns; times in ms; the wait between rounds apart from the
+    latencies, an idle gap called one."""
     h, w, p, s = st["header"], st["words"], st["proxy"], st["shim"]
-    lines = [
-        f"dspark-proxy {st['name']}: {h['state']}, pid {h['owner_pid']} "
-        f"({'alive' if h['owner_alive'] else 'DEAD'}), incarnation {h['incarnation']}, "
-        f"heartbeat {h['heartbeat_age_ms']:.1f} ms ago",
-        f"  layout   M={h['max_slots']} N={h['num_spec']} W={h['window']} row_bytes={h['row_bytes']} "
-        f"max_rows={h['max_rows']} resync/round={h['resync_per_round']} sampled={bool(h['sampled'])} "
-        f"deadline={h['deadline_ms']} ms, {h['bytes'] / 2**20:.1f} MiB",
-        "  words    " + " ".join(f"{k}={w[k]}" for k in ("gathered", "claimed", "published", "consumed",
-                                                          "attached", "engine_pid", "abandoned")),
-    ]
-    for title, snap in (("proxy", p), ("shim", s)):
+    lines = [f"dspark-proxy {st['name']}: {h['state']}, pid {h['owner_pid']} "
+             f"({'alive' if h['owner_alive'] else 'DEAD'})",
+             f"  incarnation {h['incarnation']}, heartbeat {h['heartbeat_age_ms']:.1f} ms ago"]
+    lines += _section("Layout", [
+        f"M={h['max_slots']} N={h['num_spec']} W={h['window']} row_bytes={h['row_bytes']} "
+        f"sampled={'yes' if h['sampled'] else 'no'} deadline={h['deadline_ms']:g} ms",
+        f"max_rows={h['max_rows']} resync/round={h['resync_per_round']} segment {h['bytes'] / 2**20:.1f} MiB"])
+    lines += _section("Words", _pairs((k, w[k]) for k in ("gathered", "claimed", "published", "consumed",
+                                                           "attached", "engine_pid", "abandoned")))
+    for title, snap in (("Proxy", p), ("Shim", s)):
         if not snap:
-            lines.append(f"  {title:<8} (no snapshot yet)")
+            lines += _section(title, ["(no snapshot yet)"])
             continue
         c = snap.get("counters", {})
-        if c:
-            lines.append(f"  {title:<8} " + " ".join(f"{k}={v}" for k, v in sorted(c.items())))
         g = snap.get("gauges", {})
+        body = _pairs((k, v) for k, v in sorted(c.items()) if title == "Shim" or not k.startswith(_DRAFTING_KEYS))
         if isinstance(g.get("breaker"), dict):
             b = g["breaker"]
-            lines.append(f"  breaker  {b.get('state')} trips={b.get('trips')}")
+            body.append(f"breaker {b.get('state')}, {b.get('trips')} trips")
         if g.get("thread_death"):
-            lines.append(f"  thread   proxy thread restarted {c.get('thread_restarts', 0)} times; last death: "
-                         f"{g['thread_death']}")
-        lines += worker_lines(g.get("workers"))
+            body += _wrap(f"proxy thread restarted {c.get('thread_restarts', 0)} times; last death: "
+                          f"{g['thread_death']}")
+        for line in worker_lines(g.get("workers")):
+            body += _wrap(line.strip())
         if g.get("row_cap"):
-            lines.append(f"  row cap  {g['row_cap']} rows a STEP (a STEP that size timed out)")
-        for key, lat in sorted(snap.get("latency", {}).items()):
-            lines.append(f"    {key:<28} n={lat.get('count')} p50={lat.get('p50_us')} p99={lat.get('p99_us')} "
-                         f"p99.9={lat.get('p999_us')} max={lat.get('max_us')} us")
+            body.append(f"row cap {g['row_cap']} rows a STEP (a STEP that size timed out)")
+        lines += _section(title, body)
+        lines += _section(f"{title} latency", _latency_table(snap.get("latency", {})))
+        if title == "Proxy" and st.get("drafting"):
+            lines += _section("Drafting", [x for ln in format_drafting(st["drafting"]) for x in _wrap(ln.strip())])
         events = g.get("watchdog_events") or []
-        for ev in events[-8:]:
-            lines.append(f"    event {ev}")
-        if title == "proxy" and st.get("drafting"):
-            lines.extend(format_drafting(st["drafting"]))
-    return "\n".join(lines)
+        lines += _section(f"{title} events" + (f" (last 8 of {len(events)})" if len(events) > 8 else ""),
+                          _events_table(events))
+    return "\n".join(ln.rstrip() for ln in lines)
+
+
+def _section(title: str, body: list[str]) -> list[str]:
+    return ["", title, *("  " + b for b in body)] if body else []
+
+
+def _wrap(text: str, indent: int = 4) -> list[str]:
+    """One logical line as lines of at most WIDTH - 2 columns (the section indents by 2)."""
+    import textwrap
+
+    return textwrap.wrap(text, WIDTH - 2, subsequent_indent=" " * indent, break_on_hyphens=False) or [""]
+
+
+def _pairs(items: Any) -> list[str]:
+    """key=value pairs, as many a line as fit."""
+    out: list[str] = []
+    line = ""
+    for k, v in items:
+        item = f"{k}={v}"
+        if line and len(line) + 1 + len(item) > WIDTH - 2:
+            out.append(line)
+            line = item
+        else:
+            line = f"{line} {item}" if line else item
+    if line:
+        out.append(line)
+    return out
+
+
+def _ms(us: Any) -> str:
+    return "-" if us is None else f"{float(us) / 1e3:.3f}"
+
+
+def _latency_table(lat: dict[str, Any]) -> list[str]:
+    """n, p50, p99, p99.9, max in ms a row; `gather_us` (the engine's step or idle time between rounds,
+    as the proxy waits for it) on a line of its own, an idle gap named so rather than read as a stall."""
+    rows = [(k[:-3] if k.endswith("_us") else k.replace("_us_", "_"), v) for k, v in sorted(lat.items())
+            if k != "gather_us" and isinstance(v, dict)]
+    out = []
+    if rows:
+        out.append(f"{'(ms)':<24}{'n':>8}{'p50':>10}{'p99':>10}{'p99.9':>10}{'max':>10}")
+        out += [f"{name[:23]:<24}{v.get('count', 0):>8}{_ms(v.get('p50_us')):>10}{_ms(v.get('p99_us')):>10}"
+                f"{_ms(v.get('p999_us')):>10}{_ms(v.get('max_us')):>10}" for name, v in rows]
+    gap = lat.get("gather_us")
+    if isinstance(gap, dict) and gap.get("count"):
+        longest = float(gap.get("max_us") or 0)
+        tail = (f"longest {longest / 1e6:.1f} s (the engine idle: not a stall)" if longest >= _IDLE_GAP_US
+                else f"longest {_ms(longest)} ms")
+        out += _wrap(f"between rounds (the engine's step, or idle): p50 {_ms(gap.get('p50_us'))} ms, "
+                     f"p99 {_ms(gap.get('p99_us'))} ms, {tail}")
+    return out
+
+
+def _events_table(events: list[Any]) -> list[str]:
+    """The last 8 watchdog events, one row each (events.py names the fields)."""
+    evs = [e for e in events if isinstance(e, dict)][-8:]
+    if not evs:
+        return []
+    out = [f"{'time':<9}{'round':>9}  {'how':<14}{'phase':<9}{'reqs':>6}{'rows':>7}{'wait ms':>10}"]
+    for e in evs:
+        t = e.get("time")
+        when = time.strftime("%H:%M:%S", time.localtime(float(t))) if isinstance(t, (int, float)) else "?"
+        wait = e.get("proxy_wait_ms")
+        out.append(f"{when:<9}{e.get('round', '?')!s:>9}  {str(e.get('how', '?'))[:13]:<14}"
+                   f"{str(e.get('phase', '?'))[:8]:<9}{e.get('n', '')!s:>6}{e.get('rows', '')!s:>7}"
+                   f"{'' if wait is None else f'{float(wait):.1f}':>10}")
+    return out
 
 
 def worker_lines(links: Any) -> list[str]:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..conn import FramedConnection
+from ..logthrottle import KeyedThrottle
 from ..wire import (
     APP_HEADER_SIZE,
     MAX_CONTROL_PAYLOAD,
@@ -82,6 +83,9 @@ class Admission:
         self.pending: dict[int, FramedConnection] = {}  # still in the handshake, oldest first
         self.threads: dict[int, threading.Thread] = {}
         self._next_conn = 0
+        # a proxy refused for its settings retries every couple of seconds: one WARNING a minute per cause
+        # and peer host, with the count of those held back (the counters count every one)
+        self.refusal_log = KeyedThrottle(60.0)
 
     # ------------------------------------------------------------------ the table
 
@@ -182,7 +186,8 @@ class Admission:
     def _refuse(self, conn: FramedConnection, peer, e: Refused) -> None:
         """A HELLO this worker cannot serve: ERROR mismatch naming the field, then the close."""
         self.counters["handshake_mismatch"] += 1
-        log.warning("[worker] peer=%s mismatch %s", peer, e)
+        self.refusal_log.log(log, logging.WARNING, ("mismatch", _host(peer), str(e)), "[worker] peer=%s mismatch %s",
+                             peer, e)
         send_error(conn, "mismatch", str(e), field=e.field)
 
     def _charge_memory(self, cid: int, conn: FramedConnection, agreed: WireLayout) -> bool:
@@ -193,7 +198,7 @@ class Admission:
         if refusal is None:
             return True
         self.counters["handshake_memory_refused"] += 1
-        log.warning("[worker] conn=%d refused: %s", cid, refusal)
+        self.refusal_log.log(log, logging.WARNING, ("memory_budget",), "[worker] conn=%d refused: %s", cid, refusal)
         send_error(conn, "memory_budget", refusal, field="max_reqs")
         return False
 
@@ -213,7 +218,13 @@ class Admission:
         assert isinstance(auth, Auth)
         if not check_proof(client_proof(self.token, hello.nonce, wn), auth.proof):
             self.counters["auth_refused"] += 1
-            log.warning("[worker] peer=%s refused: wrong token", peer)
+            self.refusal_log.log(log, logging.WARNING, ("auth", _host(peer)), "[worker] peer=%s refused: wrong token",
+                                 peer)
             send_error(conn, "auth_refused", "wrong token")
             return False
         return True
+
+
+def _host(peer: Any) -> str:
+    """A peer's host (its port changes with every reconnect, its host does not)."""
+    return str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
