@@ -26,14 +26,18 @@ def warn_deprecated(old: str, new: str, ctx: click.Context | None = None) -> Non
     click.echo(f"dspark-proxy: {old} is deprecated: use {new} (same meaning)", err=True)
 
 
-def deprecated_alias(old: str, new: str, dest: str, *, envvar: str | None = None,
-                     type: Any = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def deprecated_alias(old: str, new: str, dest: str, *, envvar: str | None = None, type: Any = None,
+                     is_eager: bool = False,
+                     then: Callable[[click.Context, click.Parameter, Any], Any] | None = None,
+                     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A hidden option ``old`` that sets parameter ``dest`` like ``new`` does, with one warning when used
     (on the command line, or through its old environment variable ``envvar``).
 
     The alias has a parameter of its own (click's parser keys values by parameter name, so two options
     on one name could not be told apart) and writes ``dest`` from its callback, unless ``dest`` already
-    came from a place at least as explicit (the new flag beats the old one's environment variable)."""
+    came from a place at least as explicit (the new flag beats the old one's environment variable).
+    `then` is the new flag's own callback (an eager one's work, such as reading a head's shapes), run
+    on the value when the alias wins."""
 
     def apply(ctx: click.Context, param: click.Parameter, value: Any) -> None:
         src = ctx.get_parameter_source(param.name or "")
@@ -44,11 +48,11 @@ def deprecated_alias(old: str, new: str, dest: str, *, envvar: str | None = None
         have = ctx.get_parameter_source(dest)
         if have is not None and dest in ctx.params and have <= src:
             return  # the new name was given too, as explicitly: it wins
-        ctx.params[dest] = value
+        ctx.params[dest] = then(ctx, param, value) if then is not None else value
         ctx.set_parameter_source(dest, src)
 
     return click.option(old, f"{dest}__{old.lstrip('-').replace('-', '_')}", hidden=True, envvar=envvar,
-                        type=type, callback=apply, expose_value=False)
+                        type=type, callback=apply, expose_value=False, is_eager=is_eager)
 
 
 class PromptsArg(click.ParamType):

@@ -79,7 +79,7 @@ _MIB = 1 << 20
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 Drafter = Literal[DRAFTER_NAMES]  # the drafters table (worker/drafters.py)
 
-Source = Literal["cli", "env", "file", "default"]
+Source = Literal["cli", "env", "file", "head", "default"]  # head: a head's manifest (--head, --shapes-from)
 
 
 IN_PROCESS_WORKERS = ("inproc", "null")  # ProxyConfig.worker values that need no network

@@ -86,21 +86,22 @@ def _config_callback(cls: type[_Base]) -> Callable[[click.Context, click.Paramet
 _SHAPES_KEY = "dspark_proxy.shapes_from"
 
 
-def shapes_from(path: str) -> dict[str, int]:
+def shapes_from(path: str, flag: str = "--shapes-from") -> dict[str, int]:
     """num_spec, window and row_bytes from a drafter's head manifest (its directory, or manifest.json):
-    the shapes proxy, worker and engine must share, read from the one place that fixes them."""
+    the shapes proxy, worker and engine must share, read from the one place that fixes them. Errors
+    start with `flag PATH` (`start --head`, `worker --shapes-from`)."""
     import os
 
     from .model.manifest import MANIFEST_NAME, HeadManifest
 
     p = os.path.join(path, MANIFEST_NAME) if os.path.isdir(path) else path
     if not os.path.isfile(p):
-        raise ConfigError(f"--shapes-from {path}: no {MANIFEST_NAME} there (give a drafter head's directory "
+        raise ConfigError(f"{flag} {path}: no {MANIFEST_NAME} there (give a drafter head's directory "
                           f"or its manifest)", "shapes_from")
     try:
         m = HeadManifest.load(p)
     except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"--shapes-from {p}: {e}", "shapes_from") from None
+        raise ConfigError(f"{flag} {p}: {e}", "shapes_from") from None
     return {"num_spec": m.num_spec, "window": m.window, "row_bytes": m.row_bytes}
 
 
@@ -108,7 +109,7 @@ def _shapes_callback(ctx: click.Context, param: click.Parameter, path: str | Non
     if not path:
         return path
     try:
-        values = shapes_from(path)
+        values = shapes_from(path, param.opts[0])
     except (ConfigError, OSError) as e:
         raise click.BadParameter(str(e), ctx=ctx, param=param) from None
     ctx.meta[_SHAPES_KEY] = values
@@ -129,13 +130,25 @@ def click_options(cls: type[_Base]) -> Callable[[Callable[..., Any]], Callable[.
                      help="TOML file: top-level keys for every command, "
                           f"[{cls.SECTION}] for this one. Flags and env vars override it."),
     ]
-    if issubclass(cls, LayoutConfig):
+    if issubclass(cls, LayoutConfig) and "head" in {f.name for f in dataclasses.fields(cls)}:
+        # the worker: --head serves a head and takes its shapes (worker/run.py); --shapes-from only reads them
         opts.append(click.option("--shapes-from", "shapes_from", type=click.Path(), default=None, is_eager=True,
                                  expose_value=True, envvar=env_var("shapes_from"), show_envvar=True,
                                  callback=_shapes_callback,
                                  help="A drafter head's directory (or its manifest.json): --num-spec, --window "
                                       "and --row-bytes from it. Flags and env vars override it; it overrides "
                                       "--config."))
+    elif issubclass(cls, LayoutConfig):
+        # start: the head directory is --head (DSPARK_PROXY_HEAD, as the engine's shim reads it), one name
+        # for one thing; --shapes-from is its deprecated spelling (aliases.py)
+        opts.append(click.option("--head", "shapes_from", type=click.Path(), default=None, is_eager=True,
+                                 expose_value=True, envvar=env_var("head"), show_envvar=True,
+                                 callback=_shapes_callback,
+                                 help="The drafter head's directory (or its manifest.json): --num-spec, --window "
+                                      "and --row-bytes from it. Flags and env vars override it; it overrides "
+                                      "--config."))
+        opts.append(deprecated_alias("--shapes-from", "--head", "shapes_from", envvar=env_var("shapes_from"),
+                                     type=click.Path(), is_eager=True, then=_shapes_callback))
     for f in dataclasses.fields(cls):
         if f.name == "config":  # pragma: no cover - a schema bug
             raise TypeError("a config field may not be called 'config'")
@@ -178,6 +191,8 @@ def build_config(cls: type[_C], ctx_or_params: click.Context | Mapping[str, Any]
         for n in names:
             src = ctx.get_parameter_source(n)
             sources[n] = _SOURCE_NAMES.get(src, "cli") if src is not None else "default"
+            if sources[n] == "file" and n in ctx.meta.get(_SHAPES_KEY, {}):
+                sources[n] = "head"  # from the head's manifest (--head / --shapes-from), not a TOML file
         try:
             cfg = _construct(cls, values)
         except ConfigError as e:
@@ -202,6 +217,8 @@ def _origin(ctx: click.Context, name: str | None, sources: Mapping[str, Source])
         return f"value from environment variable {env_var(name or '')}"
     if src == "file":
         return f"value from config file {ctx.params.get('config')}"
+    if src == "head":
+        return f"value from the head's manifest ({ctx.params.get('shapes_from')})"
     return "value is the default (check the settings it depends on)"
 
 

@@ -32,13 +32,13 @@ def _run(cls, *args: str, env: dict | None = None):
 
 def test_both_commands_read_the_manifest():
     want = json.load(open(f"{HEAD}/manifest.json"))
-    for cls in (ProxyConfig, WorkerConfig):
-        r = _run(cls, "--shapes-from", HEAD, "--max-reqs", "8")
+    for cls, flag in ((ProxyConfig, "--head"), (WorkerConfig, "--shapes-from")):
+        r = _run(cls, flag, HEAD, "--max-reqs", "8")
         assert r.exit_code == 0, r.output
         got = json.loads(r.output)
         assert (got["num_spec"], got["window"], got["row_bytes"]) == (want["num_spec"], want["window"],
                                                                       want["row_bytes"])
-        assert got["max_reqs"] == 8
+        assert got["max_reqs"] == 8 and got["src"] == "head"  # labelled as the head's, not a file's
     assert shapes_from(f"{HEAD}/manifest.json") == shapes_from(HEAD)
 
 
@@ -55,9 +55,21 @@ def test_flags_and_env_override_it_and_it_overrides_the_file(tmp_path):
 
 
 def test_a_path_without_a_manifest_is_a_usage_error_naming_it(tmp_path):
-    r = CliRunner().invoke(_cmd(ProxyConfig), ["--shapes-from", str(tmp_path)])
-    assert r.exit_code == 2 and "--shapes-from" in r.output and "manifest.json" in r.output
+    r = CliRunner().invoke(_cmd(ProxyConfig), ["--head", str(tmp_path)])
+    assert r.exit_code == 2 and "--head" in r.output and "manifest.json" in r.output
     bad = tmp_path / "manifest.json"
     bad.write_text("{}")
-    r = CliRunner().invoke(_cmd(ProxyConfig), ["--shapes-from", str(bad)])
-    assert r.exit_code == 2 and "--shapes-from" in r.output
+    r = CliRunner().invoke(_cmd(ProxyConfig), ["--head", str(bad)])
+    assert r.exit_code == 2 and "--head" in r.output and "fields missing" in r.output
+
+
+def test_start_shapes_from_is_the_deprecated_head_and_the_env_var_is_the_engines():
+    want = json.load(open(f"{HEAD}/manifest.json"))
+    r = CliRunner().invoke(_cmd(ProxyConfig), ["--shapes-from", HEAD], env={}, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert r.stderr.strip() == "dspark-proxy: --shapes-from is deprecated: use --head (same meaning)"
+    assert json.loads(r.stdout)["window"] == want["window"]
+    r = CliRunner().invoke(_cmd(ProxyConfig), [], env={"DSPARK_PROXY_HEAD": HEAD}, catch_exceptions=False)
+    assert json.loads(r.stdout)["window"] == want["window"] and not r.stderr
+    r = CliRunner().invoke(_cmd(ProxyConfig), [], env={"DSPARK_PROXY_SHAPES_FROM": HEAD}, catch_exceptions=False)
+    assert "DSPARK_PROXY_SHAPES_FROM" in r.stderr and json.loads(r.stdout)["window"] == want["window"]
