@@ -109,3 +109,33 @@ def _until(cond, timeout_s: float = 10.0) -> None:
     while not cond():
         assert time.monotonic() < end, "condition not met in time"
         time.sleep(0.01)
+
+
+def test_a_proxy_drafts_through_the_members_dns_gives_it(monkeypatch, seg_name):
+    """End to end: rounds run target-only while the name does not resolve, then the worker it comes to
+    name drafts them (a real worker, a thread-mode proxy, the simulated engine)."""
+    import engine_shim
+    from dspark_proxy.sim import SimConfig, SimEngine
+    from dspark_proxy.worker.server import WorkerServer
+
+    M, N, W, B = 4, 2, 4, 16
+    srv = WorkerServer("127.0.0.1", 0, num_spec=N, window=W, row_bytes=B, max_reqs=M)
+    srv.start()
+    stub = StubResolver(OSError("Name or service not known"))
+    monkeypatch.setattr(pool_dns, "resolve_all", stub)
+    monkeypatch.setattr(pool_dns, "DnsWatcher", _fast_watcher(pool_dns.DnsWatcher))
+    shim = engine_shim.attach(seg_name, mode="thread", worker=f"dns:drafters.svc:{srv.port}", max_reqs=M,
+                              num_spec=N, window=W, row_bytes=B, deadline_ms=500.0, timeout_s=5.0)
+    try:
+        eng = SimEngine(SimConfig(seed=2, max_reqs=M, num_spec=N, window=W, row_bytes=B))
+        res = eng.run(shim, rounds=10)
+        assert res.wrong_drafts == 0 and srv.counters["steps"] == 0
+        stub.answer = ["127.0.0.1"]
+        end = time.monotonic() + 20
+        while srv.counters["steps"] < 5:
+            assert time.monotonic() < end, "the pool never drafted through the resolved worker"
+            res = eng.run(shim, rounds=5)
+            assert res.wrong_drafts == 0
+    finally:
+        shim.close()
+        srv.stop()
