@@ -64,6 +64,15 @@ GAUGE_HELP = {
     "breaker_trips": "Times the circuit breaker opened.",
     "breaker_consecutive_failures": "Failed rounds in a row (the breaker opens at its threshold).",
     "accept_gate_slots_paused": "Requests paused from drafting now.",
+    "accept_gate_enabled": "1 while the acceptance gate may pause drafting (--accept-break-even > 0).",
+    "accept_gate_break_even": "Accepted drafts per round below which drafting is paused (--accept-break-even).",
+    "breaker_threshold": "Failed rounds in a row that open the breaker (--breaker-threshold).",
+    "breaker_cooldown": "Rounds the open breaker keeps the network off (--breaker-cooldown).",
+    "breaker_probes": "Probe rounds the open breaker has let through.",
+    "breaker_recoveries": "Times the breaker closed again after a good probe.",
+    "keep_awake_refused": "Keep-awake spinners that could not take SCHED_IDLE and so never spin.",
+    "keep_awake_sleeping": "Keep-awake spinners asleep now (no round for --keep-awake-ms).",
+    "keep_awake_spins": "Spin turns keep-awake's spinners have begun.",
     "accept_gate_slots_probing": "Paused requests being probed now.",
     "accept_gate_batch": "Whether the whole batch is drafting, paused or probing.",
     "keep_awake_spinners": "Threads keeping the proxy's CPUs out of idle.",
@@ -93,7 +102,8 @@ def counter_help(key: str) -> str:
 
 
 def gauge_help(name_key: str, key: str) -> str:
-    return GAUGE_HELP.get(name_key) or f"The proxy's {key.replace('_', ' ')} now" + _see(key) + "."
+    words = key.replace("_", " ").replace(".", " ")
+    return GAUGE_HELP.get(name_key) or f"The proxy's {words} now" + _see(key) + "."
 
 
 def latency_help(base: str, key: str) -> str:
