@@ -53,7 +53,7 @@ def test_library_never_imports_the_cli():
 
 def test_worker_server_options_come_from_the_config_schema():
     cfg = WorkerConfig(num_spec=3, window=8, row_bytes=64, max_reqs=5, drafter="integrity", sampled=True,
-                       insecure=True, memory_budget_mb=7, device="cpu", weights=None, seed=9,
+                       insecure=True, memory_budget_mb=7, device="cpu", head=None, seed=9,
                        fault_delay_ms=1.5, fault_drop_every=4, fault_crash_after=0)
     opts = server_options(cfg)
     assert opts["num_spec"] == 3 and opts["window"] == 8 and opts["row_bytes"] == 64 and opts["max_reqs"] == 5
@@ -61,6 +61,7 @@ def test_worker_server_options_come_from_the_config_schema():
     assert opts["memory_budget_bytes"] == 7 << 20 and opts["torch_device"] == "cpu"
     assert opts["faults"] == FaultPlan(delay_ms=1.5, drop_every=4)
     assert server_options(WorkerConfig())["memory_budget_bytes"] is None
+    assert server_options(WorkerConfig(drafter="torch", head="/h"))["weights"] == "/h"  # --head: the server's weights
     # every keyword the server takes that the schema also names is passed through
     fields = {f.name for f in dataclasses.fields(WorkerConfig)}
     kw = {n for n, p in inspect.signature(WorkerServer.__init__).parameters.items()
