@@ -36,6 +36,9 @@ def worker(ctx: click.Context, **_: object) -> None:
     try:
         cfg = head_shapes(cfg, sources)  # a missing or malformed head: one line naming its file
         log.info("[worker] settings %s", format_settings(cfg, sources))
+        if cfg.drafter == "torch" and cfg.random_weights:
+            log.warning("[worker] --random-weights: serving seeded random weights (seed %d), not a trained head: "
+                        "nearly every draft will be rejected", cfg.seed)
         worker_needs(cfg)  # before anything starts: a missing extra is one line, not a traceback
         run(cfg, token=token_or_bad_parameter(cfg.token_file))
     except MissingDependency as e:
