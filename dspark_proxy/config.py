@@ -322,6 +322,7 @@ class ProxyConfig(LayoutConfig):
         if self.target_id and (len(self.target_id) > 254 or not all(" " < c <= "~" for c in self.target_id)):
             raise ConfigError(f"target_id={self.target_id[:40]!r}: at most 254 printable ASCII characters, no "
                               f"spaces {_where('target_id')}", "target_id")
+        _check_metrics_host(self.metrics_host)
         if not self.name or "/" in self.name:
             raise ConfigError(f"name={self.name!r}: a segment name must be non-empty and have no '/' "
                               f"{_where('name')}", "name")
@@ -404,12 +405,20 @@ class WorkerConfig(LayoutConfig):
                 f"or pass --insecure to accept that.", "listen")
         if not self.device:
             raise ConfigError(f"device: must not be empty {_where('device')}", "device")
+        _check_metrics_host(self.metrics_host)
         if self.drafter == "torch" and not self.head and not self.random_weights:
             raise ConfigError(f"--drafter torch needs a trained head: --head DIR (or {env_var('head')}; "
                               f"train one with train-drafter), or --random-weights to serve seeded random "
                               f"weights whose drafts are nearly all rejected", "head")
         if self.head and self.random_weights:
             raise ConfigError("--head and --random-weights: give one of them", "random_weights")
+
+
+def _check_metrics_host(host: str) -> None:
+    """An empty host would bind every interface: that must be asked for by name (0.0.0.0 or ::)."""
+    if not host.strip() or any(c.isspace() for c in host):
+        raise ConfigError(f"metrics_host={host!r}: give an address to bind, e.g. 127.0.0.1 or 0.0.0.0 "
+                          f"{_where('metrics_host')}", "metrics_host")
 
 
 _CONFIG_CLASSES: tuple[type[_Base], ...] = (ProxyConfig, WorkerConfig)

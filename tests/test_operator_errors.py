@@ -122,3 +122,10 @@ def test_old_toml_key_weights_is_read_as_head(tmp_path):
     f = tmp_path / "c.toml"
     f.write_text('[worker]\nweights = "/h"\n')
     assert load_toml(str(f), WorkerConfig) == {"head": "/h"}
+
+
+def test_an_empty_metrics_host_is_refused_naming_the_flag(seg_name):
+    """An empty host would bind every interface without anyone asking for it."""
+    for argv in (["start", "--name", seg_name, "--worker", "inproc"], ["worker"]):
+        r = CliRunner().invoke(cli, [*argv, "--metrics-host", " ", "--metrics-port", "0"])
+        assert r.exit_code == EXIT_USAGE and "--metrics-host" in r.output and "0.0.0.0" in r.output
