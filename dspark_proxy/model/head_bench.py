@@ -6,7 +6,7 @@ for n requests, and the worker's torch drafter drafting N positions for n reques
 each gained `new_rows` rows since the last round (what a round of speculative decoding hands it).
 Both on one thread, p50 over `rounds`.
 
-    python -m dspark_proxy.model.head_bench --target models/stdlib-llama --weights models/stdlib-llama-head
+    python -m dspark_proxy.model.head_bench --target models/stdlib-llama --head models/stdlib-llama-head
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ def bench_head(target: str | Path, weights: str | Path, ns: tuple[int, ...] = (1
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", type=Path, default=Path("models/stdlib-llama"))
-    ap.add_argument("--weights", type=Path, default=Path("models/stdlib-llama-head"))
+    ap.add_argument("--head", "--weights", dest="weights", type=Path, default=Path("models/stdlib-llama-head"),
+                    help="The head directory (--weights: its old name).")
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--requests", default="1,8,32")
     a = ap.parse_args(argv)
