@@ -14,12 +14,19 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .exitcodes import EXIT_OK, EXIT_PROXY_DEAD, EXIT_PROXY_HUNG, EXIT_PROXY_REFUSED
 from .shm.hostflag import monotonic_ns
 from .shm.layout import HEADER_DTYPE, State, Word
-from .shm.segment import Segment, owner_alive
+from .shm.ring_shm import reap_stale
+from .shm.segment import DEFAULT_NAME, Segment, owner_alive
 
 __all__ = ["read_status", "format_status", "stop_proxy", "StopOutcome", "worker_lines", "drafting_summary",
-           "format_drafting"]
+           "format_drafting", "health", "HEALTH_EXIT", "HUNG_AFTER_S"]
+
+# A live proxy beats at least once a second (proxy.py, HEARTBEAT_UNATTACHED_EVERY_S): five missed
+# beats is a hung process, not a busy machine (docs/exit-codes.md)
+HUNG_AFTER_S = 5.0
+HEALTH_EXIT = {"ok": EXIT_OK, "dead": EXIT_PROXY_DEAD, "hung": EXIT_PROXY_HUNG, "refused": EXIT_PROXY_REFUSED}
 
 
 def read_status(name: str | None) -> dict[str, Any]:
@@ -39,9 +46,30 @@ def read_status(name: str | None) -> dict[str, Any]:
         out = {"name": seg.name, "header": header, "words": words, "proxy": _block(seg, "proxy"),
                "shim": _block(seg, "shim")}
         out["drafting"] = drafting_summary(out["proxy"], int(h["num_spec"]))
+        out["health"] = health(out)
     finally:
         seg.close()
     return out
+
+
+def health(st: dict[str, Any]) -> dict[str, str]:
+    """What a health check needs from `read_status`'s dict: {"state": ok | dead | hung | refused, "why"}.
+
+    dead: the owner process is gone (killed: its segment stays until `stop` or the next `start`);
+    hung: alive, but its heartbeat is older than HUNG_AFTER_S (a proxy still starting is not judged);
+    refused: alive, and every worker link it has is refused (it drafts nothing until that changes).
+    `status` exits with HEALTH_EXIT of it (docs/exit-codes.md)."""
+    h = st["header"]
+    if not h["owner_alive"]:
+        return {"state": "dead", "why": f"proxy pid {h['owner_pid']} is not running"}
+    age_s = h["heartbeat_age_ms"] / 1e3
+    if h["state"] != "STARTING" and age_s > HUNG_AFTER_S:
+        return {"state": "hung", "why": f"heartbeat {age_s:.1f} s old (> {HUNG_AFTER_S:g} s)"}
+    links = [w for w in ((st.get("proxy") or {}).get("gauges", {}).get("workers") or []) if isinstance(w, dict)]
+    if links and all(w.get("state") == "refused" for w in links):
+        return {"state": "refused", "why": "every worker refused it: " + "; ".join(
+            f"{w.get('address')}: {w.get('reason')}" for w in links)}
+    return {"state": "ok", "why": ""}
 
 
 def _block(seg: Segment, which: str) -> dict[str, Any]:
@@ -68,6 +96,9 @@ def format_status(st: dict[str, Any]) -> str:
     lines = [f"dspark-proxy {st['name']}: {h['state']}, pid {h['owner_pid']} "
              f"({'alive' if h['owner_alive'] else 'DEAD'})",
              f"  incarnation {h['incarnation']}, heartbeat {h['heartbeat_age_ms']:.1f} ms ago"]
+    hl = st.get("health") or {"state": "ok"}
+    if hl["state"] != "ok":
+        lines.append(f"  health   {hl['state'].upper()}: {hl['why']}")
     lines += _section("Layout", [
         f"M={h['max_slots']} N={h['num_spec']} W={h['window']} row_bytes={h['row_bytes']} "
         f"sampled={'yes' if h['sampled'] else 'no'} deadline={h['deadline_ms']:g} ms",
@@ -245,26 +276,40 @@ def format_drafting(d: dict[str, Any]) -> list[str]:
 
 @dataclass(frozen=True)
 class StopOutcome:
-    """What `stop_proxy` did: `ok` (stopped, or was not running) and one line saying so."""
+    """What `stop_proxy` did: `ok` (stopped, or was not running), one line saying so, and the exit
+    code `stop` ends with (docs/exit-codes.md)."""
 
     ok: bool
     message: str
+    code: int = EXIT_OK
 
 
 def stop_proxy(name: str | None, timeout_s: float) -> StopOutcome:
     """SIGTERM the proxy owning segment `name` (it fails every round ahead, then unlinks its segment)
-    and wait up to timeout_s for it to exit. Raises SegmentError when there is no such segment."""
+    and wait up to timeout_s for it to exit. A dead proxy's segment (and its engines' leftover rings)
+    is removed here: nobody else would until the next `start`. Raises SegmentError when there is no
+    such segment."""
     seg = Segment.open(name)
-    pid, ticks, inc = int(seg.header["owner_pid"]), int(seg.header["owner_start_ticks"]), seg.incarnation
-    state = seg.word(Word.STATE)
-    seg.close()
-    if not owner_alive(pid, ticks):
-        return StopOutcome(True, f"proxy pid {pid} is not running (state {State.NAMES.get(state, state)}); "
-                                 "the next start reclaims its segment")
-    os.kill(pid, signal.SIGTERM)
+    try:
+        pid, ticks, inc = int(seg.header["owner_pid"]), int(seg.header["owner_start_ticks"]), seg.incarnation
+        state = seg.word(Word.STATE)
+        if not owner_alive(pid, ticks):
+            seg.unlink()  # only this incarnation: a proxy that took the name meanwhile keeps it
+            reap_stale(name or DEFAULT_NAME)
+            return StopOutcome(False, f"proxy pid {pid} was not running (state {State.NAMES.get(state, state)}, "
+                                      f"killed?): removed its segment /dev/shm{seg.shm_name}", EXIT_PROXY_DEAD)
+    finally:
+        seg.close()
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except PermissionError:
+        return StopOutcome(False, f"proxy pid {pid} is another user's: not allowed to signal it",
+                           EXIT_PROXY_REFUSED)
+    except ProcessLookupError:
+        return StopOutcome(True, f"proxy pid {pid} exited meanwhile (incarnation {inc})")
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         if not owner_alive(pid, ticks):
             return StopOutcome(True, f"stopped proxy pid {pid} (incarnation {inc})")
         time.sleep(0.05)
-    return StopOutcome(False, f"pid {pid} still running after {timeout_s} s")
+    return StopOutcome(False, f"pid {pid} still running after {timeout_s} s (hung?)", EXIT_PROXY_HUNG)

@@ -11,7 +11,7 @@ import click
 from ..exitcodes import EXIT_FAILURE
 from ..screen import Screen
 from ..shm.segment import DEFAULT_NAME, SegmentError
-from ..status import format_status, read_status, stop_proxy
+from ..status import HEALTH_EXIT, format_status, read_status, stop_proxy
 
 __all__ = ["stop", "status", "read_status"]  # read_status: re-exported for older callers
 
@@ -27,6 +27,9 @@ def status(name: str, as_json: bool, watch: float | None) -> None:
     """Show a running proxy: header, words, heartbeat, breaker, counters, latencies, watchdog events, and
     what the drafting earns (mean accepted drafts a round and by position, fallbacks by cause).
 
+    Exit code (docs/exit-codes.md): 0 healthy, 1 no such segment, 6 dead (killed), 7 hung (heartbeat
+    stale), 8 refused by every worker; the JSON's "health" says which and why.
+
     With --watch, a segment that is missing or unreadable for a moment (a proxy re-creating it for a
     new incarnation, or restarting) is reported and retried at the next refresh, not fatal."""
     if not watch:
@@ -38,6 +41,10 @@ def status(name: str, as_json: bool, watch: float | None) -> None:
             click.echo(f"dspark-proxy status: {e}", err=True)
             sys.exit(EXIT_FAILURE)
         click.echo(json.dumps(st, default=str) if as_json else format_status(st))
+        code = HEALTH_EXIT[st["health"]["state"]]
+        if code:
+            click.echo(f"dspark-proxy status: {name}: {st['health']['state']}: {st['health']['why']}", err=True)
+            sys.exit(code)
         return
     _watch(name, as_json, watch)
 
@@ -71,13 +78,16 @@ def _watch(name: str, as_json: bool, every: float) -> None:
 @click.option("--timeout", "timeout_s", type=float, default=10.0, show_default=True,
               help="Seconds to wait for a clean stop before giving up.")
 def stop(name: str, timeout_s: float) -> None:
-    """Stop a running proxy cleanly (SIGTERM: it fails every round ahead, then unlinks its segment)."""
+    """Stop a running proxy cleanly (SIGTERM: it fails every round ahead, then unlinks its segment).
+
+    A dead (killed) proxy's segment is removed, and the exit code is 6; 1 no such segment, 7 still
+    running after --timeout, 8 another user's proxy (docs/exit-codes.md)."""
     try:
         out = stop_proxy(name, timeout_s)
     except SegmentError as e:
         click.echo(f"dspark-proxy stop: {e}", err=True)
         sys.exit(EXIT_FAILURE)
-    if not out.ok:
+    if out.code:
         click.echo(f"dspark-proxy stop: {out.message}", err=True)
-        sys.exit(EXIT_FAILURE)
+        sys.exit(out.code)
     click.echo(out.message)
