@@ -53,6 +53,7 @@ class _Supervisor:
             if self._stop.is_set():
                 return
             began = time.monotonic()
+            death: BaseException | None = None
             try:
                 proxy.serve()
                 return  # stopped
@@ -60,14 +61,15 @@ class _Supervisor:
                 if not proxy.ready.is_set() and self.restarts == 0:
                     self.failed.append(e)  # start-up: attach() raises it with its reason
                     return
-                cause = f"{type(e).__name__}: {e}"
+                cause, death = f"{type(e).__name__}: {e}", e
             if self._stop.is_set():
                 return
             if time.monotonic() - began > _HEALTHY_RUN_S:
                 pause = BACKOFF_S[0]
             self.restarts += 1
+            # the exception itself: outside its except, exc_info=True would log "NoneType: None"
             log.error("[proxy-thread] the proxy thread died (%s); restart %d in %.2f s", cause, self.restarts,
-                      pause, exc_info=True)
+                      pause, exc_info=death)
             if self._stop.wait(pause):
                 return
             pause = min(2 * pause, BACKOFF_S[1])

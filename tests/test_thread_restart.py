@@ -63,6 +63,10 @@ def test_a_dead_proxy_thread_is_restarted_logged_counted_and_shown(seg_name, mon
         assert shim.proxy is not first and first.incarnations == 1
         deaths = [r for r in caplog.records if "proxy thread died" in r.getMessage()]
         assert len(deaths) == 1 and "injected: no space left" in deaths[0].getMessage()
+        # the death's own traceback (exc_info=True outside the except logged "NoneType: None")
+        assert deaths[0].exc_info and deaths[0].exc_info[0] is OSError, deaths[0].exc_info
+        text = logging.Formatter().format(deaths[0])
+        assert "Traceback" in text and "in create" in text and "NoneType: None" not in text, text
         assert shim.counters.counter("thread_restarts") == 1
         end = time.monotonic() + 5
         while time.monotonic() < end:  # the proxy's stats block is republished every 0.25 s
