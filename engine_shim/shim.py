@@ -35,6 +35,7 @@ from dspark_proxy.shm.segment import DEFAULT_NAME, Segment
 from dspark_proxy.shm.target import check_target_id
 from dspark_proxy.stats import Stats
 
+from . import one_per_name
 from .attach import AttachState
 from .attachment import Attachment
 from .inputs import EnqueueInputs, ShimError, _as_numpy
@@ -54,6 +55,7 @@ class Shim:
                  sampled: bool = False, deadline_ms: float | None = None, grace_ms: float = 2.0,
                  heartbeat_timeout_s: float = 1.0, look_every_s: float = 0.1, start_watchdog: bool = True,
                  events_kept: int = 64, target_id: str | None = None) -> None:
+        one_per_name.check_free(name)  # before anything is made (one_per_name.py)
         self.name = name
         self.max_reqs, self.num_spec, self.window, self.row_bytes = max_reqs, num_spec, window, row_bytes
         self.sampled = sampled
@@ -88,6 +90,12 @@ class Shim:
         self.proxy = None  # thread mode: the in-process Proxy
         from .watchdog import Watchdog  # a cycle only at import time
 
+        try:
+            one_per_name.claim(name, self)  # again, under its lock: another thread's may have won meanwhile
+        except ShimError:
+            if self._shared is not None:
+                self._shared.close()
+            raise
         self.watchdog = Watchdog(self)
         if start_watchdog:
             self.watchdog.start()
@@ -332,6 +340,7 @@ class Shim:
         self.watchdog.stop()
         self.watchdog.join(timeout=2.0)
         self._att.close()
+        one_per_name.release(self.name, self)
         if self._shared is not None:
             self._shared.close()
         for fn in self.on_close:
