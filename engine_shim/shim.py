@@ -29,6 +29,7 @@ from dspark_proxy.shm.hostflag import (
     WAIT_OUT_OF_ORDER,
     WAIT_PUBLISHED,
     HostFlags,
+    monotonic_ns,
 )
 from dspark_proxy.shm.layout import META_SLOTS, STATUS_NAMES, STATUS_ROUND_FAILED, ReplyPageLayout
 from dspark_proxy.shm.segment import DEFAULT_NAME, Segment
@@ -81,6 +82,9 @@ class Shim:
         self._rejected = ""  # round _t had a bad input: why (read_reply's reason)
         self._awaiting_reply = False  # round _t was enqueued and its read_reply has not come yet
         self._deadline_ns = 0
+        # the last read_reply's wait, for timing tools (the chaos campaign): (WAIT_* outcome, when the
+        # wait returned with the GIL held again, monotonic ns); (0, 0) when it did not wait
+        self.last_wait: tuple[int, int] = (0, 0)
         self._deadline_delta_ns = -1  # the attached segment's deadline in ns (-1: read it at the next enqueue)
         self._deadline_ov: float | None = None  # the override it was worked out with
         # per round t (slot t % 64): (t, n, rows staged, longest query, incarnation), so an event about
@@ -259,6 +263,7 @@ class Shim:
         flags = att.flags
         assert flags is not None and att.seg is not None
         r = flags.wait_or_fail(t, n, self._deadline_ns)
+        self.last_wait = (r, monotonic_ns())
         reason = ""
         if r == WAIT_CLAIMED_UNPUBLISHED:
             # the proxy claimed t but has not published: it is copying, or stopped mid-copy

@@ -274,7 +274,10 @@ def _save_rounds(path: Path, probe: EngineProbe) -> None:
                         enqueue_run_delay_ns=np.asarray(probe.enqueue_run_delay_ns[:n]),
                         needed=np.asarray(probe.needed[:n]), usable=np.asarray(probe.usable[:n]),
                         wrong=np.asarray(probe.wrong[:n]), full=np.asarray(probe.full[:n]),
-                        n_reqs=np.asarray(probe.n_reqs[:n]), staged=np.asarray(probe.staged[:n]))
+                        n_reqs=np.asarray(probe.n_reqs[:n]), staged=np.asarray(probe.staged[:n]),
+                        wait_outcome=np.asarray(probe.wait_outcome[:n]), gil_wait_ns=np.asarray(probe.gil_wait_ns[:n]),
+                        product_threads_ns=np.asarray(probe.product_threads_ns[:n]),
+                        after_wait_ns=np.asarray(probe.after_wait_ns[:n]))
 
 
 def run_campaign(cfg: ChaosConfig, progress: Any = None) -> dict[str, Any]:

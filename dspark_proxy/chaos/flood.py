@@ -33,7 +33,7 @@ class IdleFlood:
         self._thread: threading.Thread | None = None
 
     def start(self) -> IdleFlood:
-        self._thread = threading.Thread(target=self._run, name="dspark-idle-flood", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="dspark-chaos-flood", daemon=True)
         self._thread.start()
         return self
 

@@ -18,9 +18,17 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["EngineProbe"]
+from ..shm.hostflag import gil_wait_ns
+
+__all__ = ["EngineProbe", "is_product_thread"]
 
 _NEVER = 1 << 62
+
+
+def is_product_thread(name: str) -> bool:
+    """The product's Python threads are named dspark-* (the shim's "dspark-watchdog", ...); the
+    campaign's are MainThread and dspark-chaos-*."""
+    return name.startswith("dspark-") and not name.startswith("dspark-chaos")
 
 
 class EngineProbe:
@@ -40,6 +48,25 @@ class EngineProbe:
         # how much of the wait, and of the enqueue, the engine thread was kept off the CPU
         self.wait_run_delay_ns: list[int] = []
         self.enqueue_run_delay_ns: list[int] = []  # reply returned minus (gathered + deadline); gathered ~ enqueue's end
+        # where a long wait went (report.py, worst_over_limit): the shim's wait outcome (WAIT_*, 0: none),
+        # when its wait returned with the GIL held again relative to the round's deadline, read_reply's
+        # Python after that, and the most any OTHER thread of this process was kept off the CPU meanwhile
+        # (a thread holding the GIL while preempted makes the engine thread wait, asleep, for the GIL)
+        self.wait_outcome: list[int] = []
+        self.gil_wait_ns: list[int] = []  # the wait's end to the GIL held again (0: the GIL was kept)
+        # the product's own Python threads in this process (the shim's watchdog): their time on the CPU
+        # or runnable during the wait, the most of the GIL wait they can have caused (report.py)
+        self.product_threads_ns: list[int] = []
+        self.returned_past_deadline_ns: list[int] = []
+        self.after_wait_ns: list[int] = []
+        self.others_run_delay_ns: list[int] = []
+        self.others_run_delay_tid: list[int] = []
+        self.thread_names: dict[int, str] = {}  # native id -> threading name, for the report
+        self._tasks: dict[int, int] = {}  # tid -> schedstat fd, every other thread of this process
+        self._tasks_seen = -1
+        self._py_tids: set[int] = set()
+        self._others0: dict[int, int] = {}
+        self._wait_extra = (0, 0, 0, 0, 0, 0, 0)
         self.status: list[int] = []
         self.needed: list[int] = []
         self.usable: list[int] = []
@@ -75,10 +102,43 @@ class EngineProbe:
             return 0
         return int(os.pread(fd, 128, 0).split()[1])
 
+    def _others(self) -> dict[int, tuple[int, int]]:
+        """(ns on the CPU, ns runnable off it) of every other thread of this process, engine thread only,
+        re-listed every 64 rounds."""
+        if self._tasks_seen != len(self.t) >> 6:
+            self._tasks_seen = len(self.t) >> 6
+            me = threading.get_native_id()
+            names = {th.native_id: th.name for th in threading.enumerate() if th.native_id is not None}
+            self.thread_names.update(names)
+            try:
+                tids = {int(x) for x in os.listdir("/proc/self/task")} - {me}
+            except OSError:
+                tids = set(names) - {me}
+            self._py_tids = set(names)
+            for tid in list(self._tasks):
+                if tid not in tids:
+                    os.close(self._tasks.pop(tid))
+            for tid in tids - set(self._tasks):
+                try:
+                    self._tasks[tid] = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+                except OSError:
+                    pass
+        out = {}
+        for tid, fd in self._tasks.items():
+            try:
+                f = os.pread(fd, 128, 0).split()
+                out[tid] = (int(f[0]), int(f[1]))  # ns on the CPU, ns runnable but kept off it
+            except (OSError, IndexError, ValueError):
+                pass
+        return out
+
     def close(self) -> None:
         fd, self._sched_fd = self._sched_fd, -2
         if fd >= 0:
             os.close(fd)
+        for fd in self._tasks.values():
+            os.close(fd)
+        self._tasks.clear()
 
     def enqueue(self, t: int, **kwargs: Any) -> None:
         c = self.shim.counters
@@ -92,13 +152,31 @@ class EngineProbe:
         self._enq_ns = self._enq_end - t0
 
     def read_reply(self, t: int) -> Any:
+        shim = self.shim
+        others0 = self._others()
+        shim.last_wait = (0, 0)
         rd0 = self._run_delay_ns()
-        t0 = time.perf_counter_ns()
-        reply = self.shim.read_reply(t)
+        t0 = time.perf_counter_ns()  # CLOCK_MONOTONIC on Linux, the shim's deadline clock
+        reply = shim.read_reply(t)
         t1 = self._reply_end = time.perf_counter_ns()
         self._wait_rd = self._run_delay_ns() - rd0
         self._wait_ns = t1 - t0
         self._late_ns = t1 - self._enq_end - self.deadline_ns
+        outcome, ret = getattr(shim, "last_wait", (0, 0))
+        gil = gil_wait_ns() if outcome else 0
+        worst, tid, ours = 0, 0, 0
+        names = self.thread_names
+        for k, (run, rd) in self._others().items():
+            run0, rd0 = others0.get(k, (run, rd))
+            python = k in self._py_tids
+            if python and rd - rd0 > worst:  # a Python thread: one that can hold the GIL
+                worst, tid = rd - rd0, k
+            # the product's Python threads, and every C thread (the shim's deadline watcher: the watchdog
+            # thread's drain waits for its lock with the GIL held); the campaign starts none
+            if not python or is_product_thread(names.get(k, "")):
+                ours += (run - run0) + (rd - rd0)  # the longest it could have held the GIL meanwhile
+        past = ret - getattr(shim, "_deadline_ns", ret) if ret else 0
+        self._wait_extra = (outcome, past, t1 - ret if ret else 0, worst, tid, gil, ours)
         return reply
 
     # ------------------------------------------------------------------ SimEngine's callback
@@ -115,6 +193,14 @@ class EngineProbe:
         self.reply_end_ns.append(self._reply_end)
         self.wait_run_delay_ns.append(self._wait_rd)
         self.enqueue_run_delay_ns.append(self._enq_rd)
+        outcome, past, after, worst, tid, gil, ours = self._wait_extra
+        self.wait_outcome.append(outcome)
+        self.gil_wait_ns.append(gil)
+        self.product_threads_ns.append(ours)
+        self.returned_past_deadline_ns.append(past)
+        self.after_wait_ns.append(after)
+        self.others_run_delay_ns.append(worst)
+        self.others_run_delay_tid.append(tid)
         self.status.append(int(reply.status))
         self.needed.append(int(batch.need_draft.sum()))
         self.usable.append(usable)

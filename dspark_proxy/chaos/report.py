@@ -136,10 +136,12 @@ def build_report(*, cfg: dict[str, Any], probe: Any, injections: list, passes: i
     for i in over[np.argsort(-wait[over])].tolist():
         end = probe.reply_end_ns[i]
         rd = probe.wait_run_delay_ns[i]
+        others = _gil_by_others(probe, i)
         over_rows.append({"round": int(probe.t[i]), "wait_ms": round(float(wait[i]) / 1e6, 3),
                           "during": _during(i, injections), "off_cpu_ms": round(rd / 1e6, 3),
-                          "explained": bool(rd >= wait[i] - limit_ns),
-                          "controller": _near(timeline, end - int(wait[i]), end)})
+                          "gil_by_others_ms": round(others / 1e6, 3),
+                          "explained": bool(rd + others >= wait[i] - limit_ns),
+                          "controller": _near(timeline, end - int(wait[i]), end), **_where(probe, i)})
     unexplained = [o for o in over_rows if not o["explained"]]
     worst = over_rows[:10]
     _checks(cfg, kinds, wrong_total, unexplained if not cfg.get("strict") else over_rows, leftovers, failures,
@@ -186,6 +188,33 @@ def _outlier(probe: Any, i: int, injections: list, timeline: list, what: str) ->
             "controller": _near(timeline, lo, hi)}
 
 
+def _gil_by_others(probe: Any, i: int) -> int:
+    """The part of round i's GIL wait (after its wait ended) that no thread of the product can have
+    caused: the GIL wait less the time the product's own Python threads were on the CPU or runnable
+    meanwhile (probe.py). The rest was the campaign's threads (its controller, in the engine's process as
+    an engine's other threads are), which the engine would wait for whatever the product did."""
+    if i >= len(probe.gil_wait_ns):
+        return 0
+    return max(0, probe.gil_wait_ns[i] - probe.product_threads_ns[i])
+
+
+def _where(probe: Any, i: int) -> dict[str, Any]:
+    """Where round i's wait went (probe.py): the shim's wait outcome, how far past the deadline its wait
+    returned (GIL held again), read_reply's Python after that, and the other thread of this process
+    kept off the CPU longest meanwhile."""
+    if i >= len(probe.wait_outcome):
+        return {}
+    tid = probe.others_run_delay_tid[i]
+    return {"outcome": {1: "published", 2: "claimed_by_engine", 3: "claimed_unpublished", 4: "out_of_order"}.get(
+                probe.wait_outcome[i], "none"),
+            "returned_past_deadline_ms": round(probe.returned_past_deadline_ns[i] / 1e6, 3),
+            "gil_wait_ms": round(probe.gil_wait_ns[i] / 1e6, 3),
+            "product_threads_ms": round(probe.product_threads_ns[i] / 1e6, 3),
+            "after_wait_ms": round(probe.after_wait_ns[i] / 1e6, 3),
+            "other_thread_off_cpu_ms": round(probe.others_run_delay_ns[i] / 1e6, 3),
+            "other_thread": probe.thread_names.get(tid, str(tid)) if tid else None}
+
+
 def _during(i: int, injections: list) -> str:
     for inj in injections:
         if inj.idx_start <= i < inj.idx_end:
@@ -218,7 +247,8 @@ def _checks(cfg: dict[str, Any], kinds: dict[str, dict[str, Any]], wrong_total: 
     if over:
         failures.append(f"{len(over)} rounds waited longer than deadline + margin "
                         f"({cfg['deadline_ms']} + {cfg['margin_ms']} ms)"
-                        + ("" if cfg.get("strict") else " beyond the time the kernel kept the engine thread off the CPU")
+                        + ("" if cfg.get("strict") else " beyond the time the kernel kept the engine thread off the CPU "
+                                                        "and the campaign's own threads kept the GIL")
                         + f"; worst {over[0]}")
     for r in per_inj:
         pc = r["proxy_counters"]

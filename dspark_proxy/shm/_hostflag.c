@@ -532,6 +532,29 @@ done:
     return res;
 }
 
+/* Copies above this size release the GIL (a copy that long is worth letting other threads run). */
+#define GIL_FREE_COPY_BYTES (256 * 1024)
+
+/* the GIL reacquire of this thread's last wait_or_fail: ns from the end of its wait to holding the GIL
+ * again (0: it never released the GIL). gil_wait_ns() reads it, for the chaos campaign's attribution. */
+static _Thread_local int64_t last_gil_wait_ns;
+
+static int read_page_nogil(char *base, _Atomic uint64_t *claimed, _Atomic uint64_t *published, Py_ssize_t page_off,
+                           unsigned long long t, Py_buffer *dst, const rows_spec *rows, Py_ssize_t n) {
+    /* acquire: pairs with the release raise of published after the winner's copy */
+    if (atomic_load_explicit(published, memory_order_acquire) < (uint64_t)t)
+        return -1;
+    if (atomic_load_explicit(claimed, memory_order_acquire) != (uint64_t)t)
+        return 0;
+    if (rows != NULL)
+        copy_rows((char *)dst->buf, base + page_off, rows, (int64_t)n);
+    else
+        memcpy(dst->buf, base + page_off, (size_t)dst->len);
+    /* acquire fence: the copy's loads complete before the second look at claimed */
+    atomic_thread_fence(memory_order_acquire);
+    return atomic_load_explicit(claimed, memory_order_relaxed) == (uint64_t)t ? 1 : 0;
+}
+
 /*
  * read_page(buf, words_off, page_off, t, dst[, rows, n]) -> 1 accepted / 0 not this round's page
  * (someone failed ahead, or the claim moved while copying: target-only) / -1 not published yet.
@@ -561,22 +584,17 @@ static PyObject *hf_read_page(PyObject *mod, PyObject *args) {
     _Atomic uint64_t *claimed = word_at(base, words_off + W_CLAIMED * WORD_STRIDE);
     _Atomic uint64_t *published = word_at(base, words_off + W_PUBLISHED * WORD_STRIDE);
     int r;
-    Py_BEGIN_ALLOW_THREADS
-    /* acquire: pairs with the release raise of published after the winner's copy */
-    if (atomic_load_explicit(published, memory_order_acquire) < (uint64_t)t) {
-        r = -1;
-    } else if (atomic_load_explicit(claimed, memory_order_acquire) != (uint64_t)t) {
-        r = 0;
+    /* a reply page is a few KiB: copied with the GIL kept. Releasing it would let another thread of the
+     * engine process take the GIL, and the engine thread would wait to get it back (a switch interval,
+     * or as long as the kernel keeps that thread off the CPU): the engine's own wait, after the reply
+     * was there (the chaos campaign's worst_over_limit, docs/chaos.md) */
+    if (dst.len >= GIL_FREE_COPY_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        r = read_page_nogil(base, claimed, published, page_off, t, &dst, spec.buf != NULL ? &rows : NULL, n);
+        Py_END_ALLOW_THREADS
     } else {
-        if (spec.buf != NULL)
-            copy_rows((char *)dst.buf, base + page_off, &rows, (int64_t)n);
-        else
-            memcpy(dst.buf, base + page_off, (size_t)dst.len);
-        /* acquire fence: the copy's loads complete before the second look at claimed */
-        atomic_thread_fence(memory_order_acquire);
-        r = atomic_load_explicit(claimed, memory_order_relaxed) == (uint64_t)t ? 1 : 0;
+        r = read_page_nogil(base, claimed, published, page_off, t, &dst, spec.buf != NULL ? &rows : NULL, n);
     }
-    Py_END_ALLOW_THREADS
     res = PyLong_FromLong(r);
 done:
     PyBuffer_Release(&b);
@@ -623,10 +641,16 @@ static PyObject *hf_wait_or_fail(PyObject *mod, PyObject *args) {
     char *base = (char *)b.buf;
     _Atomic uint64_t *published = word_at(base, words_off + W_PUBLISHED * WORD_STRIDE);
     int out = 0;
-    for (;;) {
+    last_gil_wait_ns = 0;
+    /* the reply is there already: answered with the GIL kept. Released for nothing, the GIL could go to
+     * another thread of the engine, and the engine would wait to get it back (see read_page) */
+    if (atomic_load_explicit(published, memory_order_acquire) >= (uint64_t)t)
+        out = 1;
+    for (; out == 0;) {
         /* the wait AND the deadline claim in one GIL-free stretch: a thread holding the GIL cannot
          * delay the claim (only this call's return) */
         int r;
+        int64_t woke;
         Py_BEGIN_ALLOW_THREADS
         r = wait_ge_nogil(published, (uint64_t)t, (int64_t)deadline, (int64_t)spin_ns);
         if (r == WAIT_OK) {
@@ -640,7 +664,9 @@ static PyObject *hf_wait_or_fail(PyObject *mod, PyObject *args) {
             else /* lost the claim: published meanwhile, or a claimant is still copying (or hung) */
                 out = atomic_load_explicit(published, memory_order_acquire) >= (uint64_t)t ? 1 : 3;
         }
+        woke = now_ns();
         Py_END_ALLOW_THREADS
+        last_gil_wait_ns = now_ns() - woke;
         if (r != WAIT_EINTR)
             break;
         if (PyErr_CheckSignals() < 0)
@@ -1266,7 +1292,17 @@ static PyType_Spec Watcher_spec = {
 
 /* ------------------------------------------------------------------ module */
 
+/* gil_wait_ns() -> int: this thread's last wait_or_fail, ns from the end of its wait to holding the GIL
+ * again (0: it answered without releasing the GIL) */
+static PyObject *hf_gil_wait_ns(PyObject *mod, PyObject *noargs) {
+    (void)mod;
+    (void)noargs;
+    return PyLong_FromLongLong((long long)last_gil_wait_ns);
+}
+
 static PyMethodDef hf_methods[] = {
+    {"gil_wait_ns", hf_gil_wait_ns, METH_NOARGS,
+     "gil_wait_ns() -> int: this thread's last wait_or_fail's GIL reacquire, ns (0: the GIL was kept)."},
     {"load", hf_load, METH_VARARGS, "load(buf, off) -> int: acquire load of a 64-bit word."},
     {"load_after", hf_load_after, METH_VARARGS, "load_after(buf, off) -> int: acquire fence, then load."},
     {"store", hf_store, METH_VARARGS,
