@@ -168,12 +168,11 @@ class EngineProbe:
         names = self.thread_names
         for k, (run, rd) in self._others().items():
             run0, rd0 = others0.get(k, (run, rd))
-            python = k in self._py_tids
-            if python and rd - rd0 > worst:  # a Python thread: one that can hold the GIL
+            if k not in self._py_tids:
+                continue  # a C thread (the shim's deadline watcher) never holds the GIL, nor makes one wait
+            if rd - rd0 > worst:
                 worst, tid = rd - rd0, k
-            # the product's Python threads, and every C thread (the shim's deadline watcher: the watchdog
-            # thread's drain waits for its lock with the GIL held); the campaign starts none
-            if not python or is_product_thread(names.get(k, "")):
+            if is_product_thread(names.get(k, "")):
                 ours += (run - run0) + (rd - rd0)  # the longest it could have held the GIL meanwhile
         past = ret - getattr(shim, "_deadline_ns", ret) if ret else 0
         self._wait_extra = (outcome, past, t1 - ret if ret else 0, worst, tid, gil, ours)

@@ -1200,17 +1200,32 @@ static PyObject *Watcher_stop(Watcher *w, PyObject *noargs) {
 
 /* drain() -> [(t, outcome, n, claim_ns, deadline_ns), ...]: records since the last drain, oldest
  * first (at most the ring's 64; older ones are counted in `dropped`) */
-static PyObject *Watcher_drain(Watcher *w, PyObject *noargs) {
-    (void)noargs;
-    watch_rec got[WATCH_RING];
-    pthread_mutex_lock(&w->lock);
+static Py_ssize_t drain_locked(Watcher *w, watch_rec *got) {
     uint64_t head = w->head;
     uint64_t from = head > WATCH_RING ? head - WATCH_RING : 0;
     Py_ssize_t k = 0;
     for (uint64_t i = from; i < head; i++)
         got[k++] = w->ring[i % WATCH_RING];
     w->head = 0; /* the ring restarts; nothing is kept twice */
-    pthread_mutex_unlock(&w->lock);
+    return k;
+}
+
+static PyObject *Watcher_drain(Watcher *w, PyObject *noargs) {
+    (void)noargs;
+    watch_rec got[WATCH_RING];
+    Py_ssize_t k;
+    if (pthread_mutex_trylock(&w->lock) == 0) { /* the usual case: the GIL kept (see read_page) */
+        k = drain_locked(w, got);
+        pthread_mutex_unlock(&w->lock);
+    } else {
+        /* the watcher holds it: if the kernel preempted it there, a wait with the GIL held would keep
+         * every Python thread of the engine, the engine's own included, waiting for a C thread */
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&w->lock);
+        k = drain_locked(w, got);
+        pthread_mutex_unlock(&w->lock);
+        Py_END_ALLOW_THREADS
+    }
     PyObject *list = PyList_New(k);
     if (list == NULL)
         return NULL;
