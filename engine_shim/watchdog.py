@@ -105,6 +105,7 @@ class Watchdog:
         self._stall: tuple[Segment, int, int] | None = None  # (segment, proxy_round, since ns): see _stalled
         self.claims = 0  # rounds this thread failed at their deadline
         self.lateness_ns: list[int] = []  # claim time minus deadline, for the GIL-isolation report
+        self.asleep_since_ns = 0  # see _nap
 
     def start(self) -> None:
         self.started = True
@@ -134,7 +135,7 @@ class Watchdog:
                     self._tick()
                 except Exception:  # noqa: BLE001 - the watchdog must outlive any one bad tick
                     log.exception("[watchdog] tick failed")
-                    self._stop.wait(0.05)
+                    self._nap(self._stop.wait, 0.05)
         finally:
             self._stop_watcher()
             self._owner.close()
@@ -153,9 +154,9 @@ class Watchdog:
             # pending: nothing to do until the engine thread attaches at its next round (it then
             # starts the deadline watcher itself): the attached checks' cadence, not a faster one
             if shim.state is AttachState.PENDING:
-                self._kick.wait(self.check_every_s())  # watch() kicks it as the engine attaches
+                self._nap(self._kick.wait, self.check_every_s())  # watch() kicks it as the engine attaches
             else:
-                self._stop.wait(shim.look_every_s)
+                self._nap(self._stop.wait, shim.look_every_s)
             return
         if self._flags_seg is not seg:
             self._flags, self._flags_seg = HostFlags(seg), seg
@@ -165,7 +166,7 @@ class Watchdog:
         try:
             if self._lost_incarnation == seg.incarnation:
                 # already failed ahead and handed over: the engine thread detaches at its next round
-                self._stop.wait(shim.look_every_s)
+                self._nap(self._stop.wait, shim.look_every_s)
                 return
             why = self._proxy_lost(seg)
             if why is not None:
@@ -173,7 +174,7 @@ class Watchdog:
                 self._stop_watcher()
                 self.on_dead(seg, why)
                 shim.lose(why)
-                self._stop.wait(0.01)
+                self._nap(self._stop.wait, 0.01)
                 return
             self._publish_stats(seg)
             self._watch(seg, flags)
@@ -181,6 +182,15 @@ class Watchdog:
         except ValueError:
             # the engine thread detached and unmapped this segment under us: next tick sees it
             self._flags = self._flags_seg = None
+
+    def _nap(self, wait: Callable, timeout: float) -> None:
+        """Block in `wait(timeout)` (the GIL released), with `asleep_since_ns` set meanwhile: nonzero,
+        this thread holds no GIL and has not since then (timing tools: docs/chaos.md)."""
+        self.asleep_since_ns = monotonic_ns()
+        try:
+            wait(timeout)
+        finally:
+            self.asleep_since_ns = 0  # set with the GIL held again
 
     def check_every_s(self) -> float:
         """The attached checks' cadence: 2.5 looks, at most a quarter of the heartbeat timeout
@@ -194,7 +204,7 @@ class Watchdog:
         """Until the next checks, the owner's exit or stop(), whichever comes first."""
         fds = [fd for fd in (self._owner.fd(seg), self._wake_fds[0] if self._wake_fds else -1) if fd >= 0]
         if not fds or self._stop.is_set():
-            self._stop.wait(self.check_every_s())
+            self._nap(self._stop.wait, self.check_every_s())
             return
         key = tuple(fds)
         if self._poller is None or self._poller[0] != key:
@@ -202,7 +212,7 @@ class Watchdog:
             for fd in fds:
                 p.register(fd, select.POLLIN)
             self._poller = (key, p)
-        self._poller[1].poll(max(1, int(self.check_every_s() * 1e3)))
+        self._nap(self._poller[1].poll, max(1, int(self.check_every_s() * 1e3)))
 
     def _watch(self, seg: Segment, flags: HostFlags) -> None:
         """Keep a C watcher thread on the attached segment and turn what it did into events.

@@ -20,15 +20,10 @@ from typing import Any
 
 from ..shm.hostflag import gil_wait_ns
 
-__all__ = ["EngineProbe", "is_product_thread"]
+__all__ = ["EngineProbe"]
 
 _NEVER = 1 << 62
 
-
-def is_product_thread(name: str) -> bool:
-    """The product's Python threads are named dspark-* (the shim's "dspark-watchdog", ...); the
-    campaign's are MainThread and dspark-chaos-*."""
-    return name.startswith("dspark-") and not name.startswith("dspark-chaos")
 
 
 class EngineProbe:
@@ -54,8 +49,8 @@ class EngineProbe:
         # (a thread holding the GIL while preempted makes the engine thread wait, asleep, for the GIL)
         self.wait_outcome: list[int] = []
         self.gil_wait_ns: list[int] = []  # the wait's end to the GIL held again (0: the GIL was kept)
-        # the product's own Python threads in this process (the shim's watchdog): their time on the CPU
-        # or runnable during the wait, the most of the GIL wait they can have caused (report.py)
+        # the part of gil_wait_ns the product's own Python thread here (the shim's watchdog) can have
+        # caused: all of it unless that thread was asleep, holding no GIL, since before it began
         self.product_threads_ns: list[int] = []
         self.returned_past_deadline_ns: list[int] = []
         self.after_wait_ns: list[int] = []
@@ -164,16 +159,15 @@ class EngineProbe:
         self._late_ns = t1 - self._enq_end - self.deadline_ns
         outcome, ret = getattr(shim, "last_wait", (0, 0))
         gil = gil_wait_ns() if outcome else 0
-        worst, tid, ours = 0, 0, 0
-        names = self.thread_names
-        for k, (run, rd) in self._others().items():
-            run0, rd0 = others0.get(k, (run, rd))
-            if k not in self._py_tids:
-                continue  # a C thread (the shim's deadline watcher) never holds the GIL, nor makes one wait
-            if rd - rd0 > worst:
+        worst, tid = 0, 0
+        for k, (_run, rd) in self._others().items():
+            rd0 = others0.get(k, (0, rd))[1]
+            if k in self._py_tids and rd - rd0 > worst:  # a Python thread: one that can hold the GIL
                 worst, tid = rd - rd0, k
-            if is_product_thread(names.get(k, "")):
-                ours += (run - run0) + (rd - rd0)  # the longest it could have held the GIL meanwhile
+        # the product's one Python thread here, the shim's watchdog, asleep (no GIL) since before the
+        # GIL wait began: then only the campaign's threads can have kept the GIL from the engine
+        asleep = getattr(getattr(shim, "watchdog", None), "asleep_since_ns", 0)
+        ours = 0 if (asleep and asleep <= ret - gil) else gil
         past = ret - getattr(shim, "_deadline_ns", ret) if ret else 0
         self._wait_extra = (outcome, past, t1 - ret if ret else 0, worst, tid, gil, ours)
         return reply

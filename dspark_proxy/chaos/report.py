@@ -190,9 +190,9 @@ def _outlier(probe: Any, i: int, injections: list, timeline: list, what: str) ->
 
 def _gil_by_others(probe: Any, i: int) -> int:
     """The part of round i's GIL wait (after its wait ended) that no thread of the product can have
-    caused: the GIL wait less the time the product's own Python threads were on the CPU or runnable
-    meanwhile (probe.py). The rest was the campaign's threads (its controller, in the engine's process as
-    an engine's other threads are), which the engine would wait for whatever the product did."""
+    caused (probe.py: all of it when the shim's watchdog thread was asleep, holding no GIL, since before
+    it began; else none). The campaign's threads (its controller, in the engine's process as an engine's
+    other threads are) caused it, and the engine would wait for them whatever the product did."""
     if i >= len(probe.gil_wait_ns):
         return 0
     return max(0, probe.gil_wait_ns[i] - probe.product_threads_ns[i])
