@@ -48,6 +48,7 @@ class EngineProbe:
         # Python after that, and the most any OTHER thread of this process was kept off the CPU meanwhile
         # (a thread holding the GIL while preempted makes the engine thread wait, asleep, for the GIL)
         self.wait_outcome: list[int] = []
+        self.wait_on_cpu_ns: list[int] = []  # the engine thread on the CPU during read_reply (schedstat)
         self.gil_wait_ns: list[int] = []  # the wait's end to the GIL held again (0: the GIL was kept)
         # the part of gil_wait_ns the product's own Python thread here (the shim's watchdog) can have
         # caused: all of it unless that thread was asleep, holding no GIL, since before it began
@@ -80,6 +81,7 @@ class EngineProbe:
         self._reply_end = 0
         self._sched_fd = -1  # opened by the engine thread (thread-self resolves at open)
         self._wait_rd = 0
+        self._wait_run = 0
         self._enq_rd = 0
         self._watch_from = _NEVER
         self._resumed = threading.Event()  # set by the engine thread: a usable round past _watch_from
@@ -87,6 +89,10 @@ class EngineProbe:
     # ------------------------------------------------------------------ the shim's surface
 
     def _run_delay_ns(self) -> int:
+        return self._sched()[1]
+
+    def _sched(self) -> tuple[int, int]:
+        """This thread's (ns on the CPU, ns runnable but kept off it) so far."""
         fd = self._sched_fd
         if fd == -1:
             try:
@@ -94,8 +100,9 @@ class EngineProbe:
             except OSError:
                 fd = self._sched_fd = -2
         if fd < 0:
-            return 0
-        return int(os.pread(fd, 128, 0).split()[1])
+            return 0, 0
+        f = os.pread(fd, 128, 0).split()
+        return int(f[0]), int(f[1])
 
     def _others(self) -> dict[int, tuple[int, int]]:
         """(ns on the CPU, ns runnable off it) of every other thread of this process, engine thread only,
@@ -150,11 +157,13 @@ class EngineProbe:
         shim = self.shim
         others0 = self._others()
         shim.last_wait = (0, 0)
-        rd0 = self._run_delay_ns()
+        run0, rd0 = self._sched()
         t0 = time.perf_counter_ns()  # CLOCK_MONOTONIC on Linux, the shim's deadline clock
         reply = shim.read_reply(t)
         t1 = self._reply_end = time.perf_counter_ns()
-        self._wait_rd = self._run_delay_ns() - rd0
+        run1, rd1 = self._sched()
+        self._wait_rd = rd1 - rd0
+        self._wait_run = run1 - run0
         self._wait_ns = t1 - t0
         self._late_ns = t1 - self._enq_end - self.deadline_ns
         outcome, ret = getattr(shim, "last_wait", (0, 0))
@@ -188,6 +197,7 @@ class EngineProbe:
         self.enqueue_run_delay_ns.append(self._enq_rd)
         outcome, past, after, worst, tid, gil, ours = self._wait_extra
         self.wait_outcome.append(outcome)
+        self.wait_on_cpu_ns.append(self._wait_run)
         self.gil_wait_ns.append(gil)
         self.product_threads_ns.append(ours)
         self.returned_past_deadline_ns.append(past)

@@ -208,6 +208,10 @@ def _where(probe: Any, i: int) -> dict[str, Any]:
     return {"outcome": {1: "published", 2: "claimed_by_engine", 3: "claimed_unpublished", 4: "out_of_order"}.get(
                 probe.wait_outcome[i], "none"),
             "returned_past_deadline_ms": round(probe.returned_past_deadline_ns[i] / 1e6, 3),
+            "on_cpu_ms": round(probe.wait_on_cpu_ns[i] / 1e6, 3),
+            # neither on the CPU nor runnable: the wait for the reply itself, and any other sleep (the GIL
+            # handed to another thread, a page fault's I/O, a lock)
+            "asleep_ms": round(max(0, probe.wait_ns[i] - probe.wait_on_cpu_ns[i] - probe.wait_run_delay_ns[i]) / 1e6, 3),
             "gil_wait_ms": round(probe.gil_wait_ns[i] / 1e6, 3),
             "product_threads_ms": round(probe.product_threads_ns[i] / 1e6, 3),
             "after_wait_ms": round(probe.after_wait_ns[i] / 1e6, 3),
