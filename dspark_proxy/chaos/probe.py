@@ -57,12 +57,14 @@ class EngineProbe:
         self.after_wait_ns: list[int] = []
         self.others_run_delay_ns: list[int] = []
         self.others_run_delay_tid: list[int] = []
+        self.busiest_thread: list[tuple[int, int]] = []  # (ns on the CPU, tid): the other Python thread that ran most
         self.thread_names: dict[int, str] = {}  # native id -> threading name, for the report
         self._tasks: dict[int, int] = {}  # tid -> schedstat fd, every other thread of this process
         self._tasks_seen = -1
         self._py_tids: set[int] = set()
         self._others0: dict[int, int] = {}
         self._wait_extra = (0, 0, 0, 0, 0, 0, 0)
+        self._busiest = (0, 0)
         self.status: list[int] = []
         self.needed: list[int] = []
         self.usable: list[int] = []
@@ -168,11 +170,16 @@ class EngineProbe:
         self._late_ns = t1 - self._enq_end - self.deadline_ns
         outcome, ret = getattr(shim, "last_wait", (0, 0))
         gil = gil_wait_ns() if outcome else 0
-        worst, tid = 0, 0
-        for k, (_run, rd) in self._others().items():
-            rd0 = others0.get(k, (0, rd))[1]
-            if k in self._py_tids and rd - rd0 > worst:  # a Python thread: one that can hold the GIL
+        worst, tid, busiest, btid = 0, 0, 0, 0
+        for k, (run, rd) in self._others().items():
+            if k not in self._py_tids:
+                continue  # a C thread (the shim's deadline watcher) never holds the GIL
+            run0, rd0 = others0.get(k, (run, rd))
+            if rd - rd0 > worst:  # kept off the CPU: holding the GIL, or waiting for it
                 worst, tid = rd - rd0, k
+            if run - run0 > busiest:  # on the CPU: running Python (the GIL), or in a GIL-free call
+                busiest, btid = run - run0, k
+        self._busiest = (busiest, btid)
         # the product's one Python thread here, the shim's watchdog, asleep (no GIL) since before the
         # GIL wait began: then only the campaign's threads can have kept the GIL from the engine
         asleep = getattr(getattr(shim, "watchdog", None), "asleep_since_ns", 0)
@@ -204,6 +211,7 @@ class EngineProbe:
         self.after_wait_ns.append(after)
         self.others_run_delay_ns.append(worst)
         self.others_run_delay_tid.append(tid)
+        self.busiest_thread.append(self._busiest)
         self.status.append(int(reply.status))
         self.needed.append(int(batch.need_draft.sum()))
         self.usable.append(usable)

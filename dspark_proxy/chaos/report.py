@@ -205,6 +205,7 @@ def _where(probe: Any, i: int) -> dict[str, Any]:
     if i >= len(probe.wait_outcome):
         return {}
     tid = probe.others_run_delay_tid[i]
+    busy, btid = probe.busiest_thread[i]
     return {"outcome": {1: "published", 2: "claimed_by_engine", 3: "claimed_unpublished", 4: "out_of_order"}.get(
                 probe.wait_outcome[i], "none"),
             "returned_past_deadline_ms": round(probe.returned_past_deadline_ns[i] / 1e6, 3),
@@ -216,7 +217,9 @@ def _where(probe: Any, i: int) -> dict[str, Any]:
             "product_threads_ms": round(probe.product_threads_ns[i] / 1e6, 3),
             "after_wait_ms": round(probe.after_wait_ns[i] / 1e6, 3),
             "other_thread_off_cpu_ms": round(probe.others_run_delay_ns[i] / 1e6, 3),
-            "other_thread": probe.thread_names.get(tid, str(tid)) if tid else None}
+            "other_thread": probe.thread_names.get(tid, str(tid)) if tid else None,
+            "busiest_thread": probe.thread_names.get(btid, str(btid)) if btid else None,
+            "busiest_thread_on_cpu_ms": round(busy / 1e6, 3)}
 
 
 def _during(i: int, injections: list) -> str:
