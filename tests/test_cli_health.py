@@ -104,3 +104,15 @@ def test_proxy_every_worker_refused_is_refused_to_status(seg_name):
     finally:
         proxy.stop()
         w.stop()
+
+
+def test_exit_code_page_is_the_table_in_exitcodes():
+    """docs/exit-codes.md lists every EXIT_* of exitcodes.py with its value, and nothing else."""
+    import re
+    from pathlib import Path
+
+    from dspark_proxy import exitcodes
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "exit-codes.md").read_text()
+    rows = {name: int(code) for code, name in re.findall(r"^\| (\d+) \| `(EXIT_\w+)` \|", page, re.M)}
+    assert rows == {n: getattr(exitcodes, n) for n in exitcodes.__all__}, rows
