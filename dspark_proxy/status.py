@@ -98,7 +98,7 @@ def format_status(st: dict[str, Any]) -> str:
              f"  incarnation {h['incarnation']}, heartbeat {h['heartbeat_age_ms']:.1f} ms ago"]
     hl = st.get("health") or {"state": "ok"}
     if hl["state"] != "ok":
-        lines.append(f"  health   {hl['state'].upper()}: {hl['why']}")
+        lines += ["  " + ln for ln in _wrap(f"health   {hl['state'].upper()}: {hl['why']}")]
     lines += _section("Layout", [
         f"M={h['max_slots']} N={h['num_spec']} W={h['window']} row_bytes={h['row_bytes']} "
         f"sampled={'yes' if h['sampled'] else 'no'} deadline={h['deadline_ms']:g} ms",
