@@ -29,6 +29,7 @@ from .shm import _hostflag
 from .shm import hostflag as hf
 from .shm.hostflag import FAR_AHEAD, HostFlags
 from .shm.layout import LayoutParams, State, Word
+from .shm.ring_shm import reap_stale
 from .shm.segment import Segment
 from .shm.target import read_engine_target
 from .stats import Stats
@@ -248,6 +249,7 @@ class Proxy:
         except Exception as e:  # noqa: BLE001 - the hand-off is broken: die for this incarnation
             self._die(seg, core.flags, t, repr(e))
         engine.close()
+        core.release_ring()  # an ended engine's ring goes with our mapping of it (shm_layout.md §9)
         core.accept.flush()  # the engine's last rounds' accepted drafts into the counters
         self._last_round = t - 1
         self._finish_segment(State.DEAD)
@@ -279,10 +281,17 @@ class Proxy:
             retarget(tid)
 
     def _wait_attached(self, seg: Segment) -> int | None:
+        """The engine's round t0 once one attaches; None when stopping or abandoned. Once a second
+        meanwhile, the named rings of ended engines of our name go (a memfd ring needs nothing; an engine
+        that ended detached leaves its named ring otherwise: shm_layout.md §9)."""
         off = seg.layout.word_off(Word.ATTACHED)
+        next_reap = time.monotonic() + ENGINE_LOOK_S
         while not self._stop.is_set():
             if hf.wait_ge(seg.mm, off, 1, WAIT_SLICE_S, 0):
                 return seg.word(Word.ATTACHED)  # engine_pid came first: it is the attach claim
+            if time.monotonic() >= next_reap:
+                next_reap = time.monotonic() + ENGINE_LOOK_S
+                reap_stale(self.cfg.name)
             if seg.word(Word.ABANDONED):  # claimed by an engine that died before storing attached
                 log.info("[proxy] incarnation %d abandoned before its first round: starting a new one",
                          seg.incarnation)

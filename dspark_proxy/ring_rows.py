@@ -20,6 +20,7 @@ import numpy as np
 
 from . import native
 from .native import fastround as _fastround
+from .shm.layout import Word
 from .shm.ring_shm import RingError, open_ring, read_ring_name
 from .shm.segment import Segment
 
@@ -56,7 +57,7 @@ class RingRows:
         name = read_ring_name(self.seg.mm)
         if not name:
             return False
-        arr = open_ring(name, self.nbytes)
+        arr = open_ring(name, self.nbytes, self.seg.word(Word.ENGINE_PID))
         self.name = name
         self._base = memoryview(arr)
         self._ring_u8 = arr
@@ -65,6 +66,14 @@ class RingRows:
             self.c_gather = (arr, self._gather_buf(), self.B)
             self._small_c = True
         return True
+
+    def close(self) -> None:
+        """The incarnation ended: drop every view of the ring, so its mapping goes now and an ended
+        engine's memory (a memfd lives while anyone maps it) is not held until the next engine attaches."""
+        self.rows = self._base = self._ring_u8 = None
+        self.c_gather = None
+        self._small_c = False
+        self.name = ""
 
     def views(self, slots: np.ndarray, first: np.ndarray, n_rows: np.ndarray) -> list:
         """The rows of each entry (`slots`, `first`, `n_rows`: int64, entry order), as one gathered

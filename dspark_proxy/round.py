@@ -155,6 +155,13 @@ class RoundCore(LateRounds):
         self._gate_on, self._no_n_out = self.accept.gate.on, self.packer.n_out_table_empty
         self._step_flags = (wire.SF_WANT_MARGIN if settings.want_margin else 0) | (wire.SF_SAMPLED if self.sampled else 0)
 
+    def release_ring(self) -> None:
+        """The incarnation ended: let the engine's shared ring go (RingRows.close); a later round of
+        this core (none is expected) would open it again."""
+        self.ring_rows.close()
+        self._gather_arg = None
+        self._shared = None
+
     # ------------------------------------------------------------------ entry point
 
     def handle(self, t: int, waited_us: float) -> None:

@@ -13,6 +13,7 @@ the watchdog hands over goes through the attachment's lock (attachment.py).
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -67,42 +68,56 @@ class Shim:
         self.counters = Stats()  # the shim's own counters and events; stats() is the snapshot
         self.events = EventRing(events_kept)
         self.native = native.enabled()  # the C hot paths (the default) or the Python reference model
-        self._shared = self._shared_ring(max_reqs * window * row_bytes)  # None: the ring is private
-        self.shared_ring = self._shared is not None
-        self.ring = EngineRing(max_reqs, window, row_bytes, self.native,
-                               None if self._shared is None else self._shared.array)
+        # everything that can refuse comes before the ring (shm_layout.md §1): a refused Shim() leaves nothing
+        for field, v in (("max_reqs", max_reqs), ("num_spec", num_spec), ("window", window), ("row_bytes", row_bytes)):
+            if isinstance(v, bool) or not hasattr(v, "__index__") or operator.index(v) <= 0:
+                raise ShimError(f"{field} must be an int > 0, got {v!r}")
+        self.target_id = check_target_id(target_id or "")  # the target model, told to the proxy's HELLO
         self._inputs = EnqueueInputs(max_reqs, window, row_bytes, sampled, self.native)  # validated, as numpy
         self._reader = ReplyReader(ReplyPageLayout(max_reqs, num_spec, sampled), self.native)
-        self.target_id = check_target_id(target_id or "")  # the target model, told to the proxy's HELLO
-        self._att = Attachment(self.ring, self.counters, self.events, sampled, self._watch, self.deadline_ms,
-                               self.target_id, "" if self._shared is None else self._shared.shm_name)
-        self._t = 0  # last round enqueued
-        self._n = 0  # its number of requests
-        self._round_attached = False  # round _t went through the segment
-        self._rejected = ""  # round _t had a bad input: why (read_reply's reason)
-        self._awaiting_reply = False  # round _t was enqueued and its read_reply has not come yet
-        self._deadline_ns = 0
-        # the last read_reply's wait, for timing tools (the chaos campaign): (WAIT_* outcome, when the
-        # wait returned with the GIL held again, monotonic ns); (0, 0) when it did not wait
-        self.last_wait: tuple[int, int] = (0, 0)
-        self._deadline_delta_ns = -1  # the attached segment's deadline in ns (-1: read it at the next enqueue)
-        self._deadline_ov: float | None = None  # the override it was worked out with
-        # per round t (slot t % 64): (t, n, rows staged, longest query, incarnation), so an event about
-        # a round reported rounds later (the watcher's claims are drained later) carries its own fields
-        self._rounds_seen: list[tuple[int, int, int, int, int]] = [(0, 0, 0, 0, 0)] * META_SLOTS
-        self.on_close: list = []  # callables run by close() after detaching (thread mode stops its proxy)
-        self.proxy = None  # thread mode: the in-process Proxy
-        from .watchdog import Watchdog  # a cycle only at import time
-
+        self._shared = self._shared_ring(max_reqs * window * row_bytes)  # None: the ring is private
+        self.shared_ring = self._shared is not None
+        self.watchdog = None
         try:
+            self.ring = EngineRing(max_reqs, window, row_bytes, self.native,
+                                   None if self._shared is None else self._shared.array)
+            self._att = Attachment(self.ring, self.counters, self.events, sampled, self._watch, self.deadline_ms,
+                                   self.target_id, "" if self._shared is None else self._shared.shm_name)
+            self._t = 0  # last round enqueued
+            self._n = 0  # its number of requests
+            self._round_attached = False  # round _t went through the segment
+            self._rejected = ""  # round _t had a bad input: why (read_reply's reason)
+            self._awaiting_reply = False  # round _t was enqueued and its read_reply has not come yet
+            self._deadline_ns = 0
+            # the last read_reply's wait, for timing tools (the chaos campaign): (WAIT_* outcome, when the
+            # wait returned with the GIL held again, monotonic ns); (0, 0) when it did not wait
+            self.last_wait: tuple[int, int] = (0, 0)
+            self._deadline_delta_ns = -1  # the attached segment's deadline in ns (-1: read it at the next enqueue)
+            self._deadline_ov: float | None = None  # the override it was worked out with
+            # per round t (slot t % 64): (t, n, rows staged, longest query, incarnation), so an event about
+            # a round reported rounds later (the watcher's claims are drained later) carries its own fields
+            self._rounds_seen: list[tuple[int, int, int, int, int]] = [(0, 0, 0, 0, 0)] * META_SLOTS
+            self.on_close: list = []  # callables run by close() after detaching (thread mode stops its proxy)
+            self.proxy = None  # thread mode: the in-process Proxy
+            from .watchdog import Watchdog  # a cycle only at import time
+
             one_per_name.claim(name, self)  # again, under its lock: another thread's may have won meanwhile
-        except ShimError:
-            if self._shared is not None:
-                self._shared.close()
+            self.watchdog = Watchdog(self)
+            if start_watchdog:
+                self.watchdog.start()
+        except BaseException:
+            self._undo()
             raise
-        self.watchdog = Watchdog(self)
-        if start_watchdog:
-            self.watchdog.start()
+
+    def _undo(self) -> None:
+        """A construction that failed after the ring was made: free the name, stop what started, let the
+        ring go."""
+        one_per_name.release(self.name, self)
+        if self.watchdog is not None and self.watchdog.started:
+            self.watchdog.stop()
+            self.watchdog.join(timeout=2.0)
+        if self._shared is not None:
+            self._shared.close()
 
     # ------------------------------------------------------------------ attach / detach
 

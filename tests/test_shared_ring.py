@@ -32,17 +32,24 @@ def _ring_bytes(rig: Rig) -> np.ndarray:
     return rig.shim.ring.rows.reshape(-1)
 
 
-def test_enqueue_writes_rows_once_into_the_named_ring(seg_name):
+@pytest.mark.parametrize("kind", ["memfd", "named"])
+def test_enqueue_writes_rows_once_into_the_named_ring(seg_name, monkeypatch, kind):
+    monkeypatch.setenv("DSPARK_SHARED_RING", "1" if kind == "memfd" else "named")
     with Rig(seg_name, M=4, N=3, W=4, B=64) as rig:
         reply, b = rig.round([(1, 0, 3), (2, 1, 2)])
         assert reply.status == 0 and rig.check_drafts(reply, b) == 2
         name = ring_shm.read_ring_name(rig.seg.mm)
-        assert name == rig.shim._shared.shm_name and name.startswith(f"/dspark-ring.{seg_name}.{os.getpid()}.")
-        assert os.path.exists("/dev/shm" + name)
+        assert name == rig.shim._shared.shm_name and rig.shim._shared.kind == kind
+        path = name if kind == "memfd" else "/dev/shm" + name
+        if kind == "memfd":
+            assert name == f"/proc/{os.getpid()}/fd/{rig.shim._shared.fd}"
+        else:
+            assert name.startswith(f"/dspark-ring.{seg_name}.{os.getpid()}.")
+        assert os.path.exists(path)
         assert not rig.seg.staging.any(), "rows were copied into the staging as well"
         assert np.array_equal(rig.shim.ring.window_rows(0, 0, 3), b["rows"][:3])
         assert np.array_equal(rig.client.sent_rows[-1], b["rows"])  # the proxy sent them from the ring
-    assert not os.path.exists("/dev/shm" + name), "close() leaves the ring behind"
+    assert not os.path.exists(path), "close() leaves the ring behind"
 
 
 def test_private_ring_when_switched_off(seg_name, monkeypatch):
@@ -198,7 +205,7 @@ def test_no_room_for_the_ring_is_a_clear_error_and_the_engine_keeps_a_private_ri
 
 
 def test_a_forked_child_closing_leaves_the_parents_ring(seg_name):
-    ring = ring_shm.SharedRing(seg_name, 4096)
+    ring = ring_shm.SharedRing(seg_name, 4096, kind="named")
     try:
         pid = os.fork()
         if pid == 0:  # the child: close what it inherited, then leave without running anything else
@@ -212,8 +219,8 @@ def test_a_forked_child_closing_leaves_the_parents_ring(seg_name):
 
 
 def test_two_shims_of_one_name_in_one_process_have_rings_of_their_own(seg_name):
-    a = ring_shm.SharedRing(seg_name, 4096)
-    b = ring_shm.SharedRing(seg_name, 4096)
+    a = ring_shm.SharedRing(seg_name, 4096, kind="named")
+    b = ring_shm.SharedRing(seg_name, 4096, kind="named")
     try:
         assert a.shm_name != b.shm_name
         a.array[:] = 1
@@ -302,7 +309,7 @@ def test_a_new_proxy_incarnation_removes_the_rings_of_dead_engines(seg_name):
         os._exit(0)
     os.waitpid(pid, 0)
     stale = f"/dev/shm/dspark-ring.{seg_name}.{pid}.0"  # an engine killed before it could close
-    live = ring_shm.SharedRing(seg_name, 4096)  # this process's: alive, kept
+    live = ring_shm.SharedRing(seg_name, 4096, kind="named")  # this process's: alive, kept
     with open(stale, "wb") as f:
         f.write(b"\0" * 64)
     try:
