@@ -84,8 +84,12 @@ class _Heartbeat:
         next_stats = 0.0
         last: tuple[object, int] = (None, -1)  # (segment, round) of the last snapshot published
         last_events = 0  # events recorded by then
+        next_reap = 0.0
         while not self._stop.is_set():
             self._kick.clear()  # before the beat: a kick from here on ends the wait below
+            if time.monotonic() >= next_reap:  # named rings of ended engines of our name, attached or
+                next_reap = time.monotonic() + ENGINE_LOOK_S  # not (a memfd ring needs nothing; §9)
+                reap_stale(self.proxy.cfg.name)
             seg = self.proxy.segment
             if seg is not None:
                 try:
@@ -281,17 +285,10 @@ class Proxy:
             retarget(tid)
 
     def _wait_attached(self, seg: Segment) -> int | None:
-        """The engine's round t0 once one attaches; None when stopping or abandoned. Once a second
-        meanwhile, the named rings of ended engines of our name go (a memfd ring needs nothing; an engine
-        that ended detached leaves its named ring otherwise: shm_layout.md §9)."""
         off = seg.layout.word_off(Word.ATTACHED)
-        next_reap = time.monotonic() + ENGINE_LOOK_S
         while not self._stop.is_set():
             if hf.wait_ge(seg.mm, off, 1, WAIT_SLICE_S, 0):
                 return seg.word(Word.ATTACHED)  # engine_pid came first: it is the attach claim
-            if time.monotonic() >= next_reap:
-                next_reap = time.monotonic() + ENGINE_LOOK_S
-                reap_stale(self.cfg.name)
             if seg.word(Word.ABANDONED):  # claimed by an engine that died before storing attached
                 log.info("[proxy] incarnation %d abandoned before its first round: starting a new one",
                          seg.incarnation)

@@ -95,6 +95,9 @@ def test_every_fault_had_its_effect(campaign):
     assert r is not None, campaign["stderr"][-3000:]
     for kind, (where, counter, least) in EFFECTS.items():
         f = r["faults"][kind]
+        if kind == "ring_squat" and os.geteuid() != 0:  # another uid needs root: said, never a pass
+            assert f["skipped"] == "skipped: needs root" and not f["notes"][0].get("squatted"), f
+            continue
         got = (sum(n.get(counter) or 0 for n in f["notes"]) if where == "notes"
                else f[f"{where}_counters"].get(counter, 0))
         assert got >= least, (kind, counter, f)

@@ -51,7 +51,8 @@ def test_a_killed_engines_ring_is_removed_and_the_next_engine_attaches(seg_name)
     try:
         assert proxy.ready.wait(10.0)
         child = subprocess.Popen([sys.executable, "-c", _ENGINE, seg_name, str(M), str(N), str(W), str(B)],
-                                 stdout=subprocess.PIPE, text=True)
+                                 stdout=subprocess.PIPE, text=True,  # a named ring: seen in /dev/shm
+                                 env=dict(os.environ, DSPARK_SHARED_RING="named"))
         assert child.stdout.readline().strip() == "ran"
         ring = glob.glob(f"/dev/shm/dspark-ring.{seg_name}.{child.pid}.*")
         assert len(ring) == 1, "the engine wrote its rows into a shared ring"

@@ -26,6 +26,7 @@ from .injectors import (
     worker_stall_short,
 )
 from .pool_faults import pool_worker_kill, pool_worker_stall
+from .ring_faults import engine_exit, ring_squat, ring_truncate
 from .rogue import connection_flood, worker_memory
 
 if TYPE_CHECKING:
@@ -101,6 +102,15 @@ FAULT_KINDS: tuple[FaultKind, ...] = (
     FaultKind("pool_worker_stall", "a second worker joins the proxy's pool (SIGHUP), then is SIGSTOPped: its breaker "
                                    "opens, its requests move to the first, whose own keep >= 99% usable drafts",
               pool_worker_stall, Effect("proxy", "pool_slots_resent")),
+    FaultKind("ring_truncate", "the engine's shared ring ftruncated to 0 by its own uid: refused (a sealed memfd); "
+                               "the proxy drafts on",
+              ring_truncate, Effect("notes", "truncate_refused")),
+    FaultKind("ring_squat", "another uid (65534; needs root, else skipped) takes every ring name an engine could "
+                            "predict, then a new engine attaches: both start and draft",
+              ring_squat, Effect("notes", "squatted")),
+    FaultKind("engine_exit", "a second engine of the name (a named ring) exits without closing its shim: its ring "
+                             "is gone within 2 s, ours drafts on",
+              engine_exit, Effect("notes", "engines_exited")),
 )
 KIND_NAMES: tuple[str, ...] = tuple(k.name for k in FAULT_KINDS)
 INJECTORS: dict[str, Callable[[Controller], None]] = {k.name: k.inject for k in FAULT_KINDS}

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .completeness import BASELINE_MIN_FULL_RATE, full_rate, recovery
+from .ring_faults import RING_GONE_S
 
 __all__ = ["build_report", "format_table"]
 
@@ -118,6 +119,8 @@ def build_report(*, cfg: dict[str, Any], probe: Any, injections: list, passes: i
             "shim_events": dict(sorted(shim_ev.items())), "proxy_events": dict(sorted(proxy_ev.items())),
             "shim_counters": dict(sorted(shim_c.items())), "proxy_counters": dict(sorted(proxy_c.items())),
             "notes": [r["notes"] for r in rows if r["notes"]],
+            # a kind that could not run here (ring_squat without root) says so: never counted a pass
+            "skipped": next((f"skipped: {r['notes']['skipped']}" for r in rows if r["notes"].get("skipped")), None),
         }
     base = ~in_fault
     base_needed = int(np.asarray(probe.needed[:n_rounds])[base].sum()) if n_rounds else 0
@@ -269,6 +272,15 @@ def _checks(cfg: dict[str, Any], kinds: dict[str, dict[str, Any]], wrong_total: 
         if r["kind"].startswith("pool_") and (rate is None or rate < 0.99):
             failures.append(f"{r['kind']} #{r['n']}: the healthy worker's requests got usable drafts at {rate} "
                             f"(< 0.99; notes {r['notes']})")
+        notes = r["notes"]
+        if r["kind"] == "ring_truncate" and (notes.get("truncated") or notes.get("proxy_alive") is False):
+            failures.append(f"ring_truncate #{r['n']}: the engine's ring was cut or the proxy died ({notes})")
+        if notes.get("ring_left") or (notes.get("ring_gone_ms") or 0) > RING_GONE_S * 1e3:
+            failures.append(f"{r['kind']} #{r['n']}: an ended engine's ring outlived it by "
+                            f"{notes.get('ring_gone_ms')} ms (> {RING_GONE_S:g} s)")
+        if (notes.get("proxy_ring_maps") or 0) > 1:
+            failures.append(f"{r['kind']} #{r['n']}: the proxy maps {notes['proxy_ring_maps']} engines' rings "
+                            "(an ended engine's ring outlives it)")
         if r["kind"] == "worker_layout" and not r["notes"].get("refusal"):
             failures.append(f"worker_layout #{r['n']}: no '[client] disabled: ...' message in the proxy's log")
     for left in leftovers:
@@ -329,7 +341,7 @@ def format_table(r: dict[str, Any]) -> str:
     for kind, d in r["faults"].items():
         res = "never" if d["resume_rounds_max"] is None else f"{d['resume_rounds_max']}"
         res_ms = "-" if d["resume_ms_max"] is None else f"{d['resume_ms_max']:.0f}"
-        ev = f"{_events(d['shim_events'])} | {_events(d['proxy_events'])}"
+        ev = d["skipped"] or f"{_events(d['shim_events'])} | {_events(d['proxy_events'])}"
         fr = (f"{d['full_after_rounds_max']}/{d['full_bound_rounds_max']}"
               if d.get("full_after_rounds_max") is not None else "-")
         lines.append(row(kind, str(d["injections"]), d, d["usable_rate_fault"], res, res_ms, ev, fr))
