@@ -9,6 +9,7 @@ fault's message (the client's handshake refusal, say) can be shown in the report
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import random
@@ -274,6 +275,16 @@ class ChaosSystem:
 
                 posix_ipc.unlink_shared_memory(shm_name(self.name))
             except Exception:  # noqa: BLE001
+                pass
+        rings = f"/dev/shm/dspark-ring.{self.name}.*"  # every engine ended: no named ring 2 s on (§9)
+        end = time.monotonic() + 2.0
+        while glob.glob(rings) and time.monotonic() < end:
+            time.sleep(0.05)
+        for left_ring in glob.glob(rings):
+            left.append(f"ring {left_ring} still in /dev/shm 2 s after its engine ended")
+            try:
+                os.unlink(left_ring)
+            except OSError:
                 pass
         if _any_child_named(self.name):
             left.append(f"a process with {self.name!r} on its command line is still running")
