@@ -126,6 +126,7 @@ _ENGINE = textwrap.dedent("""
     sim.run(shim, rounds=20)
     print("ran", shim._shared.kind, flush=True)
     if sys.argv[6] == "exit":
+        sys.stdin.readline()  # told to go
         sys.exit(0)  # a clean exit that never closes its shim (vLLM never calls the proposer's close)
     time.sleep(120)  # killed here
 """)
@@ -145,7 +146,7 @@ def test_an_ended_engines_ring_is_gone_within_2_s_while_the_proxy_runs(seg_name,
     try:
         assert proxy.ready.wait(10.0)
         child = subprocess.Popen([sys.executable, "-c", _ENGINE, seg_name, str(M), str(N), str(W), str(B), how],
-                                 cwd=_ROOT, env=_env(kind), stdout=subprocess.PIPE, text=True)
+                                 cwd=_ROOT, env=_env(kind), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert child.stdout.readline().split() == ["ran", kind]
         named = glob.glob(f"/dev/shm/dspark-ring.{seg_name}.{child.pid}.*")
         if kind == "memfd":
@@ -153,7 +154,10 @@ def test_an_ended_engines_ring_is_gone_within_2_s_while_the_proxy_runs(seg_name,
         else:
             assert len(named) == 1
         t0 = time.monotonic()
-        if how != "exit":
+        if how == "exit":
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        else:
             os.kill(child.pid, signal.SIGKILL)  # "zombie": never waited for until the end of the test
         if how == "kill":
             child.wait(10.0)
@@ -168,6 +172,7 @@ def test_an_ended_engines_ring_is_gone_within_2_s_while_the_proxy_runs(seg_name,
         assert gone_s < 2.0, f"the ended engine's ring went after {gone_s:.2f} s"
     finally:
         if child is not None:
+            child.stdin.close()
             if child.poll() is None:
                 child.kill()
             child.wait(10.0)
