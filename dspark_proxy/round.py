@@ -67,6 +67,7 @@ from .shm.layout import (
     resync_windows_per_enqueue,
 )
 from .shm.resync import WindowAsker
+from .shm.ring_shm import RingError
 from .shm.segment import Segment
 from .shm.stamped import BadDescriptor, SlotReader
 from .stats import Stats
@@ -130,6 +131,7 @@ class RoundCore(LateRounds):
         self.ring_rows = RingRows(seg, self.native)  # the engine's shared ring, once it names one
         self._shared: bool | None = None  # rows from the shared ring (True) or the staging; None: not yet read
         self._gather_arg: tuple | None = None  # RingRows.c_gather once the ring is open (round_fused.py's gather)
+        self._ring_refused = False  # the ring the engine named was refused (logged once)
         self._last_epoch: int | None = None
         self.packer = PagePacker(self.lay.reply, self.N, settings.n_out_table, self.native)  # the reply page
         self.page = self.packer.page
@@ -194,14 +196,19 @@ class RoundCore(LateRounds):
             self.slots.restart(np.arange(self.M))
             self.packer.failed(0)
             log.warning("[round] t=%d bad descriptor: %s", t, e)
-        except Exception:  # noqa: BLE001 - the round fails closed, the loop goes on
-            self.stats.inc("fallback_internal_error")
+        except Exception as e:  # noqa: BLE001 - the round fails closed, the loop goes on
+            refused = isinstance(e, RingError)  # the ring the engine named cannot be mapped (shm_layout.md §1)
+            self.stats.inc("fallback_ring_refused" if refused else "fallback_internal_error")
             self.stats.inc("rounds_failed")
             self.slots.mark_all_dirty()
             if not self._advanced:  # the engine's writes of round t never reached the model
                 self.slots.restart(np.arange(self.M))
             self.packer.failed(self.desc.n_of(t))
-            _ROUND_ERRORS.exception(log, "[round] t=%d failed", t)
+            if not refused:
+                _ROUND_ERRORS.exception(log, "[round] t=%d failed", t)
+            elif not self._ring_refused:  # the peer's input: one line an incarnation, no traceback
+                self._ring_refused = True
+                log.warning("[round] t=%d: %s; rounds fail closed until the engine attaches anew", t, e)
         if self._consumed() < t - 1:
             raise RuntimeError(f"round {t}: the engine has not consumed round {t - 1}'s reply "
                                f"(words {self.flags.values()})")

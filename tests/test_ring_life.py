@@ -286,3 +286,26 @@ def test_another_user_squatting_ring_names_never_stops_the_engine(seg_name, kind
                 os.unlink(p)
         for fd in (go_r, go_w, res_r, res_w):
             os.close(fd)
+
+
+def test_a_ring_the_proxy_cannot_map_fails_rounds_closed_with_one_line(seg_name, monkeypatch, caplog):
+    """Where the proxy may not open the engine's memfd (another PID namespace, a non-dumpable engine)
+    every round fails closed; the log says why once, without a traceback (before: a traceback per
+    10 s, counted as an internal error)."""
+    import logging
+
+    from dspark_proxy import ring_rows
+    from dspark_proxy.shm.layout import STATUS_ROUND_FAILED
+    from tests.rig import Rig
+
+    def refused(name, nbytes, pid=None):
+        raise ring_shm.RingError(f"the engine's ring {name} cannot be opened: Permission denied")
+
+    monkeypatch.setattr(ring_rows, "open_ring", refused)
+    with caplog.at_level(logging.WARNING, logger="dspark_proxy.round"), Rig(seg_name, M=4, N=3, W=4, B=64) as rig:
+        for _ in range(3):
+            reply, _b = rig.round([(1, 0, 1)])
+            assert reply.status == STATUS_ROUND_FAILED and not reply.ok_mask.any()
+        assert rig.stats.counter("fallback_ring_refused") == 3 and rig.stats.counter("fallback_internal_error") == 0
+    lines = [r for r in caplog.records if "cannot be opened" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].exc_info is None, [r.getMessage() for r in caplog.records]
