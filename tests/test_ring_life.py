@@ -85,7 +85,7 @@ def test_truncating_the_engines_ring_is_refused_and_the_proxy_goes_on(seg_name):
     assert p.stdout.split("\n")[:2] == ["refused", "round 0 2"], p.stdout
 
 
-def test_the_proxy_maps_only_a_sealed_ring_of_the_attached_engine():
+def test_the_proxy_maps_only_a_sealed_ring_of_the_attached_engine(tmp_path):
     nbytes = 8192
     fd = os.memfd_create("dspark-ring.unsealed", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
@@ -105,6 +105,13 @@ def test_the_proxy_maps_only_a_sealed_ring_of_the_attached_engine():
         os.close(fd)
     with pytest.raises(ring_shm.RingError, match="cannot be opened"):
         ring_shm.open_ring(path, nbytes, os.getpid())
+    os.mkfifo(tmp_path / "fifo")  # a FIFO without a writer: a blocking open would wait for one for ever
+    r = os.open(tmp_path / "fifo", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        with pytest.raises(ring_shm.RingError, match="not a sealed memfd"):
+            ring_shm.open_ring(f"/proc/{os.getpid()}/fd/{r}", nbytes, os.getpid())
+    finally:
+        os.close(r)
     page = bytearray(4096)
     for good in (path, "/dspark-ring.a.1.0f3a"):
         ring_shm.write_ring_name(page, good)

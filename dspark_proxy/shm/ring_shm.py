@@ -295,7 +295,7 @@ def _open_memfd(path: str, pid: int, nbytes: int, engine_pid: int | None) -> np.
     if engine_pid is not None and pid != engine_pid:
         raise RingError(f"the engine's ring {path} is not the attached engine's (pid {engine_pid})")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)  # a FIFO or tty: no wait
     except OSError as e:
         raise RingError(f"the engine's ring {path} cannot be opened: {e.strerror}") from e
     try:
