@@ -316,3 +316,32 @@ def test_a_ring_the_proxy_cannot_map_fails_rounds_closed_with_one_line(seg_name,
         assert rig.stats.counter("fallback_ring_refused") == 3 and rig.stats.counter("fallback_internal_error") == 0
     lines = [r for r in caplog.records if "cannot be opened" in r.getMessage()]
     assert len(lines) == 1 and lines[0].exc_info is None, [r.getMessage() for r in caplog.records]
+
+
+def test_a_running_proxy_reaps_a_named_ring_of_an_engine_that_never_attached(seg_name):
+    """An engine that ended detached (it never attached, or after a detach) never reaches the proxy's
+    pidfd: its named ring goes by the heartbeat's reap, once a second (before: at the next incarnation)."""
+    cfg = ProxyConfig(name=seg_name, worker="inproc", max_reqs=M, num_spec=N, window=W, row_bytes=B,
+                      deadline_ms=500.0, log_every=0)
+    proxy = Proxy(cfg, client=ScriptedClient(max_reqs=M, num_spec=N, window=W, row_bytes=B))
+    th = threading.Thread(target=proxy.serve, name="test-proxy", daemon=True)
+    th.start()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = f"/dev/shm/dspark-ring.{seg_name}.{dead.pid}.0f3a"
+    try:
+        assert proxy.ready.wait(10.0)
+        time.sleep(0.2)  # past the reap at the heartbeat's start
+        with open(stale, "wb") as f:
+            f.write(b"\0" * 64)
+        t0 = time.monotonic()
+        while os.path.exists(stale) and time.monotonic() - t0 < 5.0:
+            time.sleep(0.02)
+        assert not os.path.exists(stale) and time.monotonic() - t0 < 2.0, time.monotonic() - t0
+        assert proxy.incarnations == 1
+    finally:
+        proxy.stop()
+        th.join(10.0)
+        if os.path.exists(stale):
+            os.unlink(stale)
+    assert not th.is_alive()
