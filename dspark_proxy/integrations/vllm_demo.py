@@ -238,8 +238,9 @@ def run_vllm_demo(*, model: str | os.PathLike = DEFAULT_MODEL, head: str | os.Pa
 
 
 def _reap_rings(*names: str) -> None:
-    """vLLM ends its engine-core process without the shim's close, so that engine's shared ring would
-    stay in /dev/shm: remove the rings of these names whose engines are gone (ring_shm.reap_stale)."""
+    """vLLM ends its engine-core process without the shim's close: a memfd ring goes with the process,
+    and a named one (where memfd is refused) goes at exit (atexit), but a killed engine core's stays in
+    /dev/shm: remove the named rings of these names whose engines are gone (ring_shm.reap_stale)."""
     from ..shm.ring_shm import reap_stale
 
     for n in names:
