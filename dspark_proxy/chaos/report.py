@@ -379,6 +379,9 @@ def format_table(r: dict[str, Any]) -> str:
                      "full windows in the baseline and again within the bound after every fault"
                      + (f" (but {explained} over it while the kernel kept the engine off the CPU, above)" if explained else "")
                      + ", drafts resumed after every fault, nothing left behind")
+    skipped = [f"{k}: {d['skipped']}" for k, d in r["faults"].items() if d.get("skipped")]
+    if skipped:  # a kind that could not run here is not among those that passed
+        lines.append("NOT RUN (not counted as passed): " + "; ".join(skipped))
     if r.get("log_dir"):
         lines.append(f"children's logs: {r['log_dir']}")
     return "\n".join(lines)
