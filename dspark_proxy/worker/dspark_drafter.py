@@ -103,6 +103,8 @@ class DSparkDrafter:
         self._rope = self._make_rope()
         self._cols = np.arange(window)
         self.rows_projected = 0
+        self.keep_logits = False  # tests: keep each round's logits (last_logits, [B, n, draft vocab] float32)
+        self.last_logits: torch.Tensor | None = None
         if spec.window is None and str(spec.head_dir) not in _said_full_attention:
             _said_full_attention.add(str(spec.head_dir))
             log.warning("[worker] dspark head %s: its draft layers use full attention over the whole prefix; "
@@ -284,6 +286,7 @@ class DSparkDrafter:
             key = np.array([(items[b].seed & ((1 << 64) - 1), items[b].anchor_pos) for b in sb.tolist()],
                            dtype=np.uint64).reshape(-1, 2)
             tt = torch.from_numpy(temps[sb]).to(dev, torch.float32)[:, None]
+        kept = [] if self.keep_logits else None
         prev = anchor
         state = None
         if s.markov_rank and s.markov_head_type == "rnn" and not s.sample_from_anchor:
@@ -291,6 +294,8 @@ class DSparkDrafter:
         for j in range(n):
             bias, state, emb = self._markov_step(prev, hs[:, j], state)
             logits = base[:, j] if bias is None else base[:, j] + bias
+            if kept is not None:
+                kept.append(logits.cpu())
             probs = torch.softmax(logits, dim=-1)
             top2 = torch.topk(probs, min(2, probs.shape[-1]), dim=-1)
             choice = torch.argmax(logits, dim=-1)
@@ -319,6 +324,8 @@ class DSparkDrafter:
             conf[:, j] = c.float().cpu().numpy()
             marg[:, j] = mg.float().cpu().numpy()
             prev = tid
+        if kept is not None:
+            self.last_logits = torch.stack(kept, dim=1)
         cut = np.arange(N)[None, :] >= n_out[:, None]
         ids[cut], conf[cut], marg[cut] = -1, 0.0, 0.0
         idx = f[:, 2]
