@@ -170,16 +170,20 @@ def _safetensors(d: Path) -> list[Path]:
     return files
 
 
-def _read_all(d: Path) -> dict[str, Any]:
+def _read_all(d: Path) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Every tensor of the checkpoint's safetensors files, and the file each came from."""
     from safetensors.torch import load_file
 
     out: dict[str, Any] = {}
+    src: dict[str, Path] = {}
     for f in _safetensors(d):
         try:
-            out.update(load_file(str(f)))
+            got = load_file(str(f))
         except Exception as e:  # a corrupt file: say which
             raise CheckpointError(f"{f}: cannot read it as safetensors ({e})") from None
-    return out
+        out.update(got)
+        src.update(dict.fromkeys(got, f))
+    return out, src
 
 
 def _target_tensor(d: Path, suffixes: tuple[str, ...]) -> Any | None:
@@ -193,12 +197,13 @@ def _target_tensor(d: Path, suffixes: tuple[str, ...]) -> Any | None:
     return None
 
 
-def _expect(t: dict, key: str, shape: tuple[int, ...], where: Path) -> Any:
+def _expect(t: dict, src: dict[str, Path], key: str, shape: tuple[int, ...], d: Path) -> Any:
     if key not in t:
-        raise CheckpointError(f"{where}: tensor {key}: missing")
+        files = sorted({p.name for p in src.values()}) or ["*.safetensors"]
+        raise CheckpointError(f"{d / files[0] if len(files) == 1 else d}: tensor {key}: missing")
     got = tuple(t[key].shape)
     if got != shape:
-        raise CheckpointError(f"{where}: tensor {key}: shape {list(got)}, expected {list(shape)}")
+        raise CheckpointError(f"{src[key]}: tensor {key}: shape {list(got)}, expected {list(shape)}")
     return t[key]
 
 
@@ -229,7 +234,7 @@ def load_tensors(spec: DSparkSpec, target_dir: Path) -> dict[str, Any]:
         if bad:
             raise CheckpointError(f"{cpath}: field aux_hidden_state_layer_ids: {bad} outside the target's layers "
                                   f"0..{t_layers} ({tcfg_path} num_hidden_layers {t_layers})")
-    t = _read_all(spec.head_dir)
+    t, src = _read_all(spec.head_dir)
     where = spec.head_dir
     H, hd, L = spec.hidden_size, spec.head_dim, spec.n_layers
     nq, nkv, inter = spec.n_heads * hd, spec.n_kv_heads * hd, spec.layer["intermediate_size"]
@@ -260,15 +265,15 @@ def load_tensors(spec: DSparkSpec, target_dir: Path) -> dict[str, Any]:
     reduced = Vd != V
     if reduced:
         shapes.update({"lm_head.weight": (Vd, H), "d2t": (Vd,)})
-    out = {k: _expect(t, k, s, where) for k, s in shapes.items()}
+    out = {k: _expect(t, src, k, s, where) for k, s in shapes.items()}
     for k, v in out.items():
         if k != "d2t" and not torch.isfinite(v.float()).all():
-            raise CheckpointError(f"{where}: tensor {k}: holds non-finite values")
+            raise CheckpointError(f"{src[k]}: tensor {k}: holds non-finite values")
     if reduced:
         d2t = out["d2t"].long()
         ids = torch.arange(Vd) + d2t
         if bool(((ids < 0) | (ids >= V)).any()):
-            raise CheckpointError(f"{where}: tensor d2t: maps draft ids outside the target vocabulary 0..{V - 1}")
+            raise CheckpointError(f"{src['d2t']}: tensor d2t: maps draft ids outside the target vocabulary 0..{V - 1}")
         out["draft_to_target"] = ids
     embed = _target_tensor(target_dir, ("embed_tokens.weight", "wte.weight", "word_embeddings.weight"))
     if embed is None:

@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from ..wire import TOP_K, ReplyWriter
-from .dspark_ckpt import ROW_ITEMSIZE, CheckpointError, DSparkSpec, load_tensors, read_spec, resolve_target
 from .drafters import DraftItem
+from .dspark_ckpt import ROW_ITEMSIZE, CheckpointError, load_tensors, read_spec, resolve_target
 
 __all__ = ["DSparkDrafter"]
 
