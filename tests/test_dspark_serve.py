@@ -161,3 +161,10 @@ def test_per_slot_keys_and_values_are_charged_to_the_memory_budget(made):
     with pytest.raises(ValueError, match="memory-budget-mb"):
         small.start()
     small.stop()
+
+
+def test_shapes_from_a_dspark_checkpoint(made):
+    from dspark_proxy.config_flags import shapes_from
+
+    head, _ = made
+    assert shapes_from(str(head)) == {"num_spec": 4, "window": 6, "row_bytes": len(R.TAPS) * R.HIDDEN * 2}

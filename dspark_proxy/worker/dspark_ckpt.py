@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CheckpointError", "DSparkSpec", "read_spec", "resolve_target", "load_tensors", "ROW_ITEMSIZE"]
+__all__ = ["CheckpointError", "DSparkSpec", "read_spec", "resolve_target", "load_tensors", "proxy_shapes",
+           "ROW_ITEMSIZE"]
 
 ROW_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}  # the row dtypes the drafter reads
 _REQUIRED = ("transformer_layer_config", "block_size", "aux_hidden_state_layer_ids", "draft_vocab_size",
@@ -145,6 +146,17 @@ def read_spec(head_dir: str | Path) -> DSparkSpec:
         target_hidden_size=ths if isinstance(ths, int) else None, verifier_path=verifier, hidden_size=hidden,
         n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv, head_dim=int(head_dim), sliding=sliding,
         sliding_window=sw if isinstance(sw, int) and sw > 0 else None)
+
+
+def proxy_shapes(head_dir: str | Path, row_dtype: str = "bfloat16") -> dict[str, int]:
+    """num_spec, window and row_bytes a proxy shares with a worker serving this checkpoint (`start
+    --shapes-from CKPT_DIR`); a full-attention checkpoint has no window of its own (CheckpointError)."""
+    spec = read_spec(head_dir)
+    if spec.window is None:
+        raise CheckpointError(f"{spec.head_dir / 'config.json'}: field transformer_layer_config.sliding_window: "
+                              "its draft layers attend to the whole prefix; give --num-spec, --window and "
+                              "--row-bytes instead")
+    return {"num_spec": spec.num_spec, "window": spec.window, "row_bytes": spec.row_bytes(row_dtype)}
 
 
 def resolve_target(spec: DSparkSpec, target: str | None) -> Path:
