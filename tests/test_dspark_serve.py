@@ -14,6 +14,7 @@ from dspark_proxy import wire
 from dspark_proxy.commands.worker import worker
 from dspark_proxy.exitcodes import EXIT_STARTUP_FAILURE
 from dspark_proxy.worker.server import WorkerServer
+from dspark_proxy.worker.session import SLOT_OVERHEAD
 from dspark_proxy.worker.testing import RawPeer, make_entries
 
 from . import dspark_ref as R
@@ -154,10 +155,11 @@ def test_per_slot_keys_and_values_are_charged_to_the_memory_budget(made):
     srv.start()
     try:
         kv = 2 * 2 * 2 * 8 * 4  # layers x (k, v) x kv heads x head_dim x float32
-        assert srv.sessions.session_bytes(4) == 4 * 6 * (RB + kv)
+        assert srv.drafter.slot_bytes(6, RB) == 6 * (RB + kv)
+        assert srv.sessions.session_bytes(4) == 4 * (6 * (RB + kv) + SLOT_OVERHEAD)
     finally:
         srv.stop()
-    small = _server(made, memory_budget_bytes=4 * 6 * RB + 1)  # the rows fit, their keys and values do not
+    small = _server(made, memory_budget_bytes=4 * (6 * RB + SLOT_OVERHEAD))  # rows fit, their keys and values not
     with pytest.raises(ValueError, match="memory-budget-mb"):
         small.start()
     small.stop()
