@@ -170,3 +170,22 @@ def test_shapes_from_a_dspark_checkpoint(made):
 
     head, _ = made
     assert shapes_from(str(head)) == {"num_spec": 4, "window": 6, "row_bytes": len(R.TAPS) * R.HIDDEN * 2}
+
+
+def test_the_worker_command_takes_its_shapes_from_the_checkpoint(made):
+    """`worker --drafter dspark --head DIR` with no shape flags serves the checkpoint's N, W and rows."""
+    from dspark_proxy.launch import spawn_worker
+
+    head, target = made
+    w = spawn_worker("--drafter", "dspark", "--head", str(head), "--target", str(target), "--row-dtype", "float32",
+                     "--device", "cpu", "--max-reqs", "2", timeout_s=60.0)
+    try:
+        peer = RawPeer(int(w.address.rsplit(":", 1)[1]), wire.WireLayout(4, 6, RB, 2))
+        try:
+            msg = peer.handshake(tap_layers=tuple(R.TAPS), row_dtype="float32")
+            assert isinstance(msg, wire.Welcome) and (msg.num_spec, msg.window, msg.row_bytes) == (4, 6, RB)
+            assert msg.drafter.startswith("dspark") and msg.vocab_size == R.VOCAB
+        finally:
+            peer.close()
+    finally:
+        w.stop()
