@@ -66,10 +66,11 @@ def make_head(d: Path, target: Path, *, markov: str = "vanilla", rank: int = 8, 
 
 
 @torch.no_grad()
-def reference_drafts(m: DSparkDraftModel, rows: torch.Tensor, anchor: int, n: int, given: list[int] | None = None):
+def reference_drafts(m: DSparkDraftModel, rows: torch.Tensor, anchor: int, n: int, given: list[int] | None = None,
+                     start: int = 0):
     """Drafts, the logits each was chosen from and confidences for one request whose context is `rows`
-    [T, taps*H] at positions 0..T-1 and whose anchor token sits at position T. `given`: feed these
-    tokens back instead of the argmax (to check a sampled reply's q)."""
+    [T, taps*H] at positions start..start+T-1 and whose anchor token sits at position start+T. `given`:
+    feed these tokens back instead of the argmax (to check a sampled reply's q)."""
     c = m.config
     T, bs = rows.shape[0], c.block_size
     sw = m.sliding_window
@@ -77,7 +78,7 @@ def reference_drafts(m: DSparkDraftModel, rows: torch.Tensor, anchor: int, n: in
     tok = torch.full((1, bs), c.mask_token_id, dtype=torch.long)
     tok[0, 0] = anchor
     x = m.embed_tokens(tok)
-    pos = torch.cat([torch.arange(T), T + torch.arange(bs)])[None]
+    pos = start + torch.cat([torch.arange(T), T + torch.arange(bs)])[None]
     cos, sin = m.rotary_emb(x, pos)
     masks = []
     for i in range(len(m.layers)):

@@ -142,3 +142,30 @@ def test_n_out_cuts_the_drafts(tmp_path, target):
     finally:
         peer.close()
         srv.stop()
+
+
+def test_a_hostile_row_poisons_nothing_once_out_of_the_window(tmp_path, target):
+    """Rows of huge values (their keys and values overflow) give finite drafts, and a new request in
+    that slot, whose window is shorter than the ring, drafts as the reference does from its own rows
+    (the ring's older columns are masked, and must not reach it through softmax @ V either)."""
+    m = R.make_head(tmp_path / "head", target)
+    srv, lay, n = _serve(tmp_path / "head", target, m, 6)
+    peer = RawPeer(srv.port, lay)
+    g = torch.Generator().manual_seed(8)
+    flags = wire.RF_NEED_DRAFT | wire.RF_NEW_GEN
+    try:
+        peer.handshake()
+        bad = torch.full((6, RB // 4), 3e38)
+        e = make_entries([dict(slot=0, first_pos=0, n_rows=6, generation=1, flags=flags, anchor_token=4)])
+        r = peer.step(e, bad.numpy().view(np.uint8), 1)
+        assert np.isfinite(r.confidence).all() and ((r.draft_ids >= 0) & (r.draft_ids < R.VOCAB)).all()
+        good = torch.randn(2, RB // 4, generator=g)
+        e = make_entries([dict(slot=0, first_pos=0, n_rows=2, generation=2, flags=flags, anchor_token=4)])
+        r = peer.step(e, good.numpy().view(np.uint8), 2)
+        assert r.status[0] == wire.RS_PARTIAL_WINDOW
+        ref, _, ref_conf = R.reference_drafts(m, good, 4, n)
+        assert r.draft_ids[0].tolist() == ref
+        assert np.abs(r.confidence[0] - np.array(ref_conf)).max() <= TOL
+    finally:
+        peer.close()
+        srv.stop()

@@ -178,7 +178,8 @@ class DSparkDrafter:
             k = k * cos + _rot(k) * sin
             v = self._lin(h, p + "v_proj").view(-1, s.n_kv_heads, s.head_dim)
             out.append(torch.stack((k, v), dim=1))
-        return torch.stack(out, dim=1)
+        # a hostile row (huge values overflow fc) must not leave inf/nan keys in its slot's ring
+        return torch.nan_to_num(torch.stack(out, dim=1), nan=0.0, posinf=0.0, neginf=0.0)
 
     def project_rows(self, raw: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """A STEP's rows at their positions → what each slot keeps beside them: [k, kv_width] float32."""
@@ -197,7 +198,7 @@ class DSparkDrafter:
         (columns before its own rows hold whatever its ring does there; the mask hides them)."""
         W, B = self.window, len(items)
         cols = (apos[:, None] - wm + self._cols[None, :wm]) % W
-        win = np.empty((B, wm, self.kv_width), dtype=np.float32)
+        win = np.zeros((B, wm, self.kv_width), dtype=np.float32)
         for b, it in enumerate(items):
             if it.aux is not None:
                 win[b] = it.aux[cols[b]]
@@ -219,6 +220,9 @@ class DSparkDrafter:
         cos, sin = self._cos_sin(apos[:, None] + torch.arange(bs, device=self.device)[None, :])
         cos, sin = cos[:, :, None, :], sin[:, :, None, :]
         col = torch.arange(wm, device=self.device)[None, :]
+        # columns before a request's own rows are masked, and zeroed too: a masked value still meets a
+        # zero weight in softmax @ V, and 0 * (whatever a ring held there) must be 0
+        ctx = torch.where((col >= (wm - lens)[:, None])[:, :, None, None, None, None], ctx, 0.0)
         qi = torch.arange(bs, device=self.device)
         rep = s.n_heads // s.n_kv_heads
         for i in range(s.n_layers):
