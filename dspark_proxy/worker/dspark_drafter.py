@@ -291,6 +291,14 @@ class DSparkDrafter:
                            dtype=np.uint64).reshape(-1, 2)
             tt = torch.from_numpy(temps[sb]).to(dev, torch.float32)[:, None]
         kept = [] if self.keep_logits else None
+        need_probs = not s.enable_confidence_head or out.margin is not None or bool(sb.size)
+        tids: list[torch.Tensor] = []
+        confs: list[torch.Tensor] = []
+        margs: list[torch.Tensor] = []
+        sups: list[torch.Tensor] = []
+        qss: list[torch.Tensor] = []
+        if sb.size:
+            sbt = torch.from_numpy(sb).to(dev)
         prev = anchor
         state = None
         if s.markov_rank and s.markov_head_type == "rnn" and not s.sample_from_anchor:
@@ -300,34 +308,43 @@ class DSparkDrafter:
             logits = base[:, j] if bias is None else base[:, j] + bias
             if kept is not None:
                 kept.append(logits.cpu())
-            probs = torch.softmax(logits, dim=-1)
-            top2 = torch.topk(probs, min(2, probs.shape[-1]), dim=-1)
             choice = torch.argmax(logits, dim=-1)
-            c = top2.values[:, 0]
-            mg = top2.values[:, 0] - (top2.values[:, 1] if probs.shape[-1] > 1 else 0.0)
+            c = mg = None
+            if need_probs:  # the draft's probability (no confidence head) and top1 - top2 (margin)
+                top2 = torch.topk(logits, min(2, logits.shape[-1]), dim=-1).values
+                lse = torch.logsumexp(logits, dim=-1)
+                c = torch.exp(top2[:, 0] - lse)
+                mg = c - (torch.exp(top2[:, 1] - lse) if logits.shape[-1] > 1 else 0.0)
             if sb.size:
-                sbt = torch.from_numpy(sb).to(dev)
                 k = min(TOP_K, logits.shape[-1])
                 lv, li = torch.topk(logits[sbt] / tt, k, dim=-1)
                 qs = torch.softmax(lv, dim=-1)
                 u = torch.from_numpy(seeded_uniform(key[:, 0], key[:, 1], j)).to(dev, torch.float64)
                 below = torch.cumsum(qs.double(), dim=-1) < (u * qs.double().sum(-1))[:, None]
                 kk = torch.clamp(below.sum(-1), max=k - 1)
-                pick = li.gather(1, kk[:, None])[:, 0]
                 choice = choice.clone()
-                choice[sbt] = pick
+                choice[sbt] = li.gather(1, kk[:, None])[:, 0]
                 c = c.clone()
                 c[sbt] = qs.gather(1, kk[:, None])[:, 0]
-                sup[sb, j, :k] = self._to_target(li).cpu().numpy()
-                q[sb, j, :k] = qs.cpu().numpy()
+                sups.append(self._to_target(li))
+                qss.append(qs)
             tid = self._to_target(choice)
             if s.enable_confidence_head:
                 feat = hs[:, j] if not s.confidence_head_with_markov else torch.cat((hs[:, j], emb), dim=-1)
                 c = torch.sigmoid(self._lin(feat, "confidence_head.proj")[:, 0])
-            ids[:, j] = tid.cpu().numpy()
-            conf[:, j] = c.float().cpu().numpy()
-            marg[:, j] = mg.float().cpu().numpy()
+            tids.append(tid)
+            confs.append(c)
+            margs.append(mg if mg is not None else c)
             prev = tid
+        # one copy to the host for the whole block (a copy a position is a device sync each)
+        ids[:, :n] = torch.stack(tids, dim=1).cpu().numpy()
+        conf[:, :n] = torch.stack(confs, dim=1).float().cpu().numpy()
+        if out.margin is not None:
+            marg[:, :n] = torch.stack(margs, dim=1).float().cpu().numpy()
+        if sb.size:
+            kk_n = sups[0].shape[1]
+            sup[sb, :n, :kk_n] = torch.stack(sups, dim=1).cpu().numpy()
+            q[sb, :n, :kk_n] = torch.stack(qss, dim=1).cpu().numpy()
         if kept is not None:
             self.last_logits = torch.stack(kept, dim=1)
         cut = np.arange(N)[None, :] >= n_out[:, None]
