@@ -39,7 +39,7 @@ def target(tmp_path_factory):
 def _serve(head_dir, target, m, window, sampled=False):
     n = m.config.block_size if m.config.sample_from_anchor else m.config.block_size - 1
     srv = WorkerServer("127.0.0.1", 0, num_spec=n, window=window, row_bytes=RB, max_reqs=4, drafter="dspark",
-                       head=str(head_dir), target=str(target), row_dtype="float32", torch_device="cpu",
+                       weights=str(head_dir), target=str(target), row_dtype="float32", torch_device="cpu",
                        sampled=sampled)
     srv.start()
     srv.drafter.keep_logits = True

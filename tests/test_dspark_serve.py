@@ -106,7 +106,7 @@ def test_full_attention_checkpoint_needs_a_window(tmp_path, made):
 def _server(made, **kw):
     head, target = made
     srv = WorkerServer("127.0.0.1", 0, num_spec=4, window=6, row_bytes=RB, max_reqs=4, drafter="dspark",
-                       head=str(head), target=str(target), row_dtype="float32", torch_device="cpu", **kw)
+                       weights=str(head), target=str(target), row_dtype="float32", torch_device="cpu", **kw)
     return srv
 
 
