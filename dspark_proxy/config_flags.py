@@ -101,7 +101,7 @@ def shapes_from(path: str, flag: str = "--shapes-from") -> dict[str, int]:
         try:
             return proxy_shapes(path)
         except ValueError as e:
-            raise ConfigError(f"--shapes-from {e}", "shapes_from") from None
+            raise ConfigError(f"{flag} {e}", "shapes_from") from None
     if not os.path.isfile(p):
         raise ConfigError(f"{flag} {path}: no {MANIFEST_NAME} there (give a drafter head's directory "
                           f"or its manifest)", "shapes_from")
