@@ -109,7 +109,8 @@ class TcpDraftClient:
     def __init__(self, host: str, port: int, *, max_reqs: int, num_spec: int, window: int, row_bytes: int,
                  sampled: bool = False, token: bytes | None = None, connect_timeout_s: float = 1.0,
                  max_frame_bytes: int = 64 << 20, backoff_s: tuple[float, float] = (0.05, 1.0),
-                 max_consecutive_timeouts: int = 3, client_id: str | None = None, target_id: str = "") -> None:
+                 max_consecutive_timeouts: int = 3, client_id: str | None = None, target_id: str = "",
+                 tap_layers: tuple[int, ...] = (), row_dtype: str = "") -> None:
         self.host = host
         self.port = port
         self.layout = WireLayout(num_spec=num_spec, window=window, row_bytes=row_bytes, max_reqs=max_reqs,
@@ -122,6 +123,8 @@ class TcpDraftClient:
         self.disabled_retry_s = 2.0  # a refused handshake (mismatch, auth) is tried again this often
         self.client_id = client_id or f"dspark-proxy pid={os.getpid()}"
         self.target_id = target_id  # named in the HELLO (set_target_id changes it)
+        self.tap_layers = tuple(tap_layers)  # named in the HELLO: the row layout the engine taps ("" / (): unsaid)
+        self.row_dtype = row_dtype
         self._retry = threading.Event()  # wakes a disabled client's wait early (set_target_id, stop)
         self.counters: Counter[str] = Counter()
         self.disabled = False
@@ -492,7 +495,8 @@ class TcpDraftClient:
                                                   window=lay.window, row_bytes=lay.row_bytes,
                                                   max_reqs=lay.max_reqs, sampled=lay.sampled,
                                                   client_id=self.client_id[:256], nonce=cn,
-                                                  target_id=tid))], deadline)
+                                                  target_id=tid, tap_layers=self.tap_layers,
+                                                  row_dtype=self.row_dtype))], deadline)
             msg = self._recv_control(conn, deadline)
             if isinstance(msg, Challenge):
                 if self.token is None:

@@ -77,6 +77,7 @@ _MAX_ROW_BYTES = 1 << 30
 _MIB = 1 << 20
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+RowDtype = Literal["bfloat16", "float16", "float32"]
 Drafter = Literal[DRAFTER_NAMES]  # the drafters table (worker/drafters.py)
 
 Source = Literal["cli", "env", "file", "head", "default"]  # head: a head's manifest (--head, --shapes-from)
@@ -384,9 +385,19 @@ class WorkerConfig(LayoutConfig):
                                  _Range(0, 1 << 30))
     max_window: int = _opt(_MAX_WINDOW, "Largest window a proxy's HELLO may ask (with --adopt-shapes); past it the "
                            "handshake is refused naming window.", _Range(1, 1 << 20))
-    device: str = _opt("cpu", "Torch device for the torch drafter: cpu (its head runs in numpy on the CPU; others are refused).")
-    head: str | None = _opt(None, "Torch drafter head: a train-drafter directory (head.safetensors + "
-                            "manifest.json) or its .safetensors file.", alias="weights")
+    device: str = _opt("auto", "Torch device: cpu, cuda or cuda:K; auto: the dspark drafter on CUDA when present, "
+                       "else the CPU (the torch drafter's head runs in numpy on the CPU; others are refused).")
+    head: str | None = _opt(None, "The head: for --drafter torch a train-drafter directory (head.safetensors + "
+                            "manifest.json) or its .safetensors file; for --drafter dspark a speculators DSpark "
+                            "checkpoint directory (config.json + safetensors), whose N, window (sliding_window) "
+                            "and row layout are the worker's.", alias="weights")
+    target: str | None = _opt(None, "Dspark drafter: the target model directory its embedding (and lm_head) "
+                              "come from (default: the checkpoint's speculators_config.verifier.name_or_path, "
+                              "relative to the current directory or the repository root).")
+    row_dtype: RowDtype = _opt("bfloat16", "Dspark drafter: the dtype of the rows the engine sends.")
+    gpu_memory_budget_mb: int = _opt(0, "Dspark drafter on CUDA: MiB of device memory for the weights and a "
+                                     "round's largest batch; past it the worker refuses to start (0: unchecked).",
+                                     _Range(0, 1 << 30))
     random_weights: bool = _opt(False, "Let --drafter torch serve seeded random weights without --head (a smoke "
                                 "test: nearly every draft is rejected).")
     seed: int = _opt(0, "Seed of the torch drafter's random weights (--random-weights).", _Range(0, 2**63 - 1))

@@ -95,6 +95,13 @@ def shapes_from(path: str, flag: str = "--shapes-from") -> dict[str, int]:
     from .model.manifest import MANIFEST_NAME, HeadManifest
 
     p = os.path.join(path, MANIFEST_NAME) if os.path.isdir(path) else path
+    if os.path.isdir(path) and not os.path.isfile(p) and os.path.isfile(os.path.join(path, "config.json")):
+        from .worker.dspark_ckpt import proxy_shapes  # a speculators DSpark checkpoint (JSON only)
+
+        try:
+            return proxy_shapes(path)
+        except ValueError as e:
+            raise ConfigError(f"{flag} {e}", "shapes_from") from None
     if not os.path.isfile(p):
         raise ConfigError(f"{flag} {path}: no {MANIFEST_NAME} there (give a drafter head's directory "
                           f"or its manifest)", "shapes_from")

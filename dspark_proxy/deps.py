@@ -41,3 +41,7 @@ def worker_needs(cfg: Any) -> None:
         require("torch", extra="torch", what="--drafter torch")
         if getattr(cfg, "head", None):
             require("safetensors", extra="model", what="--drafter torch --head (a saved head)")
+    if getattr(cfg, "drafter", None) == "dspark":
+        require("torch", extra="torch", what="--drafter dspark")
+        require("safetensors", extra="model", what="--drafter dspark (a speculators checkpoint)")
+        require("transformers", extra="model", what="--drafter dspark (its rotary embedding)")

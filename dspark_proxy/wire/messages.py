@@ -55,7 +55,10 @@ _Text = Annotated[str, msgspec.Meta(max_length=4096)]
 class Hello(msgspec.Struct, frozen=True, tag="hello"):
     """Client → worker: the layout the client will use, and its nonce for the worker's proof.
     `target_id`: the target model the engine names (attach(..., target_id=...)), "" = none; a field
-    with a default, so a HELLO without it decodes as "" and the protocol version stays 1."""
+    with a default, so a HELLO without it decodes as "" and the protocol version stays 1. `tap_layers`
+    (the target layers whose hidden states make a row, in order) and `row_dtype` (bfloat16, float16 or
+    float32) are defaulted the same way: empty = not said, served unchecked; a worker whose drafter
+    fixes them refuses others, naming the field and both values."""
 
     protocol_version: _U31
     num_spec: _U31
@@ -66,6 +69,8 @@ class Hello(msgspec.Struct, frozen=True, tag="hello"):
     client_id: _Name
     nonce: _Nonce
     target_id: _Name = ""
+    tap_layers: Annotated[tuple[Annotated[int, msgspec.Meta(ge=-1, le=65535)], ...], msgspec.Meta(max_length=64)] = ()
+    row_dtype: Annotated[str, msgspec.Meta(max_length=16)] = ""
 
 
 class Challenge(msgspec.Struct, frozen=True, tag="challenge"):

@@ -132,10 +132,17 @@ def _make_integrity(*, num_spec: int, window: int, **_: object) -> Drafter:
     return IntegrityDrafter(num_spec, window)
 
 
-def _make_torch(**kw: object) -> Drafter:
+def _make_torch(*, device: str = "cpu", head: str | None = None, target: str | None = None, row_dtype: str = "",
+                gpu_memory_budget_mb: int = 0, max_reqs: int = 0, **kw: object) -> Drafter:
     from .torch_drafter import TorchDrafter  # lazy: torch only when this drafter is chosen
 
-    return TorchDrafter(**kw)
+    return TorchDrafter(device="cpu" if device in ("", "auto") else device, **kw)
+
+
+def _make_dspark(*, weights: str | None = None, head: str | None = None, seed: int = 0, **kw: object) -> Drafter:
+    from .dspark_drafter import DSparkDrafter  # lazy: torch only when this drafter is chosen
+
+    return DSparkDrafter(head=head or weights, **kw)
 
 
 @dataclass(frozen=True)
@@ -150,15 +157,18 @@ class DrafterEntry:
 # The drafters, in one table: --drafter's choices and help, make_drafter and the worker read it.
 DRAFTERS: dict[str, DrafterEntry] = {
     "integrity": DrafterEntry("the test oracle", _make_integrity),
-    "torch": DrafterEntry("a DSpark-style head", _make_torch),
+    "torch": DrafterEntry("our carry head, from train-drafter's manifest", _make_torch),
+    "dspark": DrafterEntry("a speculators DSpark checkpoint, --head DIR", _make_dspark),
 }
 DRAFTER_NAMES: tuple[str, ...] = tuple(DRAFTERS)
 
 
 def make_drafter(name: str, *, num_spec: int, window: int, row_bytes: int, device: str = "cpu",
-                 weights: str | None = None, seed: int = 0) -> Drafter:
+                 weights: str | None = None, seed: int = 0, **extra: object) -> Drafter:
+    """extra: the settings only some drafters read (the dspark drafter's head, target, row_dtype,
+    gpu_memory_budget_mb, max_reqs); each drafter's maker takes what it needs."""
     entry = DRAFTERS.get(name)
     if entry is None:
         raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
     return entry.make(num_spec=num_spec, window=window, row_bytes=row_bytes, device=device, weights=weights,
-                      seed=seed)
+                      seed=seed, **extra)

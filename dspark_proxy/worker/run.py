@@ -60,6 +60,8 @@ def head_shapes(cfg: WorkerConfig, sources: Mapping[str, str]) -> WorkerConfig:
     """A torch head's manifest fixes its N, window and row bytes (worker/terms.py): those the command
     line, environment and file left at their defaults are taken from it, so `worker --drafter torch
     --head DIR` needs no shape flags; one given explicitly is still checked against it at start."""
+    if cfg.drafter == "dspark":
+        return _dspark_shapes(cfg, sources)
     if cfg.drafter != "torch" or not cfg.head:
         return cfg
     from ..model.manifest import load_head_manifest  # no torch: the manifest is JSON
@@ -69,6 +71,29 @@ def head_shapes(cfg: WorkerConfig, sources: Mapping[str, str]) -> WorkerConfig:
     if take:
         log.info("[worker] shapes from the head's manifest: %s", " ".join(f"{k}={v}" for k, v in take.items()))
     return dataclasses.replace(cfg, **take)
+
+
+def _dspark_shapes(cfg: WorkerConfig, sources: Mapping[str, str]) -> WorkerConfig:
+    """A DSpark checkpoint fixes N (block_size, less the anchor when it is the bonus token), the row
+    bytes (tapped layers x hidden x --row-dtype) and, when every draft layer slides, the window; a
+    full-attention checkpoint needs --window (exact only for contexts <= W; the drafter says so)."""
+    from .dspark_ckpt import read_spec  # JSON only: no torch
+
+    head = cfg.head
+    if not head:
+        raise ValueError("head: --drafter dspark needs --head CKPT_DIR (a speculators checkpoint directory)")
+    spec = read_spec(head)
+    want = {"num_spec": spec.num_spec, "row_bytes": spec.row_bytes(cfg.row_dtype)}
+    if spec.window is not None:
+        want["window"] = spec.window
+    elif sources.get("window", "default") == "default":
+        raise ValueError(f"window: {spec.head_dir / 'config.json'}: its draft layers attend to the whole prefix "
+                         "(no sliding_window on every layer); give --window W, the rows kept a request (drafts "
+                         "are then exact only for contexts <= W)")
+    take = {k: v for k, v in want.items() if sources.get(k, "default") == "default"}
+    if take:
+        log.info("[worker] shapes from the dspark checkpoint: %s", " ".join(f"{k}={v}" for k, v in take.items()))
+    return dataclasses.replace(cfg, head=head, **take)
 
 
 def run_worker(cfg: WorkerConfig, *, token: bytes | None = None, install_signals: bool = True) -> None:

@@ -59,7 +59,7 @@ def serve_step(session: Session, entries: np.ndarray, rows: np.ndarray, sample_m
     meta = sample_meta
     items: list[DraftItem] = []
     with draft_lock if draft_lock is not None else contextlib.nullcontext():  # the drafter's kernels, one caller
-        aux, failed = _transforms(drafter, rows, counters, drafter_name)
+        aux, failed = _transforms(drafter, rows, counters, drafter_name, entries)
     ends_crc: list[tuple[int, int]] = []  # per item: (A(a - 1), A(hi - 1)) of its slot's CRC chain
     status, held = [RS_BAD_ENTRY] * n, [0] * n
     end = 0
@@ -101,13 +101,20 @@ def serve_step(session: Session, entries: np.ndarray, rows: np.ndarray, sample_m
         _fail(items, out)
 
 
-def _transforms(drafter: Drafter, rows: np.ndarray, counters: MutableMapping[str, int], drafter_name: str
-                ) -> tuple[np.ndarray | None, bool]:
-    """(the drafter's per-row transforms of the STEP's rows, or None; True when computing them raised)."""
+def _transforms(drafter: Drafter, rows: np.ndarray, counters: MutableMapping[str, int], drafter_name: str,
+                entries: np.ndarray) -> tuple[np.ndarray | None, bool]:
+    """(the drafter's per-row transforms of the STEP's rows, or None; True when computing them raised).
+    A transform that depends on the row's position (`project_rows.needs_positions`: the dspark drafter's
+    rotary keys) gets each row's position too, first_pos + its offset in its entry."""
     project = getattr(drafter, "project_rows", None)
     if project is None or not rows.shape[0]:
         return None, False
     try:
+        if getattr(project, "needs_positions", False):
+            k = entries["n_rows"].astype(np.int64)
+            starts = np.cumsum(k) - k
+            pos = np.repeat(entries["first_pos"].astype(np.int64) - starts, k) + np.arange(int(k.sum()))
+            return project(rows, pos[:rows.shape[0]]), False
         return project(rows), False
     except Exception:
         log.exception("[worker] drafter %s failed to transform %d rows", drafter_name or drafter.name, rows.shape[0])

@@ -92,7 +92,8 @@ class WorkerServer:
                  max_sessions: int = 64, max_connections: int = 64, max_frame_bytes: int | None = None,
                  handshake_timeout_s: float = 1.0, memory_budget_bytes: int | None = None,
                  max_sessions_per_conn: int = 4, max_handshakes: int = 16, adopt_shapes: bool = True,
-                 max_window: int = MAX_WINDOW) -> None:
+                 max_window: int = MAX_WINDOW, target: str | None = None,
+                 row_dtype: str = "bfloat16", gpu_memory_budget_mb: int = 0) -> None:
         self.layout = WireLayout(num_spec=num_spec, window=window, row_bytes=row_bytes, max_reqs=max_reqs,
                                  sampled=sampled)
         if token is not None and len(token) == 0:
@@ -132,7 +133,8 @@ class WorkerServer:
         self.budget_bytes = self.sessions.budget_bytes = budget
         self._check_budget()
         self._drafter_args = dict(num_spec=num_spec, window=window, row_bytes=row_bytes, device=torch_device,
-                                  weights=weights, seed=seed)
+                                  weights=weights, seed=seed, target=target, row_dtype=row_dtype,
+                                  gpu_memory_budget_mb=gpu_memory_budget_mb, max_reqs=max_reqs)
         self._served: OrderedDict[tuple[int, int, int], _Served] = OrderedDict()  # by (N, W, row_bytes)
         self._served_lock = threading.Lock()
         self._draft_lock = threading.Lock()
@@ -162,6 +164,8 @@ class WorkerServer:
     @property
     def drafter_identity(self) -> str:
         a = self._drafter_args
+        if self.drafter_name == "dspark":
+            return f"dspark head={a['weights']}"
         extra = f" weights={a['weights']}" if a["weights"] else f" seed={a['seed']}"
         return self.drafter_name + ("" if self.drafter_name == "integrity" else extra)
 

@@ -87,7 +87,21 @@ def agree(hello: Hello, own: WireLayout, *, drafter: Any, adopt: bool = True,
                           f"{hello.row_bytes} = {need} bytes a session (rows, chains, the drafter's state), "
                           f"worker's memory budget {budget_bytes} bytes (--memory-budget-mb)")
     _check_target(hello, drafter, peer)
+    _check_rows(hello, drafter)
     return WireLayout(hello.num_spec, hello.window, hello.row_bytes, hello.max_reqs, hello.sampled)
+
+
+def _check_rows(hello: Hello, drafter: Any) -> None:
+    """The row layout a drafter reads (its `tap_layers`, `row_dtype`) against the HELLO's, where both say."""
+    taps = tuple(getattr(drafter, "tap_layers", ()) or ())
+    got = tuple(getattr(hello, "tap_layers", ()) or ())
+    if taps and got and got != taps:
+        raise Refused("tap_layers", f"tap_layers: client {list(got)}, worker {list(taps)} (the "
+                      f"{getattr(drafter, 'name', 'drafter')} drafter's checkpoint)")
+    mine = getattr(drafter, "row_dtype", "") if taps else ""
+    said = getattr(hello, "row_dtype", "")
+    if mine and said and said != mine:
+        raise Refused("row_dtype", f"row_dtype: client {said}, worker {mine} (--row-dtype)")
 
 
 def _check_target(hello: Hello, drafter: Any, peer: object) -> None:

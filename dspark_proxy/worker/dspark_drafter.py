@@ -1,0 +1,389 @@
+"""The `dspark` drafter: a speculators DSpark checkpoint (worker/dspark_ckpt.py) served over the protocol,
+in torch, on the CPU or CUDA (docs/dspark.md, "Serve your DSpark head").
+
+What it computes, for a request whose window holds the rows of positions a-w .. a-1 and whose anchor
+token sits at position a (the reference's drafting step, as vLLM's DSpark speculator runs it):
+- each row (the tapped layers' hidden states) goes through `fc` and `hidden_norm`, and each draft
+  layer's k_proj/k_norm/rotary (at the row's own position) and v_proj give its context keys and values.
+  That is per row, so it is done once, when the row arrives (`project_rows`), and each slot keeps it
+  beside its rows (worker/session.py, `SlotWindow.aux`): a round computes its new rows only;
+- the block (the anchor, then `mask_token_id`) at positions a .. a+block_size-1 passes through the
+  draft layers once, attending to the context rows (a sliding layer to its last `sliding_window`) and
+  to the block (all of it for full-attention layers and non-causal sliding ones, the positions up to
+  its own otherwise), batched over the round's requests; `norm` and `lm_head` give each position's
+  base logits over the draft vocabulary;
+- left to right over the drafts, the Markov head adds its bias from the previous token (the anchor,
+  then each draft fed back, as target ids), vanilla, gated or rnn (its state carried, the anchor slot
+  included when sample_from_anchor is false); the confidence head gives each draft's confidence
+  (sigmoid), else the draft's softmax probability. Draft j reads block position j (sample_from_anchor)
+  or j + 1 (the anchor is the bonus token). Only the first n_out drafts are computed.
+In sampled mode a request with temperature t > 0 draws each draft from the top-32 of softmax(logits/t)
+renormalised, with a uniform that is a function of (seed, anchor position, j) alone (torch_drafter's
+`seeded_uniform`), and the reply's support and q are that distribution, so rejection sampling against
+it stays lossless.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from ..wire import TOP_K, ReplyWriter
+from .drafters import DraftItem
+from .dspark_ckpt import ROW_ITEMSIZE, CheckpointError, load_tensors, read_spec, resolve_target
+
+__all__ = ["DSparkDrafter"]
+
+log = logging.getLogger("dspark_proxy.worker.server")
+
+_TORCH_ROW = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_said_full_attention: set[str] = set()  # "exact only for contexts <= W", said once per checkpoint
+
+
+def _pick_device(device: str) -> torch.device:
+    if device in ("", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    d = torch.device(device)
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise CheckpointError(f"device {device!r}: this torch has no CUDA device (--device cpu)")
+    return d
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _rot(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+class DSparkDrafter:
+    """A DSpark checkpoint as a worker drafter. Its N, window and row layout are the checkpoint's."""
+
+    name = "dspark"
+    fixes = ("num_spec", "window", "row_bytes")  # worker/terms.py: a HELLO with others is refused
+
+    def __init__(self, *, num_spec: int, window: int, row_bytes: int, head: str | None = None,
+                 target: str | None = None, device: str = "auto", row_dtype: str = "bfloat16",
+                 gpu_memory_budget_mb: int = 0, max_reqs: int = 64, **_: object) -> None:
+        if not head:
+            raise CheckpointError("head: the dspark drafter needs --head CKPT_DIR (a speculators checkpoint)")
+        if row_dtype not in ROW_ITEMSIZE:
+            raise CheckpointError(f"row_dtype: expected one of {', '.join(ROW_ITEMSIZE)}, got {row_dtype!r}")
+        spec = read_spec(head)
+        self.spec = spec
+        self.row_dtype = row_dtype
+        self.num_spec = spec.num_spec
+        if num_spec != spec.num_spec:
+            raise CheckpointError(f"num_spec: worker {num_spec}, checkpoint {spec.head_dir / 'config.json'} "
+                                  f"{spec.num_spec} (block_size {spec.block_size}, sample_from_anchor "
+                                  f"{str(spec.sample_from_anchor).lower()})")
+        if spec.window is not None and window != spec.window:
+            raise CheckpointError(f"window: worker {window}, checkpoint {spec.head_dir / 'config.json'} "
+                                  f"transformer_layer_config.sliding_window {spec.window}")
+        self.window = window
+        self.row_bytes = spec.row_bytes(row_dtype)
+        if row_bytes != self.row_bytes:
+            raise CheckpointError(f"row_bytes: worker {row_bytes}, checkpoint {spec.head_dir / 'config.json'} "
+                                  f"{self.row_bytes} ({len(spec.aux_layer_ids)} tapped layers x hidden "
+                                  f"{spec.hidden_size} x {row_dtype})")
+        self.tap_layers = spec.aux_layer_ids
+        self.target_dir = resolve_target(spec, target)
+        self.device = _pick_device(device)
+        t = load_tensors(spec, self.target_dir)
+        self._budget_check(t, gpu_memory_budget_mb, max_reqs)
+        self.t = {k: v.to(self.device) for k, v in t.items()}
+        self.vocab_size = spec.vocab_size  # support ids are target ids (WELCOME's vocab_size)
+        self.eps = float(spec.layer.get("rms_norm_eps", 1e-6))
+        self.scaling = spec.head_dim ** -0.5
+        self.kv_width = spec.n_layers * 2 * spec.n_kv_heads * spec.head_dim  # float32 values a row keeps
+        self._rope = self._make_rope()
+        self._cols = np.arange(window)
+        self.rows_projected = 0
+        self.keep_logits = False  # tests: keep each round's logits (last_logits, [B, n, draft vocab] float32)
+        self.last_logits: torch.Tensor | None = None
+        if spec.window is None and str(spec.head_dir) not in _said_full_attention:
+            _said_full_attention.add(str(spec.head_dir))
+            log.warning("[worker] dspark head %s: its draft layers use full attention over the whole prefix; "
+                        "served with the last W=%d rows, its drafts are exact only for contexts <= %d",
+                        spec.head_dir, window, window)
+        log.info("[worker] dspark head=%s target=%s device=%s N=%d W=%d taps=%s row_dtype=%s markov=%s/%d "
+                 "confidence_head=%s", spec.head_dir, self.target_dir, self.device, self.num_spec, window,
+                 list(self.tap_layers), row_dtype, spec.markov_head_type, spec.markov_rank,
+                 spec.enable_confidence_head)
+
+    # -- accounting -----------------------------------------------------------------------------------
+    def slot_bytes(self, window: int, row_bytes: int) -> int:
+        """Host bytes one slot holds: its window's rows and each row's context keys and values (float32)."""
+        return window * (row_bytes + self.kv_width * 4)
+
+    def _budget_check(self, t: dict, budget_mb: int, max_reqs: int) -> None:
+        """Device memory: the weights, and a round's largest context (max_reqs windows of keys and values,
+        with the block's activations, twice over), against --gpu-memory-budget-mb (0: unchecked)."""
+        if budget_mb <= 0 or self.device.type != "cuda":
+            return
+        s = self.spec
+        weights = sum(v.numel() * 4 for v in t.values())
+        per_req = (self.window + s.block_size) * (s.n_layers * 2 * s.n_kv_heads * s.head_dim
+                                                  + s.n_heads * s.block_size + s.hidden_size) * 4
+        need = weights + 2 * max_reqs * per_req + max_reqs * s.block_size * s.draft_vocab_size * 4
+        if need > budget_mb << 20:
+            raise CheckpointError(f"gpu_memory_budget_mb: the head needs about {need >> 20} MiB on {self.device} "
+                                  f"({weights >> 20} MiB weights, the rest a round of {max_reqs} requests); "
+                                  f"the budget is {budget_mb} MiB (raise --gpu-memory-budget-mb or lower --max-reqs)")
+
+    # -- rotary ---------------------------------------------------------------------------------------
+    def _make_rope(self):
+        """The reference's rotary embedding (transformers' Qwen3 rotary over the layer config)."""
+        from transformers import AutoConfig
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+        layer = dict(self.spec.layer)
+        rp = layer.get("rope_parameters")
+        if isinstance(rp, dict) and "sliding_attention" in rp:
+            layer["rope_parameters"] = rp["sliding_attention"]
+        cfg = AutoConfig.for_model(layer.get("model_type", "qwen3")).__class__(**layer)
+        return Qwen3RotaryEmbedding(cfg).to(self.device)
+
+    def _cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [*pos.shape, head_dim] for int64 positions of any shape."""
+        flat = pos.reshape(1, -1)
+        dummy = torch.empty(0, dtype=torch.float32, device=self.device)
+        cos, sin = self._rope(dummy, flat)
+        return cos.reshape(*pos.shape, -1), sin.reshape(*pos.shape, -1)
+
+    # -- rows -> context keys and values ----------------------------------------------------------------
+    def _rows_to_float(self, raw: np.ndarray) -> torch.Tensor:
+        x = torch.from_numpy(np.ascontiguousarray(raw)).to(self.device)
+        x = x.view(_TORCH_ROW[self.row_dtype]).float()
+        return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+
+    @torch.no_grad()
+    def _context_kv(self, raw: np.ndarray, pos: np.ndarray) -> torch.Tensor:
+        """Rows [k, row_bytes] at positions pos → [k, L, 2, n_kv, head_dim] float32 keys (normed and
+        rotated) and values of every draft layer."""
+        s, t = self.spec, self.t
+        self.rows_projected += raw.shape[0]
+        h = _rms(self._rows_to_float(raw) @ t["fc.weight"].T, t["hidden_norm.weight"], self.eps)
+        cos, sin = self._cos_sin(torch.from_numpy(np.asarray(pos, dtype=np.int64)).to(self.device))
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        out = []
+        for i in range(s.n_layers):
+            p = f"layers.{i}.self_attn."
+            k = self._lin(h, p + "k_proj").view(-1, s.n_kv_heads, s.head_dim)
+            k = _rms(k, t[p + "k_norm.weight"], self.eps)
+            k = k * cos + _rot(k) * sin
+            v = self._lin(h, p + "v_proj").view(-1, s.n_kv_heads, s.head_dim)
+            out.append(torch.stack((k, v), dim=1))
+        # a hostile row (huge values overflow fc) must not leave inf/nan keys in its slot's ring
+        return torch.nan_to_num(torch.stack(out, dim=1), nan=0.0, posinf=0.0, neginf=0.0)
+
+    def project_rows(self, raw: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """A STEP's rows at their positions → what each slot keeps beside them: [k, kv_width] float32."""
+        return self._context_kv(raw, positions).reshape(raw.shape[0], -1).cpu().numpy()
+
+    project_rows.needs_positions = True  # type: ignore[attr-defined]  # worker/serve.py passes them
+
+    def _lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        y = x @ self.t[name + ".weight"].T
+        b = self.t.get(name + ".bias")
+        return y if b is None else y + b
+
+    # -- drafting -------------------------------------------------------------------------------------
+    def _windows(self, items: list[DraftItem], apos: np.ndarray, wm: int) -> torch.Tensor:
+        """[B, wm, L, 2, n_kv, hd]: each request's last wm context rows' keys and values, right-aligned
+        (columns before its own rows hold whatever its ring does there; the mask hides them)."""
+        W, B = self.window, len(items)
+        cols = (apos[:, None] - wm + self._cols[None, :wm]) % W
+        win = np.zeros((B, wm, self.kv_width), dtype=np.float32)
+        for b, it in enumerate(items):
+            if it.aux is not None:
+                win[b] = it.aux[cols[b]]
+            else:  # no keys kept for this window (rows applied while projecting failed): from its rows
+                pos = np.arange(it.anchor_pos - it.w, it.anchor_pos)
+                win[b, wm - it.w:] = self.project_rows(np.concatenate(it.segments), pos)
+        s = self.spec
+        return torch.from_numpy(win).to(self.device).view(B, wm, s.n_layers, 2, s.n_kv_heads, s.head_dim)
+
+    @torch.no_grad()
+    def block_hidden(self, ctx: torch.Tensor, lens: torch.Tensor, anchor: torch.Tensor, apos: torch.Tensor
+                     ) -> torch.Tensor:
+        """The block's parallel pass: [B, block_size, H] after `norm` (ctx: [B, wm, L, 2, n_kv, hd])."""
+        s, t = self.spec, self.t
+        B, wm, bs = ctx.shape[0], ctx.shape[1], s.block_size
+        tok = torch.full((B, bs), s.mask_token_id, dtype=torch.long, device=self.device)
+        tok[:, 0] = anchor
+        x = t["embed_tokens.weight"][tok]
+        cos, sin = self._cos_sin(apos[:, None] + torch.arange(bs, device=self.device)[None, :])
+        cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+        col = torch.arange(wm, device=self.device)[None, :]
+        # columns before a request's own rows are masked, and zeroed too: a masked value still meets a
+        # zero weight in softmax @ V, and 0 * (whatever a ring held there) must be 0
+        ctx = torch.where((col >= (wm - lens)[:, None])[:, :, None, None, None, None], ctx, 0.0)
+        qi = torch.arange(bs, device=self.device)
+        rep = s.n_heads // s.n_kv_heads
+        for i in range(s.n_layers):
+            p = f"layers.{i}."
+            seen = lens if not s.sliding[i] else torch.clamp(lens, max=s.sliding_window)
+            ctx_ok = (col >= (wm - seen)[:, None])[:, None, :].expand(B, bs, wm)
+            blk_ok = (qi[None, :] <= qi[:, None]) if s.sliding[i] and not s.sliding_window_non_causal else \
+                torch.ones(bs, bs, dtype=torch.bool, device=self.device)
+            ok = torch.cat((ctx_ok, blk_ok[None].expand(B, bs, bs)), dim=2)[:, None]  # [B, 1, bs, wm + bs]
+            xn = _rms(x, t[p + "input_layernorm.weight"], self.eps)
+            a = p + "self_attn."
+            q = _rms(self._lin(xn, a + "q_proj").view(B, bs, s.n_heads, s.head_dim), t[a + "q_norm.weight"], self.eps)
+            q = q * cos + _rot(q) * sin
+            k = _rms(self._lin(xn, a + "k_proj").view(B, bs, s.n_kv_heads, s.head_dim), t[a + "k_norm.weight"],
+                     self.eps)
+            k = k * cos + _rot(k) * sin
+            v = self._lin(xn, a + "v_proj").view(B, bs, s.n_kv_heads, s.head_dim)
+            K = torch.cat((ctx[:, :, i, 0], k), dim=1).transpose(1, 2).repeat_interleave(rep, dim=1)
+            V = torch.cat((ctx[:, :, i, 1], v), dim=1).transpose(1, 2).repeat_interleave(rep, dim=1)
+            sc = (q.transpose(1, 2) @ K.transpose(2, 3)) * self.scaling
+            sc = sc.masked_fill(~ok, float("-inf"))
+            o = (torch.softmax(sc, dim=-1) @ V).transpose(1, 2).reshape(B, bs, -1)
+            x = x + self._lin(o, a + "o_proj")
+            xn = _rms(x, t[p + "post_attention_layernorm.weight"], self.eps)
+            m = p + "mlp."
+            g = torch.nn.functional.silu(xn @ t[m + "gate_proj.weight"].T) * (xn @ t[m + "up_proj.weight"].T)
+            x = x + g @ t[m + "down_proj.weight"].T
+        return _rms(x, t["norm.weight"], self.eps)
+
+    def draft(self, items: list[DraftItem], out: ReplyWriter) -> None:
+        items = [it for it in items if it.w > 0]
+        if items:
+            self._draft(items, out)
+
+    @torch.no_grad()
+    def _draft(self, items: list[DraftItem], out: ReplyWriter) -> None:
+        s, t, dev, N = self.spec, self.t, self.device, self.num_spec
+        B = len(items)
+        f = np.array([(it.n_out, it.anchor_token, it.index, it.anchor_pos, it.w) for it in items],
+                     dtype=np.int64).reshape(B, 5)
+        n_out = np.where(f[:, 0] <= 0, N, np.minimum(f[:, 0], N))
+        n = int(n_out.max())
+        wm = int(f[:, 4].max())
+        anchor_np = f[:, 1] % s.vocab_size
+        ctx = self._windows(items, f[:, 3], wm)
+        lens = torch.from_numpy(f[:, 4]).to(dev)
+        anchor = torch.from_numpy(anchor_np).to(dev)
+        hidden = self.block_hidden(ctx, lens, anchor, torch.from_numpy(f[:, 3]).to(dev))
+        off = 0 if s.sample_from_anchor else 1
+        hs = hidden[:, off:off + n]
+        base = hs @ t["lm_head.weight"].T  # [B, n, Vd]
+        temps = np.zeros(B)
+        if out.sampled_mask is not None:
+            temps = np.fromiter((max(0.0, float(it.temperature)) for it in items), np.float64, B)
+        sampled = temps > 0
+        ids = np.full((B, N), -1, dtype=np.int32)
+        conf = np.zeros((B, N), dtype=np.float32)
+        marg = np.zeros((B, N), dtype=np.float32)
+        sup = np.full((B, N, TOP_K), -1, dtype=np.int32) if sampled.any() else None
+        q = np.zeros((B, N, TOP_K), dtype=np.float32) if sampled.any() else None
+        sb = np.flatnonzero(sampled)
+        if sb.size:
+            from .torch_drafter import seeded_uniform
+
+            key = np.array([(items[b].seed & ((1 << 64) - 1), items[b].anchor_pos) for b in sb.tolist()],
+                           dtype=np.uint64).reshape(-1, 2)
+            tt = torch.from_numpy(temps[sb]).to(dev, torch.float32)[:, None]
+        kept = [] if self.keep_logits else None
+        need_probs = not s.enable_confidence_head or out.margin is not None or bool(sb.size)
+        tids: list[torch.Tensor] = []
+        confs: list[torch.Tensor] = []
+        margs: list[torch.Tensor] = []
+        sups: list[torch.Tensor] = []
+        qss: list[torch.Tensor] = []
+        if sb.size:
+            sbt = torch.from_numpy(sb).to(dev)
+        prev = anchor
+        state = None
+        if s.markov_rank and s.markov_head_type == "rnn" and not s.sample_from_anchor:
+            _, state = self._markov(prev, hidden[:, 0], None)  # the anchor slot carries the rnn state
+        for j in range(n):
+            bias, state, emb = self._markov_step(prev, hs[:, j], state)
+            logits = base[:, j] if bias is None else base[:, j] + bias
+            if kept is not None:
+                kept.append(logits.cpu())
+            choice = torch.argmax(logits, dim=-1)
+            c = mg = None
+            if need_probs:  # the draft's probability (no confidence head) and top1 - top2 (margin)
+                top2 = torch.topk(logits, min(2, logits.shape[-1]), dim=-1).values
+                lse = torch.logsumexp(logits, dim=-1)
+                c = torch.exp(top2[:, 0] - lse)
+                mg = c - (torch.exp(top2[:, 1] - lse) if logits.shape[-1] > 1 else 0.0)
+            if sb.size:
+                k = min(TOP_K, logits.shape[-1])
+                lv, li = torch.topk(logits[sbt] / tt, k, dim=-1)
+                qs = torch.softmax(lv, dim=-1)
+                u = torch.from_numpy(seeded_uniform(key[:, 0], key[:, 1], j)).to(dev, torch.float64)
+                below = torch.cumsum(qs.double(), dim=-1) < (u * qs.double().sum(-1))[:, None]
+                kk = torch.clamp(below.sum(-1), max=k - 1)
+                choice = choice.clone()
+                choice[sbt] = li.gather(1, kk[:, None])[:, 0]
+                c = c.clone()
+                c[sbt] = qs.gather(1, kk[:, None])[:, 0]
+                sups.append(self._to_target(li))
+                qss.append(qs)
+            tid = self._to_target(choice)
+            if s.enable_confidence_head:
+                feat = hs[:, j] if not s.confidence_head_with_markov else torch.cat((hs[:, j], emb), dim=-1)
+                c = torch.sigmoid(self._lin(feat, "confidence_head.proj")[:, 0])
+            tids.append(tid)
+            confs.append(c)
+            margs.append(mg if mg is not None else c)
+            prev = tid
+        # one copy to the host for the whole block (a copy a position is a device sync each)
+        ids[:, :n] = torch.stack(tids, dim=1).cpu().numpy()
+        conf[:, :n] = torch.stack(confs, dim=1).float().cpu().numpy()
+        if out.margin is not None:
+            marg[:, :n] = torch.stack(margs, dim=1).float().cpu().numpy()
+        if sb.size:
+            kk_n = sups[0].shape[1]
+            sup[sb, :n, :kk_n] = torch.stack(sups, dim=1).cpu().numpy()
+            q[sb, :n, :kk_n] = torch.stack(qss, dim=1).cpu().numpy()
+        if kept is not None:
+            self.last_logits = torch.stack(kept, dim=1)
+        cut = np.arange(N)[None, :] >= n_out[:, None]
+        ids[cut], conf[cut], marg[cut] = -1, 0.0, 0.0
+        idx = f[:, 2]
+        out.draft_ids[idx] = ids
+        out.confidence[idx] = conf
+        if out.margin is not None:
+            out.margin[idx] = marg
+        if sb.size:
+            sup[cut] = -1
+            q[cut] = 0.0
+            out.sampled_mask[idx[sb]] = 1
+            out.support_ids[idx[sb]] = sup[sb]
+            out.proposal_q[idx[sb]] = q[sb]
+
+    def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        m = self.t.get("draft_to_target")
+        return draft_ids if m is None else m[draft_ids]
+
+    def _markov(self, prev: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None):
+        bias, state, _ = self._markov_step(prev, h, state)
+        return bias, state
+
+    def _markov_step(self, prev: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None):
+        """(logit bias [B, Vd] or None, the rnn state, the previous token's embedding) for one position."""
+        s, t = self.spec, self.t
+        if not s.markov_rank:
+            return None, None, None
+        emb = t["markov_head.markov_w1.weight"][prev]
+        w2 = t["markov_head.markov_w2.weight"]
+        if s.markov_head_type == "vanilla":
+            return emb @ w2.T, None, emb
+        if s.markov_head_type == "gated":
+            gate = torch.sigmoid(self._lin(torch.cat((h, emb), dim=-1), "markov_head.gate_proj"))
+            return (gate * emb) @ w2.T, None, emb
+        if state is None:
+            state = emb.new_zeros(emb.shape[0], s.markov_rank)
+        g, cand, o = self._lin(torch.cat((state, emb, h), dim=-1), "markov_head.joint_proj").chunk(3, dim=-1)
+        g = torch.sigmoid(g)
+        state = g * state + (1.0 - g) * torch.tanh(cand)
+        return torch.tanh(o) @ w2.T, state, emb
