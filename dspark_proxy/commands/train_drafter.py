@@ -1,10 +1,12 @@
-"""`dspark-proxy train-drafter`: train the `torch` drafter's head for a local HF causal LM (the `model`
-extra), save head.safetensors + manifest.json, and report acceptance on held-out text beside
-prompt-lookup (n-gram) drafting."""
+"""`dspark-proxy train-drafter`: train a head for a local HF causal LM (the `model` extra) and report
+acceptance on held-out text beside prompt-lookup (n-gram) drafting. `--arch head` (the default) trains
+the `torch` drafter's head (head.safetensors + manifest.json); `--arch dspark` a DSpark head in
+speculators 0.9.0's own checkpoint format, on the user's prompts (`--prompts FILE`; docs/dspark.md)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -28,6 +30,18 @@ def _seeds(value: str) -> tuple[int, ...]:
         raise click.BadParameter(f"{value!r}: comma-separated integers", param_hint="--extra-seeds") from None
 
 
+def _prompts(_ctx, _param, value: str | None) -> str | int | None:
+    """--prompts FILE; an integer is the deprecated alias of --n-prompts."""
+    if value is None:
+        return None
+    if value.strip().isdigit() and not Path(value).exists():
+        click.echo("train-drafter: an integer --prompts is deprecated; use --n-prompts", err=True)
+        return int(value)
+    if not Path(value).is_file():
+        raise click.BadParameter(f"{value}: no such file (one prompt a line, text or JSONL)")
+    return value
+
+
 @click.command("train-drafter")
 @click.option("--target", "target", required=True, type=click.Path(exists=True, file_okay=False),
               help="Local Hugging Face causal-LM directory (e.g. models/stdlib-llama).")
@@ -42,11 +56,13 @@ def _seeds(value: str) -> tuple[int, ...]:
 @click.option("--heads", "n_heads", default=4, show_default=True)
 @click.option("--sequences", default=1200, show_default=True, help="Greedy generations to train on.")
 @click.option("--eval-sequences", default=48, show_default=True, help="Held-out generations to measure on.")
-@click.option("--prompt-len", default=32, show_default=True)
+@click.option("--prompt-len", type=click.IntRange(1), default=None,
+              help="Tokens of a stdlib prompt (default 32); with --prompts FILE, the most kept, the last ones "
+              "(default 256).")
 @click.option("--gen-len", default=96, show_default=True)
 @click.option("--epochs", default=4, show_default=True)
 @click.option("--batch", default=8, show_default=True)
-@click.option("--lr", default=2e-3, show_default=True)
+@click.option("--lr", type=float, default=None, help="Learning rate (head: 2e-3; dspark: 3e-3).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--threads", default=1, show_default=True, help="torch CPU threads.")
 @click.option("--draft-vocab", default=1024, show_default=True,
@@ -67,13 +83,50 @@ def _seeds(value: str) -> tuple[int, ...]:
 @click.option("--resume", is_flag=True, help="Continue from <out>/.work/checkpoint.pt.")
 @click.option("--checkpoint-every", default=500, show_default=True, type=click.IntRange(0),
               help="Steps between checkpoints inside an epoch (0: at each epoch's end only).")
+@click.option("--arch", type=click.Choice(["head", "dspark"]), default="head", show_default=True,
+              help="head: the torch drafter's head; dspark: a speculators-format DSpark checkpoint "
+              "(needs speculators 0.9.0; docs/dspark.md).")
+@click.option("--prompts", "prompts", default=None, callback=_prompts,
+              help="dspark: a prompt file, text or JSONL, one prompt a line (default: stdlib prompts). "
+              "An integer is the deprecated alias of --n-prompts.")
+@click.option("--n-prompts", type=click.IntRange(1), default=None,
+              help="Prompts to train on (dspark; default 1200, or all of --prompts); head: --sequences.")
+@click.option("--held-share", default=0.1, show_default=True, type=click.FloatRange(0.0, 0.9),
+              help="dspark with --prompts: the share of the file's prompts held out to measure on.")
+@click.option("--draft-layers", default=1, show_default=True, type=click.IntRange(1), help="dspark: draft layers.")
+@click.option("--markov-rank", default=64, show_default=True, type=click.IntRange(0), help="dspark: Markov head rank.")
+@click.option("--markov-head", "markov_head", type=click.Choice(["vanilla", "gated", "rnn"]), default="vanilla",
+              show_default=True, help="dspark: Markov head type (vLLM 0.32 serves vanilla only).")
+@click.option("--anchors", default=256, show_default=True, type=click.IntRange(1),
+              help="dspark: anchors a step (the reference's max_anchors).")
+@click.option("--mask-token-id", default=-1, show_default=True,
+              help="dspark: the block's mask token (-1: the tokenizer's pad, else eos).")
+@click.option("--device", default="cpu", show_default=True, help="dspark: cpu or cuda.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object (last line).")
 def train_drafter(target: str, out: str, layers: tuple[int, ...], row_dtype: str, window: int, num_spec: int,
                   d_model: int, n_heads: int, sequences: int, eval_sequences: int, prompt_len: int,
                   gen_len: int, epochs: int, batch: int, lr: float, seed: int, threads: int, draft_vocab: int,
                   distill: float, init: str | None, extra_seeds: str, step: str, hops: int, resume: bool, checkpoint_every: int,
+                  arch: str, prompts: str | int | None, n_prompts: int | None, held_share: float, draft_layers: int,
+                  markov_rank: int, markov_head: str, anchors: int, mask_token_id: int, device: str,
                   as_json: bool) -> None:
-    """Train a DSpark head on TARGET's own greedy generations of stdlib prompts."""
+    """Train a head on TARGET's own greedy generations of stdlib prompts (or, --arch dspark, yours)."""
+    if isinstance(prompts, int):
+        n_prompts, prompts = n_prompts or prompts, None
+    lr = lr if lr is not None else (3e-3 if arch == "dspark" else 2e-3)
+    prompt_len = prompt_len or (256 if arch == "dspark" and prompts else 32)
+    if arch == "dspark":
+        _train_dspark(target, out, layers=layers, row_dtype=row_dtype, window=window, num_spec=num_spec,
+                      prompts=prompts, n_prompts=n_prompts, held_share=held_share, eval_prompts=eval_sequences,
+                      prompt_len=prompt_len, gen_len=gen_len, epochs=epochs, batch=batch, lr=lr, seed=seed,
+                      threads=threads, draft_layers=draft_layers, markov_rank=markov_rank,
+                      markov_head=markov_head, anchors=anchors, mask_token_id=mask_token_id, device=device,
+                      checkpoint_every=checkpoint_every, resume=resume, as_json=as_json)
+        return
+    if prompts is not None:
+        raise click.BadParameter(f"{prompts}: a prompt file needs --arch dspark", param_hint="--prompts")
+    if n_prompts:
+        sequences = n_prompts
     try:
         from dspark_proxy.model.train_head import HeadConfig, train_head
     except ImportError as e:
@@ -89,4 +142,35 @@ def train_drafter(target: str, out: str, layers: tuple[int, ...], row_dtype: str
         click.echo(json.dumps(res))
     else:
         click.echo(f"head saved to {out}: mean accepted {res['mean_accepted']:.2f} of {num_spec} "
+                   f"(n-gram {res['mean_accepted_ngram']:.2f}) over {res['rounds']} held-out rounds")
+
+
+def _train_dspark(target: str, out: str, *, prompts: str | None, n_prompts: int | None, as_json: bool,
+                  resume: bool, markov_head: str, **kw) -> None:
+    """--arch dspark: checks (tap ids, prompt file) before anything is written, then the reference's
+    own model and loss (dspark_proxy/model/dspark_train.py)."""
+    try:
+        import speculators  # noqa: F401  (a test dependency: scripts/setup.sh installs it)
+
+        from ..model.dspark_train import DSparkTrainConfig, train_dspark
+        from ..model.prompts import PromptError
+        from ..model.taps import TapError
+    except ImportError as e:
+        raise click.ClickException(f"{e}; --arch dspark needs speculators==0.9.0 (scripts/setup.sh)") from None
+    if kw["device"].startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise click.BadParameter(f"{kw['device']}: torch sees no CUDA device", param_hint="--device")
+    cfg = DSparkTrainConfig(layers=tuple(kw.pop("layers")), prompts_file=prompts,
+                            n_prompts=n_prompts or (0 if prompts else 1200), markov_head_type=markov_head,
+                            **kw)
+    try:
+        res = train_dspark(target, out, cfg, resume=resume, log=lambda m: click.echo(m, err=True))
+    except (TapError, PromptError) as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        click.echo(json.dumps(res))
+    else:
+        click.echo(f"DSpark head saved to {out}: mean accepted {res['mean_accepted']:.2f} of {res['num_spec']} "
                    f"(n-gram {res['mean_accepted_ngram']:.2f}) over {res['rounds']} held-out rounds")

@@ -1,0 +1,275 @@
+"""`train-drafter --arch dspark`: train a speculators-format DSpark head for any local HF causal LM.
+
+Self-distillation, as the `torch` head's trainer does: the target greedily continues each prompt, and the
+head learns, at every anchor of those continuations, the target's own next-token distributions (the
+reference's KL loss against the target's logits) from the tapped rows before the anchor. The model and
+the loss are speculators' own (`DSparkDraftModel.forward`, its eager loss implementation); sequences
+are packed into one row with document ids, as its trainer packs them. Prompts come from `--prompts FILE`
+(held-out acceptance on a hash split of the same file) or, without one, from the stdlib corpus the
+shipped target learnt from (held-out prompts from its held-out files, the ones `eval` uses). Generated
+data and checkpoints live in `<out>/.work/` (ignored by git); `--resume` continues from the last one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .dspark_head import acceptance, build_dspark, fill_from_target, num_spec_of
+from .taps import HiddenTaps
+
+__all__ = ["DSparkTrainConfig", "train_dspark", "check_before_work"]
+
+_ROW_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass
+class DSparkTrainConfig:
+    layers: tuple[int, ...] = (1, 2, 4)
+    row_dtype: str = "bfloat16"  # rows are rounded to the dtype the protocol carries them in
+    window: int = 16
+    num_spec: int = 5
+    draft_layers: int = 1
+    draft_heads: int = 0  # 0: the target's
+    intermediate: int = 0  # 0: the target's
+    markov_rank: int = 64
+    markov_head_type: str = "vanilla"
+    mask_token_id: int = -1  # -1: the tokenizer's pad, else eos, else 0
+    prompts_file: str | None = None
+    n_prompts: int = 1200
+    held_share: float = 0.1
+    eval_prompts: int = 48  # without --prompts: held-out stdlib prompts
+    prompt_len: int = 32  # without --prompts: tokens a stdlib prompt; with: the last this many (0: all)
+    gen_len: int = 96
+    epochs: int = 4
+    batch: int = 8
+    anchors: int = 256  # anchors a step (the reference's max_anchors)
+    lr: float = 3e-3
+    seed: int = 0
+    threads: int = 1
+    device: str = "cpu"
+    checkpoint_every: int = 500
+
+
+def check_before_work(target: str | Path, cfg: DSparkTrainConfig):
+    """Load the target and check every tap id and the prompt file before anything is written:
+    (model, tokenizer, taps, prompts or None). Raises TapError / PromptError / ValueError (one line)."""
+    from .hf import load_causal_lm
+    from .prompts import read_prompts
+
+    model, tok = load_causal_lm(target)
+    taps = HiddenTaps(model, cfg.layers, where=str(target))
+    prompts = read_prompts(cfg.prompts_file) if cfg.prompts_file else None
+    if cfg.num_spec < 1 or cfg.window < 1:
+        raise ValueError(f"--num-spec {cfg.num_spec} / --window {cfg.window}: both at least 1")
+    return model, tok, taps, prompts
+
+
+def _progress(it, total: int, desc: str):
+    try:
+        from tqdm import tqdm
+
+        return tqdm(it, total=total, desc=desc, mininterval=5.0)
+    except ImportError:
+        return it
+
+
+@torch.no_grad()
+def _generate(model, prompt: torch.Tensor, new: int, eos: int | None) -> torch.Tensor:
+    from .hf import greedy_generate
+
+    seq = greedy_generate(model, prompt, new)
+    return seq
+
+
+def _make_sequences(model, taps: HiddenTaps, prompts: list[np.ndarray], cfg: DSparkTrainConfig, desc: str,
+                    device: str) -> list[dict]:
+    """Greedy continuations of each prompt (equal-length prompts batched) and their tapped rows."""
+    out: list[dict | None] = [None] * len(prompts)
+    by_len: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_len.setdefault(len(p), []).append(i)
+    groups = [(L, idx[b:b + 32]) for L, idx in sorted(by_len.items()) for b in range(0, len(idx), 32)]
+    for L, idx in _progress(groups, len(groups), desc):
+        x = torch.from_numpy(np.stack([prompts[i] for i in idx])).to(device)
+        seq = _generate(model, x, cfg.gen_len, None)
+        rows, last, _ = taps(seq)
+        rows = rows.to(_ROW_DTYPES[cfg.row_dtype]).cpu()
+        for j, i in enumerate(idx):
+            out[i] = {"toks": seq[j].cpu(), "rows": rows[j], "last": last[j].to(torch.bfloat16).cpu(), "start": L}
+    return out  # type: ignore[return-value]
+
+
+def _stdlib_prompts(tok, which: str, n: int, length: int, seed: int) -> list[np.ndarray]:
+    from .corpus import stdlib_corpus
+    from .target import encode_corpus
+
+    stream = encode_corpus(tok, stdlib_corpus().read(which))
+    if which == "held_out":  # the held-out prompts `eval` and the torch head's trainer use
+        starts = np.linspace(0, len(stream) - length - 1, n).astype(np.int64)
+    else:
+        starts = np.random.default_rng(seed + 1).integers(0, len(stream) - length - 1, n)
+    return [stream[s:s + length].astype(np.int64) for s in starts]
+
+
+def _pack(seqs: list[dict], N: int) -> tuple[torch.Tensor, ...]:
+    """One packed row, as the reference trains: rows, ids, loss mask, last hidden, document and position
+    ids. The loss covers the generated part (anchors from the last prompt token on), never a document's
+    first N positions, so no anchor block reaches a neighbour's loss."""
+    rows = torch.cat([s["rows"] for s in seqs]).float()[None]
+    ids = torch.cat([s["toks"] for s in seqs])[None]
+    last = torch.cat([s["last"] for s in seqs]).float()[None]
+    lm, doc, pos = [], [], []
+    for d, s in enumerate(seqs):
+        T = len(s["toks"])
+        m = torch.zeros(T)
+        m[max(s["start"] - 1, N):T - 1] = 1
+        lm.append(m)
+        doc.append(torch.full((T,), d, dtype=torch.long))
+        pos.append(torch.arange(T))
+    return rows, ids, torch.cat(lm)[None], last, torch.cat(doc)[None], torch.cat(pos)[None]
+
+
+def _data_key(target: Path, cfg: DSparkTrainConfig, which: str, prompts_digest: str) -> str:
+    h = hashlib.sha256(f"{target.resolve()}|{cfg.layers}|{cfg.row_dtype}|{cfg.gen_len}|{cfg.prompt_len}|"
+                       f"{cfg.n_prompts}|{cfg.eval_prompts}|{cfg.held_share}|{cfg.seed}|{prompts_digest}".encode())
+    return f"dspark-{which}-{h.hexdigest()[:16]}.pt"
+
+
+def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool = False, log=print) -> dict:
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    from .prompts import encode_prompts, split_prompts
+
+    model, tok, taps, prompts = check_before_work(target, cfg)  # nothing written before this passes
+    dev = cfg.device
+    model.to(dev)
+    out_p, tgt = Path(out), Path(target)
+    work = out_p / ".work"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / ".gitignore").write_text("*\n")
+    N = cfg.num_spec
+    if prompts is not None:
+        train_i, held_i = split_prompts(prompts, cfg.held_share)
+        enc = encode_prompts(tok, prompts, cfg.prompt_len or None)
+        empty = [i for i, e in enumerate(enc) if len(e) == 0]
+        if empty:
+            raise ValueError(f"{cfg.prompts_file}: prompt {empty[0] + 1} encodes to no tokens")
+        train_i = train_i[:cfg.n_prompts] if cfg.n_prompts else train_i
+        digest = hashlib.sha256(Path(cfg.prompts_file).read_bytes()).hexdigest()
+        train_p, held_p = [enc[i] for i in train_i], [enc[i] for i in held_i]
+    else:
+        digest = "stdlib"
+        train_p = _stdlib_prompts(tok, "train", cfg.n_prompts, cfg.prompt_len, cfg.seed)
+        held_p = _stdlib_prompts(tok, "held_out", cfg.eval_prompts, cfg.prompt_len, cfg.seed)
+
+    def data(which: str, ps: list[np.ndarray]) -> list[dict]:
+        f = work / _data_key(tgt, cfg, which, digest)
+        if f.is_file():
+            return torch.load(f, weights_only=False)
+        log(f"generating {len(ps)} {which} sequences with the target ...")
+        d = _make_sequences(model, taps, ps, cfg, f"generate {which}", dev)
+        torch.save(d, f.with_suffix(".tmp"))
+        f.with_suffix(".tmp").replace(f)
+        return d
+
+    train, held = data("train", train_p), data("held_out", held_p)
+    mask_id = cfg.mask_token_id
+    if mask_id < 0:
+        mask_id = next((int(t) for t in (tok.pad_token_id, tok.eos_token_id) if t is not None), 0)
+    draft = build_dspark(model.config, verifier_path=str(target), layers=list(cfg.layers), num_spec=N,
+                         window=cfg.window, draft_layers=cfg.draft_layers, intermediate=cfg.intermediate or None,
+                         heads=cfg.draft_heads or None, markov_rank=cfg.markov_rank,
+                         markov_head_type=cfg.markov_head_type, mask_token_id=mask_id)
+    fill_from_target(draft, model)
+    draft.to(dev)
+    from speculators.models.dspark import DSparkDraftModel
+
+    kw, _ = DSparkDraftModel.get_trainer_kwargs(loss_fn="kl_div", loss_implementation="eager")
+    kw["max_anchors"] = cfg.anchors
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01)
+    steps_per_epoch = (len(train) + cfg.batch - 1) // cfg.batch
+    total = steps_per_epoch * cfg.epochs
+    warm = max(1, total // 20)
+
+    def lr_at(step: int) -> float:  # warm-up, then cosine to 5%, a function of the step (resume continues it)
+        if step < warm:
+            return cfg.lr * (step + 1) / warm
+        return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm)))))
+
+    ckpt = work / "dspark-checkpoint.pt"
+    epoch0, step0, history, tot, cnt = 0, 0, [], 0.0, 0
+
+    def checkpoint(epoch: int, step: int) -> None:  # whole, then renamed: a kill never leaves half
+        tmp = ckpt.with_suffix(".tmp")
+        torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "epoch": epoch, "step": step,
+                    "history": history, "tot": tot, "cnt": cnt, "config": asdict(cfg)}, tmp)
+        tmp.replace(ckpt)
+
+    if resume and ckpt.is_file():
+        st = torch.load(ckpt, weights_only=False)
+        draft.load_state_dict(st["draft"])
+        opt.load_state_dict(st["opt"])
+        epoch0, step0, history, tot, cnt = st["epoch"], st["step"], st["history"], st["tot"], st["cnt"]
+        log(f"resumed after epoch {epoch0}" + (f", step {step0} of {steps_per_epoch}" if step0 else ""))
+    # the targets are the target's own logits: its last hidden state goes in after the final norm
+    # (HiddenTaps keeps it before), so the verifier norm is the target's own norm, applied here
+    final = taps._norm.to(dev)
+    vnorm, draft.verifier_norm = draft.verifier_norm, torch.nn.Identity()
+    t0 = time.time()
+    try:
+        for epoch in range(epoch0, cfg.epochs):
+            draft.train()
+            order = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch))
+            first = step0 if epoch == epoch0 else 0
+            if not first:
+                tot, cnt = 0.0, 0
+            bar = _progress(range(first, steps_per_epoch), steps_per_epoch - first, f"epoch {epoch + 1}/{cfg.epochs}")
+            for i in bar:
+                for g in opt.param_groups:
+                    g["lr"] = lr_at(epoch * steps_per_epoch + i)
+                b = [train[int(j)] for j in order[i * cfg.batch:(i + 1) * cfg.batch]]
+                rows, ids, lm, last, doc, pos = (t.to(dev) for t in _pack(b, N))
+                with torch.no_grad():
+                    last = final(last)
+                _, loss, _m = draft(rows, ids, lm, last, doc, pos, **kw)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                opt.step()
+                tot, cnt = tot + float(loss), cnt + 1
+                if hasattr(bar, "set_postfix"):
+                    bar.set_postfix(loss=f"{tot / cnt:.3f}", refresh=False)
+                if cfg.checkpoint_every and (i + 1) % cfg.checkpoint_every == 0 and i + 1 < steps_per_epoch:
+                    checkpoint(epoch, i + 1)
+            history.append(round(tot / max(1, cnt), 4))
+            log(f"epoch {epoch + 1}/{cfg.epochs} loss {history[-1]:.4f} ({time.time() - t0:.0f}s)")
+            checkpoint(epoch + 1, 0)
+    finally:
+        draft.verifier_norm = vnorm
+    train_s = round(time.time() - t0, 1)
+    draft.to("cpu").eval()
+    tmp = out_p / ".work" / "save"
+    shutil.rmtree(tmp, ignore_errors=True)
+    draft.save_pretrained(str(tmp))
+    for f in tmp.iterdir():  # files replaced one by one; .work and anything else in out stay
+        f.replace(out_p / f.name)
+    tmp.rmdir()
+    from .dspark_head import load_dspark
+
+    shipped = load_dspark(out_p)  # measured as saved, loaded by the reference's own from_pretrained
+    held_seqs = [(s["toks"].numpy(), s["rows"].float(), int(s["start"])) for s in held]
+    res = acceptance(shipped, held_seqs)
+    if num_spec_of(shipped.config) != N:
+        raise RuntimeError(f"{out_p}: saved with {num_spec_of(shipped.config)} drafts, not {N}")
+    return {**res, "loss_per_epoch": history, "train_seconds": train_s, "out": str(out_p),
+            "train_sequences": len(train), "held_out_sequences": len(held),
+            "params": sum(p.numel() for p in params)}
