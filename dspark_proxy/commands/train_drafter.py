@@ -38,7 +38,7 @@ def _prompts(_ctx, _param, value: str | None) -> str | int | None:
         click.echo("train-drafter: an integer --prompts is deprecated; use --n-prompts", err=True)
         return int(value)
     if not Path(value).is_file():
-        raise click.BadParameter(f"{value}: no such file (one prompt a line, text or JSONL)")
+        raise click.ClickException(f"--prompts {value}: no such file (one prompt a line, text or JSONL)")
     return value
 
 
@@ -124,7 +124,7 @@ def train_drafter(target: str, out: str, layers: tuple[int, ...], row_dtype: str
                       checkpoint_every=checkpoint_every, resume=resume, as_json=as_json)
         return
     if prompts is not None:
-        raise click.BadParameter(f"{prompts}: a prompt file needs --arch dspark", param_hint="--prompts")
+        raise click.ClickException(f"--prompts {prompts}: a prompt file needs --arch dspark")
     if n_prompts:
         sequences = n_prompts
     try:
@@ -167,7 +167,7 @@ def _train_dspark(target: str, out: str, *, prompts: str | None, n_prompts: int 
                             **kw)
     try:
         res = train_dspark(target, out, cfg, resume=resume, log=lambda m: click.echo(m, err=True))
-    except (TapError, PromptError) as e:
+    except (TapError, PromptError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     if as_json:
         click.echo(json.dumps(res))

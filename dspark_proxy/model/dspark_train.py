@@ -61,14 +61,20 @@ class DSparkTrainConfig:
 def check_before_work(target: str | Path, cfg: DSparkTrainConfig):
     """Load the target and check every tap id and the prompt file before anything is written:
     (model, tokenizer, taps, prompts or None). Raises TapError / PromptError / ValueError (one line)."""
+    from transformers import AutoConfig
+
     from .hf import load_causal_lm
     from .prompts import read_prompts
+    from .taps import check_tap_layers
 
-    model, tok = load_causal_lm(target)
-    taps = HiddenTaps(model, cfg.layers, where=str(target))
-    prompts = read_prompts(cfg.prompts_file) if cfg.prompts_file else None
     if cfg.num_spec < 1 or cfg.window < 1:
         raise ValueError(f"--num-spec {cfg.num_spec} / --window {cfg.window}: both at least 1")
+    if not (Path(target) / "config.json").is_file():
+        raise ValueError(f"{target}: not a Hugging Face model directory (no config.json)")
+    check_tap_layers(AutoConfig.from_pretrained(target, local_files_only=True), cfg.layers, str(target))
+    prompts = read_prompts(cfg.prompts_file) if cfg.prompts_file else None
+    model, tok = load_causal_lm(target)
+    taps = HiddenTaps(model, cfg.layers, where=str(target))
     return model, tok, taps, prompts
 
 
@@ -90,13 +96,13 @@ def _generate(model, prompt: torch.Tensor, new: int, eos: int | None) -> torch.T
 
 
 def _make_sequences(model, taps: HiddenTaps, prompts: list[np.ndarray], cfg: DSparkTrainConfig, desc: str,
-                    device: str) -> list[dict]:
+                    device: str, gen_batch: int = 128) -> list[dict]:
     """Greedy continuations of each prompt (equal-length prompts batched) and their tapped rows."""
     out: list[dict | None] = [None] * len(prompts)
     by_len: dict[int, list[int]] = {}
     for i, p in enumerate(prompts):
         by_len.setdefault(len(p), []).append(i)
-    groups = [(L, idx[b:b + 32]) for L, idx in sorted(by_len.items()) for b in range(0, len(idx), 32)]
+    groups = [(L, idx[b:b + gen_batch]) for L, idx in sorted(by_len.items()) for b in range(0, len(idx), gen_batch)]
     for L, idx in _progress(groups, len(groups), desc):
         x = torch.from_numpy(np.stack([prompts[i] for i in idx])).to(device)
         seq = _generate(model, x, cfg.gen_len, None)
@@ -216,7 +222,12 @@ def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool 
 
     if resume and ckpt.is_file():
         st = torch.load(ckpt, weights_only=False)
-        draft.load_state_dict(st["draft"])
+        # checkpoints are taken with the identity in the verifier norm's place (below): its weight is
+        # the only key they lack, and it is never trained
+        missing, unexpected = draft.load_state_dict(st["draft"], strict=False)
+        if unexpected or set(missing) - {"verifier_norm.weight"}:
+            raise ValueError(f"{ckpt}: a checkpoint of another head (missing {missing}, unexpected {unexpected}); "
+                             "delete it or train without --resume")
         opt.load_state_dict(st["opt"])
         epoch0, step0, history, tot, cnt = st["epoch"], st["step"], st["history"], st["tot"], st["cnt"]
         log(f"resumed after epoch {epoch0}" + (f", step {step0} of {steps_per_epoch}" if step0 else ""))
@@ -245,7 +256,7 @@ def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool 
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
                 opt.step()
-                tot, cnt = tot + float(loss), cnt + 1
+                tot, cnt = tot + loss.item(), cnt + 1
                 if hasattr(bar, "set_postfix"):
                     bar.set_postfix(loss=f"{tot / cnt:.3f}", refresh=False)
                 if cfg.checkpoint_every and (i + 1) % cfg.checkpoint_every == 0 and i + 1 < steps_per_epoch:

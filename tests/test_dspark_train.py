@@ -1,0 +1,150 @@
+"""`train-drafter --arch dspark` (docs/dspark.md): the prompt file formats, a small real run on the
+shipped target whose output loads with speculators' own `from_pretrained` and passes vLLM 0.32's
+speculators-config conversion for DSpark, the offline drafting loop held to the reference's own
+training forward, and bad input refused in one line before anything is written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from dspark_proxy.cli import cli  # noqa: E402
+from dspark_proxy.model.prompts import PromptError, encode_prompts, read_prompts, split_prompts  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET = ROOT / "models" / "stdlib-llama"
+
+
+def test_prompt_files_text_and_jsonl(tmp_path):
+    t = tmp_path / "p.txt"
+    t.write_text("def f(x):\n\n  import os\n")
+    assert read_prompts(t) == ["def f(x):", "  import os"]
+    j = tmp_path / "p.jsonl"
+    j.write_text('{"prompt": "a"}\n"b"\n{"text": "c"}\n{"messages": [{"role": "user", "content": "d"}]}\n')
+    assert read_prompts(j) == ["a", "b", "c", [{"role": "user", "content": "d"}]]
+    j2 = tmp_path / "noext"
+    j2.write_text('{"prompt": "x"}\n{"prompt": "y"}\n')
+    assert read_prompts(j2) == ["x", "y"]
+    for body, says in (('{"prompt": "a"}\n{"oops": 1}\n', ":2: a JSON string or an object"),
+                       ('{"prompt": "a"}\n{not json\n', ":2: not JSON"), ("\n\n", "no prompts")):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(body)
+        with pytest.raises(PromptError) as e:
+            read_prompts(bad)
+        assert says in str(e.value) and str(bad) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_split_is_by_text_and_stable():
+    ps = [f"prompt {i}" for i in range(200)]
+    tr, held = split_prompts(ps, 0.1)
+    assert sorted(tr + held) == list(range(200)) and 5 < len(held) < 40
+    tr2, held2 = split_prompts(ps + ["more"], 0.1)  # a new line moves no old prompt
+    assert set(held) <= set(held2) and set(tr) <= set(tr2)
+    assert split_prompts(["a", "b"], 0.0)[1] and split_prompts(["a", "b"], 0.9)[0]
+
+
+def test_chat_template_is_used_where_the_tokenizer_has_one():
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(TARGET, local_files_only=True)
+    plain = encode_prompts(tok, ["x = 1"])[0]
+    assert list(plain) == tok("x = 1", add_special_tokens=True)["input_ids"]
+    tok.chat_template = "{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}{% if add_generation_prompt %}##{% endif %}"
+    chat = encode_prompts(tok, ["x = 1"])[0]
+    assert list(chat) == tok("<<x = 1>>##", add_special_tokens=False)["input_ids"]
+    assert len(encode_prompts(tok, ["x = 1"], max_len=2)[0]) == 2
+
+
+def _train(tmp_path, *extra):
+    out = tmp_path / "head"
+    args = ["train-drafter", "--arch", "dspark", "--target", str(TARGET), "--out", str(out), "--gen-len", "12",
+            "--epochs", "1", "--batch", "4", "--anchors", "16", "--eval-sequences", "2", "--json", *extra]
+    return out, CliRunner().invoke(cli, args, catch_exceptions=False)
+
+
+def test_train_from_a_prompt_file_loads_in_speculators_and_vllm(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the checkpoint names its verifier by the path given, relative to here
+    pf = tmp_path / "prompts.txt"
+    pf.write_text("".join(f"def function_{i}(value):\n" for i in range(10)))
+    args = ("--prompts", str(pf), "--held-share", "0.3", "--target", str(TARGET.relative_to(ROOT)))
+    out, r = _train(tmp_path, *args)
+    assert r.exit_code == 0, r.output
+    out, r = _train(tmp_path, *args, "--epochs", "2", "--resume")  # the generations come from the cache
+    assert r.exit_code == 0 and "resumed after epoch 1" in r.output, r.output
+    assert "generating" not in r.output
+    res = json.loads(r.output[r.output.rindex('{"mean_accepted"'):].splitlines()[0])  # stderr's bars mix in
+    assert len(res["loss_per_epoch"]) == 2
+    assert res["num_spec"] == 5 and res["rounds"] > 0 and res["train_sequences"] + res["held_out_sequences"] == 10
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["speculators_model_type"] == "dspark" and cfg["markov_head_type"] == "vanilla"
+    assert cfg["aux_hidden_state_layer_ids"] == [1, 2, 4] and cfg["block_size"] == 5 and cfg["sample_from_anchor"]
+    assert cfg["transformer_layer_config"]["sliding_window"] == 16
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == "models/stdlib-llama"
+    assert not (out / "embed_tokens.weight").exists() and (out / ".work" / ".gitignore").is_file()
+
+    from speculators.models.dspark import DSparkDraftModel
+
+    m = DSparkDraftModel.from_pretrained(str(out))
+    assert not m.embed_tokens.weight.isnan().any() and not m.lm_head.weight.isnan().any()
+
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+    raw = json.loads((out / "config.json").read_text())
+    assert SpeculatorsConfig.extract_vllm_speculative_config(raw) == {"method": "dspark", "num_speculative_tokens": 5}
+    v = SpeculatorsConfig.from_pretrained(str(out))
+    assert v.target_layer_ids == [0, 1, 3] and v.eagle_aux_hidden_state_layer_ids == [1, 2, 4]
+    assert v.sample_from_anchor and not v.dspark_bonus_anchor and v.markov_head_type == "vanilla"
+    assert v.architectures == ["Qwen3DSparkModel"] and 0 <= v.mask_token_id < v.vocab_size
+
+
+def test_offline_drafting_matches_the_references_training_forward(tmp_path, monkeypatch):
+    """greedy_drafts runs the reference's modules with its own masks; its block hidden states equal
+    those of DSparkDraftModel's training forward at the same anchors (short and long contexts)."""
+    import speculators.models.dflash.core as core
+
+    from dspark_proxy.model.dspark_head import build_dspark, greedy_drafts
+
+    torch.manual_seed(0)
+    from transformers import LlamaConfig
+
+    tcfg = LlamaConfig(vocab_size=97, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                       intermediate_size=48, num_key_value_heads=2, architectures=["LlamaForCausalLM"])
+    d = build_dspark(tcfg, verifier_path="unused", layers=[1, 3], num_spec=5, window=8, draft_layers=2,
+                     markov_rank=8).eval()
+    for p in d.parameters():
+        p.data.normal_(0, 0.2)
+    d.verifier_norm.weight.data.fill_(1.0)
+    T = 40
+    rows, toks = torch.randn(T, 64), torch.randint(0, 97, (T,))
+    anchors = torch.tensor([2, 9, 20, 33])
+    monkeypatch.setattr(core, "select_anchors", lambda lm, n, b: (anchors, torch.ones(4, dtype=torch.bool)))
+    with torch.no_grad():
+        hid, *_ = d._backbone_forward(rows[None], toks[None], torch.ones(1, T), torch.randn(1, T, 32),
+                                      torch.zeros(1, T, dtype=torch.long), None, max_anchors=4)
+    got = {}
+    orig = d.lm_head.forward
+    monkeypatch.setattr(d.lm_head, "forward", lambda x: (got.__setitem__("h", x), orig(x))[1])
+    drafts = greedy_drafts(d, rows, toks, anchors)
+    assert drafts.shape == (4, 5)
+    assert (got["h"] - hid.view(4, 5, -1)).abs().max() < 1e-5
+
+
+def test_bad_tap_layers_and_prompt_files_are_one_line_and_leave_nothing(tmp_path):
+    out, r = _train(tmp_path, "--layers", "1,9")
+    assert r.exit_code != 0 and "[9] outside 0..4" in r.output and len(r.output.strip().splitlines()) == 1
+    assert not out.exists()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": 3}\n')
+    out, r = _train(tmp_path, "--prompts", str(bad))
+    assert r.exit_code != 0 and f"{bad}:1:" in r.output and len(r.output.strip().splitlines()) == 1
+    assert not out.exists()
+    out, r = _train(tmp_path, "--prompts", str(tmp_path / "missing.txt"))
+    assert r.exit_code != 0 and "missing.txt: no such file" in r.output and not out.exists()
