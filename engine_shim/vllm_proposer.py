@@ -56,15 +56,17 @@ class VllmShapes:
 
 def shapes_from_config(vllm_config: Any, head: str | os.PathLike | None) -> VllmShapes:
     """The shapes, or ValueError naming what disagrees (the manifest against vLLM's model and N)."""
-    from dspark_proxy.model.manifest import HeadManifest, head_paths
+    from dspark_proxy.model.head_shapes import load_head_shapes
 
     if not head:
         raise ValueError(f"no head manifest: set {ENV_HEAD} to the drafter's head directory (its "
-                         f"manifest.json gives the tap layers, the row dtype and the window)")
-    p = os.fspath(head)
-    path = p if p.endswith(".json") else head_paths(p)[1]
-    m = HeadManifest.load(path)
+                         f"manifest.json, or a DSpark checkpoint's config.json, gives the tap layers, the row "
+                         f"dtype and the window)")
+    m = load_head_shapes(os.fspath(head))
     hf = vllm_config.model_config.hf_config
+    no_aux = _no_aux_hidden_states(vllm_config)
+    if no_aux:
+        raise ValueError(no_aux)
     hidden, layers = int(hf.hidden_size), int(hf.num_hidden_layers)
     n_spec = int(vllm_config.speculative_config.num_speculative_tokens)
     vocab = int(vllm_config.model_config.get_vocab_size())
@@ -79,6 +81,24 @@ def shapes_from_config(vllm_config: Any, head: str | os.PathLike | None) -> Vllm
     return VllmShapes(max_reqs=int(vllm_config.scheduler_config.max_num_seqs), num_spec=n_spec,
                       window=int(m.window), tap_layers=list(m.tap_layers), hidden=hidden, row_dtype=m.row_dtype,
                       vocab_size=vocab, max_model_len=int(vllm_config.model_config.max_model_len))
+
+
+def _no_aux_hidden_states(vllm_config: Any) -> str | None:
+    """Why vLLM's model for this target gives no auxiliary hidden states (the rows are those), or None.
+    vLLM gives them only for models that implement its EAGLE-3 interface (Llama, Qwen2/3, Mistral...);
+    GPT-2 does not."""
+    try:
+        from vllm.model_executor.models import ModelRegistry
+        from vllm.model_executor.models.interfaces import supports_eagle3
+
+        mc = vllm_config.model_config
+        cls, arch = ModelRegistry.resolve_model_cls(mc.architectures, model_config=mc)
+    except Exception:  # noqa: BLE001 - an untested vLLM: bind() still finds out, in one line too
+        return None
+    if supports_eagle3(cls):
+        return None
+    return (f"the target's vLLM model {arch} gives no auxiliary hidden states (it does not implement vLLM's "
+            "EAGLE-3 interface), so there are no rows to draft from")
 
 
 def _check_cores() -> None:

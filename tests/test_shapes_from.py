@@ -73,3 +73,32 @@ def test_start_shapes_from_is_the_deprecated_head_and_the_env_var_is_the_engines
     assert json.loads(r.stdout)["window"] == want["window"] and not r.stderr
     r = CliRunner().invoke(_cmd(ProxyConfig), [], env={"DSPARK_PROXY_SHAPES_FROM": HEAD}, catch_exceptions=False)
     assert "DSPARK_PROXY_SHAPES_FROM" in r.stderr and json.loads(r.stdout)["window"] == want["window"]
+
+
+def test_a_dspark_checkpoint_gives_the_shapes(tmp_path):
+    """--head a speculators DSpark checkpoint that train-drafter --arch dspark wrote: N from block_size
+    (sample_from_anchor), W from its layers' sliding_window, the row from its tapped layers x
+    target_hidden_size x bfloat16; a config missing a field is one line naming the file and the field."""
+    import pytest
+
+    pytest.importorskip("speculators")
+    from transformers import AutoConfig
+
+    from dspark_proxy.config import ConfigError
+    from dspark_proxy.model.dspark_head import build_dspark
+    from dspark_proxy.model.head_shapes import load_head_shapes
+
+    cfg = AutoConfig.from_pretrained("models/stdlib-llama", local_files_only=True)
+    ck = tmp_path / "ck"
+    build_dspark(cfg, verifier_path="models/stdlib-llama", layers=[1, 2, 4], num_spec=4, window=12).save_pretrained(str(ck))
+    assert shapes_from(str(ck)) == {"num_spec": 4, "window": 12, "row_bytes": 3 * 192 * 2}
+    s = load_head_shapes(ck)
+    assert (s.tap_layers, s.num_spec, s.window, s.row_bytes) == ([1, 2, 4], 4, 12, 3 * 192 * 2)
+    r = _run(WorkerConfig, "--head", str(ck))
+    assert r.exit_code == 0 and json.loads(r.output)["window"] == 12, r.output
+    raw = json.loads((ck / "config.json").read_text())
+    del raw["aux_hidden_state_layer_ids"]
+    (ck / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError) as e:
+        shapes_from(str(ck))
+    assert "config.json" in str(e.value) and "aux_hidden_state_layer_ids" in str(e.value) and "\n" not in str(e.value)

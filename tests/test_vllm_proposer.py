@@ -233,3 +233,42 @@ def test_a_forward_on_every_core_is_one_warning(threads, mine, machine, warns, m
     vllm_proposer._check_cores()
     got = [r.getMessage() for r in caplog.records if "leaving none to the proxy" in r.getMessage()]
     assert len(got) == (1 if warns else 0), got
+
+
+def _dspark_ckpt(tmp_path, **kw):
+    """A speculators-format DSpark checkpoint for the shipped target (random weights, saved by the
+    reference's own save_pretrained)."""
+    pytest.importorskip("speculators")
+    from transformers import AutoConfig
+
+    from dspark_proxy.model.dspark_head import build_dspark
+
+    cfg = AutoConfig.from_pretrained("models/stdlib-llama", local_files_only=True)
+    args = dict(verifier_path="models/stdlib-llama", layers=[1, 2, 4], num_spec=MAN.num_spec, window=MAN.window)
+    build_dspark(cfg, **{**args, **kw}).save_pretrained(str(tmp_path / "ck"))
+    return str(tmp_path / "ck")
+
+
+def test_a_dspark_checkpoint_sets_the_tap_and_shapes(tmp_path):
+    """DSPARK_PROXY_HEAD may name a DSpark checkpoint: its aux_hidden_state_layer_ids are the layers vLLM
+    is asked for (vLLM's auxiliary ids, one more than its DSpark model's target_layer_ids), its
+    sliding_window the window and its block the drafts."""
+    ck = _dspark_ckpt(tmp_path, layers=[0, 2, 4])
+    s = shapes_from_config(_config(), ck)
+    assert s.tap_layers == [0, 2, 4] and (s.window, s.num_spec, s.row_dtype) == (MAN.window, MAN.num_spec, "bfloat16")
+    assert s.row_bytes == 3 * MAN.hidden * 2
+    with pytest.raises(ValueError, match="the vLLM model has 3 layers"):
+        shapes_from_config(_config(layers=3), ck)
+
+
+def test_a_target_without_auxiliary_hidden_states_is_one_log_line(env, caplog):
+    """GPT-2 in vLLM gives no auxiliary hidden states: the proposer declines in one line."""
+    caplog.set_level(logging.INFO, logger="engine_shim")
+    cfg = _config()
+    cfg.model_config.architectures = ["GPT2LMHeadModel"]
+    cfg.model_config.model_impl, cfg.model_config.convert_type = "auto", "none"
+    cfg.model_config.runner_type = "generate"
+    p = DSparkProposer(cfg)
+    assert not p.active and p.shim is None
+    errs = _errors(caplog)
+    assert len(errs) == 1 and "GPT2LMHeadModel gives no auxiliary hidden states" in errs[0], errs

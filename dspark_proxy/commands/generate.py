@@ -52,13 +52,13 @@ def generate(model: str | None, head: str | None, prompts: tuple[str, ...], prom
     except ImportError as e:
         raise click.ClickException(f"{e}; install the model extra: pip install -e '.[model]'") from None
     model, head = model or DEFAULT_MODEL, head or DEFAULT_HEAD
-    from ..model.manifest import load_head_manifest
+    from ..model.head_shapes import load_head_shapes
 
     texts, count = split_prompts(prompts_file, None)
     prompts = (*prompts, *(texts or ()))
     n_prompts = count if count is not None else n_prompts
     try:
-        man = load_head_manifest(head)
+        man = load_head_shapes(head)  # a head manifest or a DSpark checkpoint: its tap and shapes
     except ValueError as e:
         fail("generate", str(e), EXIT_USAGE)
     from transformers import AutoTokenizer

@@ -134,7 +134,7 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
     """`prompt_texts` (eval --prompts FILE) replace the held-out prompts, each cut to its last 32 tokens."""
     import engine_shim
 
-    from ..model.manifest import HeadManifest, head_paths
+    from ..model.head_shapes import load_head_shapes
     from ..status import read_status
     from .arms import thread_shim
     from .system import SpecSystem
@@ -145,7 +145,7 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
     n_prompts = prompts or (16 if quick else 48)
     max_new = max_new or (64 if quick else 96)
     B = max_batch or (4 if quick else 8)
-    man = HeadManifest.load(head_paths(head)[1])
+    man = load_head_shapes(head)
     N, P = man.num_spec, 32
     target = open_engine(model, head, max_batch=B, max_len=P + max_new + N + 2)
     if prompt_texts:

@@ -34,9 +34,9 @@ def held_out_prompts(tokenizer, n: int, length: int) -> list[np.ndarray]:
 
 def open_engine(model: str, head: str | None, *, max_batch: int, max_len: int) -> TargetEngine:
     """The target with the head manifest's tap (no tap without a head: target-only or n-gram)."""
-    from ..model.manifest import HeadManifest, head_paths
+    from ..model.head_shapes import load_head_shapes
 
-    man = HeadManifest.load(head_paths(head)[1]) if head else None
+    man = load_head_shapes(head) if head else None
     return TargetEngine(model, slots=max_batch, max_len=max_len, tap_layers=man.tap_layers if man else None,
                         row_dtype=man.row_dtype if man else "bfloat16")
 
@@ -46,10 +46,10 @@ def generate(prompts: list[np.ndarray], *, model: str = DEFAULT_MODEL, head: str
              temperature: float = 0.0, seed: int = 0, deadline_ms: float = 50.0, num_spec: int = 5,
              threads: int = 1, target: TargetEngine | None = None) -> tuple[RunStats, SpecEngine]:
     """Generate for every prompt (batched, joining as slots free up); drafter: proxy | ngram | none."""
-    from ..model.manifest import HeadManifest, head_paths
+    from ..model.head_shapes import load_head_shapes
 
     torch.set_num_threads(threads)
-    man = HeadManifest.load(head_paths(head)[1]) if drafter == "proxy" else None
+    man = load_head_shapes(head) if drafter == "proxy" else None
     N = man.num_spec if man else num_spec
     max_len = max(len(p) for p in prompts) + max_new + N + 2
     if target is None:
