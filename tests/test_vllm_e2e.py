@@ -107,6 +107,39 @@ def test_vllm_sends_the_reference_engines_rows(runs):
     assert float((err > 0).float().mean()) < 0.05  # nearly all rows bit-identical after rounding
 
 
+def test_a_dspark_checkpoints_layer_ids_are_vllms_auxiliary_hidden_states(runs):
+    """The one-off convention, on the same tokens: the shipped DSpark checkpoint names
+    aux_hidden_state_layer_ids [1, 2, 4]; vLLM's own DSpark config maps them to target_layer_ids
+    [0, 1, 3] (its model's internal index) but asks the target for auxiliary hidden states [1, 2, 4],
+    which are what its proposer sent here; the trainer's tap (output_hidden_states, the last id before
+    the final norm) gives the same rows."""
+    import torch
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+    from dspark_proxy.model.head_shapes import load_head_shapes
+    from dspark_proxy.model.hf import load_causal_lm
+    from dspark_proxy.model.manifest import HeadManifest, head_paths
+    from dspark_proxy.model.taps import HiddenTaps
+
+    ck = "models/stdlib-llama-dspark"
+    ids = load_head_shapes(ck).tap_layers
+    v = SpeculatorsConfig.from_pretrained(ck)
+    assert v.eagle_aux_hidden_state_layer_ids == ids and v.target_layer_ids == [i - 1 for i in ids]
+    man = HeadManifest.load(head_paths(DEFAULT_HEAD)[1])
+    assert list(man.tap_layers) == ids  # the run's proposer asked vLLM for exactly these
+    probe = runs[1]["ring_probe"]
+    lo, hi, tokens = probe["lo"], probe["hi"], probe["tokens"]
+    top = min(hi, len(tokens) - 1)
+    got = np.frombuffer(base64.b64decode(probe["rows_b64"]), dtype=np.uint8).reshape(man.window, man.row_bytes)
+    got_f = torch.from_numpy(got[:top - lo + 1].copy()).view(torch.bfloat16).float()
+    model, _ = load_causal_lm(DEFAULT_MODEL)
+    rows, _, _ = HiddenTaps(model, ids)(torch.tensor([tokens]))
+    want = rows.to(torch.bfloat16)[0, lo:top + 1].float()
+    err = (got_f - want).abs()
+    assert float(err.max()) <= 0.02 * float(want.abs().max()), float(err.max())
+    assert float((err > 0).float().mean()) < 0.05
+
+
 def test_a_worker_killed_mid_generation_leaves_output_identical_and_no_step_waits_past_the_deadline(runs):
     nospec, ours = runs
     k = ours["drafter_killed"]

