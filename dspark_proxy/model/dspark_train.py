@@ -272,6 +272,9 @@ def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool 
     shutil.rmtree(tmp, ignore_errors=True)
     draft.save_pretrained(str(tmp))
     for f in tmp.iterdir():  # files replaced one by one; .work and anything else in out stay
+        if f.name == "config.py":  # speculators' own config-class source, for trust_remote_code only:
+            f.unlink()  # its from_pretrained and vLLM read config.json; we ship no copy of its code
+            continue
         f.replace(out_p / f.name)
     tmp.rmdir()
     from .dspark_head import load_dspark
