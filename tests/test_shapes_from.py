@@ -94,7 +94,7 @@ def test_a_dspark_checkpoint_gives_the_shapes(tmp_path):
     assert shapes_from(str(ck)) == {"num_spec": 4, "window": 12, "row_bytes": 3 * 192 * 2}
     s = load_head_shapes(ck)
     assert (s.tap_layers, s.num_spec, s.window, s.row_bytes) == ([1, 2, 4], 4, 12, 3 * 192 * 2)
-    r = _run(WorkerConfig, "--head", str(ck))
+    r = _run(ProxyConfig, "--head", str(ck))  # start --head
     assert r.exit_code == 0 and json.loads(r.output)["window"] == 12, r.output
     raw = json.loads((ck / "config.json").read_text())
     del raw["aux_hidden_state_layer_ids"]
