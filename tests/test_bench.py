@@ -37,16 +37,19 @@ def _figures(d: dict, what: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def quick_run() -> dict:
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     prefix = new_segment_name("bench")
+    plots = tmp_path_factory.mktemp("bench") / "plots"  # made by --plot
     proc = subprocess.run([sys.executable, "-m", "dspark_proxy.cli", "bench", "--quick", "--json", "--quiet",
-                           "--name-prefix", prefix], capture_output=True, text=True, timeout=280)
+                           "--name-prefix", prefix, "--plot", str(plots)], capture_output=True, text=True, timeout=280)
     left = sorted(p.name for p in DEV_SHM.glob(f"dspark-proxy.{prefix}-*"))
     for p in left:
         (DEV_SHM / p).unlink()
     assert proc.returncode == 0, f"bench exited {proc.returncode}:\n{proc.stderr[-4000:]}"
     assert not left, f"bench left segments behind: {left}"
-    return json.loads(proc.stdout)
+    res = json.loads(proc.stdout)
+    res["_plots"] = plots
+    return res
 
 
 @pytest.mark.timeout(300)
@@ -172,3 +175,14 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
                                  for n in (1, 16, 256)]}}
     out = plot(res, samples, str(tmp_path / "bench.png"))
     assert Path(out).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.timeout(300)
+def test_quick_run_plots_every_figure(quick_run: dict) -> None:
+    """`bench --plot DIR` on the quick run: one valid PNG per figure of the sections that ran."""
+    from tests.test_plots import assert_png
+
+    names = sorted(p.name for p in quick_run["_plots"].iterdir())
+    assert names == ["bench_gil.png", "bench_handoff.png", "bench_scaling.png"], names
+    for p in quick_run["_plots"].iterdir():
+        assert_png(p)

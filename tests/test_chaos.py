@@ -44,11 +44,12 @@ def campaign(tmp_path_factory):
     from tests.conftest import _unlink, new_segment_name
 
     name = new_segment_name("chaos")
+    plots = tmp_path_factory.mktemp("chaos") / "plots"  # made by --plot
     t0 = time.monotonic()
     try:
         out = subprocess.run([sys.executable, "-m", "dspark_proxy.cli", "chaos", "--duration", "60", "--passes", "2",
                               "--deadline-ms", str(DEADLINE_MS), "--margin-ms", str(MARGIN_MS), "--seed", "0",
-                              "--name", name, "--json", "--quiet"],
+                              "--name", name, "--json", "--quiet", "--plot", str(plots)],
                              capture_output=True, text=True, timeout=150)
         elapsed = time.monotonic() - t0
         left_segment = os.path.exists(f"/dev/shm/dspark-proxy.{name}")
@@ -58,7 +59,7 @@ def campaign(tmp_path_factory):
         _unlink(name)
     report = json.loads(out.stdout) if out.stdout.strip() else None
     return {"rc": out.returncode, "stderr": out.stderr, "report": report, "elapsed_s": elapsed,
-            "left_segment": left_segment, "left_procs": left_procs}
+            "left_segment": left_segment, "left_procs": left_procs, "plots": plots}
 
 
 @pytest.mark.timeout(200)
@@ -151,6 +152,17 @@ def test_the_table_has_a_row_per_fault(campaign):
     rows = [ln.split()[0] for ln in table.splitlines() if ln and ln.split()[0] in KIND_NAMES]
     assert sorted(set(rows)) == sorted(KIND_NAMES)
     assert "PASSED" in table
+
+
+def test_the_plot_shows_every_fault(campaign):
+    """`chaos --plot DIR`: the engine's waits through each fault, one PNG, listed in the report."""
+    from tests.test_plots import assert_png
+
+    r = campaign["report"]
+    assert r is not None, campaign["stderr"][-3000:]
+    assert [p.name for p in campaign["plots"].iterdir()] == ["chaos_wait.png"]
+    assert r["plots"] == [str(campaign["plots"] / "chaos_wait.png")]
+    assert_png(r["plots"][0])
 
 
 def test_counter_delta_sums_over_proxy_incarnations():

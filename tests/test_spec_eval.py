@@ -43,10 +43,14 @@ EVAL_KEYS = {"mean_accepted", "mean_accepted_ngram", "num_spec", "target_forward
 
 
 @pytest.mark.timeout(300)
-def test_eval_json_shape() -> None:
-    """A small eval through the CLI: one JSON object on the last line, the keys, 0 mismatches."""
+def test_eval_json_shape(tmp_path) -> None:
+    """A small eval through the CLI: one JSON object on the last line, the keys, 0 mismatches; its
+    figures (`--plot DIR`) valid PNGs."""
+    from tests.test_plots import assert_png
+
     out = subprocess.run([sys.executable, "-m", "dspark_proxy.cli", "eval", "--quick", "--prompts", "4",
-                          "--max-new", "16", "--max-batch", "2", "--reps", "1", "--json"],
+                          "--max-new", "16", "--max-batch", "2", "--reps", "1", "--json",
+                          "--plot", str(tmp_path / "plots")],
                          capture_output=True, text=True, timeout=280)
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
@@ -61,6 +65,9 @@ def test_eval_json_shape() -> None:
     p = r["round_parts_ms"]  # each round's worker time is inside its STEP's round trip (rounds without a
     assert 0 < p["worker"] <= p["proxy_worker_rtt"] and p["proxy_round"] > 0, p  # reply have neither)
     assert "the round (p50, ms)" in format_eval(r)
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["eval_acceptance.png", "eval_tokens_per_s.png"]
+    for p in (tmp_path / "plots").iterdir():
+        assert_png(p)
 
 
 def test_bench_runs_eval_only_when_named() -> None:

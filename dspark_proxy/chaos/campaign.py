@@ -280,10 +280,12 @@ def _save_rounds(path: Path, probe: EngineProbe) -> None:
                         after_wait_ns=np.asarray(probe.after_wait_ns[:n]))
 
 
-def run_campaign(cfg: ChaosConfig, progress: Any = None) -> dict[str, Any]:
+def run_campaign(cfg: ChaosConfig, progress: Any = None, plot_dir: Path | None = None) -> dict[str, Any]:
     """Run the whole campaign; returns the report (report.build_report), `ok` False on any failure.
 
-    `progress(msg)` is called with a line per injection (the command prints it to stderr)."""
+    `progress(msg)` is called with a line per injection (the command prints it to stderr); with
+    `plot_dir` (an existing directory) the engine's waits are drawn there (plot.py) and the report's
+    `plots` lists the files."""
     from ..sim import SimConfig, SimEngine
 
     say = progress or (lambda msg: None)
@@ -364,10 +366,29 @@ def run_campaign(cfg: ChaosConfig, progress: Any = None) -> dict[str, Any]:
     if probe is not None and (cfg.log_dir or not report["ok"]):
         _save_rounds(log_dir / "rounds.npz", probe)
     report["log_dir"] = str(log_dir)
+    if plot_dir is not None and probe is not None:
+        report["plots"] = _plot(probe, injections, cfg, plot_dir, say)
     if report["ok"] and not cfg.log_dir:
         shutil.rmtree(log_dir, ignore_errors=True)
         report["log_dir"] = None
     return report
+
+
+def _plot(probe: EngineProbe, injections: list[Injection], cfg: ChaosConfig, plot_dir: Path,
+          say: Any) -> list[str]:
+    """The waits drawn (plot.py); a plot that fails is logged, never the campaign's failure."""
+    from .plot import plot_chaos
+
+    n = probe.count
+    try:
+        paths = plot_chaos(probe.reply_end_ns[:n], probe.wait_ns[:n], injections, cfg.deadline_ms, cfg.margin_ms,
+                           plot_dir)
+    except Exception:  # noqa: BLE001 - the campaign's report matters more than its picture
+        log.exception("[chaos] the plot failed")
+        return []
+    for p in paths:
+        say(f"[chaos] plot written to {p}")
+    return paths
 
 
 def _progress_line(inj: Injection, probe: EngineProbe, cfg: ChaosConfig) -> str:

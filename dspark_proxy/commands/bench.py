@@ -7,6 +7,8 @@ import time
 
 import click
 
+from .plot_option import plot_option
+
 __all__ = ["bench"]
 
 
@@ -30,8 +32,9 @@ def _sections(value: str | None) -> list[str] | None:
 @click.option("--sections", default=None, metavar="LIST",
               help="Comma list of sections to run: handoff,gil,scaling,rows,memory (default: all), and eval "
                    "(only when named: needs the model extra).")
-@click.option("--plot", "plot_path", default=None, metavar="PNG",
-              help="Also draw the latency distributions to this file (needs matplotlib).")
+@click.option("--plot", "plot_path", default=None, metavar="DIR",
+              help="Also draw the figures as PNGs in DIR (created if missing; needs matplotlib, the plot "
+                   "extra). A path ending in .png (deprecated) gets the latency panels in one file.")
 @click.option("--output", "out_path", default=None, metavar="FILE",
               help="Also write the JSON results to FILE.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
@@ -47,20 +50,21 @@ def bench(quick: bool, as_json: bool, sections: str | None, plot_path: str | Non
     from ..bench.report import format_report
 
     chosen = _sections(sections)
-    if plot_path:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError as e:
-            raise click.UsageError("--plot needs matplotlib: pip install 'dspark-proxy[plot]'") from e
+    plot_dir, plot_file = plot_option("bench", plot_path, legacy_png=True)
     t0 = time.monotonic()
     say = (lambda msg: None) if quiet else (lambda msg: click.echo(f"[bench] {msg}", err=True))
     results, samples = run_bench(chosen, quick=quick, say=say, prefix=name_prefix)
     results["meta"]["total_s"] = round(time.monotonic() - t0, 2)
-    if plot_path:
+    if plot_file:
         from ..bench.plot import plot
 
-        plot(results, samples, plot_path)
-        say(f"plot written to {plot_path}")
+        plot(results, samples, plot_file)
+        say(f"plot written to {plot_file}")
+    elif plot_dir is not None:
+        from ..bench.plot import plot_dir as plot_figures
+
+        for path in plot_figures(results, samples, plot_dir):
+            say(f"plot written to {path}")
     text = json.dumps(results, default=str)
     if out_path:
         with open(out_path, "w") as f:

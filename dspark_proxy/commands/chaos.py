@@ -10,6 +10,8 @@ import sys
 
 import click
 
+from .plot_option import plot_option
+
 __all__ = ["chaos"]
 
 
@@ -37,14 +39,18 @@ __all__ = ["chaos"]
 @click.option("--log-dir", default=None, help="Keep the children's logs here (default: a temp dir, kept on failure).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+@click.option("--plot", "plot_path", default=None, metavar="DIR",
+              help="Also draw the engine's wait over time through each fault as a PNG in DIR (created if "
+                   "missing; needs matplotlib, the plot extra).")
 def chaos(duration_s: float, deadline_ms: float, margin_ms: float, max_reqs: int, num_spec: int, window: int,
           row_bytes: int, engine_work_us: float, hold_ms: float, heartbeat_timeout_ms: float, kinds: str | None,
           max_passes: int | None, strict: bool, seed: int, name: str | None, log_dir: str | None, as_json: bool,
-          quiet: bool) -> None:
+          quiet: bool, plot_path: str | None) -> None:
     """Inject every fault kind into a running system; report what the engine saw, per fault."""
     from ..chaos import KIND_NAMES, ChaosConfig, format_table, run_campaign
     from ..exitcodes import EXIT_FAILURE, EXIT_WRONG_DRAFTS
 
+    plot_dir, _ = plot_option("chaos", plot_path)
     if not quiet:
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -57,7 +63,7 @@ def chaos(duration_s: float, deadline_ms: float, margin_ms: float, max_reqs: int
                           max_passes=max_passes, strict=strict, name=name, log_dir=log_dir)
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
-    report = run_campaign(cfg, progress=None if quiet else (lambda msg: click.echo(msg, err=True)))
+    report = run_campaign(cfg, progress=None if quiet else (lambda msg: click.echo(msg, err=True)), plot_dir=plot_dir)
     click.echo(json.dumps(report, default=str) if as_json else format_table(report))
     if not report["ok"]:
         click.echo("dspark-proxy chaos: FAILED: " + "; ".join(report["failures"][:5]), err=True)

@@ -11,6 +11,7 @@ import click
 from ..aliases import PromptsArg, deprecated_alias, split_prompts
 from ..exitcodes import EXIT_USAGE
 from .errors import fail
+from .plot_option import plot_option
 
 __all__ = ["eval_cmd"]
 
@@ -35,11 +36,15 @@ __all__ = ["eval_cmd"]
               help="Draft-length policy of the head's arms: verify drafts while the product of their "
                    "confidences stays at or above this (0: every draft; default: the engine's).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (last line).")
+@click.option("--plot", "plot_path", default=None, metavar="DIR",
+              help="Also draw acceptance by draft position and tokens/s per arm as PNGs in DIR (created if "
+                   "missing; needs matplotlib, the plot extra).")
 def eval_cmd(quick: bool, model: str | None, head: str | None, prompts: str | int | None, n_prompts: int | None,
              max_new: int | None,
              max_batch: int | None, reps: int, faults: bool, deadline_ms: float, min_confidence: float | None,
-             as_json: bool) -> None:
+             as_json: bool, plot_path: str | None) -> None:
     """Measure what the head earns: acceptance, speed-up over target-only and n-gram, losslessness, faults."""
+    plot_dir, _ = plot_option("eval", plot_path)
     try:
         from ..spec.evaluate import MIN_CONFIDENCE, run_eval
         from ..spec.report import format_eval
@@ -57,4 +62,9 @@ def eval_cmd(quick: bool, model: str | None, head: str | None, prompts: str | in
                  prompt_texts=texts,
                  max_new=max_new, max_batch=max_batch, reps=reps, faults=faults, deadline_ms=deadline_ms,
                  min_confidence=MIN_CONFIDENCE if min_confidence is None else min_confidence, say=lambda m: click.echo(f"[eval] {m}", err=True))
+    if plot_dir is not None:
+        from ..spec.plot import plot_eval
+
+        for path in plot_eval(r, plot_dir):
+            click.echo(f"[eval] plot written to {path}", err=True)
     click.echo(json.dumps(r) if as_json else format_eval(r))

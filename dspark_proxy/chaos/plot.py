@@ -1,0 +1,63 @@
+"""`chaos --plot DIR`: the engine's wait over time through each fault (matplotlib, the `plot` extra).
+
+`chaos_wait.png` has one panel per fault kind: every injection of that kind overlaid, each round's wait
+inside `read_reply` (ms, log scale) against the time since its injection began, the fault's span shaded
+(from the start to where the injector cleared it, first injection) and the deadline as a line. The
+guarantee it shows (docs/guarantees.md): no dot above the deadline plus the margin.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..plotting import pyplot, save
+from .campaign import Injection
+
+__all__ = ["plot_chaos"]
+
+FLOOR_MS = 1e-3  # a wait shorter than 1 us is drawn at 1 us (log scale)
+
+
+def plot_chaos(reply_end_ns: Sequence[int], wait_ns: Sequence[int], injections: Sequence[Injection],
+               deadline_ms: float, margin_ms: float, out: Path) -> list[str]:
+    """Write `chaos_wait.png` to `out` (which exists) from the engine's per-round record; the paths
+    written (none when no injection has rounds)."""
+    end = np.asarray(reply_end_ns, dtype=np.int64)
+    wait = np.maximum(np.asarray(wait_ns, dtype=np.float64) / 1e6, FLOOR_MS)
+    by_kind: dict[str, list[Injection]] = {}
+    for inj in injections:
+        if 0 <= inj.idx_start < inj.idx_end <= end.size:
+            by_kind.setdefault(inj.kind, []).append(inj)
+    if not by_kind:
+        return []
+    plt = pyplot()
+    cols = min(4, len(by_kind))
+    rows = math.ceil(len(by_kind) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.3 * rows), squeeze=False, sharey=True)
+    for ax in axes.flat[len(by_kind):]:
+        ax.set_visible(False)
+    for ax, (kind, injs) in zip(axes.flat, by_kind.items(), strict=False):
+        for j, inj in enumerate(injs):
+            t0 = end[inj.idx_start]
+            xs = (end[inj.idx_start:inj.idx_end] - t0) / 1e9
+            ax.plot(xs, wait[inj.idx_start:inj.idx_end], ".", markersize=1.5, alpha=0.6)
+            if j == 0 and inj.idx_start < inj.idx_clear <= inj.idx_end:
+                ax.axvspan(0, (end[inj.idx_clear - 1] - t0) / 1e9, color="#f4c7c3", alpha=0.5, lw=0)
+        ax.axhline(deadline_ms, color="k", lw=0.8, ls="--")
+        ax.axhline(deadline_ms + margin_ms, color="r", lw=0.8, ls=":")
+        ax.set_yscale("log")
+        ax.set_ylim(FLOOR_MS * 0.8, (deadline_ms + margin_ms) * 2)
+        ax.set_title(f"{kind} (x{len(injs)})", fontsize=8)
+        ax.tick_params(labelsize=6)
+        ax.grid(True, alpha=0.3)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("wait (ms)", fontsize=7)
+    for ax in axes[-1]:
+        ax.set_xlabel("s since injection", fontsize=7)
+    fig.suptitle(f"engine wait in read_reply through each fault (deadline {deadline_ms:g} ms dashed, "
+                 f"+ margin dotted; fault span shaded)", fontsize=9)
+    return [save(fig, out / "chaos_wait.png", dpi=80)]
