@@ -1,6 +1,6 @@
 /*
  * _keepawake.c: keep the proxy's CPUs out of their idle state while rounds flow (proxy
- * `--keep-awake-ms`, README "Keeping the proxy's CPUs awake").
+ * `--keep-awake-ms`, docs/performance.md, "Keeping the proxy's CPUs awake").
  *
  * Between two of an engine's rounds the proxy's CPU has nothing to do and idles. Waking an idle CPU
  * costs: on a VM with guest halt polling off, a futex wake to a halted vCPU took ~130 us here against

@@ -1,7 +1,7 @@
 """The round's view of a draft worker: the `DraftClient` protocol and the outcome of one STEP.
 
 Three implementations: `client.TcpDraftClient` (a remote worker over TCP), `pool.client.PoolClient`
-(several of them, README "Running a pool of workers") and `inproc.InProcessClient` (a worker inside the
+(several of them, docs/deploy.md, "A pool of workers") and `inproc.InProcessClient` (a worker inside the
 proxy, for `--worker inproc|null`, benchmarks and tests). The round and the
 proxy depend only on this protocol; both clients return the same types (`StepOutcome` holding a
 `wire.StepReply`), so nothing downstream can tell them apart except by what they measure.

@@ -4,7 +4,7 @@ A killed engine abandons nothing, so the proxy must notice it itself to free the
 (proxy.py `_wait_gathered`). A pidfd opened at attach answers with one poll (readable once the process
 has exited, zombie included) and cannot name a later process that reuses the pid; reading /proc for
 the pid and its start time at every slice cost the idle proxy ~0.08% of a core here, a sixth of the
-idle budget (README, "Idle"). Without pidfd_open (Linux before 5.3) /proc is read, as the shim does
+idle budget (docs/performance.md, "Idle, state by state"). Without pidfd_open (Linux before 5.3) /proc is read, as the shim does
 for its proxy. An engine whose pid this process cannot see at attach (another PID namespace) is never
 judged gone: the incarnation ends as before, when the next engine abandons it.
 """

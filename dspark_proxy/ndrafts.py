@@ -2,7 +2,7 @@
 
 A request's usable drafts are its leading non-negative draft ids, at most the entry's n_out (0 = all
 N): a worker that answers -1 early, or a draft after a -1, never makes the engine read a -1 or a draft
-past one (README "In the engine", shm_layout.md). Everything past n_drafts is -1 / 0 on the page.
+past one (docs/engine.md, "The calls", shm_layout.md). Everything past n_drafts is -1 / 0 on the page.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ __all__ = ["Proxy", "run_proxy", "layout_params"]
 
 log = logging.getLogger(__name__)
 
-# The idle cost is one wake per cadence (README, "Idle"). The heartbeat beats a tenth of the shim's
+# The idle cost is one wake per cadence (docs/performance.md, "Idle, state by state"). The heartbeat beats a tenth of the shim's
 # default 1 s heartbeat timeout while an engine is attached; before, nobody judges it (the shim's
 # watchdog reads it only once attached, and counts its age from the attach), so it beats once a
 # second. The round loop's waits come back this often to see stop and abandoned.
@@ -312,7 +312,7 @@ class Proxy:
                 self.stats.inc("abandoned")
                 return False
             waited = time.monotonic() - t0
-            if waited >= next_look:  # (once a second: the idle proxy's budget, README "Idle")
+            if waited >= next_look:  # (once a second: the idle proxy's budget, docs/performance.md, "Idle, state by state")
                 next_look = waited + ENGINE_LOOK_S
                 self._relook(flags)
                 if not engine.alive():

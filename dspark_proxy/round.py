@@ -31,7 +31,7 @@ advance, sums, entries and the small rows' gather, stopping where the round stop
 says where, and `_run` goes on from there) and finish_whole (ring model, page, status), with `_usual`
 between them when the front went all the way (the STEP, and nothing left to decide); its latencies
 are one more (round_stats.py), and what every round asks is bound once per incarnation.
-scripts/bench_round.py measures it (README, "Native hot paths", for the figures and their history).
+scripts/bench_round.py measures it (docs/history.md, "Native hot paths", for the figures and their history).
 
 Thread ownership: one round thread owns everything here; `stats` is shared read-only with the
 heartbeat thread's snapshot.
@@ -351,7 +351,7 @@ class RoundCore(LateRounds):
         window to resync, staged or of unknown range, every request with rows) and built its entries.
         What _run checks for that round is known, so this is its path with nothing left to decide, in as
         few Python calls as it takes: the round after an engine's forward runs with cold caches, where
-        each call costs a few µs (README, "Native hot paths")."""
+        each call costs a few µs (docs/history.md, "Native hot paths")."""
         st, fused, v = self.stats, self.fused, self.desc.v
         st.inc(_ROUNDS_KEY[phase])
         plan, slots, n_rows = pre[2], v.slots, self.desc.rows_staged

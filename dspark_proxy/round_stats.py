@@ -1,6 +1,6 @@
 """The round's latencies, recorded at its end in one call (stats.py `HistGroup`, `_fastround.hist_observe`
 on the C path) rather than one `Stats.observe` each: at n = 1 the six observes were ~3 µs of a ~20 µs
-round. The keys and their meanings are those the round always had (README, "Statistics"):
+round. The keys and their meanings are those the round always had (docs/operating.md):
 
 - `rank0_round_us`, `proxy_parked_us_<phase>`: the round's own time (gathered seen -> published), all
   rounds and by phase;

@@ -40,7 +40,7 @@ def reply_spin(peer_pid: int) -> AdaptiveSpin:
     DSPARK_PROXY_REPLY_SPIN_US (default 100), learned from when recent replies came (AdaptiveSpin). An engine
     whose thread has nothing else to do while its drafts come (its own CPU, as vLLM's demo placement
     gives it) can spin through the proxy's whole round: a sleeping vCPU took ~130 us to wake here
-    (README, "Keeping the proxy's CPUs awake"). Never when engine and proxy share one CPU."""
+    (docs/performance.md, "Keeping the proxy's CPUs awake"). Never when engine and proxy share one CPU."""
     raw = os.environ.get(ENV_REPLY_SPIN_US, "")
     us = REPLY_SPIN_US
     if raw:

@@ -1,4 +1,4 @@
-"""Tensor-parallel engines: rank 0 reads the reply, every rank needs it (README, "In the engine").
+"""Tensor-parallel engines: rank 0 reads the reply, every rank needs it (docs/engine.md, "The calls").
 
 The reply travels over the engine's own `torch.distributed` group, not through anything of ours: one
 broadcast of one packed int32 tensor per round (a broadcast costs a latency per call, so per-field

@@ -9,7 +9,7 @@ Three jobs, escalating:
    heartbeat timeout), state stopping/dead, segment abandoned or replaced by a new incarnation under
    the same name: fail every round far ahead and hand the engine thread a detach. Checked every
    `check_every_s()` (2.5 looks, at most a quarter of the heartbeat timeout); the proxy's death wakes
-   the wait at once (its pidfd, liveness.py). Few wakes: an idle engine pays for each (README, "Idle").
+   the wait at once (its pidfd, liveness.py). Few wakes: an idle engine pays for each (docs/performance.md, "Idle, state by state").
 3. Detached: look for a ready incarnation every `look_every_s` (100 ms), validate it against the
    engine's parameters in this thread (not the engine's), and offer it; the engine thread attaches
    at its next round.
@@ -338,7 +338,7 @@ class Watchdog:
         self._next_look = now + shim.look_every_s
         # one stat per look while nothing new is there: no name, or the same object we refused for
         # good last time (abandoned, another layout, a dead owner): a leftover of a killed proxy was
-        # opened, mapped and read ten times a second (README, "Idle")
+        # opened, mapped and read ten times a second (docs/performance.md, "Idle, state by state")
         try:
             st = os.stat("/dev/shm" + shm_name(shim.name))
         except (OSError, ValueError):

@@ -15,7 +15,7 @@ Mixes (all N = 5, 64-byte rows unless --row-bytes):
            the round asks for their windows and later rounds send them as RESYNC entries
 
 With --cold, 16 MiB are swept between each enqueue and its round, so the round runs with caches that
-hold none of its code or data, as it does at a real engine's pace (README, "What each section and row
+hold none of its code or data, as it does at a real engine's pace (docs/performance.md, "What each section and row
 means", the paced hand-off).
 
 Prints one line per (W, n, mix): median and p90 of handle() and of the proxy's own time, over

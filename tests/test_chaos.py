@@ -1,4 +1,4 @@
-"""The short fault campaign, through the real CLI (README, "What the engine can rely on"): every fault kind injected at least
+"""The short fault campaign, through the real CLI (docs/guarantees.md): every fault kind injected at least
 once into a running system (real worker and proxy processes, the real shim, the simulated engine with
 every draft checked by the integrity oracle), and the guarantees hold:
 

@@ -2,7 +2,7 @@
 
 1. A TcpDraftClient whose handshake was refused (a worker restarted with another layout) stays disabled
    for good: its connect thread returns. When the right worker comes back on the same address, drafts
-   never resume until the proxy is restarted (README, "What the engine can rely on": after a fault
+   never resume until the proxy is restarted (docs/guarantees.md: after a fault
    clears, usable drafts resume within a bounded number of rounds). `dspark-proxy chaos`
    (worker_layout) restarts the proxy to recover and reports `self_recovered: False`.
 2. A reply is matched to its STEP by the step id in its header alone: a late reply that carries the

@@ -1,4 +1,4 @@
-"""Fuzzing the proxy's reading of a round's descriptor and metadata (README, "What the engine can rely
+"""Fuzzing the proxy's reading of a round's descriptor and metadata (docs/guarantees.md ("The campaign"
 on": malformed descriptors never crash or hang either side, and are counted).
 
 Random bytes and mutations go into round t's desc or meta slot of a real segment, between the shim's

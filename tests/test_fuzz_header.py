@@ -1,4 +1,4 @@
-"""Fuzzing the engine side's validation of a segment header (README, "What the engine can rely on"):
+"""Fuzzing the engine side's validation of a segment header (docs/guarantees.md):
 random and mutated headers make Segment.open and engine_shim.attach either accept the segment (the
 damage missed what they check) or raise SegmentError / LayoutMismatch with a message; nothing else
 escapes, nothing hangs, and the watchdog's search for a proxy never offers a segment whose parameters

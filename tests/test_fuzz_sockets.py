@@ -1,4 +1,4 @@
-"""Fuzzing both ends of the wire over real sockets (README, "What the engine can rely on": malformed
+"""Fuzzing both ends of the wire over real sockets (docs/guarantees.md: malformed
 frames never crash or hang either side, and are counted). test_wire_fuzz.py fuzzes the sans-IO decoder;
 this file feeds mutated frames to the live programs:
 

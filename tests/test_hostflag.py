@@ -801,7 +801,7 @@ def test_adaptive_spin(monkeypatch):
 @pytest.mark.parametrize("side", ["proxy", "engine"])
 @pytest.mark.parametrize("stamped", [True, False])
 def test_the_spin_learns_when_the_answer_came_not_when_the_wait_woke(seg, side, stamped):
-    """A wait that slept returns at its wake-up, tens of µs after the answer came in a VM (README,
+    """A wait that slept returns at its wake-up, tens of µs after the answer came in a VM (docs/performance.md,
     "Keeping the proxy's CPUs awake"): counted so, an answer that comes 10 µs into every wait keeps the
     spin at zero, and both sides then sleep and wake each other every round. The writers' stamps say
     when it came (gathered_ns before `gathered`, published_ns in publish), and the spin grows to twice

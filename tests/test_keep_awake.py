@@ -1,6 +1,6 @@
 """`start --keep-awake-ms`: SCHED_IDLE spinners on the proxy's CPUs after each round (keep_awake.py,
 _keepawake.c). They must spin while rounds come, at SCHED_IDLE only, and stop within the window after
-the last round, so the idle cost (README, "Idle") is what it is without them; off by default."""
+the last round, so the idle cost (docs/performance.md, "Idle, state by state") is what it is without them; off by default."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _policies(pid: int) -> list[int]:
 
 
 def _assert_no_cpu_after_rounds(pid: int) -> None:
-    """Under 5 ms of CPU in a second (the idle budget, README "Idle"), in one of up to three seconds: a
+    """Under 5 ms of CPU in a second (the idle budget, docs/performance.md, "Idle, state by state"), in one of up to three seconds: a
     spinner left running spends the whole second in every one, while an idle proxy's snapshot or a
     loaded machine's costlier wakes can push one second past it (test_idle_cpu allows three windows
     for the same reason)."""

@@ -459,7 +459,7 @@ def test_reply_layout_formula(m, n, sampled):
 
 
 @pytest.mark.parametrize("m,n,w,rb,budget_mb,expected", [
-    (256, 5, 128, 71_680, 256, (3744, 29)),  # the README's realistic shape: the budget decides both
+    (256, 5, 128, 71_680, 256, (3744, 29)),  # docs/deploy.md's realistic shape: the budget decides both
     (8, 5, 16, 64, 256, (128, 8)),  # small rows: every row of every window fits; every slot resyncs
     (16, 5, 128, 71_680, 1, (96, 4)),  # tiny budget: one decode round M*(N+1) and 4 windows at least
     (2, 5, 128, 71_680, 1, (14, 2)),  # ... but never more windows than slots (1 MiB / 70 KiB = 14 rows)

@@ -470,7 +470,7 @@ def test_config_validation_names_the_field(field, value):
 
 
 def test_realistic_shapes_smoke():
-    """The README's realistic rows (71,680 bytes, W = 128) through the fast oracle, on a small batch."""
+    """The realistic rows of docs/deploy.md (71,680 bytes, W = 128) through the fast oracle, on a small batch."""
     cfg = SimConfig.realistic(max_reqs=4, token_budget=600, prompt_len=(100, 400), output_len=(8, 32),
                               arrivals_per_round=1.0, seed=2)
     res = SimEngine(cfg).run(_shim(cfg, partial_prob=0.2), rounds=12)

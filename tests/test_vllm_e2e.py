@@ -30,7 +30,7 @@ from dspark_proxy.launch import spawn_proxy, spawn_worker
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 MAX_TOKENS = 40
-DEADLINE_MS, GRACE_MS, SLACK_MS = 30.0, 2.0, 20.0  # the slack: the engine thread taking its GIL back (README)
+DEADLINE_MS, GRACE_MS, SLACK_MS = 30.0, 2.0, 20.0  # the slack: the engine thread taking its GIL back (docs/guarantees.md)
 LLM = {"max_num_seqs": 8, "max_model_len": 256, "block_size": 32, "num_gpu_blocks_override": 10,
        "max_num_batched_tokens": 48, "enable_prefix_caching": True, "enable_chunked_prefill": True}
 LAYOUT = shapes_args(DEFAULT_HEAD, LLM["max_num_seqs"])

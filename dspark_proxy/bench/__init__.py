@@ -1,4 +1,4 @@
-"""`dspark-proxy bench`: the performance case, side by side in one run (README, "Performance").
+"""`dspark-proxy bench`: the performance case, side by side in one run (docs/performance.md).
 
 One module per section; each `run_<section>(quick, say)` returns `(results, samples)`: a JSON-able
 dict with every figure as p50 / p99 / p99.9 / max in µs (or MB/s, MB, % of a core) and the ratios

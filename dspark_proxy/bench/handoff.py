@@ -39,9 +39,9 @@ __all__ = ["run_handoff", "HANDOFF_SHAPE"]
 
 HANDOFF_SHAPE = {"max_reqs": 256, "num_spec": 5, "window": 128, "row_bytes": 256, "n": 1}
 # back to back, the proxy's round runs with its caches warm; between a real engine's forwards its CPU
-# idles, and the round runs cold (the paced figure, README "Hand-off")
+# idles, and the round runs cold (the paced figure, docs/performance.md, "Hand-off")
 PACED_GAP_MS = 3.0
-KEEP_AWAKE = ("--keep-awake-ms", "20")  # the proxy's CPUs kept awake, as the README sets it up for a real engine
+KEEP_AWAKE = ("--keep-awake-ms", "20")  # the proxy's CPUs kept awake, as docs/performance.md sets it up for a real engine
 
 
 def _layout_args(shape: dict[str, int]) -> list[str]:
@@ -215,7 +215,7 @@ def run_handoff(quick: bool = False, say: Callable[[str], None] = lambda s: None
             h = time_handoff(f"{prefix or default_prefix()}-handoff-paced", rounds // 5, warmup // 5, other,
                              gap_ms=PACED_GAP_MS)
         out["paced"] = {"gap_ms": PACED_GAP_MS, "placement": "cross_core", **_summary(h)}
-        # the same two ways with the proxy's CPUs kept awake between rounds (README "Keeping the proxy's
+        # the same two ways with the proxy's CPUs kept awake between rounds (docs/performance.md, "Keeping the proxy's
         # CPUs awake"): an idle vCPU is a cold one here, back to back too once the proxy sleeps
         say("hand-off: unpinned and paced, the proxy kept awake")
         h = time_handoff(f"{prefix or default_prefix()}-handoff-ka", rounds // 2, warmup, None, proxy_args=KEEP_AWAKE)

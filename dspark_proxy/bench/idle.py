@@ -1,4 +1,4 @@
-"""The idle cost of proxy and shim, state by state (README, "Idle"; the target: each state at most
+"""The idle cost of proxy and shim, state by state (docs/performance.md, "Idle, state by state"; the target: each state at most
 0.5% of one core for proxy + shim together).
 
 An idle engine still pays for every thread that wakes on a timer: the proxy's heartbeat and round

@@ -1,4 +1,4 @@
-"""The fault campaign (README, "What the engine can rely on"): the simulated engine through the real
+"""The fault campaign (docs/guarantees.md): the simulated engine through the real
 shim, a real worker and a real proxy as child processes, every fault kind injected on a schedule, and a
 report of what the engine saw.
 

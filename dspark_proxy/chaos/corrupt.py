@@ -1,6 +1,6 @@
 """Corrupting a round's descriptor or metadata slot from the engine side, before `gathered` is raised.
 
-Each mode is damage the proxy's validation must catch (README, "What the engine can rely on": malformed
+Each mode is damage the proxy's validation must catch (docs/guarantees.md: malformed
 descriptors never crash or hang either side, and are counted): the round fails with
 `fallback_bad_descriptor`, the proxy lives. Damage that happens to look valid (a slot id swapped for
 another in-range one, say) is a different fault, a lying engine, which no proxy can detect; the modes

@@ -1,4 +1,4 @@
-"""The fault kinds (README, "What the engine can rely on"): one table, each kind with what it does, its injector and its proof.
+"""The fault kinds (docs/guarantees.md): one table, each kind with what it does, its injector and its proof.
 
 Adding a kind is one entry here, its injector (injectors.py or rogue.py) and its test: the campaign,
 `--kinds`, the report and tests/test_chaos.py all read this table. `effect` names the counter (or the

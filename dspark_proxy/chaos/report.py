@@ -1,6 +1,6 @@
 """The campaign's report: per fault kind, what the engine saw (rounds, usable drafts, wrong drafts, full
 windows, its waits against the deadline and its longest enqueue, rounds until drafts resumed and until
-windows were full again) and what both watchdogs recorded; the checks README "Guarantees" lists; a
+windows were full again) and what both watchdogs recorded; the checks docs/guarantees.md lists; a
 human table.
 
 Windows, per injection, as indices into the engine's per-round record:

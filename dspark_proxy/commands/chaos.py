@@ -1,4 +1,4 @@
-"""`dspark-proxy chaos`: the fault campaign (README, "What the engine can rely on") against real worker
+"""`dspark-proxy chaos`: the fault campaign (docs/guarantees.md) against real worker
 and proxy processes; a table (or --json) per fault kind; exits non-zero if any guarantee did not
 hold."""
 

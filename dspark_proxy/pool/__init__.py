@@ -1,4 +1,4 @@
-"""A pool of draft workers behind one `DraftClient` (README, "Running a pool of workers").
+"""A pool of draft workers behind one `DraftClient` (docs/deploy.md, "A pool of workers").
 
 `addresses` reads the `--worker` list (several addresses, or a file of them re-read on SIGHUP);
 `route` spreads slots over the workers by rendezvous hashing and keeps who owns each; `member` is one

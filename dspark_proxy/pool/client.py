@@ -1,4 +1,4 @@
-"""`PoolClient`: one `DraftClient` over several draft workers (README, "Running a pool of workers").
+"""`PoolClient`: one `DraftClient` over several draft workers (docs/deploy.md, "A pool of workers").
 
 Per round, on the round's thread:
 

@@ -355,7 +355,7 @@ static void write_failed_page(char *page, Py_ssize_t zero_bytes, int32_t n) {
  * The page is [status, n], then k blocks of M requests, request i's words at off + i * per. A round of
  * n requests is its header and the first n requests of each block: all that its reader reads (reply.py
  * parses [:n] only), so publish and read_page copy that much and not the whole page: 11 KB at the
- * README's M=256, each 64-byte line of it a cache miss on the other side's core.
+ * docs/deploy.md's M=256, each 64-byte line of it a cache miss on the other side's core.
  */
 typedef struct {
     int64_t M;

@@ -14,7 +14,7 @@ _WORK = ("sleep", "busy")
 
 @dataclass(frozen=True)
 class SimConfig:
-    """One simulated workload. Defaults are small (test-sized rows); `realistic()` gives the README's shapes."""
+    """One simulated workload. Defaults are small (test-sized rows); `realistic()` gives the realistic shapes of docs/deploy.md."""
 
     seed: int = 0
     """Seeds arrivals, lengths, scheduling choices and acceptance (rows and tokens do not depend on it)."""
@@ -104,7 +104,7 @@ class SimConfig:
 
     @classmethod
     def realistic(cls, **overrides: object) -> SimConfig:
-        """The README's realistic shapes: N = 5, W = 128, 71,680-byte rows, a few hundred requests, long
+        """The realistic shapes of docs/deploy.md: N = 5, W = 128, 71,680-byte rows, a few hundred requests, long
         prompts."""
         base = dict(max_reqs=256, num_spec=5, window=128, row_bytes=71680, prompt_len=(128, 4096),
                     output_len=(64, 1024), token_budget=8192, arrivals_per_round=2.0, preempt_prob=0.002)

@@ -1,8 +1,8 @@
 """The `integrity` oracle on the engine side: recompute every usable draft from rows the engine knows.
 
 For request i with n_drafts[i] > 0, the window size is recovered from the confidence (w = conf[i][0] * W,
-which must be an integer 1..min(W, anchor_pos)); the expected drafts are the integrity drafter's (README
-"Integrity") over the anchor and the rows of positions anchor_pos - w .. anchor_pos - 1, its first
+which must be an integer 1..min(W, anchor_pos)); the expected drafts are the integrity drafter's (docs/design.md,
+"The worker") over the anchor and the rows of positions anchor_pos - w .. anchor_pos - 1, its first
 n_drafts[i] ids, then -1 / 0. Anything else is a wrong draft, and so is a request without drafts
 whose ids are not all -1 and confidences 0 (the reply must not show stale or made-up values).
 
