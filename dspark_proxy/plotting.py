@@ -40,7 +40,7 @@ def save(fig: Any, path: Path | str, dpi: int = 90) -> str:
     """Write `fig` as a PNG and close it (figures are kept small: docs/img/ holds a few)."""
     plt = pyplot()
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
+    fig.savefig(path, dpi=dpi, pil_kwargs={"optimize": True})
     plt.close(fig)
     return str(path)
 

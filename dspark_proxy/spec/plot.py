@@ -41,13 +41,11 @@ def _tokens_per_s(plt: Any, r: dict[str, Any], path: Path) -> str:
     arms = [a for a in ARM_LABELS if a in med] + [a for a in med if a not in ARM_LABELS]
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
     base = med.get("target_only") or 0.0
-    bars = ax.bar(range(len(arms)), [med[a] for a in arms], color="#8fb3d9")
+    ax.bar(range(len(arms)), [med[a] for a in arms], color="#8fb3d9")
     for i, a in enumerate(arms):
         ax.plot([i] * len(runs.get(a, [])), runs.get(a, []), "k.", markersize=4)
-        if base:
-            ax.annotate(f"{med[a] / base:.2f}x", (bars[i].get_x() + bars[i].get_width() / 2, med[a]),
-                        ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(arms)), [ARM_LABELS.get(a, a) for a in arms], fontsize=7)
+    labels = [ARM_LABELS.get(a, a) + (f"\n{med[a] / base:.2f}x" if base else "") for a in arms]
+    ax.set_xticks(range(len(arms)), labels, fontsize=7)
     ax.set_ylabel("tokens/s (median; dots: each repetition)")
     ax.set_title(f"tokens/s per arm, batch {r.get('max_batch')} (speed-up over target only)", fontsize=9)
     ax.grid(True, axis="y", alpha=0.3)
