@@ -36,10 +36,12 @@ def pyplot() -> Any:
     return plt
 
 
-def save(fig: Any, path: Path | str, dpi: int = 90) -> str:
-    """Write `fig` as a PNG and close it (figures are kept small: docs/img/ holds a few)."""
+def save(fig: Any, path: Path | str, dpi: int = 90, tight: bool = True) -> str:
+    """Write `fig` as a PNG and close it (figures are kept small: docs/img/ holds a few). `tight=False`
+    for a grid laid out by hand: tight_layout over 20 panels took 6.6 s on a loaded 2-core machine."""
     plt = pyplot()
-    fig.tight_layout()
+    if tight:
+        fig.tight_layout()
     fig.savefig(path, dpi=dpi, pil_kwargs={"optimize": True})
     plt.close(fig)
     return str(path)
