@@ -60,8 +60,9 @@ def plot_chaos(reply_end_ns: Sequence[int], wait_ns: Sequence[int], injections: 
         ax.set_ylabel("wait (ms)", fontsize=7)
     for ax in axes[-1]:
         ax.set_xlabel("s since injection", fontsize=7)
-    fig.suptitle(f"engine wait in read_reply through each fault (deadline {deadline_ms:g} ms dashed, "
-                 f"+ margin dotted; fault span shaded)", fontsize=9)
-    fig.subplots_adjust(left=0.06, right=0.99, bottom=0.5 / fig.get_figheight(), top=1 - 0.5 / fig.get_figheight(),
+    h = fig.get_figheight()  # inches: the margins below are fixed in inches, whatever the rows
+    fig.suptitle(f"engine wait in read_reply through each fault\n(deadline {deadline_ms:g} ms dashed, "
+                 f"+ margin dotted; fault span shaded)", fontsize=9, y=1 - 0.05 / h, va="top")
+    fig.subplots_adjust(left=0.6 / fig.get_figwidth(), right=0.99, bottom=0.5 / h, top=1 - 0.75 / h,
                         wspace=0.15, hspace=0.45)
     return [save(fig, out / "chaos_wait.png", dpi=80, tight=False)]
