@@ -8,10 +8,11 @@ after what it shows (docs/performance.md lists them).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PNG_MAGIC", "LEGACY_SUFFIX", "out_dir", "pyplot", "save"]
+__all__ = ["PNG_MAGIC", "LEGACY_SUFFIX", "out_dir", "plot_target", "pyplot", "save"]
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LEGACY_SUFFIX = ".png"  # `bench --plot FILE.png`: the one combined figure of before --plot DIR (deprecated)
@@ -61,8 +62,6 @@ def plot_target(command: str, value: str | None, *, legacy_png: bool = False) ->
     if value.endswith(LEGACY_SUFFIX) and not Path(value).is_dir():
         if not legacy_png:
             raise ValueError(f"--plot {value}: give a directory (one PNG per figure is written there)")
-        import sys
-
         print(f"dspark-proxy {command}: --plot FILE.png is deprecated: give a directory (--plot DIR writes "
               f"one PNG per figure); writing the combined figure to {value}", file=sys.stderr)
         return None, value
