@@ -10,7 +10,7 @@ CPU time in `top`) to buy latency, which is the operator's call.
 The spinners are the process's (the C module's state is): several proxies in one process (thread
 mode) share them, each a counted owner, and the last to close stops them. Under a cgroup CPU quota
 they are not started: SCHED_IDLE yields the CPU to other tasks, not the quota, so the spin would
-spend the very quota that throttles the proxy (README, "Keeping the proxy's CPUs awake").
+spend the very quota that throttles the proxy (docs/performance.md, "Keeping the proxy's CPUs awake").
 """
 
 from __future__ import annotations
