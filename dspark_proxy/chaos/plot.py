@@ -37,7 +37,7 @@ def plot_chaos(reply_end_ns: Sequence[int], wait_ns: Sequence[int], injections: 
     plt = pyplot()
     cols = min(4, len(by_kind))
     rows = math.ceil(len(by_kind) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.3 * rows), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 2.1 * rows), squeeze=False, sharey=True)
     for ax in axes.flat[len(by_kind):]:
         ax.set_visible(False)
     for ax, (kind, injs) in zip(axes.flat, by_kind.items(), strict=False):
@@ -65,4 +65,4 @@ def plot_chaos(reply_end_ns: Sequence[int], wait_ns: Sequence[int], injections: 
                  f"+ margin dotted; fault span shaded)", fontsize=9, y=1 - 0.05 / h, va="top")
     fig.subplots_adjust(left=0.6 / fig.get_figwidth(), right=0.99, bottom=0.5 / h, top=1 - 0.75 / h,
                         wspace=0.15, hspace=0.45)
-    return [save(fig, out / "chaos_wait.png", dpi=80, tight=False)]
+    return [save(fig, out / "chaos_wait.png", dpi=72, tight=False)]
