@@ -17,11 +17,12 @@ from typing import Any
 from .exitcodes import EXIT_OK, EXIT_PROXY_DEAD, EXIT_PROXY_HUNG, EXIT_PROXY_REFUSED
 from .shm.hostflag import monotonic_ns
 from .shm.layout import HEADER_DTYPE, State, Word
+from .shm.refusals import read_refusals
 from .shm.ring_shm import reap_stale
 from .shm.segment import DEFAULT_NAME, Segment, owner_alive
 
 __all__ = ["read_status", "format_status", "stop_proxy", "StopOutcome", "worker_lines", "drafting_summary",
-           "format_drafting", "health", "HEALTH_EXIT", "HUNG_AFTER_S"]
+           "format_drafting", "health", "HEALTH_EXIT", "HUNG_AFTER_S", "refused_lines"]
 
 # A live proxy beats at least once a second (proxy.py, HEARTBEAT_UNATTACHED_EVERY_S): five missed
 # beats is a hung process, not a busy machine (docs/exit-codes.md)
@@ -46,6 +47,7 @@ def read_status(name: str | None) -> dict[str, Any]:
         out = {"name": seg.name, "header": header, "words": words, "proxy": _block(seg, "proxy"),
                "shim": _block(seg, "shim")}
         out["drafting"] = drafting_summary(out["proxy"], int(h["num_spec"]))
+        out["refused_engines"] = read_refusals(seg.mm)
         out["health"] = health(out)
     finally:
         seg.close()
@@ -105,6 +107,7 @@ def format_status(st: dict[str, Any]) -> str:
         f"max_rows={h['max_rows']} resync/round={h['resync_per_round']} segment {h['bytes'] / 2**20:.1f} MiB"])
     lines += _section("Words", _pairs((k, w[k]) for k in ("gathered", "claimed", "published", "consumed",
                                                            "attached", "engine_pid", "abandoned")))
+    lines += _section("Refused engines", [x for ln in refused_lines(st.get("refused_engines")) for x in _wrap(ln)])
     for title, snap in (("Proxy", p), ("Shim", s)):
         if not snap:
             lines += _section(title, ["(no snapshot yet)"])
@@ -220,6 +223,16 @@ def worker_lines(links: Any) -> list[str]:
             if w.get("row_cap"):
                 line += f", row cap {w['row_cap']}"
         out.append(line)
+    return out
+
+
+def refused_lines(refused: Any) -> list[str]:
+    """One line per engine the segment refused (shm/refusals.py): its pid, the field and both values."""
+    out: list[str] = []
+    for r in refused if isinstance(refused, list) else []:
+        when = time.strftime("%H:%M:%S", time.localtime(r.get("at_unix") or 0))
+        out.append(f"REFUSED engine pid {r.get('pid')} at {when}: {r.get('field')} is {r.get('segment')!r} "
+                   f"in the segment, the engine has {r.get('engine')!r}")
     return out
 
 

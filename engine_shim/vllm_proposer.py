@@ -25,6 +25,7 @@ import numpy as np
 from dspark_proxy.shm.segment import DEFAULT_NAME
 
 from . import vllm_hook
+from .vllm_link import LinkLog, ensure_visible, target_of
 from .vllm_step import NO_LIMIT, SlotMap, StepArrays, clip_drafts, plan_step
 
 __all__ = ["DSparkProposer", "ENV_HEAD", "VllmShapes", "shapes_from_config"]
@@ -123,6 +124,7 @@ class DSparkProposer:
     then every request gets no drafts. Thread ownership: the model runner's thread."""
 
     def __init__(self, vllm_config: Any) -> None:
+        ensure_visible()
         self.active = False
         self.bound = False
         self.shim: Any = None
@@ -142,6 +144,8 @@ class DSparkProposer:
         self.drafted_rounds = 0  # request-steps that got at least one draft back
         self.preemptions_seen = 0
         self.name = os.environ.get(ENV_NAME) or DEFAULT_NAME
+        self.target_id = ""
+        self.link = LinkLog(self.name, "")
         try:
             self.shapes = shapes_from_config(vllm_config, os.environ.get(ENV_HEAD))
         except (OSError, ValueError, KeyError, TypeError) as e:
@@ -151,6 +155,8 @@ class DSparkProposer:
             log.error("[shim] vLLM proposer: %s; the engine runs without drafts", vllm_hook.why_not())
             return
         s = self.shapes
+        self.target_id = target_of(vllm_config)  # a head made for another target is then refused
+        self.link = LinkLog(self.name, self.target_id)
         self.slots = SlotMap(s.max_reqs)
         self._rows_buf = None  # the step's rows, grown to the largest step seen
         self._rows_np = np.zeros((0, s.row_bytes), np.uint8)  # its bytes, as enqueue takes them
@@ -171,14 +177,14 @@ class DSparkProposer:
         assert s is not None
         try:
             self.shim = attach(self.name, max_reqs=s.max_reqs, num_spec=s.num_spec, window=s.window,
-                               row_bytes=s.row_bytes)
+                               row_bytes=s.row_bytes, target_id=self.target_id)
         except LayoutMismatch as e:
             log.error("[shim] vLLM proposer: the proxy %r has other shapes (%s); the engine runs without drafts",
                       self.name, e)
             self.active = False
             return
-        log.info("[shim] vLLM proposer: attached to %r with %s (drafts once the proxy is there)", self.name,
-                 s.as_dict())
+        log.info("[shim] vLLM proposer: shapes %s, target_id %s; drafts once the proxy %r is there", s.as_dict(),
+                 self.target_id or "(none named)", self.name)
 
     # ---------------------------------------------------------------- vLLM's side of the interface
 
@@ -236,6 +242,7 @@ class DSparkProposer:
         """The drafts of the step `begin` enqueued (read_reply, then the list vLLM takes); [] when
         none is pending. Never raises."""
         got, self._pending = self._pending, None
+        self.link.look(self.shim)  # logs an attach or a refusal, once a second at most
         if got is None:
             return []
         plan, t0, t1 = got

@@ -32,6 +32,7 @@ from .layout import (
     Word,
     header_name,
 )
+from .refusals import record_refusal
 from .ring_shm import reap_stale
 
 __all__ = ["SegmentError", "SegmentBusy", "LayoutMismatch", "Segment", "shm_name", "DEFAULT_NAME",
@@ -67,7 +68,7 @@ class LayoutMismatch(SegmentError):
     """The segment's parameters differ from what this side expects; `field` names the first one."""
 
     def __init__(self, field: str, segment_value: object, expected: object, name: str) -> None:
-        self.field = field
+        self.field, self.segment_value, self.expected = field, segment_value, expected
         super().__init__(
             f"dspark-proxy segment {name!r}: {field} is {segment_value!r} in the segment but the engine "
             f"expects {expected!r}; start the proxy with the engine's {field.replace('_', '-')} "
@@ -286,7 +287,8 @@ class Segment:
             return True
 
     def check_params(self, **expected: object) -> None:
-        """Raise LayoutMismatch naming the first parameter that differs (None = not checked)."""
+        """Engine side: raise LayoutMismatch naming the first parameter that differs (None = not
+        checked), after recording the refusal in the segment, where `status` lists it (refusals.py)."""
         for k, v in expected.items():
             if v is None:
                 continue
@@ -294,6 +296,10 @@ class Segment:
             if isinstance(v, bool):
                 got = bool(got)
             if got != v:
+                try:
+                    record_refusal(self.mm, k, got, v)
+                except (ValueError, OSError, TypeError) as e:  # never hides the mismatch itself
+                    log.warning("[shim] could not record the refusal in %s: %s", self.shm_name, e)
                 raise LayoutMismatch(k, got, v, self.name)
 
     # ------------------------------------------------------------------ words
