@@ -354,6 +354,9 @@ class DSparkProposer:
             out = buf[:total]
             idx = torch.from_numpy(index)
             for j, k in enumerate(self._order):
+                if aux[k].device.type != "cpu":  # a GPU build: select there, one copy to the host (untested here)
+                    out[:, j * H:(j + 1) * H].copy_(torch.index_select(aux[k], 0, idx.to(aux[k].device)))
+                    continue
                 torch.index_select(aux[k], 0, idx, out=self._sel(k, total, aux[k].dtype))
                 out[:, j * H:(j + 1) * H].copy_(self._sel_buf[k][:total])
         return self._rows_np[:total]

@@ -72,7 +72,24 @@ def _queries(srv) -> dict[str, Any]:
                                 extra_body={"ignore_eos": True})
     out["long"] = (long.choices[0].text, long.usage.prompt_tokens, long.usage.completion_tokens)
     out["concurrent"] = _concurrent(c, list(PROMPTS))
+    n2 = c.completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=MAX_TOKENS, temperature=0, n=2)
+    out["n2"] = [ch.text for ch in sorted(n2.choices, key=lambda ch: ch.index)]
+    out["regex"] = _outcome(lambda: c.completions.create(
+        model=MODEL, prompt=PROMPTS[4], max_tokens=MAX_TOKENS, temperature=0,
+        extra_body={"structured_outputs": {"regex": "    [a-z_]+ = [a-z_]+\\n"}}).choices[0].text)
+    out["min_p"] = _outcome(lambda: c.completions.create(
+        model=MODEL, prompt=PROMPTS[5], max_tokens=8, temperature=0, extra_body={"min_p": 0.1}).choices[0].text)
+    sampled = c.completions.create(model=MODEL, prompt=PROMPTS[6], max_tokens=MAX_TOKENS, temperature=0.8, seed=1)
+    out["sampled_tokens"] = sampled.usage.completion_tokens
     return out
+
+
+def _outcome(call) -> str:
+    """The text, or the error's type: what a request that one arm refuses gets."""
+    try:
+        return call()
+    except openai.APIError as e:
+        return f"error {type(e).__name__}"
 
 
 def _concurrent(c, prompts: list[str], during=None) -> list[str]:
@@ -170,6 +187,15 @@ def test_greedy_completions_and_chat_are_identical_to_the_server_without_specula
     assert ours["stop"] == nospec["stop"]
     assert ours["long"] == nospec["long"]
     assert ours["concurrent"] == nospec["concurrent"] and all(isinstance(t, str) for t in ours["concurrent"])
+
+
+def test_n_2_structured_output_and_sampled_requests_work_min_p_is_refused(served):
+    """docs/serving.md, "What works": vLLM refuses min_p (and logit_bias) once speculation is on."""
+    ours, nospec = served["ours"], served["nospec"]
+    assert ours["n2"] == nospec["n2"] and ours["n2"][0] == ours["n2"][1]  # greedy: both choices the same
+    assert ours["regex"] == nospec["regex"] and not ours["regex"].startswith("error"), ours["regex"]
+    assert not nospec["min_p"].startswith("error") and ours["min_p"] == "error BadRequestError", ours["min_p"]
+    assert ours["sampled_tokens"] > 0
 
 
 def test_requests_end_where_asked_and_logprobs_match(served):
