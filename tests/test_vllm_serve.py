@@ -144,7 +144,7 @@ def served(tmp_path_factory) -> dict[str, Any]:
         if our_cpus:
             os.sched_setaffinity(0, set(our_cpus))  # the worker and the proxy inherit it
         try:
-            worker = spawn_worker(*LAYOUT, "--drafter", "torch", "--weights", os.fspath(DEFAULT_HEAD))
+            worker = spawn_worker(*LAYOUT, "--drafter", "torch", "--head", os.fspath(DEFAULT_HEAD))
             proxy = spawn_proxy(name, worker.address, *LAYOUT, "--deadline-ms", "30", "--log-every", "0")
         finally:
             os.sched_setaffinity(0, mine)
