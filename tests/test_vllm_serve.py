@@ -119,8 +119,17 @@ def _concurrent(c, prompts: list[str], during=None) -> list[str]:
     return got
 
 
-def _ring_names(name: str) -> list[str]:
-    return sorted(p.name for p in Path("/dev/shm").glob(f"dspark-ring.{name}.*"))
+def _rings(name: str, pids: list[int]) -> list[str]:
+    """The engine's ring wherever it lives: a named ring in /dev/shm, or a memfd ring (the default,
+    shm_layout.md §1) still mapped by one of `pids` (the server's processes and the proxy)."""
+    out = sorted(p.name for p in Path("/dev/shm").glob(f"dspark-ring.{name}.*"))
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        out += sorted({f"{pid}: memfd" for ln in maps.splitlines() if f"memfd:dspark-ring.{name} " in ln + " "})
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -152,24 +161,30 @@ def served(tmp_path_factory) -> dict[str, Any]:
                            max_num_seqs=MAX_REQS, ready_timeout_s=READY_S)
         res["ours"] = _queries(srv)
         res["status"] = read_status(name)
-        res["rings_running"] = _ring_names(name)
+        res["rings_running"] = _rings(name, [*srv.group_pids(), proxy.pid])
         c = openai.OpenAI(base_url=srv.base_url, api_key="none", timeout=120.0, max_retries=0)
 
         def kill_worker() -> None:
-            time.sleep(0.3)
+            time.sleep(0.1)  # the requests admitted and drafting
             worker.kill()
 
         res["killed"] = _concurrent(c, list(PROMPTS), during=kill_worker)
-        res["status_killed"] = read_status(name)
+        before = res["status"]["drafting"]["rounds_failed"]
+        deadline = time.monotonic() + 5.0  # the proxy publishes its counters about once a second
+        while True:
+            res["status_killed"] = read_status(name)
+            if res["status_killed"]["drafting"]["rounds_failed"] > before or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         # SIGTERM to the front end, as a service manager stops it
         t0 = time.monotonic()
         srv.terminate()
         srv.proc.wait(60)
         res["exit_s"] = time.monotonic() - t0
         deadline = time.monotonic() + 2.0
-        while _ring_names(name) and time.monotonic() < deadline:
+        while _rings(name, [proxy.pid]) and time.monotonic() < deadline:
             time.sleep(0.05)
-        res["rings_after_term"] = _ring_names(name)
+        res["rings_after_term"] = _rings(name, [proxy.pid])
         deadline = time.monotonic() + 5.0
         while srv.group_pids() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -237,8 +252,7 @@ def test_sigterm_stops_every_process_and_the_proxy_stop_removes_the_segment(serv
     assert served["segment_after_stop"] is False
 
 
-# The one assertion that waits for the ring clean-up at vLLM's SIGTERM (issue 30 item 3; fixed on the
-# ring-life branch): drop this mark once that is merged
-@pytest.mark.xfail(reason="the engine's ring outlives vLLM's SIGTERM until the ring-life fix is merged", strict=False)
 def test_sigterm_removes_the_engines_ring_within_2s(served):
+    """The server's processes are gone by then; the proxy drops its mapping of a memfd ring (or removes
+    a named one) once it sees the engine gone."""
     assert served["rings_after_term"] == []
