@@ -29,16 +29,19 @@ def _sections(value: str | None) -> list[str] | None:
               help="Print the results as one JSON object instead of the table.")
 @click.option("--sections", default=None, metavar="LIST",
               help="Comma list of sections to run: handoff,gil,scaling,rows,memory (default: all), and eval "
-                   "(only when named: needs the model extra).")
+                   "(only when named: needs the model extra), serve (only when named: needs vLLM; "
+                   "docs/serving-bench.md).")
 @click.option("--plot", "plot_path", default=None, metavar="PNG",
               help="Also draw the latency distributions to this file (needs matplotlib).")
 @click.option("--output", "out_path", default=None, metavar="FILE",
               help="Also write the JSON results to FILE.")
+@click.option("--busy", default=0, type=click.IntRange(0, 64), metavar="N",
+              help="Start N spinning processes beside the benchmark (a machine shared with other work).")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 @click.option("--name-prefix", default="", metavar="NAME",
               help="Prefix of the shared-memory segment names the benchmark creates (default bench-<pid>).")
 def bench(quick: bool, as_json: bool, sections: str | None, plot_path: str | None, out_path: str | None,
-          quiet: bool, name_prefix: str) -> None:
+          quiet: bool, busy: int, name_prefix: str) -> None:
     """Measure the hand-off, GIL isolation, scaling, rows throughput and memory, with their baselines.
 
     Every figure is p50 / p99 / p99.9 / max; ratios against each baseline come from the same run. The
@@ -54,7 +57,7 @@ def bench(quick: bool, as_json: bool, sections: str | None, plot_path: str | Non
             raise click.UsageError("--plot needs matplotlib: pip install 'dspark-proxy[plot]'") from e
     t0 = time.monotonic()
     say = (lambda msg: None) if quiet else (lambda msg: click.echo(f"[bench] {msg}", err=True))
-    results, samples = run_bench(chosen, quick=quick, say=say, prefix=name_prefix)
+    results, samples = run_bench(chosen, quick=quick, say=say, prefix=name_prefix, busy=busy)
     results["meta"]["total_s"] = round(time.monotonic() - t0, 2)
     if plot_path:
         from ..bench.plot import plot
