@@ -105,10 +105,23 @@ def _start_arm(arm: str, head: Path | None, stack: ExitStack, logs: Path, vllm_c
         stack.callback(proxy.stop)
     finally:
         os.sched_setaffinity(0, mine)
+    stack.callback(_unlink_rings, name)  # after the server's stop (the stack unwinds in reverse)
     srv = spawn_server(MODEL, log_path=logs / f"{arm}.log", head=head, name=name, cpus=vllm_cpus,
                        max_num_seqs=MAX_NUM_SEQS, env={"DSPARK_PROXY_REPLY_SPIN_US": 1000}, ready_timeout_s=400.0)
     stack.callback(srv.stop)
     return srv
+
+
+def _unlink_rings(name: str) -> None:
+    """The engine's ring of segment `name` where its owner is gone: a server killed when SIGTERM did
+    not stop it in time leaves it (shm_layout.md names it dspark-ring.<name>.<pid>.<n>)."""
+    for p in Path("/dev/shm").glob(f"dspark-ring.{name}.*"):
+        try:
+            os.kill(int(p.name[len(f"dspark-ring.{name}."):].split(".")[0]), 0)
+        except (ValueError, ProcessLookupError):
+            p.unlink(missing_ok=True)
+        except PermissionError:
+            pass
 
 
 def _counters(srv) -> dict[str, float]:
