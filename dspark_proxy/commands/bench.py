@@ -50,6 +50,11 @@ def bench(quick: bool, as_json: bool, sections: str | None, plot_path: str | Non
     from ..bench.report import format_report
 
     chosen = _sections(sections)
+    if chosen and "serve" in chosen:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise click.UsageError("--sections serve needs vLLM (scripts/setup.sh installs it): docs/serving-bench.md")
     if plot_path:
         try:
             import matplotlib  # noqa: F401
