@@ -98,10 +98,11 @@ def _start_arm(arm: str, head: Path | None, stack: ExitStack, logs: Path, vllm_c
     try:
         if our_cpus:
             os.sched_setaffinity(0, set(our_cpus))  # the worker and the proxy inherit it
-        worker = spawn_worker(*layout, "--drafter", "torch", "--weights", os.fspath(head))
+        # generous start-up limits: torch's import alone took over 20 s beside two busy processes
+        worker = spawn_worker(*layout, "--drafter", "torch", "--head", os.fspath(head), timeout_s=180.0)
         stack.callback(worker.stop)
         proxy = spawn_proxy(name, worker.address, *layout, "--deadline-ms", "20", "--keep-awake-ms", "20",
-                            "--log-every", "0")
+                            "--log-every", "0", timeout_s=120.0)
         stack.callback(proxy.stop)
     finally:
         os.sched_setaffinity(0, mine)
