@@ -11,6 +11,7 @@ report; they assert nothing about speed (`targets` says, for each goal, what was
     rows     large-row rounds through the proxy to a worker process vs a raw socket, MB/s
     memory   segment by region, proxy / worker / shim resident memory, idle CPU
     eval     only when named (needs the `model` extra): `dspark-proxy eval` in the reference engine
+    serve    only when named (needs vLLM): `vllm bench serve` against vLLM's server per arm (serve.py)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .measure import Samples
 __all__ = ["SECTIONS", "OPT_IN", "run_bench"]
 
 SECTIONS = ("handoff", "gil", "scaling", "rows", "memory")  # the default run: no extra, no model
-OPT_IN = ("eval",)  # run only when named in --sections
+OPT_IN = ("eval", "serve")  # run only when named in --sections
 
 
 def _runner(section: str) -> Callable[..., tuple[dict, Samples]]:
@@ -42,6 +43,8 @@ def _runner(section: str) -> Callable[..., tuple[dict, Samples]]:
         from .memory import run_memory as fn
     elif section == "eval":
         fn = _run_eval
+    elif section == "serve":
+        from .serve import run_serve as fn
     else:
         raise ValueError(f"unknown bench section {section!r}: one of {', '.join(SECTIONS + OPT_IN)}")
     return fn
@@ -70,23 +73,27 @@ def _meta(quick: bool) -> dict[str, Any]:
 
 def run_bench(sections: Sequence[str] | None = None, *, quick: bool = False,
               say: Callable[[str], None] = lambda s: None,
-              prefix: str = "") -> tuple[dict[str, Any], Samples]:
+              prefix: str = "", busy: int = 0) -> tuple[dict[str, Any], Samples]:
     """Run the chosen sections (all by default) in order; returns the results and the raw samples.
-    Shared-memory segments are named `<prefix>-<section>...` (default prefix: bench-<pid>)."""
+    Shared-memory segments are named `<prefix>-<section>...` (default prefix: bench-<pid>). `busy`:
+    that many spinning processes run beside every section (a machine shared with other work)."""
+    from .procs import BusyProcesses
     from .targets import evaluate
 
     chosen = list(sections or SECTIONS)
     for s in chosen:
         _runner(s)  # unknown names fail before anything runs
     results: dict[str, Any] = {"meta": _meta(quick)}
+    results["meta"]["busy_processes"] = busy
     samples = Samples()
     elapsed: dict[str, float] = {}
-    for s in chosen:
-        t0 = time.monotonic()
-        res, smp = _runner(s)(quick=quick, say=say, prefix=prefix)
-        elapsed[s] = round(time.monotonic() - t0, 2)
-        results[s] = res
-        samples.merge(smp, prefix=f"{s}/")
+    with BusyProcesses(busy):
+        for s in chosen:
+            t0 = time.monotonic()
+            res, smp = _runner(s)(quick=quick, say=say, prefix=prefix)
+            elapsed[s] = round(time.monotonic() - t0, 2)
+            results[s] = res
+            samples.merge(smp, prefix=f"{s}/")
     results["meta"]["elapsed_s"] = elapsed
     results["meta"]["load_avg_end"] = list(os.getloadavg())
     results["targets"] = evaluate(results)

@@ -9,12 +9,14 @@ come from /proc, in the units the kernel keeps (kB, clock ticks).
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["cores", "placements", "pin", "pinned", "on_cpu", "rss_kb", "cpu_s", "thread_cpu_s", "BusyThreads"]
+__all__ = ["cores", "placements", "pin", "pinned", "on_cpu", "rss_kb", "cpu_s", "thread_cpu_s", "BusyThreads", "BusyProcesses"]
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
@@ -159,3 +161,29 @@ class BusyThreads:
     def __exit__(self, *exc: object) -> None:
         self.stop()
         self.join(5.0)
+
+
+class BusyProcesses:
+    """`k` processes that spin on a CPU each, unpinned (`bench --busy K`): a machine shared with other
+    work, which the benchmark's own processes must share CPUs with. Killed on exit."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self._procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> BusyProcesses:
+        for _ in range(self.k):
+            self._procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+        return self
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self._procs:
+            p.kill()
+        for p in self._procs:
+            p.wait(5.0)
+        self._procs.clear()

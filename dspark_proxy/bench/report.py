@@ -191,5 +191,9 @@ def format_report(res: dict[str, Any]) -> str:
         from ..spec.report import format_eval
 
         lines += ["EVAL  the reference engine (dspark-proxy eval)", format_eval(res["eval"]), ""]
+    if "serve" in res:
+        from .serve_stats import format_serve
+
+        lines += format_serve(res["serve"]) + [""]
     lines += _targets(res.get("targets", []))
     return "\n".join(lines)

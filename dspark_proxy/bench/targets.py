@@ -145,4 +145,9 @@ def evaluate(res: dict[str, Any]) -> list[dict[str, Any]]:
     failed = failed_rounds(res)
     checks = [_line("every measured round succeeded", ", ".join(f"{k} {v} failed" for k, v in failed.items()),
                     not any(failed.values()))]
-    return checks + _handoff(res) + _engine_cost(res) + _gil(res) + _scaling(res) + _rows(res) + _memory(res)
+    serve: list[dict[str, Any]] = []
+    if isinstance(res.get("serve"), dict):
+        from .serve_stats import serve_targets
+
+        serve = serve_targets(res["serve"])
+    return checks + _handoff(res) + _engine_cost(res) + _gil(res) + _scaling(res) + _rows(res) + _memory(res) + serve

@@ -31,17 +31,20 @@ def _sections(value: str | None) -> list[str] | None:
               help="Print the results as one JSON object instead of the table.")
 @click.option("--sections", default=None, metavar="LIST",
               help="Comma list of sections to run: handoff,gil,scaling,rows,memory (default: all), and eval "
-                   "(only when named: needs the model extra).")
+                   "(only when named: needs the model extra), serve (only when named: needs vLLM; "
+                   "docs/serving-bench.md).")
 @click.option("--plot", "plot_path", default=None, metavar="DIR",
               help="Also draw the figures as PNGs in DIR (created if missing; needs matplotlib, the plot "
                    "extra). A path ending in .png (deprecated) gets the latency panels in one file.")
 @click.option("--output", "out_path", default=None, metavar="FILE",
               help="Also write the JSON results to FILE.")
+@click.option("--busy", default=0, type=click.IntRange(0, 64), metavar="N",
+              help="Start N spinning processes beside the benchmark (a machine shared with other work).")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 @click.option("--name-prefix", default="", metavar="NAME",
               help="Prefix of the shared-memory segment names the benchmark creates (default bench-<pid>).")
 def bench(quick: bool, as_json: bool, sections: str | None, plot_path: str | None, out_path: str | None,
-          quiet: bool, name_prefix: str) -> None:
+          quiet: bool, busy: int, name_prefix: str) -> None:
     """Measure the hand-off, GIL isolation, scaling, rows throughput and memory, with their baselines.
 
     Every figure is p50 / p99 / p99.9 / max; ratios against each baseline come from the same run. The
@@ -50,10 +53,15 @@ def bench(quick: bool, as_json: bool, sections: str | None, plot_path: str | Non
     from ..bench.report import format_report
 
     chosen = _sections(sections)
+    if chosen and "serve" in chosen:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise click.UsageError("--sections serve needs vLLM (scripts/setup.sh installs it): docs/serving-bench.md")
     plot_dir, plot_file = plot_option("bench", plot_path, legacy_png=True)
     t0 = time.monotonic()
     say = (lambda msg: None) if quiet else (lambda msg: click.echo(f"[bench] {msg}", err=True))
-    results, samples = run_bench(chosen, quick=quick, say=say, prefix=name_prefix)
+    results, samples = run_bench(chosen, quick=quick, say=say, prefix=name_prefix, busy=busy)
     results["meta"]["total_s"] = round(time.monotonic() - t0, 2)
     if plot_file:
         from ..bench.plot import plot
