@@ -295,7 +295,7 @@ def run_campaign(cfg: ChaosConfig, progress: Any = None, plot_dir: Path | None =
     log_dir.mkdir(parents=True, exist_ok=True)
     lay = (cfg.max_reqs, cfg.num_spec, cfg.window, cfg.row_bytes)
     system = ChaosSystem(name, lay, deadline_ms=cfg.deadline_ms, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
-                         log_dir=log_dir, rng=rng, pool=any(k.startswith("pool_") for k in cfg.kinds))
+                         log_dir=log_dir, pool=any(k.startswith("pool_") for k in cfg.kinds))
     injections: list[Injection] = []
     failures: list[str] = []
     probe: EngineProbe | None = None

@@ -3,7 +3,10 @@ shim attached to the proxy's segment, plus what the fault schedule does to them.
 
 The worker always listens on one fixed port, chosen below the kernel's ephemeral range: a restarted
 worker comes back at the address the proxy knows, and no outgoing connection (the proxy's reconnects
-while the worker is down) can take the port meanwhile. Children's stderr goes to log files, so a
+while the worker is down) can take the port meanwhile. The ports are drawn at random, not from the
+campaign's seed: two campaigns of one seed at once (two CI jobs on one host) drew the same ports, and
+the second worker to bind exited 3. A worker that finds its port taken before the proxy knows the
+address (the first worker, every second worker of the pool kinds) moves to another. Children's stderr goes to log files, so a
 fault's message (the client's handshake refusal, say) can be shown in the report.
 """
 
@@ -28,6 +31,12 @@ __all__ = ["ChaosSystem", "Layout4", "free_fixed_port"]
 log = logging.getLogger(__name__)
 
 Layout4 = tuple[int, int, int, int]  # max_reqs, num_spec, window, row_bytes
+
+_MOVES = 5  # a worker whose port was taken before the proxy knew it moves to another port at most this often
+
+
+class WorkerExited(RuntimeError):
+    """A worker could not listen on its fixed port."""
 
 
 def _ephemeral_low() -> int:
@@ -63,7 +72,7 @@ class ChaosSystem:
     """Owns every child it starts and the shim; `close()` stops them all and reports what was left."""
 
     def __init__(self, name: str, layout: Layout4, *, deadline_ms: float, heartbeat_timeout_s: float,
-                 log_dir: Path, rng: random.Random, pool: bool = False) -> None:
+                 log_dir: Path, pool: bool = False) -> None:
         self.name = name
         self.layout = layout
         self.deadline_ms = deadline_ms
@@ -71,7 +80,8 @@ class ChaosSystem:
         # round_loop_hang: SIGUSR1 blocks the proxy's round loop this long (past the shim's bound)
         self.round_hang_ms = round(2e3 * heartbeat_timeout_s + 300)
         self.log_dir = log_dir
-        self.port = free_fixed_port(rng)
+        self._ports = random.Random()  # not the seed's (see the module docstring)
+        self.port = free_fixed_port(self._ports)
         self.address = f"127.0.0.1:{self.port}"
         self.worker: Child | None = None
         self.proxy: Child | None = None
@@ -89,10 +99,7 @@ class ChaosSystem:
         if pool:
             self.pool_file = log_dir / "workers.txt"
             self.pool_file.write_text(self.address + "\n")
-            self.pool_port = free_fixed_port(rng)
-            while self.pool_port == self.port:
-                self.pool_port = free_fixed_port(rng)
-            self.pool_address = f"127.0.0.1:{self.pool_port}"
+            self._new_pool_port()
         self.pool_worker: Child | None = None
 
     def _act(self, what: str, fn, *args, **kw):
@@ -105,7 +112,7 @@ class ChaosSystem:
     # ------------------------------------------------------------------ start
 
     def start(self) -> None:
-        self.spawn_worker()
+        self.spawn_first_worker()
         self.spawn_proxy()
         self.shim = self._attach_engine()
 
@@ -148,11 +155,24 @@ class ChaosSystem:
         self._logs.append(f)
         return f, path
 
-    def spawn_worker(self, *extra: str, layout: Layout4 | None = None) -> Child:
+    def spawn_first_worker(self) -> Child:
+        """The first worker: no proxy knows its address yet, so a port taken since it was drawn is left
+        for another one (and the pool file follows)."""
+        for _ in range(_MOVES - 1):
+            try:
+                return self.spawn_worker(tries=1)
+            except WorkerExited:
+                self.port = free_fixed_port(self._ports)
+                self.address = f"127.0.0.1:{self.port}"
+                if self.pool_file is not None:
+                    self.pool_file.write_text(self.address + "\n")
+        return self.spawn_worker()  # the last port, retried as a restart is: its error says why
+
+    def spawn_worker(self, *extra: str, layout: Layout4 | None = None, tries: int = 20) -> Child:
         """A worker on the fixed port (extra: fault flags); retried briefly if the port is still busy."""
         lay = layout or self.layout
         last: Exception | None = None
-        for _ in range(20):
+        for _ in range(tries):
             f, _path = self._log_file("worker")
             try:
                 w = self._act("spawn_worker", spawn_worker, *layout_args(lay), *extra, listen=self.address, stderr=f)
@@ -163,7 +183,7 @@ class ChaosSystem:
             self.worker = w
             self.children.append(w)
             return w
-        raise RuntimeError(f"worker could not listen on {self.address}: {last}")
+        raise WorkerExited(f"worker could not listen on {self.address}: {last}")
 
     def spawn_proxy(self) -> Child:
         f, path = self._log_file("proxy")
@@ -181,12 +201,25 @@ class ChaosSystem:
     def spawn_pool_worker(self, *extra: str) -> Child:
         """A second worker on its own fixed port (not yet in the proxy's list: `set_pool`)."""
         assert self.pool_address is not None, "the system was not started for the pool kinds"
-        f, _path = self._log_file("worker2")
-        w = self._act("spawn_worker2", spawn_worker, *layout_args(self.layout), *extra, listen=self.pool_address,
-                      stderr=f)
+        for k in range(_MOVES):  # not in the proxy's list yet: a port taken meanwhile is left for another
+            f, _path = self._log_file("worker2")
+            try:
+                w = self._act("spawn_worker2", spawn_worker, *layout_args(self.layout), *extra,
+                              listen=self.pool_address, stderr=f)
+                break
+            except RuntimeError:
+                if k == _MOVES - 1:
+                    raise
+                self._new_pool_port()
         self.pool_worker = w
         self.children.append(w)
         return w
+
+    def _new_pool_port(self) -> None:
+        port = free_fixed_port(self._ports)
+        while port == self.port:
+            port = free_fixed_port(self._ports)
+        self.pool_port, self.pool_address = port, f"127.0.0.1:{port}"
 
     def set_pool(self, addresses: list[str]) -> None:
         """The proxy's workers: rewrite its file and SIGHUP it (it re-reads the file)."""
