@@ -6,6 +6,7 @@ exited 3 "before listening"."""
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 
@@ -71,3 +72,32 @@ def test_the_first_worker_whose_port_was_taken_moves_before_the_proxy_knows_it(t
         squatter.close()
         for f in s._logs:
             f.close()
+
+
+def test_a_faulty_workers_hold_starts_once_the_proxy_reached_it(tmp_path):
+    # injectors.faulty_worker holds the fault from the proxy's HELLO on, not from the spawn: on a busy
+    # machine the proxy's reconnect could come after hold_s, and the kind then never had its effect
+    # (slow_replies without a fallback_timeout, garbage_replies without a bad_reply)
+    from dspark_proxy.chaos.injectors import wait_proxy_served
+    from tests.conftest import _unlink, new_segment_name
+
+    name = new_segment_name("served")
+    s = ChaosSystem(name, LAYOUT, deadline_ms=30.0, heartbeat_timeout_s=0.5, log_dir=tmp_path)
+
+    class _Ctl:  # what wait_proxy_served uses of the campaign's Controller
+        system = s
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            time.sleep(seconds)
+
+    try:
+        s.spawn_first_worker()
+        assert not s.proxy_served() and wait_proxy_served(_Ctl, 0.3) is None  # no proxy yet
+        s.spawn_proxy()
+        ms = wait_proxy_served(_Ctl, 30.0)
+        assert ms is not None and s.proxy_served(), s.worker_log.read_text()
+    finally:
+        left = s.close()
+        _unlink(name)
+    assert left == []

@@ -52,9 +52,22 @@ def worker_kill(c: Controller) -> None:
     c.cleared()
 
 
+def wait_proxy_served(c: Controller, timeout_s: float) -> float | None:
+    """ms until the proxy's HELLO reached the worker just started (None: not within timeout_s). A
+    faulty worker's fault is held from there: the proxy reconnects after a backoff, and on a busy
+    machine hold_s from the spawn could pass before the proxy sent the faulty worker any STEP."""
+    t0 = time.monotonic()
+    while not c.system.proxy_served():
+        if time.monotonic() - t0 > timeout_s:
+            return None
+        c.sleep(0.01)
+    return round((time.monotonic() - t0) * 1e3, 1)
+
+
 def faulty_worker(*flags: str) -> Callable[[Controller], None]:
     def inject(c: Controller) -> None:
         c.system.restart_worker(*flags)
+        c.note(proxy_served_after_ms=wait_proxy_served(c, c.cfg.resume_timeout_s))
         c.sleep(c.hold_s)
         c.system.restart_worker()
         c.note(worker_flags=" ".join(flags))

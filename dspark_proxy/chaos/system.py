@@ -84,6 +84,7 @@ class ChaosSystem:
         self.port = free_fixed_port(self._ports)
         self.address = f"127.0.0.1:{self.port}"
         self.worker: Child | None = None
+        self.worker_log: Path | None = None  # the worker's stderr: its HELLO lines
         self.proxy: Child | None = None
         self.shim: Any = None
         self.retired_shim_counters: dict[str, int] = {}  # summed over engines closed by engine_restart
@@ -173,14 +174,14 @@ class ChaosSystem:
         lay = layout or self.layout
         last: Exception | None = None
         for _ in range(tries):
-            f, _path = self._log_file("worker")
+            f, path = self._log_file("worker")
             try:
                 w = self._act("spawn_worker", spawn_worker, *layout_args(lay), *extra, listen=self.address, stderr=f)
             except RuntimeError as e:  # bind failed (a socket in the way): try again shortly
                 last = e
                 time.sleep(0.1)
                 continue
-            self.worker = w
+            self.worker, self.worker_log = w, path
             self.children.append(w)
             return w
         raise WorkerExited(f"worker could not listen on {self.address}: {last}")
@@ -258,6 +259,15 @@ class ChaosSystem:
         """SIGKILL the worker and start another on the same port (with fault flags or another layout)."""
         self.kill_worker()
         return self.spawn_worker(*extra, layout=layout)
+
+    def proxy_served(self) -> bool:
+        """The worker has agreed a proxy's HELLO (its log's `peer=... ready` line, worker/admission.py):
+        from here on the proxy's STEPs reach it."""
+        try:
+            text = self.worker_log.read_text(errors="replace") if self.worker_log is not None else ""
+        except OSError:
+            return False
+        return any(" ready N=" in ln and "client=dspark-proxy" in ln for ln in text.splitlines())
 
     def kill_proxy(self) -> None:
         if self.proxy is not None:
