@@ -13,6 +13,10 @@ stretch that staged some (link pacing and byte budgets lower them below the layo
 that ramps up is held to its slowest round; the proxy's `resync_windows_per_round` gauge is reported
 beside it). Windows staged for slots that are not live or not dirty count without helping, so they
 fail the check; a stretch with no window staged while a window is short is bounded at 1 round.
+
+Outside the faults the same contract holds: a round that fails (late on a busy machine, say) dirties its
+slots like a fault does, so the baseline's full-window rate counts only settled rounds, those beyond the
+same bound after the baseline's last failed round (`settled`); the excused rounds are reported.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["full_rate", "recovery", "BASELINE_MIN_FULL_RATE"]
+import numpy as np
+
+__all__ = ["full_rate", "recovery", "settled", "BASELINE_MIN_FULL_RATE"]
 
 BASELINE_MIN_FULL_RATE = 0.99
 _REACHED = (0, 1)  # reply statuses whose STEP came back from a worker (ok, some_failed)
@@ -61,3 +67,20 @@ def recovery(probe: Any, lo: int, hi: int, windows_per_round: int | None = None)
     out.update(reached_after_rounds=r0 - lo, full_after_rounds=worst, full_bound_rounds=worst_bound,
                windows_per_round_staged=worst_rate)
     return out
+
+
+def settled(probe: Any, n: int) -> np.ndarray:
+    """True for each of the first `n` rounds that is not within the recovery bound of a failed round:
+    ceil(most live requests / fewest windows staged in a round that staged some) + 1 rounds after it,
+    the bound `recovery` holds a fault's aftermath to. A failed round's own drafts are not usable, so it
+    needs no mask of its own."""
+    mask = np.ones(n, dtype=np.bool_)
+    if not n:
+        return mask
+    reached = np.isin(np.asarray(probe.status[:n]), _REACHED)
+    staged = np.asarray(probe.staged[:n])
+    rate = int(staged[staged > 0].min()) if (staged > 0).any() else 1
+    bound = math.ceil(int(np.max(probe.n_reqs[:n])) / rate) + 1
+    for f in np.flatnonzero(~reached).tolist():  # the report's own pass, once per failed round
+        mask[f + 1:f + 1 + bound] = False
+    return mask
