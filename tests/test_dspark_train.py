@@ -55,6 +55,7 @@ def test_chat_template_is_used_where_the_tokenizer_has_one():
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(TARGET, local_files_only=True)
+    tok.chat_template = None  # the shipped tokenizer has one (for `vllm serve`'s chat API): plain first
     plain = encode_prompts(tok, ["x = 1"])[0]
     assert list(plain) == tok("x = 1", add_special_tokens=True)["input_ids"]
     tok.chat_template = "{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}{% if add_generation_prompt %}##{% endif %}"

@@ -67,7 +67,9 @@ def test_proxy_and_worker_endpoints_pass_promtool(seg_name):
         try:
             res = SimEngine(SimConfig(seed=3, max_reqs=M, num_spec=N, window=W, row_bytes=B)).run(shim, rounds=60)
             assert res.wrong_drafts == 0
-            proxy_text = _scrape(f"http://127.0.0.1:{pport}/metrics", "dspark_proxy_rtt_seconds_bucket")
+            # the link's counters join the statistics at the proxy's next publish (its heartbeat), after the
+            # first round trip's latency: wait for them, not only for the latency
+            proxy_text = _scrape(f"http://127.0.0.1:{pport}/metrics", "dspark_proxy_client_steps_sent_total")
             worker_text = _scrape(f"http://127.0.0.2:{wport}/metrics", "dspark_worker_rounds_total{peer=")
         finally:
             shim.close()
