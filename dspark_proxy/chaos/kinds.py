@@ -97,10 +97,12 @@ FAULT_KINDS: tuple[FaultKind, ...] = (
                                "while the proxy drafts",
               worker_memory, Effect("notes", "rogue_refused")),
     FaultKind("pool_worker_kill", "a second worker joins the proxy's pool (SIGHUP), then is SIGKILLed: its requests "
-                                  "move to the first, whose own keep >= 99% usable drafts",
+                                  "move to the first, whose own keep >= 99% usable drafts (of the baseline's "
+                                  "share, less chance, on a machine too busy for the baseline's own 100%)",
               pool_worker_kill, Effect("proxy", "pool_slots_resent")),
     FaultKind("pool_worker_stall", "a second worker joins the proxy's pool (SIGHUP), then is SIGSTOPped: its breaker "
-                                   "opens, its requests move to the first, whose own keep >= 99% usable drafts",
+                                   "opens, its requests move to the first, whose own keep >= 99% usable drafts "
+                                   "(as for the kill)",
               pool_worker_stall, Effect("proxy", "pool_slots_resent")),
     FaultKind("ring_truncate", "the engine's shared ring ftruncated to 0 by its own uid: refused (a sealed memfd); "
                                "the proxy drafts on",

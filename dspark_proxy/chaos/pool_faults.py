@@ -5,13 +5,17 @@ waits until both serve their share; then the second worker is SIGKILLed or SIGST
 marked cleared at the round its requests move to the survivor (pool/client.py: the round after its
 first miss for a kill, after the breaker's threshold of misses for a stall), so the campaign's bound on
 full windows (completeness.py) is the moved requests' bound. Meanwhile the surviving worker's requests
-must keep >= 99% usable drafts: from the pool's per-worker counters (`workers` in status), misses
-counted, rounds the watchdog took counted as misses of its share. Then the second worker leaves the
+must keep usable drafts in at least 99% of their entries, or, on a machine so busy that the baseline
+(the rounds outside every fault) itself got fewer, in 99% of the baseline's share, less what chance moves that share over the
+few rounds measured (`healthy_bar`): a round lost because the machine is busy is not the other
+worker's fault, and the baseline counts such rounds the same way. From the pool's per-worker counters (`workers` in status), misses counted, rounds
+the watchdog took counted as misses of its share. Then the second worker leaves the
 list (it owns no slot any more, so nothing moves) and is stopped.
 """
 
 from __future__ import annotations
 
+import math
 import signal
 import time
 from typing import TYPE_CHECKING, Any
@@ -22,10 +26,22 @@ from ..status import read_status
 if TYPE_CHECKING:
     from .campaign import Controller
 
-__all__ = ["pool_worker_kill", "pool_worker_stall", "HEALTHY_MIN_USABLE"]
+__all__ = ["pool_worker_kill", "pool_worker_stall", "HEALTHY_MIN_USABLE", "healthy_bar"]
 
 HEALTHY_MIN_USABLE = 0.99
 _BREAKER_THRESHOLD = 3  # the proxy's default breaker_threshold (the campaign does not change it)
+
+
+def healthy_bar(baseline_usable: float | None, rounds: int | None = None) -> float:
+    """The least usable share the healthy worker's requests may get through a pool fault: 99%, of the
+    baseline's usable share where the baseline got less than all its drafts (None: no baseline rounds,
+    the plain 99%), less three binomial standard deviations of that share over the `rounds` measured
+    (a busy machine loses whole rounds at random; over a few rounds that alone moves the share)."""
+    if baseline_usable is None:
+        return HEALTHY_MIN_USABLE
+    b = min(1.0, baseline_usable)
+    chance = 3.0 * math.sqrt(b * (1.0 - b) / rounds) if rounds else 0.0
+    return round(max(0.0, HEALTHY_MIN_USABLE * b - chance), 4)
 
 
 def _proxy(c: Controller) -> tuple[list[dict[str, Any]], dict[str, int]]:
@@ -70,7 +86,7 @@ def _healthy(before: dict[str, Any], after: dict[str, Any], late: int) -> dict[s
     total = d["entries"] + lost_late
     rate = round(d["usable"] / total, 4) if total else None
     return {"healthy_entries": d["entries"], "healthy_usable": d["usable"], "healthy_missed": d["missed"] + lost_late,
-            "healthy_usable_rate": rate}
+            "healthy_rounds": d["steps"] + late, "healthy_usable_rate": rate}
 
 
 def _pool_fault(c: Controller, how: str) -> None:

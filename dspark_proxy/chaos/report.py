@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .completeness import BASELINE_MIN_FULL_RATE, full_rate, recovery, settled
+from .pool_faults import HEALTHY_MIN_USABLE, healthy_bar
 from .ring_faults import RING_GONE_S
 
 __all__ = ["build_report", "format_table"]
@@ -147,7 +148,7 @@ def build_report(*, cfg: dict[str, Any], probe: Any, injections: list, passes: i
     unexplained = [o for o in over_rows if not o["explained"]]
     worst = over_rows[:10]
     _checks(cfg, kinds, wrong_total, unexplained if not cfg.get("strict") else over_rows, leftovers, failures,
-            per_inj)
+            per_inj, baseline["usable_rate"])
     _completeness_checks(baseline, per_inj, failures)
     overall = {"rounds": n_rounds, "elapsed_s": round(elapsed_s, 1), "passes": passes,
                "injections": len(injections), "wrong_drafts": wrong_total,
@@ -260,7 +261,7 @@ def _completeness_checks(baseline: dict[str, Any], per_inj: list, failures: list
 
 
 def _checks(cfg: dict[str, Any], kinds: dict[str, dict[str, Any]], wrong_total: int, over: list[dict[str, Any]],
-            leftovers: list[str], failures: list[str], per_inj: list) -> None:
+            leftovers: list[str], failures: list[str], per_inj: list, baseline_usable: float | None = None) -> None:
     for k in cfg["kinds"]:
         if k not in kinds:
             failures.append(f"fault kind {k} was never injected")
@@ -281,9 +282,11 @@ def _checks(cfg: dict[str, Any], kinds: dict[str, dict[str, Any]], wrong_total: 
             if pc.get("deaths", 0):
                 failures.append(f"bad_descriptor #{r['n']}: the proxy's round loop died")
         rate = r["notes"].get("healthy_usable_rate")
-        if r["kind"].startswith("pool_") and (rate is None or rate < 0.99):
+        pool_bar = healthy_bar(baseline_usable, r["notes"].get("healthy_rounds"))
+        if r["kind"].startswith("pool_") and (rate is None or rate < pool_bar):
             failures.append(f"{r['kind']} #{r['n']}: the healthy worker's requests got usable drafts at {rate} "
-                            f"(< 0.99; notes {r['notes']})")
+                            f"(< {pool_bar}: {HEALTHY_MIN_USABLE} of the baseline's {baseline_usable}, less chance; "
+                            f"notes {r['notes']})")
         notes = r["notes"]
         if r["kind"] == "ring_truncate" and (notes.get("truncated") or notes.get("proxy_alive") is False):
             failures.append(f"ring_truncate #{r['n']}: the engine's ring was cut or the proxy died ({notes})")
