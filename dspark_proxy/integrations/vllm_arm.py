@@ -14,7 +14,9 @@ SPEC keys: model, arm, cpus (the CPUs this arm runs on), num_spec, prompts, max_
 timing ({"prompt", "max_tokens", "repeats"}: ms per generated token at one request), kill
 ({"pid", "after_steps"}: generate the prompts a second time and SIGKILL that process after that many
 drafter steps of it: the worker-loss test), ring_probe (the rows the drafter sent for the first
-prompt, run alone first).
+prompt, run alone first), sampled ({"temperatures", "max_tokens"}: the prompts again at each
+temperature, drafts accepted per drafting step; vllm_sampled.py), draws ({"prompt", "n", "tokens",
+"temperature"}: one prompt drawn n times, each with its own seed).
 """
 
 from __future__ import annotations
@@ -122,6 +124,8 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
     kw = {"dtype": "float32", "enforce_eager": True, "max_model_len": 512, "max_num_seqs": 8, "seed": 0}
+    if spec.get("sampled"):
+        kw["disable_log_stats"] = False  # vLLM's own speculative-decoding counters (LLM.get_metrics)
     kw.update(spec.get("llm", {}))
     sc = _spec_config(arm, int(spec.get("num_spec", 5)))
     if sc is not None:
@@ -158,6 +162,7 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
         res = llm.generate(list(spec["prompts"]), greedy(max_tokens), use_tqdm=False)
         out["outputs_killed"] = [list(r.outputs[0].token_ids) for r in res]
         out["drafter_killed"] = _drafter_stats(drafter)
+    _sampled(spec, llm, drafter, out)
     timing = spec.get("timing")
     if timing and arm == "cost":
         out.update(_cost_timing(llm, drafter, timing, greedy))
@@ -178,6 +183,21 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
         if ours:
             out["drafter_timing"] = _drafter_stats(drafter)
     return out
+
+
+def _sampled(spec: dict[str, Any], llm: Any, drafter: Any, out: dict[str, Any]) -> None:
+    """The spec's `sampled` and `draws` runs (vllm_sampled.py) into `out`."""
+    from . import vllm_sampled
+
+    s = spec.get("sampled")
+    if s:
+        out["sampled"] = vllm_sampled.accepted_at(llm, drafter, list(spec.get("prompts", [])),
+                                                  int(s.get("max_tokens", 64)), list(s["temperatures"]))
+    d = spec.get("draws")
+    if d:
+        out["draws"] = vllm_sampled.draws(llm, d["prompt"], int(d["n"]), int(d["tokens"]), float(d["temperature"]))
+    if drafter is not None and hasattr(drafter, "verified_rounds") and (s or d):
+        out["drafter_sampled"] = _drafter_stats(drafter)
 
 
 def _cost_timing(llm: Any, d: Any, timing: dict[str, Any], greedy: Any) -> dict[str, Any]:
