@@ -53,10 +53,10 @@ class LocalNullProposer(DSparkProposer):
         self._ids = np.ones((s.max_reqs, s.num_spec), dtype=np.int32)
         self._nd = np.zeros(s.max_reqs, dtype=np.int32)
 
-    def _enqueue(self, plan: Any, rows: Any) -> None:
+    def _enqueue(self, plan: Any, rows: Any, sampling: Any = None) -> None:
         self._shim_round = self.via_shim  # the round is read the way it was made, whatever via_shim is then
         if self.via_shim:
-            super()._enqueue(plan, rows)
+            super()._enqueue(plan, rows, sampling)
             return
         n = plan.slots.shape[0]
         self._in_place = nd = self._nd[:n]
