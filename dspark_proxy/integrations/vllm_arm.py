@@ -16,7 +16,9 @@ timing ({"prompt", "max_tokens", "repeats"}: ms per generated token at one reque
 drafter steps of it: the worker-loss test), ring_probe (the rows the drafter sent for the first
 prompt, run alone first), sampled ({"temperatures", "max_tokens"}: the prompts again at each
 temperature, drafts accepted per drafting step; vllm_sampled.py), draws ({"prompt", "n", "tokens",
-"temperature"}: one prompt drawn n times, each with its own seed).
+"temperature", "mutant_n"}: one prompt drawn n times, each with its own seed; then mutant_n times with
+each drawn draft replaced by the top of its q, q still handed to vLLM: the lossy mutant of the
+chi-square test, drafts not drawn from the q vLLM is given).
 """
 
 from __future__ import annotations
@@ -195,9 +197,30 @@ def _sampled(spec: dict[str, Any], llm: Any, drafter: Any, out: dict[str, Any]) 
                                                   int(s.get("max_tokens", 64)), list(s["temperatures"]))
     d = spec.get("draws")
     if d:
-        out["draws"] = vllm_sampled.draws(llm, d["prompt"], int(d["n"]), int(d["tokens"]), float(d["temperature"]))
+        args = (llm, d["prompt"], int(d["n"]), int(d["tokens"]), float(d["temperature"]))
+        out["draws"] = vllm_sampled.draws(*args)
+        if d.get("mutant_n") and drafter is not None:
+            _top_of_q(drafter)
+            out["draws_mutant"] = vllm_sampled.draws(llm, d["prompt"], int(d["mutant_n"]), int(d["tokens"]),
+                                                     float(d["temperature"]), seed=1 + int(d["n"]))
     if drafter is not None and hasattr(drafter, "verified_rounds") and (s or d):
         out["drafter_sampled"] = _drafter_stats(drafter)
+
+
+def _top_of_q(d: DSparkProposer) -> None:
+    """The chi-square test's mutant: every drawn draft replaced by its q's top token (the worker sorts
+    the support by q), q still handed to vLLM, as a drafter that drafts greedily but reports q would."""
+    read = d._read
+
+    def greedy_read() -> tuple[np.ndarray, np.ndarray]:
+        ids, nd = read()
+        r = d._reply
+        if r is not None and r.sample_mask is not None and r.sample_mask.any():
+            ids = ids.copy()
+            ids[r.sample_mask] = r.support_ids[r.sample_mask][:, :, 0]
+        return ids, nd
+
+    d._read = greedy_read  # type: ignore[method-assign]
 
 
 def _cost_timing(llm: Any, d: Any, timing: dict[str, Any], greedy: Any) -> dict[str, Any]:
