@@ -10,6 +10,7 @@ prompt (of five, so the second and third come through drafts) drawn 2,000 times 
 with its own seed, against the target's exact distribution (transformers, the same weights); cells
 expecting at least 5, the rest one cell. Draws whose drafts were not drawn from the q vLLM is
 given (each replaced by the top of its q, as tests/test_spec_sampling.py's greedy mutant) must fail it.
+Greedy requests in the same batches must give the target's greedy output.
 (Withholding q would not do: vLLM then takes each draft as a point mass, accepts it with p(x) and
 resamples from p without x, which is lossless for drafts drawn from anything.)
 """
@@ -109,7 +110,7 @@ def test_vllms_cpu_expand_is_replaced_and_then_expands():
 
 # ---------------------------------------------------------------------------------------- through vLLM
 
-DRAWS, MUTANT_DRAWS, TOKENS, MIN_EXPECTED, SEQS = 2000, 1000, 3, 5.0, 32
+DRAWS, MUTANT_DRAWS, TOKENS, MIN_EXPECTED, SEQS, GREEDY_TOKENS = 2000, 400, 3, 5.0, 32, 16
 PROMPT = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
 
 
@@ -132,6 +133,22 @@ def _exact_cells(model: str, prompt: str, n: int) -> dict[tuple[int, ...], float
     return frontier
 
 
+def _greedy(model: str, prompts: list[str]) -> list[list[int]]:
+    """The target's own greedy continuations (transformers, float32), GREEDY_TOKENS each."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(model)
+    out = []
+    for p in prompts:
+        ids = tok(p)["input_ids"]
+        for _ in range(GREEDY_TOKENS):
+            with torch.no_grad():
+                ids.append(int(m(torch.tensor([ids])).logits[0, -1].argmax()))
+        out.append(ids[-GREEDY_TOKENS:])
+    return out
+
+
 def _chi2_p(draws: list[list[int]], cells: dict[tuple[int, ...], float]) -> float:
     n = len(draws)
     keys = list(cells)
@@ -149,11 +166,12 @@ def _chi2_p(draws: list[list[int]], cells: dict[tuple[int, ...], float]) -> floa
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_sampled_requests_through_vllm_keep_the_target_distribution():
+def test_sampled_requests_through_vllm_keep_the_target_distribution_and_greedy_ones_their_output():
     pytest.importorskip("vllm", reason="vLLM is not installed (scripts/setup.sh installs it)")
     from dspark_proxy.integrations.vllm_demo import (
         DEFAULT_HEAD,
         DEFAULT_MODEL,
+        PROMPTS,
         run_arm_process,
         shapes_args,
         vllm_threads_env,
@@ -166,7 +184,7 @@ def test_sampled_requests_through_vllm_keep_the_target_distribution():
     spec = {"model": os.fspath(DEFAULT_MODEL), "arm": "dspark", "num_spec": int(layout[3]), "prompts": [],
             "llm": {"max_num_seqs": SEQS, "max_model_len": 256},
             "draws": {"prompt": PROMPT, "n": DRAWS, "tokens": TOKENS + 2, "temperature": 1.0,
-                      "mutant_n": MUTANT_DRAWS},
+                      "greedy": PROMPTS[:4], "mutant_n": MUTANT_DRAWS},
             "env": {"DSPARK_PROXY": name, "DSPARK_PROXY_HEAD": os.fspath(DEFAULT_HEAD), "DSPARK_PROXY_SAMPLED": "1",
                     **vllm_threads_env()}}
     try:
@@ -186,6 +204,8 @@ def test_sampled_requests_through_vllm_keep_the_target_distribution():
     run = res["drafter_sampled"]
     assert run["active"] and run["bound"] and run["errors"] == 0, run
     assert run["verified_rounds"] >= DRAWS and run["accepted"] > 0, run  # drafts were verified, some accepted
+    # greedy requests batched with the sampled ones: the target's greedy output (their q is not needed)
+    assert res["draws_greedy"] == _greedy(os.fspath(DEFAULT_MODEL), PROMPTS[:4])
     cells = _exact_cells(os.fspath(DEFAULT_MODEL), PROMPT, DRAWS)
     assert len(cells) >= 10, cells  # enough cells for the test to have power
     p = _chi2_p(res["draws"], cells)

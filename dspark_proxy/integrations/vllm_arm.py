@@ -16,7 +16,8 @@ timing ({"prompt", "max_tokens", "repeats"}: ms per generated token at one reque
 drafter steps of it: the worker-loss test), ring_probe (the rows the drafter sent for the first
 prompt, run alone first), sampled ({"temperatures", "max_tokens"}: the prompts again at each
 temperature, drafts accepted per drafting step; vllm_sampled.py), draws ({"prompt", "n", "tokens",
-"temperature", "mutant_n"}: one prompt drawn n times, each with its own seed; then mutant_n times with
+"temperature", "greedy", "mutant_n"}: one prompt drawn n times, each with its own seed, the greedy
+prompts (16 tokens each) in the same batches; then mutant_n times with
 each drawn draft replaced by the top of its q, q still handed to vLLM: the lossy mutant of the
 chi-square test, drafts not drawn from the q vLLM is given).
 """
@@ -197,12 +198,12 @@ def _sampled(spec: dict[str, Any], llm: Any, drafter: Any, out: dict[str, Any]) 
                                                   int(s.get("max_tokens", 64)), list(s["temperatures"]))
     d = spec.get("draws")
     if d:
-        args = (llm, d["prompt"], int(d["n"]), int(d["tokens"]), float(d["temperature"]))
-        out["draws"] = vllm_sampled.draws(*args)
+        out["draws"], out["draws_greedy"] = vllm_sampled.draws(llm, d["prompt"], int(d["n"]), int(d["tokens"]),
+                                                               float(d["temperature"]), greedy=d.get("greedy"))
         if d.get("mutant_n") and drafter is not None:
             _top_of_q(drafter)
             out["draws_mutant"] = vllm_sampled.draws(llm, d["prompt"], int(d["mutant_n"]), int(d["tokens"]),
-                                                     float(d["temperature"]), seed=1 + int(d["n"]))
+                                                     float(d["temperature"]), seed=1 + int(d["n"]))[0]
     if drafter is not None and hasattr(drafter, "verified_rounds") and (s or d):
         out["drafter_sampled"] = _drafter_stats(drafter)
 

@@ -65,11 +65,16 @@ def _ours(drafter: Any) -> tuple[int | None, int]:
     return int(drafter.verified_rounds), int(drafter.accepted)
 
 
-def draws(llm: Any, prompt: str, n: int, tokens: int, temperature: float, seed: int = 1) -> list[list[int]]:
-    """`n` generations of `tokens` tokens of one prompt, generation i with seed `seed + i`."""
+def draws(llm: Any, prompt: str, n: int, tokens: int, temperature: float, seed: int = 1,
+          greedy: list[str] | None = None, greedy_tokens: int = 16) -> tuple[list[list[int]], list[list[int]]]:
+    """`n` generations of `tokens` tokens of one prompt, generation i with seed `seed + i`, and in the
+    same batches the `greedy` prompts at temperature 0 (a mixed batch): (the draws, the greedy outputs)."""
     from vllm import SamplingParams
 
+    greedy = list(greedy or [])
     params = [SamplingParams(temperature=temperature, max_tokens=tokens, ignore_eos=True, seed=seed + i)
               for i in range(n)]
-    res = llm.generate([prompt] * n, params, use_tqdm=False)
-    return [list(r.outputs[0].token_ids) for r in res]
+    params[:0] = [SamplingParams(temperature=0.0, max_tokens=greedy_tokens, ignore_eos=True) for _ in greedy]
+    res = llm.generate(greedy + [prompt] * n, params, use_tqdm=False)
+    out = [list(r.outputs[0].token_ids) for r in res]
+    return out[len(greedy):], out[:len(greedy)]
