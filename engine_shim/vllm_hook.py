@@ -20,8 +20,9 @@ which vLLM's rejection sampler reads at the next step (the drafter's `draft_prob
 
 `fix_cpu_expand`: vLLM 0.32's CPU stand-in for the rejection sampler's `expand_kernel` writes an int64
 copy of its float output, so the per-draft temperatures (and top-p, top-k) are left uninitialised and
-every sampled request's drafts are rejected against NaN probabilities (docs/vllm.md, "Sampled
-requests"); it is replaced, through vLLM's own kernel-override registry, by one that writes the output.
+sampled requests' drafts are judged against NaN or otherwise wrong probabilities (docs/vllm.md,
+"Sampled requests"); it is replaced, through vLLM's own kernel-override registry, by one that writes
+the output.
 
 These are private methods: the wrappers are installed only on a vLLM version they were tested with
 (`TESTED`); on any other the proposer logs one line and the engine runs without drafts.
