@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
 from typing import Any
 
@@ -183,6 +184,8 @@ def fix_cpu_expand() -> bool:
     with _lock:
         if _state.get("expand_fixed"):
             return True
+        if "vllm" not in sys.modules:  # not inside a vLLM engine (a stand-in runner): nothing to fix
+            return False
         try:
             from vllm.triton_utils.dispatcher import KernelOverride, register_kernels
             from vllm.utils import cpu_triton_utils

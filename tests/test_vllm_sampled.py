@@ -25,6 +25,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from engine_shim.vllm_probs import DraftProbs  # noqa: E402
+from tests.test_vllm_proposer import env  # noqa: E402, F401 - a fixture
 
 K = 32
 
@@ -106,6 +107,46 @@ def test_vllms_cpu_expand_is_replaced_and_then_expands():
     got = rs.expand_batch_to_tokens(torch.tensor([0.7, -1.0, 0.5]), torch.tensor([2, 5, 6], dtype=torch.int32), 6,
                                     replace_from=-1, replace_to=1)
     assert got.tolist() == pytest.approx([0.7, 0.7, 1.0, 1.0, 1.0, 0.5])
+
+
+def test_the_proposer_asks_a_sampled_proxy_for_drawn_drafts_and_hands_their_q(env, monkeypatch):  # noqa: F811
+    """Through a null proxy in sampled mode (its worker marks a request with temperature > 0 drawn, q
+    one-hot on the draft): each request's temperature and seed reach the round, the drawn request's q
+    comes back for vLLM, and a step of greedy requests alone hands vLLM no probabilities."""
+    from types import SimpleNamespace
+
+    from dspark_proxy.launch import spawn_proxy
+    from engine_shim.vllm_proposer import DSparkProposer
+    from tests.test_vllm_proposer import MAN, M, _bound, _config, _step
+
+    monkeypatch.setenv("DSPARK_PROXY_SAMPLED", "1")
+    proxy = spawn_proxy(env, "null", "--max-reqs", str(M), "--num-spec", str(MAN.num_spec), "--window",
+                        str(MAN.window), "--row-bytes", str(MAN.row_bytes), "--deadline-ms", "200", "--log-every",
+                        "0", "--sampled")
+    p = None
+    try:
+        p = DSparkProposer(_config())
+        runner = _bound(p)
+        sp = {"a": (0.8, 3), "b": (0.0, None), "c": (1e-6, None)}  # c: below vLLM's epsilon, greedy
+        runner.requests = {r: SimpleNamespace(num_prompt_tokens=4, sampling_params=SimpleNamespace(
+            temperature=t, seed=sd, max_tokens=40)) for r, (t, sd) in sp.items()}
+        out, _ = _step(p, runner, [("a", 0, 5, [11]), ("b", 0, 5, [12])])
+        assert all(len(d) == MAN.num_spec for d in out), out
+        assert p._sp["a"] == (0.8, 3) and p._sp["b"][0] == 0.0
+        assert p._reply.sample_mask.tolist() == [True, False]
+        probs, ids = p.draft_probs()
+        assert ids == ["a", "b"] and tuple(probs.shape) == (2, MAN.num_spec, MAN.vocab_size)
+        for i in range(2):  # a's q (the null worker's: one-hot on its draft), b's point mass
+            assert probs[i].sum().item() == MAN.num_spec
+            assert all(probs[i, j, x].item() == 1 for j, x in enumerate(out[i]))
+        assert p.draft_probs() is None  # handed once
+        out, _ = _step(p, runner, [("b", 5, 1, [13]), ("c", 0, 5, [14])], finished={"a"})
+        assert any(out) and p._reply.sample_mask.tolist() == [False, False]
+        assert p.draft_probs() is None and "a" not in p._sp and p._sp["c"][0] == 0.0
+    finally:
+        if p is not None:
+            p.close()
+        proxy.stop()
 
 
 # ---------------------------------------------------------------------------------------- through vLLM
