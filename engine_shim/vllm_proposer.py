@@ -329,7 +329,7 @@ class DSparkProposer:
                 t = float(getattr(sp, "temperature", 0.0) or 0.0)
                 sd = getattr(sp, "seed", None)
                 got = self._sp[r] = (t if t >= SAMPLING_EPS else 0.0,
-                                     int(sd) & (2**63 - 1) if sd is not None else int.from_bytes(os.urandom(8)) >> 1)
+                                     int(sd) & (2**63 - 1) if sd is not None else int.from_bytes(os.urandom(8), "little") >> 1)
             temp[i], seed[i] = got
         return temp > 0, seed, temp
 
