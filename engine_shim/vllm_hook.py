@@ -14,6 +14,16 @@ original unless the runner's drafter is a `DSparkProposer`:
 - `_input_fits_in_drafter`: always True, since the drafter caps each request at its own length limit
   (vLLM's check is for the whole batch: one long request would cost every request its rows).
 
+Where the drafts were drawn from the head's distribution (sampled requests, a proxy in sampled mode),
+the wrappers that hand vLLM the drafts also set the runner's `_draft_probs` / `_draft_prob_req_ids`,
+which vLLM's rejection sampler reads at the next step (the drafter's `draft_probs`).
+
+`fix_cpu_expand`: vLLM 0.32's CPU stand-in for the rejection sampler's `expand_kernel` writes an int64
+copy of its float output, so the per-draft temperatures (and top-p, top-k) are left uninitialised and
+sampled requests' drafts are judged against NaN or otherwise wrong probabilities (docs/vllm.md,
+"Sampled requests"); it is replaced, through vLLM's own kernel-override registry, by one that writes
+the output.
+
 These are private methods: the wrappers are installed only on a vLLM version they were tested with
 (`TESTED`); on any other the proposer logs one line and the engine runs without drafts.
 """
@@ -22,10 +32,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
 from typing import Any
 
-__all__ = ["TESTED", "install", "installed", "vllm_version", "why_not"]
+__all__ = ["TESTED", "install", "installed", "vllm_version", "why_not", "fix_cpu_expand", "expand_kernel"]
 
 log = logging.getLogger(__name__)
 
@@ -112,15 +123,23 @@ def _wrap(cls: type) -> None:
         if d is not None:
             d.bind(self)
 
+    def _hand_probs(self: Any, d: Any) -> None:
+        probs = d.draft_probs()
+        self._draft_probs, self._draft_prob_req_ids = probs if probs is not None else (None, None)
+
     @functools.wraps(propose)
     def propose_draft_token_ids(self: Any, scheduler_output: Any, sampled_token_ids: Any, sampling_metadata: Any,
                                 hidden_states: Any, sample_hidden_states: Any, aux_hidden_states: Any,
                                 spec_decode_metadata: Any, common_attn_metadata: Any, slot_mappings: Any) -> Any:
         d = _ours(self)
         if d is not None and d.bound:
-            step = d.begin if d.deferred else d.step
-            return step(self, scheduler_output, sampled_token_ids, aux_hidden_states, spec_decode_metadata,
-                        common_attn_metadata)
+            if d.deferred:
+                return d.begin(self, scheduler_output, sampled_token_ids, aux_hidden_states, spec_decode_metadata,
+                               common_attn_metadata)
+            out = d.step(self, scheduler_output, sampled_token_ids, aux_hidden_states, spec_decode_metadata,
+                         common_attn_metadata)
+            _hand_probs(self, d)
+            return out
         return propose(self, scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,
                        sample_hidden_states, aux_hidden_states, spec_decode_metadata, common_attn_metadata,
                        slot_mappings)
@@ -137,9 +156,47 @@ def _wrap(cls: type) -> None:
         d = _ours(self)
         if d is not None and d.pending:
             self._draft_token_ids = d.finish()
+            _hand_probs(self, d)
         return drafts(self)
 
     cls._setup_eagle3_aux_hidden_state_outputs = _setup_eagle3_aux_hidden_state_outputs
     cls.propose_draft_token_ids = propose_draft_token_ids
     cls._input_fits_in_drafter = _input_fits_in_drafter
     cls._get_draft_token_ids_cpu = _get_draft_token_ids_cpu
+
+
+def expand_kernel(output_ptr: Any, input_ptr: Any, cu_num_tokens_ptr: Any, replace_from: Any, replace_to: Any,
+                  MAX_NUM_TOKENS: Any = None) -> None:  # noqa: N803 - the kernel's own argument names
+    """vLLM's `expand_kernel` on CPU tensors: request i's value (`replace_from` made `replace_to`)
+    written to its tokens, `cu_num_tokens` being the cumulative token counts."""
+    import torch
+
+    cu = cu_num_tokens_ptr.to(torch.int64)
+    counts = torch.diff(cu, prepend=cu.new_zeros(1))
+    vals = torch.where(input_ptr == replace_from, torch.full_like(input_ptr, replace_to), input_ptr)
+    out = torch.repeat_interleave(vals, counts)
+    output_ptr[:out.shape[0]].copy_(out)
+
+
+def fix_cpu_expand() -> bool:
+    """Replace vLLM's CPU stand-in for the rejection sampler's expand kernel when it is the one that
+    leaves its output unwritten (module docstring); True when replaced (now or before)."""
+    with _lock:
+        if _state.get("expand_fixed"):
+            return True
+        if "vllm" not in sys.modules:  # not inside a vLLM engine (a stand-in runner): nothing to fix
+            return False
+        try:
+            from vllm.triton_utils.dispatcher import KernelOverride, register_kernels
+            from vllm.utils import cpu_triton_utils
+            from vllm.v1.sample import rejection_sampler
+        except ImportError:
+            return False
+        k = getattr(rejection_sampler, "expand_kernel", None)
+        if not (isinstance(k, KernelOverride) and k.func is getattr(cpu_triton_utils, "_expand_kernel_impl", None)):
+            return False
+        register_kernels({"vllm.v1.sample.rejection_sampler.expand_kernel": expand_kernel})
+        _state["expand_fixed"] = True
+        log.info("[shim] vLLM proposer: vLLM's CPU expand kernel replaced (it left the rejection sampler's "
+                 "per-draft temperatures unwritten; docs/vllm.md)")
+        return True

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 ENV_NAME = "DSPARK_PROXY"
 ENV_HEAD = "DSPARK_PROXY_HEAD"
 ENV_DEFER = "DSPARK_PROXY_VLLM_DEFER"
+ENV_SAMPLED = "DSPARK_PROXY_SAMPLED"
+SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy
 _TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
 
 
@@ -123,6 +125,8 @@ class DSparkProposer:
     """vLLM's drafter object (`custom_class`). `active` is False when anything did not fit (logged once):
     then every request gets no drafts. Thread ownership: the model runner's thread."""
 
+    _handed: tuple[Any, list[str]] | None = None  # the last step's (draft probs, their req ids)
+
     def __init__(self, vllm_config: Any) -> None:
         ensure_visible()
         self.active = False
@@ -143,6 +147,11 @@ class DSparkProposer:
         self.accepted = 0
         self.drafted_rounds = 0  # request-steps that got at least one draft back
         self.preemptions_seen = 0
+        # sampled mode (a proxy started with --sampled): drafts of sampled requests drawn from the head's
+        # distribution, which vLLM's rejection sampler is then given (docs/vllm.md, "Sampled requests")
+        self.sampled = os.environ.get(ENV_SAMPLED, "").strip() == "1"
+        self._sp: dict[str, tuple[float, int]] = {}  # req id -> (temperature, seed), read at admission
+        self._probs: Any = None  # vllm_probs.DraftProbs
         self.name = os.environ.get(ENV_NAME) or DEFAULT_NAME
         self.target_id = ""
         self.link = LinkLog(self.name, "")
@@ -177,7 +186,7 @@ class DSparkProposer:
         assert s is not None
         try:
             self.shim = attach(self.name, max_reqs=s.max_reqs, num_spec=s.num_spec, window=s.window,
-                               row_bytes=s.row_bytes, target_id=self.target_id)
+                               row_bytes=s.row_bytes, target_id=self.target_id, sampled=self.sampled)
         except LayoutMismatch as e:
             log.error("[shim] vLLM proposer: the proxy %r has other shapes (%s); the engine runs without drafts",
                       self.name, e)
@@ -206,6 +215,7 @@ class DSparkProposer:
             self._order = [held.index(i) for i in s.tap_layers]
             self.bound = True
             _check_cores()
+            vllm_hook.fix_cpu_expand()
         except Exception as e:  # noqa: BLE001 - a model without auxiliary outputs runs without drafts
             runner.use_aux_hidden_state_outputs = False
             log.error("[shim] vLLM proposer: the model cannot output hidden states at layers %s (%s); "
@@ -267,6 +277,9 @@ class DSparkProposer:
         req_ids = ib.req_ids
         self._runner = runner
         self.slots.release(so.finished_req_ids)
+        if self._sp:
+            for r in so.finished_req_ids or ():
+                self._sp.pop(r, None)
         if so.preempted_req_ids:
             self.preemptions_seen += len(so.preempted_req_ids)
             self.slots.release(so.preempted_req_ids)
@@ -288,8 +301,9 @@ class DSparkProposer:
         self.accepted += int(n_sampled[checked].sum()) - int(np.count_nonzero(checked))
         rows = self._gather(aux, plan.row_index)
         t1 = time.perf_counter()
-        self._enqueue(plan, rows)
+        self._enqueue(plan, rows, self._sampling(req_ids, n) if self.sampled else None)
         self._pending = (plan, t0, t1)
+        self._step_req_ids = list(req_ids)
 
     def _limit_of(self, req_id: str) -> int:
         """The request's own end in tokens, prompt + max_tokens (where vLLM stops it: no draft past it);
@@ -301,13 +315,48 @@ class DSparkProposer:
             return NO_LIMIT
         return int(st.num_prompt_tokens) + int(max_tokens)
 
+    def _sampling(self, req_ids: list[str], n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(sampled, seed, temperature) of the step's requests, from each request's SamplingParams,
+        read once per request. A request without a seed gets a random one: the worker's draws are a
+        function of (seed, position), so requests sharing a seed would draw the same drafts."""
+        temp = np.zeros(n, np.float32)
+        seed = np.zeros(n, np.int64)
+        reqs = getattr(self._runner, "requests", None)
+        for i, r in enumerate(req_ids[:n]):
+            got = self._sp.get(r)
+            if got is None:
+                sp = getattr(reqs.get(r) if reqs is not None else None, "sampling_params", None)
+                t = float(getattr(sp, "temperature", 0.0) or 0.0)
+                sd = getattr(sp, "seed", None)
+                got = self._sp[r] = (t if t >= SAMPLING_EPS else 0.0,
+                                     int(sd) & (2**63 - 1) if sd is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+            temp[i], seed[i] = got
+        return temp > 0, seed, temp
+
+    def draft_probs(self) -> tuple[Any, list[str]] | None:
+        """The last step's drafts' probabilities as vLLM's runner keeps them (`_draft_probs` [n, N, V],
+        `_draft_prob_req_ids`), or None when no request of the step had drafts drawn from q (vLLM then
+        takes each draft as a point mass, right for greedy drafts). vllm_probs.py."""
+        got, self._handed = self._handed, None
+        return got
+
     def _finish(self, plan: StepArrays, t0: float, t1: float) -> list[list[int]]:
         t2 = time.perf_counter()
+        self._reply = None
         draft_ids, n_drafts = self._read()
         t3 = time.perf_counter()
         s = self.shapes
         assert s is not None
         out = clip_drafts(draft_ids, n_drafts, plan.need_draft, plan.max_drafts, s.vocab_size)
+        self._handed = None
+        reply = getattr(self, "_reply", None)
+        if reply is not None and reply.sample_mask is not None and bool(reply.sample_mask.any()):
+            from .vllm_probs import DraftProbs
+
+            if self._probs is None:
+                self._probs = DraftProbs(s.max_reqs, s.num_spec, s.vocab_size)
+            probs = self._probs.fill(out, reply.sample_mask, reply.support_ids, reply.proposal_q)
+            self._handed = (probs, self._step_req_ids[:len(out)])
         self.drafted_rounds += sum(map(bool, out))
         if self.keep_timings:
             t4 = time.perf_counter()
@@ -316,16 +365,17 @@ class DSparkProposer:
             self.timings.append(((self._t_enq - t1) * 1e6, (t3 - t2) * 1e6, (t1 - t0 + t4 - t3) * 1e6))
         return out
 
-    def _enqueue(self, plan: StepArrays, rows: Any) -> None:
+    def _enqueue(self, plan: StepArrays, rows: Any, sampling: tuple[np.ndarray, ...] | None = None) -> None:
         """Round t into the shim (a ShimError is logged by the shim: round t is then in flight as failed,
-        and read_reply(t) says so)."""
+        and read_reply(t) says so). `sampling`: (sampled, seed, temperature), in sampled mode."""
         from .inputs import ShimError
 
         t = self._t + 1
+        kw = {} if sampling is None else dict(zip(("sampled", "seed", "temperature"), sampling, strict=True))
         try:
             self.shim.enqueue(t, req_ids=plan.owners, slots=plan.slots, qsl=plan.qsl, need_draft=plan.need_draft,
                               k_window=plan.k_window, rows=rows, valid=plan.valid, first_pos=plan.first_pos,
-                              anchor=plan.anchor)
+                              anchor=plan.anchor, **kw)
         except ShimError:
             pass
         self._t = t
@@ -333,7 +383,7 @@ class DSparkProposer:
 
     def _read(self) -> tuple[np.ndarray, np.ndarray]:
         """Round t's reply: (draft ids [n, N], n_drafts [n])."""
-        reply = self.shim.read_reply(self._t)
+        reply = self._reply = self.shim.read_reply(self._t)
         return reply.draft_ids, reply.n_drafts
 
     def _gather(self, aux: Any, index: np.ndarray) -> np.ndarray:

@@ -14,7 +14,12 @@ SPEC keys: model, arm, cpus (the CPUs this arm runs on), num_spec, prompts, max_
 timing ({"prompt", "max_tokens", "repeats"}: ms per generated token at one request), kill
 ({"pid", "after_steps"}: generate the prompts a second time and SIGKILL that process after that many
 drafter steps of it: the worker-loss test), ring_probe (the rows the drafter sent for the first
-prompt, run alone first).
+prompt, run alone first), sampled ({"temperatures", "max_tokens"}: the prompts again at each
+temperature, drafts accepted per drafting step; vllm_sampled.py), draws ({"prompt", "n", "tokens",
+"temperature", "greedy", "mutant_n"}: one prompt drawn n times, each with its own seed, the greedy
+prompts (16 tokens each) in the same batches; then mutant_n times with
+each drawn draft replaced by the top of its q, q still handed to vLLM: the lossy mutant of the
+chi-square test, drafts not drawn from the q vLLM is given).
 """
 
 from __future__ import annotations
@@ -51,10 +56,10 @@ class LocalNullProposer(DSparkProposer):
         self._ids = np.ones((s.max_reqs, s.num_spec), dtype=np.int32)
         self._nd = np.zeros(s.max_reqs, dtype=np.int32)
 
-    def _enqueue(self, plan: Any, rows: Any) -> None:
+    def _enqueue(self, plan: Any, rows: Any, sampling: Any = None) -> None:
         self._shim_round = self.via_shim  # the round is read the way it was made, whatever via_shim is then
         if self.via_shim:
-            super()._enqueue(plan, rows)
+            super()._enqueue(plan, rows, sampling)
             return
         n = plan.slots.shape[0]
         self._in_place = nd = self._nd[:n]
@@ -122,6 +127,8 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
     kw = {"dtype": "float32", "enforce_eager": True, "max_model_len": 512, "max_num_seqs": 8, "seed": 0}
+    if spec.get("sampled"):
+        kw["disable_log_stats"] = False  # vLLM's own speculative-decoding counters (LLM.get_metrics)
     kw.update(spec.get("llm", {}))
     sc = _spec_config(arm, int(spec.get("num_spec", 5)))
     if sc is not None:
@@ -158,6 +165,7 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
         res = llm.generate(list(spec["prompts"]), greedy(max_tokens), use_tqdm=False)
         out["outputs_killed"] = [list(r.outputs[0].token_ids) for r in res]
         out["drafter_killed"] = _drafter_stats(drafter)
+    _sampled(spec, llm, drafter, out)
     timing = spec.get("timing")
     if timing and arm == "cost":
         out.update(_cost_timing(llm, drafter, timing, greedy))
@@ -178,6 +186,42 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
         if ours:
             out["drafter_timing"] = _drafter_stats(drafter)
     return out
+
+
+def _sampled(spec: dict[str, Any], llm: Any, drafter: Any, out: dict[str, Any]) -> None:
+    """The spec's `sampled` and `draws` runs (vllm_sampled.py) into `out`."""
+    from . import vllm_sampled
+
+    s = spec.get("sampled")
+    if s:
+        out["sampled"] = vllm_sampled.accepted_at(llm, drafter, list(spec.get("prompts", [])),
+                                                  int(s.get("max_tokens", 64)), list(s["temperatures"]))
+    d = spec.get("draws")
+    if d:
+        out["draws"], out["draws_greedy"] = vllm_sampled.draws(llm, d["prompt"], int(d["n"]), int(d["tokens"]),
+                                                               float(d["temperature"]), greedy=d.get("greedy"))
+        if d.get("mutant_n") and drafter is not None:
+            _top_of_q(drafter)
+            out["draws_mutant"] = vllm_sampled.draws(llm, d["prompt"], int(d["mutant_n"]), int(d["tokens"]),
+                                                     float(d["temperature"]), seed=1 + int(d["n"]))[0]
+    if drafter is not None and hasattr(drafter, "verified_rounds") and (s or d):
+        out["drafter_sampled"] = _drafter_stats(drafter)
+
+
+def _top_of_q(d: DSparkProposer) -> None:
+    """The chi-square test's mutant: every drawn draft replaced by its q's top token (the worker sorts
+    the support by q), q still handed to vLLM, as a drafter that drafts greedily but reports q would."""
+    read = d._read
+
+    def greedy_read() -> tuple[np.ndarray, np.ndarray]:
+        ids, nd = read()
+        r = d._reply
+        if r is not None and r.sample_mask is not None and r.sample_mask.any():
+            ids = ids.copy()
+            ids[r.sample_mask] = r.support_ids[r.sample_mask][:, :, 0]
+        return ids, nd
+
+    d._read = greedy_read  # type: ignore[method-assign]
 
 
 def _cost_timing(llm: Any, d: Any, timing: dict[str, Any], greedy: Any) -> dict[str, Any]:
