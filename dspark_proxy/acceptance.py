@@ -20,7 +20,22 @@ The mean is over the slot's block: the verified rounds since it was last judged 
 judged together every `patience` rounds once they have `patience` verified rounds; a probe when its
 `probe` rounds are verified). A PAUSED slot's entry goes out without NEED_DRAFT: its rows are still
 sent, so its window stays whole, and drafting resumes at once when a probe succeeds. The whole batch has the same machine over its mean accepted
-per request-round: paused, no entry asks for drafts. The gate only ever clears NEED_DRAFT; the
+per request-round: paused, no entry asks for drafts.
+
+The batch's throughput rule (`tps_every` > 0; gate_tps.py measures): acceptance says what drafts earn,
+not what they cost, so the batch's blocks also learn tokens per request-second of the engine's steps,
+with drafts (its ACTIVE and PROBING blocks) and without (its PAUSED ones):
+
+    ACTIVE --(block whole, plain rate unknown or older than tps_every rounds)--> PAUSED, a plain sample
+             (patience rounds) --(over)--> ACTIVE
+    ACTIVE --(a 2nd block in a row with drafting rate < plain rate)--> PAUSED (pause rounds)
+    PAUSED --(over)--> PROBING, a whole block (patience verified rounds at least)
+    PROBING --(drafting rate >= plain rate * (1 + tps_margin))--> ACTIVE (pause back to its base)
+    PROBING --(drafting rate below that)--> PAUSED (pause doubled, at most pause_max)
+
+Both rates are medians over a block, a pause needs two slow blocks in a row and the way back the margin,
+so noise does not flap it (and noise around break-even settles paused); every pause refreshes the plain rate, every block the drafting one; low
+acceptance pauses first, as above. The gate only ever clears NEED_DRAFT; the
 engine's own "no drafts" always wins. Everything is per-slot numpy over the round's requests: no
 per-request Python. The per-round sums (accepted drafts, their histogram, the gate's scatter-adds and
 the probes that are due) are one C call on the default path (`_fastround.accept_round`, about 1 µs
@@ -29,11 +44,13 @@ where the numpy reference took 12 at any n); every state change stays here, in t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import native
+from .gate_tps import StepRates
 from .stats import Stats
 
 __all__ = ["Acceptance", "GateSettings", "DraftEffect", "AcceptGate", "ACTIVE", "PAUSED", "PROBING", "STATE_NAMES",
@@ -47,17 +64,21 @@ STATE_NAMES = ("active", "paused", "probing")
 class GateSettings:
     """break_even: accepted drafts per verified round below which drafting is not worth it (0: the
     gate is off); patience: verified rounds before a slot (or the batch) may be paused; pause: rounds
-    paused, doubled after each failed probe up to pause_max; probe: verified rounds a probe lasts."""
+    paused, doubled after each failed probe up to pause_max; probe: verified rounds a probe lasts;
+    tps_every, tps_margin: the batch's throughput rule (module docstring; off here by default, the
+    proxy's --accept-tps-every sets it)."""
 
     break_even: float = 0.3
     patience: int = 16
     pause: int = 64
     pause_max: int = 1024
     probe: int = 2
+    tps_every: int = 0  # the throughput rule: rounds between the batch's plain samples (0: off; gate_tps.py)
+    tps_margin: float = 0.1  # what a throughput probe must beat the plain rate by to resume drafting
 
     def __post_init__(self) -> None:
         if self.break_even < 0 or self.patience < 1 or self.pause < 1 or self.pause_max < self.pause \
-                or self.probe < 1:
+                or self.probe < 1 or self.tps_every < 0 or self.tps_margin < 0:
             raise ValueError(f"acceptance gate settings out of range: {self}")
 
 
@@ -136,10 +157,10 @@ class Acceptance:
     tests/test_native_diff_accept.py holds them to the same arrays and counters."""
 
     def __init__(self, max_slots: int, num_spec: int, settings: GateSettings, stats: Stats,
-                 native_path: bool | None = None) -> None:
+                 native_path: bool | None = None, clock: Callable[[], int] | None = None) -> None:
         self.N = num_spec
         self.effect = DraftEffect(stats, num_spec)
-        self.gate = AcceptGate(max_slots, settings, stats, self.effect)
+        self.gate = AcceptGate(max_slots, settings, stats, self.effect, clock)
         self.native = native.enabled() if native_path is None else native_path
         self._ver = np.zeros(max_slots, dtype=np.bool_)
         self._acc = np.zeros(max_slots, dtype=np.int32)
@@ -161,7 +182,7 @@ class Acceptance:
             g.begin(t, slots, new_owner, n_new_owner)
         n_ver, tokens, n_ready = native.fastround.accept_round(slots, valid, k_window, self.N, self.native_held(), g.on,
                                                                g.n_probing > 0)
-        self.summed(t, n_ver, tokens, n_ready)
+        self.summed(t, slots.shape[0], n_ver, tokens, n_ready)
 
     def native_held(self) -> object:
         """The C sums' Held (hist, the gate's sum, cnt, left, and the due probes): here and in the fused
@@ -172,12 +193,13 @@ class Acceptance:
             held = self._held = native.fastround.Held((e.hist, g.sum, g.cnt, g.left, self._ready))
         return held
 
-    def summed(self, t: int, n_ver: int, tokens: int, n_ready: int) -> None:
-        """After the C sums: the counts, then the gate's end of the round (its judgements)."""
+    def summed(self, t: int, n: int, n_ver: int, tokens: int, n_ready: int) -> None:
+        """After the C sums of round t's n requests: the counts, then the gate's end of the round (its
+        judgements)."""
         g = self.gate
         self.effect.count(n_ver, tokens)
         if g.on:
-            g.end(t, n_ver, self._ready[:n_ready] if n_ready else None)
+            g.end(t, n_ver, self._ready[:n_ready] if n_ready else None, n)
 
     def sums_may_fuse(self, t: int) -> bool:
         """Whether the C sums may run right after the advance without the gate's begin(): it has nothing
@@ -204,7 +226,8 @@ class AcceptGate:
     judged together every `patience` rounds (those with at least `patience` verified rounds in their
     block), probes as they complete, pauses as they end: each a few numpy calls over the slots concerned."""
 
-    def __init__(self, max_slots: int, settings: GateSettings, stats: Stats, effect: DraftEffect) -> None:
+    def __init__(self, max_slots: int, settings: GateSettings, stats: Stats, effect: DraftEffect,
+                 clock: Callable[[], int] | None = None) -> None:
         self.s, self.stats, self.M, self.effect = settings, stats, max_slots, effect
         self.on = settings.break_even > 0
         self.state = np.zeros(max_slots, dtype=np.uint8)
@@ -220,6 +243,11 @@ class AcceptGate:
         # sums read off the effect's totals (accepted, verified request-rounds) at the block's start
         self.b_state, self.b_left, self.b_from = ACTIVE, settings.patience, (0, 0)
         self.b_until, self.b_pause = 0, settings.pause
+        # the throughput rule (None: off): the block's step intervals; b_sample: the batch's PAUSED block
+        # is a plain sample; b_tps: its PAUSED / PROBING block came from the throughput rule
+        self.tps = StepRates(clock) if self.on and settings.tps_every else None
+        self.b_sample = self.b_tps = False
+        self.b_slow = 0  # ACTIVE blocks in a row whose drafting rate was below the plain one
 
     # ------------------------------------------------------------------ per round
 
@@ -239,7 +267,7 @@ class AcceptGate:
                 due = self.left[slots] <= 0
                 if due.any():
                     ready = slots[due]
-        self.end(t, n_ver, ready)
+        self.end(t, n_ver, ready, slots.shape[0])
 
     def begin(self, t: int, slots: np.ndarray, new_owner: np.ndarray, n_new_owner: int) -> None:
         """observe() before the round's sums: new owners start ACTIVE, pauses that ended become probes."""
@@ -248,12 +276,14 @@ class AcceptGate:
         if self.n_paused and t >= self.next_wake:
             self._wake(t)
 
-    def end(self, t: int, n_ver: int, ready: np.ndarray | None) -> None:
-        """observe() after the round's sums: the batch's pause ends, then `ready` (the probing slots whose
-        probe is complete, None: none), the batch's block and the ACTIVE slots are judged when due."""
+    def end(self, t: int, n_ver: int, ready: np.ndarray | None, n: int) -> None:
+        """observe() after the round's sums (n requests): the round's step interval (the throughput
+        rule), the batch's pause ends, then `ready` (the probing slots whose probe is complete, None:
+        none), the batch's block and the ACTIVE slots are judged when due."""
+        if self.tps is not None:
+            self.tps.round(t, n, n_ver)
         if self.b_state == PAUSED and t >= self.b_until:
-            self._batch_block(PROBING, self.s.probe)
-            self.stats.inc("accept_batch_probes")
+            self._batch_pause_over(t)
         if n_ver:
             if ready is not None:
                 self._judge_probes(t, ready)
@@ -278,9 +308,13 @@ class AcceptGate:
             self.stats.inc("accept_drafts_not_asked", cleared)
 
     def snapshot(self) -> dict:
-        """For status: the slots in each state now and the batch's state."""
-        return {"enabled": self.on, "slots_paused": self.n_paused, "slots_probing": self.n_probing,
-                "batch": STATE_NAMES[self.b_state], "break_even": self.s.break_even}
+        """For status: the slots in each state now and the batch's state; with the throughput rule, the
+        rates it learnt (tokens per request-second, None: not yet)."""
+        snap = {"enabled": self.on, "slots_paused": self.n_paused, "slots_probing": self.n_probing,
+                "batch": STATE_NAMES[self.b_state], "break_even": self.s.break_even, "tps_rule": self.tps is not None}
+        if self.tps is not None:
+            snap.update(self.tps.snapshot())
+        return snap
 
     # ------------------------------------------------------------------ transitions
 
@@ -337,20 +371,62 @@ class AcceptGate:
     def _batch_block(self, state: int, rounds: int) -> None:
         self.b_state, self.b_left = state, rounds
         self.b_from = (self.effect.accepted_total(), self.effect.drafts)
+        if self.tps is not None:
+            self.tps.begin()
+
+    def _batch_pause_over(self, t: int) -> None:
+        """The batch's PAUSED block is over: its plain rounds teach the plain rate; a plain sample goes
+        back to ACTIVE, a pause to PROBING (a throughput probe lasts a whole block, `patience` verified
+        rounds at least: its drafting rate needs them)."""
+        if self.tps is not None:
+            self.tps.learn_plain(t)
+        if self.b_sample:
+            self.b_sample = False
+            self._batch_block(ACTIVE, self.s.patience)
+            return
+        self._batch_block(PROBING, max(self.s.probe, self.s.patience) if self.b_tps else self.s.probe)
+        self.stats.inc("accept_batch_probes")
 
     def _judge_batch(self, t: int) -> None:
+        """The batch's block is whole: low acceptance pauses it; so does (the throughput rule) a drafting
+        rate below the plain one two ACTIVE blocks in a row (a probe's: below plain * (1 + tps_margin),
+        at once); an ACTIVE block whose plain
+        rate is older than tps_every rounds (or unknown) is followed by a plain sample."""
         s = self.s
         acc0, ver0 = self.b_from
-        low = self.effect.accepted_total() - acc0 < s.break_even * (self.effect.drafts - ver0)
-        if not low:
+        accepted = self.effect.accepted_total() - acc0
+        low = accepted < s.break_even * (self.effect.drafts - ver0)
+        slow = False
+        tps = self.tps
+        if not low and tps is not None:
+            drafting, plain = tps.learn_drafting(accepted), tps.plain
+            if drafting is not None and plain is not None:
+                if self.b_state == PROBING:
+                    slow = drafting < plain * (1.0 + s.tps_margin)
+                else:  # ACTIVE: the second slow block in a row pauses (one noisy block does not)
+                    self.b_slow = self.b_slow + 1 if drafting < plain else 0
+                    slow = self.b_slow >= 2
+            if not slow and self.b_state == ACTIVE and (plain is None or t - tps.plain_at >= s.tps_every):
+                self.b_sample, self.b_tps, self.b_slow = True, False, 0
+                self._batch_paused(t, t + s.patience, "accept_batch_tps_samples")
+                return
+        if not (low or slow):
             if self.b_state == PROBING:
                 self.b_pause = s.pause
-                self.stats.inc("accept_batch_resumed")
+                self.stats.inc("accept_batch_tps_resumed" if self.b_tps else "accept_batch_resumed")
+            self.b_tps = False
             self._batch_block(ACTIVE, s.patience)
             return
         if self.b_state == PROBING:
             self.b_pause = min(self.b_pause * 2, s.pause_max)
-            self.stats.inc("accept_batch_probe_failed")
+            counter = "accept_batch_tps_probe_failed" if slow else "accept_batch_probe_failed"
         else:
-            self.stats.inc("accept_batch_paused")
-        self.b_state, self.b_until = PAUSED, t + self.b_pause
+            counter = "accept_batch_tps_paused" if slow else "accept_batch_paused"
+        self.b_tps, self.b_slow = slow, 0
+        self._batch_paused(t, t + self.b_pause, counter)
+
+    def _batch_paused(self, t: int, until: int, counter: str) -> None:
+        self.b_state, self.b_until = PAUSED, until
+        if self.tps is not None:
+            self.tps.begin()  # the pause's plain rounds
+        self.stats.inc(counter)

@@ -142,7 +142,9 @@ class RoundCore(LateRounds):
         self.rounds = 0  # the last round handled
         self._gathered_ns_off = self.lay.word_off(Word.GATHERED_NS)
         self._advanced = False  # round t's rows reached the ring model (set by _run)
-        self.accept = Acceptance(self.M, self.N, settings.gate, stats, self.native)  # drafts' effect; the gate
+        # drafts' effect; the gate (its throughput rule times the engine's steps by their GATHERED_NS stamps)
+        self.accept = Acceptance(self.M, self.N, settings.gate, stats, self.native,
+                                 functools.partial(hf.load, seg.mm, self._gathered_ns_off))
         # the C path's usual round in fewer calls (round_fused.py); None on the reference path
         self.fused = FusedRound(self.slots, self.accept, self.packer, self.N, self.W) if self.native else None
         # what every round asks, bound once per incarnation (round.py, "Cost")

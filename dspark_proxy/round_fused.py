@@ -85,7 +85,7 @@ class FusedRound:
             return n, None, 0
         plan = tab.native_plan_of(n, n_new, n_resync, n_unknown)
         if stage >= 2:
-            acc.summed(t, n_ver, tokens, n_ready)
+            acc.summed(t, n, n_ver, tokens, n_ready)
         else:
             acc.round(t, reader.v.slots, reader.v.valid_raw, reader.v.k_window, plan.new_owner, n_new)
         return n, plan, stage
@@ -101,7 +101,7 @@ class FusedRound:
         plan = self.table.native_plan_of(slots.shape[0], n_new, n_resync, n_unknown)
         if summed:
             self.advanced += 1
-            acc.summed(t, n_ver, tokens, n_ready)
+            acc.summed(t, slots.shape[0], n_ver, tokens, n_ready)
         else:
             acc.round(t, slots, valid_raw, k_window, plan.new_owner, n_new)
         return plan

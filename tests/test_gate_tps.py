@@ -1,0 +1,247 @@
+"""The acceptance gate's throughput rule (dspark_proxy/acceptance.py, gate_tps.py): the whole batch stops
+drafting while drafting's tokens per request-second of engine time fall below those without drafts.
+
+Driven by a small simulated engine with a fake clock: each round's requests verified drafts exactly when
+the previous round asked for them (the gate's mask), and the engine's step took `draft_ns` then, `plain_ns`
+otherwise. One test per transition of the batch's throughput machine, noise that must not flap it, and
+the whole loop's throughput against not drafting."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dspark_proxy.acceptance import ACTIVE, PAUSED, PROBING, Acceptance, GateSettings
+from dspark_proxy.gate_tps import MIN_SAMPLES, StepRates
+from dspark_proxy.stats import Stats
+
+pytestmark = pytest.mark.timeout(60)
+
+S = GateSettings(break_even=0.5, patience=8, pause=16, pause_max=64, probe=2, tps_every=400, tps_margin=0.1)
+PLAIN = 4_000_000  # a step without drafts: 4 ms
+
+
+class Sim:
+    """n requests in slots 0..n-1, each accepting `acc` of 5 drafts when it verifies them."""
+
+    def __init__(self, settings: GateSettings = S, n: int = 2, native_path: bool | None = None, seed: int = 0) -> None:
+        self.st = Stats()
+        self.now = 10**12
+        self.a = Acceptance(4, 5, settings, self.st, native_path=native_path, clock=lambda: self.now)
+        self.g = self.a.gate
+        self.slots = np.arange(n, dtype=np.int64)
+        self.need = np.ones(n, bool)  # the last reply's NEED_DRAFT: this round verifies where it was set
+        self.t = 0
+        self.rng = np.random.default_rng(seed)
+        self.tokens = 0
+        self.elapsed = 0
+
+    def step(self, draft_ns: int, plain_ns: int = PLAIN, acc: int = 3, noise: float = 0.0, skip: bool = False) -> None:
+        ver = self.need.copy()
+        dt = draft_ns if ver.any() else plain_ns
+        if noise:
+            dt = int(dt * (1 + noise * self.rng.uniform(-1, 1)))
+        self.now += dt
+        self.t += 2 if skip else 1
+        valid = np.where(ver, acc + 1, 1).astype(np.int32)
+        kw = np.where(ver, 5, 0).astype(np.int32)
+        self.tokens += int(valid.sum())
+        self.elapsed += dt
+        no = np.zeros(self.slots.shape[0], bool)
+        self.a.round(self.t, self.slots, valid, kw, no, 0)
+        need = np.ones(self.slots.shape[0], bool)
+        self.a.mask(self.slots, need)
+        self.need = need
+
+    def run(self, rounds: int, draft_ns: int, **kw) -> None:
+        for _ in range(rounds):
+            self.step(draft_ns, **kw)
+
+    def until(self, pred, draft_ns: int, limit: int = 2000, **kw) -> None:
+        for _ in range(limit):
+            if pred():
+                return
+            self.step(draft_ns, **kw)
+        raise AssertionError(f"not reached in {limit} rounds (t={self.t}, batch {self.g.b_state})")
+
+    def c(self, k: str) -> int:
+        return self.st.counter(k)
+
+
+def _sampled(s: Sim, draft_ns: int) -> None:
+    """Through the first block and the plain sample that follows it."""
+    s.run(S.patience, draft_ns)
+    assert s.g.b_state == PAUSED and s.g.b_sample and s.c("accept_batch_tps_samples") == 1
+    s.until(lambda: s.g.b_state == ACTIVE, draft_ns)
+
+
+@pytest.mark.parametrize("native_path", [False, True])
+def test_the_first_block_is_followed_by_a_plain_sample_that_learns_the_plain_rate(native_path):
+    s = Sim(native_path=native_path)
+    s.run(S.patience, 2 * PLAIN)
+    assert s.g.b_state == PAUSED and s.g.b_sample  # no plain rate yet: a sample
+    assert s.g.tps.drafting == pytest.approx(4 * 1e9 / (2 * PLAIN))  # 3 accepted + 1 in 8 ms
+    s.step(2 * PLAIN)
+    assert not s.need.any()  # nobody is asked for drafts during the sample
+    s.until(lambda: s.g.b_state != PAUSED, 2 * PLAIN)
+    assert s.g.b_state == ACTIVE and not s.g.b_sample and s.g.b_left == S.patience
+    assert s.g.tps.plain == pytest.approx(1e9 / PLAIN) and s.g.tps.plain_at == s.t
+    assert s.c("accept_batch_probes") == 0 and s.c("accept_batch_tps_paused") == 0
+
+
+@pytest.mark.parametrize("native_path", [False, True])
+def test_active_to_paused_when_drafting_is_slower_than_not(native_path):
+    s = Sim(native_path=native_path)
+    _sampled(s, 6 * PLAIN)  # 4 tokens in 6 plain steps' time
+    s.run(S.patience, 6 * PLAIN)
+    assert s.g.b_state == ACTIVE and s.g.b_slow == 1  # one slow block may be noise
+    s.run(S.patience, 6 * PLAIN)
+    assert s.g.b_state == PAUSED and not s.g.b_sample and s.g.b_tps and s.g.b_slow == 0
+    assert s.c("accept_batch_tps_paused") == 1 and s.c("accept_batch_paused") == 0
+    assert s.g.b_until == s.t + S.pause
+    s.step(6 * PLAIN)
+    assert not s.need.any()
+
+
+def test_active_stays_active_while_drafting_pays():
+    s = Sim()
+    _sampled(s, 2 * PLAIN)
+    s.run(S.tps_every - 2 * S.patience, 2 * PLAIN)
+    assert s.g.b_state == ACTIVE and s.c("accept_batch_tps_paused") == 0 and s.c("accept_batch_tps_samples") == 1
+
+
+def test_no_margin_on_the_way_down():
+    """Drafting a little faster than not: stays ACTIVE (the margin is only asked of a probe)."""
+    s = Sim()
+    _sampled(s, int(3.9 * PLAIN))
+    s.run(3 * S.patience, int(3.9 * PLAIN))
+    assert s.g.b_state == ACTIVE and s.c("accept_batch_tps_paused") == 0
+
+
+def test_one_slow_block_between_good_ones_does_not_pause():
+    s = Sim()
+    _sampled(s, 2 * PLAIN)
+    for _ in range(5):
+        s.run(S.patience, 6 * PLAIN)
+        assert s.g.b_slow == 1
+        s.run(S.patience, 2 * PLAIN)
+        assert s.g.b_slow == 0
+    assert s.g.b_state == ACTIVE and s.c("accept_batch_tps_paused") == 0
+
+
+def _paused(s: Sim, draft_ns: int = 6 * PLAIN) -> None:
+    _sampled(s, draft_ns)
+    s.run(2 * S.patience, draft_ns)
+    assert s.g.b_state == PAUSED and s.g.b_tps
+
+
+@pytest.mark.parametrize("native_path", [False, True])
+def test_paused_to_probing_for_a_whole_block(native_path):
+    s = Sim(native_path=native_path)
+    _paused(s)
+    s.until(lambda: s.g.b_state != PAUSED, 6 * PLAIN)
+    assert s.g.b_state == PROBING and s.c("accept_batch_probes") == 1
+    assert s.g.b_left == max(S.probe, S.patience)
+    assert s.g.tps.plain == pytest.approx(1e9 / PLAIN) and s.g.tps.plain_at == s.t  # the pause refreshed it
+    s.step(6 * PLAIN)
+    assert s.need.all()
+
+
+@pytest.mark.parametrize("native_path", [False, True])
+def test_the_machine_quiets_the_probe_earns_and_drafting_resumes(native_path):
+    s = Sim(native_path=native_path)
+    _paused(s)
+    s.until(lambda: s.g.b_state == PROBING, 6 * PLAIN)
+    s.run(S.patience, 2 * PLAIN)  # drafting now pays twice over
+    assert s.g.b_state == ACTIVE and s.c("accept_batch_tps_resumed") == 1 and s.g.b_pause == S.pause
+    assert not s.g.b_tps and s.c("accept_batch_resumed") == 0
+    s.run(3 * S.patience, 2 * PLAIN)
+    assert s.g.b_state == ACTIVE
+
+
+def test_a_probe_that_does_not_earn_pauses_again_with_the_pause_doubled():
+    s = Sim()
+    _paused(s)
+    for k in range(3):
+        s.until(lambda: s.g.b_state == PROBING, 6 * PLAIN)
+        s.until(lambda: s.g.b_state == PAUSED, 6 * PLAIN)
+        assert s.c("accept_batch_tps_probe_failed") == k + 1
+        assert s.g.b_pause == min(S.pause * 2 ** (k + 1), S.pause_max) and s.g.b_until == s.t + s.g.b_pause
+
+
+def test_a_probe_must_beat_the_plain_rate_by_the_margin():
+    s = Sim()
+    _paused(s)
+    s.until(lambda: s.g.b_state == PROBING, 6 * PLAIN)
+    s.run(S.patience, int(3.8 * PLAIN))  # 5% faster than not drafting: below the 10% margin
+    assert s.g.b_state == PAUSED and s.c("accept_batch_tps_probe_failed") == 1
+
+
+def test_the_plain_sample_is_taken_again_every_tps_every_rounds():
+    s = Sim()
+    _sampled(s, 2 * PLAIN)
+    first = s.g.tps.plain_at
+    s.until(lambda: s.c("accept_batch_tps_samples") == 2, 2 * PLAIN, plain_ns=2 * PLAIN)
+    assert s.t - first >= S.tps_every
+    s.until(lambda: s.g.b_state == ACTIVE, 2 * PLAIN, plain_ns=2 * PLAIN)
+    assert s.g.tps.plain == pytest.approx(1e9 / (2 * PLAIN))  # what the machine does now
+
+
+def test_low_acceptance_still_pauses_first():
+    s = Sim()
+    s.run(S.patience, PLAIN, acc=0)  # drafts that earn nothing (0 < break_even): the acceptance rule
+    assert s.g.b_state == PAUSED and not s.g.b_sample and s.c("accept_batch_paused") == 1
+    assert s.c("accept_batch_tps_samples") == 0
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_noise_does_not_flap(seed):
+    """Every step ±40% at random: drafting that pays 1.5 times over is never paused, drafting at half
+    the plain rate, once paused, is never resumed."""
+    s = Sim(seed=seed)
+    s.run(3000, int(PLAIN * 4 / 1.5), noise=0.4)
+    assert s.c("accept_batch_tps_paused") == 0 and s.c("accept_batch_tps_samples") >= 3
+    s = Sim(seed=seed)
+    s.run(3000, 8 * PLAIN, noise=0.4)
+    assert s.c("accept_batch_tps_paused") == 1 and s.c("accept_batch_tps_resumed") == 0
+    assert s.g.b_pause == S.pause_max
+
+
+def test_throughput_never_much_below_not_drafting():
+    """The whole loop: drafting that costs 6 plain steps for 4 tokens. Without the rule the batch keeps
+    drafting at 2/3 of the plain rate; with it, within a few percent of the plain rate (what is lost:
+    the probes, a block of drafting every pause_max rounds once the pause has grown)."""
+    on_settings = GateSettings(break_even=0.5, patience=8, pause=16, pause_max=512, probe=2, tps_every=400)
+    off = Sim(GateSettings(break_even=0.5, patience=8, pause=16, pause_max=512, probe=2))
+    off.run(5000, 6 * PLAIN)
+    on = Sim(on_settings)
+    on.run(5000, 6 * PLAIN)
+    plain = on.slots.shape[0] * 1e9 / PLAIN
+    assert off.tokens / off.elapsed * 1e9 < 0.7 * plain
+    assert on.tokens / on.elapsed * 1e9 > 0.95 * plain
+
+
+def test_a_skipped_round_is_a_gap_not_a_sample():
+    r = StepRates(clock=iter([0, 5, 100, 103, 106, 109]).__next__)
+    r.round(1, 2, 2)
+    r.round(2, 2, 2)  # 5 ns
+    r.round(4, 2, 2)  # round 3 skipped: no sample
+    assert r.n_d == 1 and r.req_d == 6
+    r.round(5, 2, 0)
+    r.round(6, 0, 0)  # no requests: no sample
+    assert r.n_p == 1
+    assert r.learn_plain(6) is None  # fewer than MIN_SAMPLES
+    assert MIN_SAMPLES > 1
+
+
+def test_off_no_samples_and_no_rates():
+    s = Sim(GateSettings(break_even=0.5, patience=8, pause=16, pause_max=64, probe=2, tps_every=0))
+    s.run(500, 6 * PLAIN)
+    assert s.g.tps is None and s.c("accept_batch_tps_samples") == 0 and s.g.b_state == ACTIVE
+    snap = s.g.snapshot()
+    assert snap["tps_rule"] is False and "tps_plain" not in snap
+    on = Sim()
+    on.run(3 * S.patience, 6 * PLAIN)
+    snap = on.g.snapshot()
+    assert snap["tps_rule"] is True and snap["tps_plain"] == pytest.approx(250.0)
+    assert snap["tps_drafting"] == pytest.approx(4 * 1e9 / (6 * PLAIN), rel=1e-3)
