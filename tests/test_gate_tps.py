@@ -8,12 +8,16 @@ the whole loop's throughput against not drafting."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
 from dspark_proxy.acceptance import ACTIVE, PAUSED, PROBING, Acceptance, GateSettings
 from dspark_proxy.gate_tps import MIN_SAMPLES, StepRates
+from dspark_proxy.round import RoundSettings
 from dspark_proxy.stats import Stats
+from tests.rig import Rig, ScriptedClient
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -245,3 +249,51 @@ def test_off_no_samples_and_no_rates():
     snap = on.g.snapshot()
     assert snap["tps_rule"] is True and snap["tps_plain"] == pytest.approx(250.0)
     assert snap["tps_drafting"] == pytest.approx(4 * 1e9 / (6 * PLAIN), rel=1e-3)
+
+
+class SlowDrafts(ScriptedClient):
+    """The in-process worker, `delay_s` slower on a STEP that asks for drafts (drafting made expensive)."""
+
+    delay_s = 0.0
+
+    def step(self, prefix, entries, n_rows, **kw):
+        if self.delay_s and np.any(entries["flags"] & 1):
+            time.sleep(self.delay_s)
+        return super().step(prefix, entries, n_rows, **kw)
+
+
+def test_through_the_round_expensive_drafting_is_paused_then_resumed(seg_name):
+    """The real round, timed by the engine's GATHERED_NS stamps: drafts that cost 20 ms a round for 3
+    accepted are paused (entries go out without NEED_DRAFT, rows still sent); once drafting is cheap
+    again a probe resumes it."""
+    gate = GateSettings(break_even=0.5, patience=4, pause=8, pause_max=16, probe=1, tps_every=10_000)
+    client = SlowDrafts(max_reqs=4, num_spec=3, window=4, row_bytes=16)
+    with Rig(seg_name, M=4, N=3, W=4, B=16, settings=RoundSettings(gate=gate), client=client) as rig:
+        g, st = rig.core.accept.gate, rig.core.stats
+        asked = [False]
+
+        def one() -> np.ndarray:  # an engine that verifies (and accepts 3 of 3) what the last round drafted
+            v = 4 if asked[0] else 1
+            b = rig.batch([(1, 0, v), (2, 1, v)])
+            b["k_window"] = np.full(2, 3 if asked[0] else 0, np.int64)
+            rig.run(b)
+            ent = client.sent_entries[-1]
+            asked[0] = bool(ent["flags"][0] & 1)
+            return ent
+
+        client.delay_s = 0.02
+        for _ in range(80):
+            one()
+            if st.counter("accept_batch_tps_paused"):
+                break
+        assert g.b_state == PAUSED and g.b_tps and st.counter("accept_batch_tps_samples") == 1
+        assert g.tps.drafting < g.tps.plain
+        ent = one()
+        assert not np.any(ent["flags"] & 1) and ent["n_rows"].tolist() == [1, 1]  # rows sent, no drafts asked
+        client.delay_s = 0.0
+        for _ in range(120):
+            one()
+            if st.counter("accept_batch_tps_resumed"):
+                break
+        assert g.b_state == ACTIVE and st.counter("accept_batch_tps_resumed") == 1
+        assert np.all(one()["flags"] & 1)
