@@ -28,13 +28,16 @@ with drafts (its ACTIVE and PROBING blocks) and without (its PAUSED ones):
 
     ACTIVE --(block whole, plain rate unknown or older than tps_every rounds)--> PAUSED, a plain sample
              (patience rounds) --(over)--> ACTIVE
-    ACTIVE --(a 2nd block in a row with drafting rate < plain rate)--> PAUSED (pause rounds)
+    ACTIVE --(a slow block: drafting rate < plain rate, the plain one older than the last judgement but
+             one)--> PAUSED, a plain sample (as above), the slow count kept
+    ACTIVE --(a 2nd slow block in a row, the plain rate newer than that)--> PAUSED (pause rounds)
     PAUSED --(over)--> PROBING, a whole block (patience verified rounds at least)
     PROBING --(drafting rate >= plain rate * (1 + tps_margin))--> ACTIVE (pause back to its base)
     PROBING --(drafting rate below that)--> PAUSED (pause doubled, at most pause_max)
 
-Both rates are medians over a block, a pause needs two slow blocks in a row and the way back the margin,
-so noise does not flap it (and noise around break-even settles paused); every pause refreshes the plain rate, every block the drafting one; low
+Both rates are medians over a block, a pause needs two slow blocks in a row against a plain rate measured
+just before them (a machine's load drifts), and the way back the margin, so noise does not flap it (and
+noise around break-even settles paused); every pause refreshes the plain rate, every block the drafting one; low
 acceptance pauses first, as above. The gate only ever clears NEED_DRAFT; the
 engine's own "no drafts" always wins. Everything is per-slot numpy over the round's requests: no
 per-request Python. The per-round sums (accepted drafts, their histogram, the gate's scatter-adds and
@@ -248,6 +251,7 @@ class AcceptGate:
         self.tps = StepRates(clock) if self.on and settings.tps_every else None
         self.b_sample = self.b_tps = False
         self.b_slow = 0  # ACTIVE blocks in a row whose drafting rate was below the plain one
+        self.b_judged = (-1, -1)  # the rounds of the batch's last two ACTIVE judgements (the throughput rule)
 
     # ------------------------------------------------------------------ per round
 
@@ -400,14 +404,22 @@ class AcceptGate:
         tps = self.tps
         if not low and tps is not None:
             drafting, plain = tps.learn_drafting(accepted), tps.plain
+            stale = plain is None or t - tps.plain_at >= s.tps_every
             if drafting is not None and plain is not None:
                 if self.b_state == PROBING:
-                    slow = drafting < plain * (1.0 + s.tps_margin)
-                else:  # ACTIVE: the second slow block in a row pauses (one noisy block does not)
+                    slow = drafting < plain * (1.0 + s.tps_margin)  # the plain rate: the pause's, just before
+                else:
+                    # ACTIVE: a pause needs a second slow block in a row (one noisy block does not pause) and
+                    # a plain rate measured since the judgement before the last (a machine's load drifts:
+                    # an older one is measured again first)
                     self.b_slow = self.b_slow + 1 if drafting < plain else 0
-                    slow = self.b_slow >= 2
-            if not slow and self.b_state == ACTIVE and (plain is None or t - tps.plain_at >= s.tps_every):
-                self.b_sample, self.b_tps, self.b_slow = True, False, 0
+                    fresh = tps.plain_at > self.b_judged[0]
+                    slow = self.b_slow >= 2 and fresh
+                    stale = stale or (self.b_slow > 0 and not fresh)
+            if self.b_state == ACTIVE:
+                self.b_judged = (self.b_judged[1], t)
+            if not slow and self.b_state == ACTIVE and stale:
+                self.b_sample, self.b_tps = True, False
                 self._batch_paused(t, t + s.patience, "accept_batch_tps_samples")
                 return
         if not (low or slow):

@@ -126,11 +126,26 @@ def test_one_slow_block_between_good_ones_does_not_pause():
     s = Sim()
     _sampled(s, 2 * PLAIN)
     for _ in range(5):
-        s.run(S.patience, 6 * PLAIN)
+        s.run(S.patience, 6 * PLAIN)  # a whole ACTIVE block, slow
         assert s.g.b_slow == 1
+        s.until(lambda: s.g.b_state == ACTIVE and s.g.b_left == S.patience, 2 * PLAIN)  # after a sample, if any
         s.run(S.patience, 2 * PLAIN)
         assert s.g.b_slow == 0
     assert s.g.b_state == ACTIVE and s.c("accept_batch_tps_paused") == 0
+
+
+def test_a_slow_block_against_an_old_plain_rate_measures_it_again_first():
+    """The plain rate was learnt blocks ago (the machine's load may have changed since): a slow block
+    takes a plain sample, and the next slow block, against the fresh rate, pauses."""
+    s = Sim()
+    _sampled(s, 2 * PLAIN)
+    s.run(3 * S.patience, 2 * PLAIN)
+    assert s.c("accept_batch_tps_samples") == 1
+    s.run(S.patience, 6 * PLAIN)
+    assert s.g.b_state == PAUSED and s.g.b_sample and s.g.b_slow == 1 and s.c("accept_batch_tps_samples") == 2
+    s.until(lambda: s.g.b_state == ACTIVE, 6 * PLAIN)
+    s.run(S.patience, 6 * PLAIN)
+    assert s.g.b_state == PAUSED and s.g.b_tps and s.c("accept_batch_tps_paused") == 1
 
 
 def _paused(s: Sim, draft_ns: int = 6 * PLAIN) -> None:
