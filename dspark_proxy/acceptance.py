@@ -31,7 +31,8 @@ with drafts (its ACTIVE and PROBING blocks) and without (its PAUSED ones):
     ACTIVE --(a slow block: drafting rate < plain rate, the plain one older than the last judgement but
              one)--> PAUSED, a plain sample (as above), the slow count kept
     ACTIVE --(a 2nd slow block in a row, the plain rate newer than that)--> PAUSED (pause rounds)
-    PAUSED --(over)--> PROBING, a whole block (patience verified rounds at least)
+    PAUSED --(over)--> PROBING, a whole block (patience verified rounds at least), looked at first after
+             MIN_SAMPLES: below half its bar it fails there
     PROBING --(drafting rate >= plain rate * (1 + tps_margin))--> ACTIVE (pause back to its base)
     PROBING --(drafting rate below that)--> PAUSED (pause doubled, at most pause_max)
 
@@ -53,7 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import native
-from .gate_tps import StepRates
+from .gate_tps import MIN_SAMPLES, StepRates
 from .stats import Stats
 
 __all__ = ["Acceptance", "GateSettings", "DraftEffect", "AcceptGate", "ACTIVE", "PAUSED", "PROBING", "STATE_NAMES",
@@ -252,6 +253,7 @@ class AcceptGate:
         self.b_sample = self.b_tps = False
         self.b_slow = 0  # ACTIVE blocks in a row whose drafting rate was below the plain one
         self.b_judged = (-1, -1)  # the rounds of the batch's last two ACTIVE judgements (the throughput rule)
+        self.b_more = 0  # a throughput probe's verified rounds past its first look
 
     # ------------------------------------------------------------------ per round
 
@@ -380,48 +382,39 @@ class AcceptGate:
 
     def _batch_pause_over(self, t: int) -> None:
         """The batch's PAUSED block is over: its plain rounds teach the plain rate; a plain sample goes
-        back to ACTIVE, a pause to PROBING (a throughput probe lasts a whole block, `patience` verified
-        rounds at least: its drafting rate needs them)."""
+        back to ACTIVE, a pause to PROBING. A throughput probe is judged first after MIN_SAMPLES verified
+        rounds (a probe that earns less than half the bar fails there: drafting that costs many plain
+        steps is not paid for a whole block each probe), else after a whole block (`patience`)."""
         if self.tps is not None:
             self.tps.learn_plain(t)
         if self.b_sample:
             self.b_sample = False
             self._batch_block(ACTIVE, self.s.patience)
             return
-        self._batch_block(PROBING, max(self.s.probe, self.s.patience) if self.b_tps else self.s.probe)
+        first = max(self.s.probe, MIN_SAMPLES) if self.b_tps else self.s.probe
+        self._batch_block(PROBING, first)
+        self.b_more = max(self.s.probe, self.s.patience) - first if self.b_tps else 0
         self.stats.inc("accept_batch_probes")
 
     def _judge_batch(self, t: int) -> None:
-        """The batch's block is whole: low acceptance pauses it; so does (the throughput rule) a drafting
-        rate below the plain one two ACTIVE blocks in a row (a probe's: below plain * (1 + tps_margin),
-        at once); an ACTIVE block whose plain
-        rate is older than tps_every rounds (or unknown) is followed by a plain sample."""
+        """The batch's block is whole: low acceptance pauses it; with the throughput rule, the block's
+        rates may too (`_tps_verdict`)."""
         s = self.s
         acc0, ver0 = self.b_from
         accepted = self.effect.accepted_total() - acc0
         low = accepted < s.break_even * (self.effect.drafts - ver0)
         slow = False
-        tps = self.tps
-        if not low and tps is not None:
-            drafting, plain = tps.learn_drafting(accepted), tps.plain
-            stale = plain is None or t - tps.plain_at >= s.tps_every
-            if drafting is not None and plain is not None:
-                if self.b_state == PROBING:
-                    slow = drafting < plain * (1.0 + s.tps_margin)  # the plain rate: the pause's, just before
-                else:
-                    # ACTIVE: a pause needs a second slow block in a row (one noisy block does not pause) and
-                    # a plain rate measured since the judgement before the last (a machine's load drifts:
-                    # an older one is measured again first)
-                    self.b_slow = self.b_slow + 1 if drafting < plain else 0
-                    fresh = tps.plain_at > self.b_judged[0]
-                    slow = self.b_slow >= 2 and fresh
-                    stale = stale or (self.b_slow > 0 and not fresh)
-            if self.b_state == ACTIVE:
-                self.b_judged = (self.b_judged[1], t)
-            if not slow and self.b_state == ACTIVE and stale:
+        if not low and self.tps is not None:
+            verdict = self._tps_verdict(t, accepted)
+            if verdict == "more":  # a probe's first look, not conclusive: on to its whole block
+                self.b_left, self.b_more = self.b_more, 0
+                return
+            if verdict == "sample":
                 self.b_sample, self.b_tps = True, False
                 self._batch_paused(t, t + s.patience, "accept_batch_tps_samples")
                 return
+            slow = verdict == "slow"
+        self.b_more = 0
         if not (low or slow):
             if self.b_state == PROBING:
                 self.b_pause = s.pause
@@ -436,6 +429,35 @@ class AcceptGate:
             counter = "accept_batch_tps_paused" if slow else "accept_batch_paused"
         self.b_tps, self.b_slow = slow, 0
         self._batch_paused(t, t + self.b_pause, counter)
+
+    def _tps_verdict(self, t: int, accepted: int) -> str:
+        """The throughput rule on a whole block whose acceptance is fine: "slow" (pause), "sample" (a plain
+        sample first), "more" (a probe's first look was not conclusive) or "ok".
+
+        PROBING: slow below plain * (1 + tps_margin), the plain rate being the pause's, just before it.
+        ACTIVE: a pause needs a second slow block (drafting below plain) in a row, one noisy block does
+        not pause; and a plain rate measured since the judgement before the last, a machine's load
+        drifts: a slow block against an older one samples it again first, as does any block once the
+        plain rate is tps_every rounds old (or unknown)."""
+        s, tps = self.s, self.tps
+        assert tps is not None
+        drafting, plain = tps.learn_drafting(accepted), tps.plain
+        if self.b_state == PROBING:
+            if drafting is None or plain is None:
+                return "more" if self.b_more else "ok"
+            bar = plain * (1.0 + s.tps_margin)
+            if self.b_more and drafting >= 0.5 * bar:
+                return "more"
+            return "slow" if drafting < bar else "ok"
+        stale = plain is None or t - tps.plain_at >= s.tps_every
+        fresh = plain is not None and tps.plain_at > self.b_judged[0]
+        self.b_judged = (self.b_judged[1], t)
+        if drafting is not None and plain is not None:
+            self.b_slow = self.b_slow + 1 if drafting < plain else 0
+            if self.b_slow >= 2 and fresh:
+                return "slow"
+            stale = stale or (self.b_slow > 0 and not fresh)
+        return "sample" if stale else "ok"
 
     def _batch_paused(self, t: int, until: int, counter: str) -> None:
         self.b_state, self.b_until = PAUSED, until

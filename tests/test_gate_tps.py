@@ -160,7 +160,7 @@ def test_paused_to_probing_for_a_whole_block(native_path):
     _paused(s)
     s.until(lambda: s.g.b_state != PAUSED, 6 * PLAIN)
     assert s.g.b_state == PROBING and s.c("accept_batch_probes") == 1
-    assert s.g.b_left == max(S.probe, S.patience)
+    assert s.g.b_left == MIN_SAMPLES and s.g.b_more == S.patience - MIN_SAMPLES  # a first look, then the block
     assert s.g.tps.plain == pytest.approx(1e9 / PLAIN) and s.g.tps.plain_at == s.t  # the pause refreshed it
     s.step(6 * PLAIN)
     assert s.need.all()
@@ -186,6 +186,26 @@ def test_a_probe_that_does_not_earn_pauses_again_with_the_pause_doubled():
         s.until(lambda: s.g.b_state == PAUSED, 6 * PLAIN)
         assert s.c("accept_batch_tps_probe_failed") == k + 1
         assert s.g.b_pause == min(S.pause * 2 ** (k + 1), S.pause_max) and s.g.b_until == s.t + s.g.b_pause
+
+
+def test_a_probe_not_conclusive_at_its_first_look_goes_on_to_a_whole_block():
+    s = Sim()
+    _paused(s)
+    s.until(lambda: s.g.b_state == PROBING, 6 * PLAIN)
+    s.run(MIN_SAMPLES, 6 * PLAIN)  # 2/3 of the plain rate: more than half the bar
+    assert s.g.b_state == PROBING and s.g.b_left == S.patience - MIN_SAMPLES and s.g.b_more == 0
+    s.run(S.patience - MIN_SAMPLES, 6 * PLAIN)
+    assert s.g.b_state == PAUSED and s.c("accept_batch_tps_probe_failed") == 1
+
+
+def test_a_probe_far_below_its_bar_fails_at_its_first_look():
+    """Drafting that costs 10 plain steps for 4 tokens: each probe costs MIN_SAMPLES rounds, not a block."""
+    s = Sim()
+    _paused(s, 10 * PLAIN)
+    s.until(lambda: s.g.b_state == PROBING, 10 * PLAIN)
+    s.run(MIN_SAMPLES, 10 * PLAIN)
+    assert s.g.b_state == PAUSED and s.c("accept_batch_tps_probe_failed") == 1 and s.g.b_more == 0
+    assert s.g.b_pause == 2 * S.pause
 
 
 def test_a_probe_must_beat_the_plain_rate_by_the_margin():

@@ -44,7 +44,7 @@ def _state(a: Acceptance) -> dict:
     out = {f: getattr(g, f).tobytes() for f in ("state", "sum", "cnt", "left", "until", "pause")}
     out.update(hist=e.hist.tobytes(), drafts=e.drafts, tokens=e.tokens, n_paused=g.n_paused, n_probing=g.n_probing,
                next_wake=g.next_wake, next_tick=g.next_tick, batch=(g.b_state, g.b_left, g.b_from, g.b_until, g.b_pause),
-               counters=g.stats.snapshot()["counters"], b_flags=(g.b_sample, g.b_tps, g.b_slow))
+               counters=g.stats.snapshot()["counters"], b_flags=(g.b_sample, g.b_tps, g.b_slow, g.b_more, g.b_judged))
     if g.tps is not None:
         r = g.tps
         out.update(tps=(r.plain, r.drafting, r.plain_at, r.n_d, r.n_p, r.req_d))
