@@ -38,8 +38,10 @@ class StepRates:
 
     def __init__(self, clock: Callable[[], int] | None = None) -> None:
         self.clock = clock or time.monotonic_ns
-        self._d = np.zeros(CAP, dtype=np.float64)  # intervals (ns) of rounds that verified drafts
-        self._p = np.zeros(CAP, dtype=np.float64)  # ... of rounds that did not
+        # intervals (ns) of rounds that verified drafts, and of rounds that did not: lists, a scalar store
+        # into one costs less than into an array, every round
+        self._d: list[int] = [0] * CAP
+        self._p: list[int] = [0] * CAP
         self.n_d = self.n_p = 0  # intervals of each class in the block (the ring holds the last CAP)
         self.req_d = 0  # requests of the block's rounds that verified drafts (sampled or not)
         self._last_t, self._last_ns = -2, 0
