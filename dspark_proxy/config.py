@@ -369,6 +369,8 @@ class WorkerConfig(LayoutConfig):
     token_file: str | None = _opt(None, "File holding the shared secret; peers must prove they know it.")
     insecure: bool = _opt(False, "Allow listening on a non-loopback address without --token-file.")
     fault_delay_ms: float = _opt(0.0, "Fault injection: delay every reply by this many ms.", _Range(0, 3.6e6))
+    fault_draft_delay_ms: float = _opt(0.0, "Fault injection: delay every reply to a STEP that asks for drafts "
+                                       "by this many ms more (drafting made expensive).", _Range(0, 3.6e6))
     fault_stall_after: int = _opt(0, "Fault injection: stop answering after this many steps (0: off).",
                                   _Range(0, math.inf))
     fault_drop_every: int = _opt(0, "Fault injection: drop the connection every k-th step (0: off).",
