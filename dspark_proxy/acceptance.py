@@ -30,7 +30,8 @@ with drafts (its ACTIVE and PROBING blocks) and without (its PAUSED ones):
              (patience rounds) --(over)--> ACTIVE
     ACTIVE --(a slow block: drafting rate < plain rate, the plain one older than the last judgement but
              one)--> PAUSED, a plain sample (as above), the slow count kept
-    ACTIVE --(a 2nd slow block in a row, the plain rate newer than that)--> PAUSED (pause rounds)
+    ACTIVE --(a 2nd slow block in a row, or one below half the plain rate, the plain rate newer than
+             that)--> PAUSED (pause rounds)
     PAUSED --(over)--> PROBING, a whole block (patience verified rounds at least), looked at first after
              MIN_SAMPLES: below half its bar it fails there
     PROBING --(drafting rate >= plain rate * (1 + tps_margin))--> ACTIVE (pause back to its base)
@@ -436,7 +437,8 @@ class AcceptGate:
 
         PROBING: slow below plain * (1 + tps_margin), the plain rate being the pause's, just before it.
         ACTIVE: a pause needs a second slow block (drafting below plain) in a row, one noisy block does
-        not pause; and a plain rate measured since the judgement before the last, a machine's load
+        not pause (unless below half the plain rate: drafting that costs that much is not paid a second
+        block); and a plain rate measured since the judgement before the last, a machine's load
         drifts: a slow block against an older one samples it again first, as does any block once the
         plain rate is tps_every rounds old (or unknown)."""
         s, tps = self.s, self.tps
@@ -454,7 +456,7 @@ class AcceptGate:
         self.b_judged = (self.b_judged[1], t)
         if drafting is not None and plain is not None:
             self.b_slow = self.b_slow + 1 if drafting < plain else 0
-            if self.b_slow >= 2 and fresh:
+            if fresh and (self.b_slow >= 2 or drafting < 0.5 * plain):
                 return "slow"
             stale = stale or (self.b_slow > 0 and not fresh)
         return "sample" if stale else "ok"

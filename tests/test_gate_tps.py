@@ -107,6 +107,13 @@ def test_active_to_paused_when_drafting_is_slower_than_not(native_path):
     assert not s.need.any()
 
 
+def test_drafting_below_half_the_plain_rate_pauses_after_one_block():
+    s = Sim()
+    _sampled(s, 10 * PLAIN)  # 4 tokens in 10 plain steps' time
+    s.run(S.patience, 10 * PLAIN)
+    assert s.g.b_state == PAUSED and s.g.b_tps and s.c("accept_batch_tps_paused") == 1
+
+
 def test_active_stays_active_while_drafting_pays():
     s = Sim()
     _sampled(s, 2 * PLAIN)
