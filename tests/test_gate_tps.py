@@ -339,3 +339,14 @@ def test_through_the_round_expensive_drafting_is_paused_then_resumed(seg_name):
                 break
         assert g.b_state == ACTIVE and st.counter("accept_batch_tps_resumed") == 1
         assert np.all(one()["flags"] & 1)
+
+
+@pytest.mark.parametrize("ratio", [2.0, 1.3])
+def test_where_drafting_pays_the_rule_costs_under_one_percent(ratio):
+    """The proxy's defaults (a plain sample of 16 rounds every 2048) on a run where drafting is `ratio`
+    times the plain rate, each step ±30% at random: no pause, and tokens/s within 1% of the rule off."""
+    on, off = Sim(GateSettings(tps_every=2048), n=4, seed=5), Sim(GateSettings(tps_every=0), n=4, seed=5)
+    for s in (on, off):
+        s.run(20000, int(PLAIN * 4 / ratio), noise=0.3)
+    assert on.c("accept_batch_tps_paused") == 0 and on.c("accept_batch_tps_samples") >= 9
+    assert on.tokens / on.elapsed > 0.99 * off.tokens / off.elapsed
