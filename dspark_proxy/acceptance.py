@@ -26,8 +26,8 @@ The batch's throughput rule (`tps_every` > 0; gate_tps.py measures): acceptance 
 not what they cost, so the batch's blocks also learn tokens per request-second of the engine's steps,
 with drafts (its ACTIVE and PROBING blocks) and without (its PAUSED ones):
 
-    ACTIVE --(block whole, plain rate unknown or older than tps_every rounds)--> PAUSED, a plain sample
-             (patience rounds) --(over)--> ACTIVE
+    ACTIVE --(block whole, plain rate older than tps_every rounds, or none yet from round tps_every / 4
+             on)--> PAUSED, a plain sample (patience rounds) --(over)--> ACTIVE
     ACTIVE --(a slow block: drafting rate < plain rate, the plain one older than the last judgement but
              one)--> PAUSED, a plain sample (as above), the slow count kept
     ACTIVE --(a 2nd slow block in a row, or one below half the plain rate, the plain rate newer than
@@ -173,21 +173,22 @@ class Acceptance:
         self._held = None  # a _fastround.Held of the arrays the C path adds to, made at its first round
 
     def round(self, t: int, slots: np.ndarray, valid: np.ndarray, k_window: np.ndarray, new_owner: np.ndarray,
-              n_new_owner: int) -> None:
-        """slots: int64; valid, k_window: the engine's int32 arrays of the round."""
+              n_new_owner: int, decode: bool = True) -> None:
+        """slots: int64; valid, k_window: the engine's int32 arrays of the round; decode: no prefill rows
+        in it (only a decode round's step times the throughput rule, gate_tps.py)."""
         if not self.native:
             n = slots.shape[0]
             ver, acc = accepted_drafts(valid, k_window, self.N, self._ver[:n], self._acc[:n])
             n_ver = int(np.count_nonzero(ver))
             self.effect.observe(n_ver, acc, k_window)
-            self.gate.observe(t, slots, new_owner, n_new_owner, n_ver, ver, acc)
+            self.gate.observe(t, slots, new_owner, n_new_owner, n_ver, ver, acc, decode)
             return
         g = self.gate
         if g.on:
             g.begin(t, slots, new_owner, n_new_owner)
         n_ver, tokens, n_ready = native.fastround.accept_round(slots, valid, k_window, self.N, self.native_held(), g.on,
                                                                g.n_probing > 0)
-        self.summed(t, slots.shape[0], n_ver, tokens, n_ready)
+        self.summed(t, slots.shape[0], n_ver, tokens, n_ready, decode)
 
     def native_held(self) -> object:
         """The C sums' Held (hist, the gate's sum, cnt, left, and the due probes): here and in the fused
@@ -198,13 +199,13 @@ class Acceptance:
             held = self._held = native.fastround.Held((e.hist, g.sum, g.cnt, g.left, self._ready))
         return held
 
-    def summed(self, t: int, n: int, n_ver: int, tokens: int, n_ready: int) -> None:
+    def summed(self, t: int, n: int, n_ver: int, tokens: int, n_ready: int, decode: bool = True) -> None:
         """After the C sums of round t's n requests: the counts, then the gate's end of the round (its
         judgements)."""
         g = self.gate
         self.effect.count(n_ver, tokens)
         if g.on:
-            g.end(t, n_ver, self._ready[:n_ready] if n_ready else None, n)
+            g.end(t, n_ver, self._ready[:n_ready] if n_ready else None, n, decode)
 
     def sums_may_fuse(self, t: int) -> bool:
         """Whether the C sums may run right after the advance without the gate's begin(): it has nothing
@@ -259,7 +260,7 @@ class AcceptGate:
     # ------------------------------------------------------------------ per round
 
     def observe(self, t: int, slots: np.ndarray, new_owner: np.ndarray, n_new_owner: int, n_ver: int,
-                ver: np.ndarray, acc: np.ndarray) -> None:
+                ver: np.ndarray, acc: np.ndarray, decode: bool = True) -> None:
         """Round t's requests: new owners start ACTIVE; pauses that ended become probes; the verified
         requests' accepted drafts fill their slots' (and the batch's) blocks, judged when due."""
         if not self.on:
@@ -274,7 +275,7 @@ class AcceptGate:
                 due = self.left[slots] <= 0
                 if due.any():
                     ready = slots[due]
-        self.end(t, n_ver, ready, slots.shape[0])
+        self.end(t, n_ver, ready, slots.shape[0], decode)
 
     def begin(self, t: int, slots: np.ndarray, new_owner: np.ndarray, n_new_owner: int) -> None:
         """observe() before the round's sums: new owners start ACTIVE, pauses that ended become probes."""
@@ -283,12 +284,12 @@ class AcceptGate:
         if self.n_paused and t >= self.next_wake:
             self._wake(t)
 
-    def end(self, t: int, n_ver: int, ready: np.ndarray | None, n: int) -> None:
-        """observe() after the round's sums (n requests): the round's step interval (the throughput
-        rule), the batch's pause ends, then `ready` (the probing slots whose probe is complete, None:
+    def end(self, t: int, n_ver: int, ready: np.ndarray | None, n: int, decode: bool = True) -> None:
+        """observe() after the round's sums (n requests; decode: no prefill rows): the round's step
+        interval (the throughput rule), the batch's pause ends, then `ready` (the probing slots whose probe is complete, None:
         none), the batch's block and the ACTIVE slots are judged when due."""
         if self.tps is not None:
-            self.tps.round(t, n, n_ver)
+            self.tps.round(t, n, n_ver, decode)
         if self.b_state == PAUSED and t >= self.b_until:
             self._batch_pause_over(t)
         if n_ver:
@@ -440,7 +441,7 @@ class AcceptGate:
         not pause (unless below half the plain rate: drafting that costs that much is not paid a second
         block); and a plain rate measured since the judgement before the last, a machine's load
         drifts: a slow block against an older one samples it again first, as does any block once the
-        plain rate is tps_every rounds old (or unknown)."""
+        plain rate is tps_every rounds old (or, none yet, from round tps_every / 4 on)."""
         s, tps = self.s, self.tps
         assert tps is not None
         drafting, plain = tps.learn_drafting(accepted), tps.plain
@@ -451,7 +452,9 @@ class AcceptGate:
             if self.b_more and drafting >= 0.5 * bar:
                 return "more"
             return "slow" if drafting < bar else "ok"
-        stale = plain is None or t - tps.plain_at >= s.tps_every
+        # the first sample once a quarter of tps_every rounds have drafted: a short run (a smoke test, a
+        # few requests) drafts throughout, a long one learns where drafting pays within seconds
+        stale = t - tps.first_t >= s.tps_every // 4 if plain is None else t - tps.plain_at >= s.tps_every
         fresh = plain is not None and tps.plain_at > self.b_judged[0]
         self.b_judged = (self.b_judged[1], t)
         if drafting is not None and plain is not None:

@@ -45,17 +45,22 @@ class StepRates:
         self.n_d = self.n_p = 0  # intervals of each class in the block (the ring holds the last CAP)
         self.req_d = 0  # requests of the block's rounds that verified drafts (sampled or not)
         self._last_t, self._last_ns = -2, 0
+        self.first_t = -1  # the first round seen (the engine numbers rounds, not this incarnation)
         self.plain: float | None = None
         self.drafting: float | None = None
         self.plain_at = 0
 
-    def round(self, t: int, n: int, n_ver: int) -> None:
-        """Round t (n requests, n_ver verified drafts), judged now: its interval since round t-1, when
-        t-1 was seen too (a skipped round leaves a gap, not a sample)."""
+    def round(self, t: int, n: int, n_ver: int, decode: bool = True) -> None:
+        """Round t (n requests, n_ver verified drafts; decode: no prefill rows), judged now: its interval
+        since round t-1, when t-1 was seen too (a skipped round leaves a gap, not a sample) and the step
+        was a decode one (a prefill chunk's step is long with drafts or without: it would only add noise;
+        its requests still count in `req_d`)."""
         now = self.clock()
         if n_ver:
             self.req_d += n
-        if t == self._last_t + 1 and n:
+        if self.first_t < 0:
+            self.first_t = t
+        if t == self._last_t + 1 and n and decode:
             dt = now - self._last_ns
             if dt > 0:
                 if n_ver:

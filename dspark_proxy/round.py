@@ -261,10 +261,11 @@ class RoundCore(LateRounds):
         st.inc(_ROUNDS_KEY[phase])
         # 2. ring model: always, so it stays exact (and step 4's flags, from the same pass)
         if plan is None and self.fused is not None:  # (a plan is there when _front did this step)
-            plan = self.fused.advance(t, slots, v.req, first_pos, valid, v.valid_raw, v.k_window)  # one C call
+            plan = self.fused.advance(t, slots, v.req, first_pos, valid, v.valid_raw, v.k_window,
+                                      phase == "decode")  # one C call
         elif plan is None:
             plan = self.slots.advance(slots, v.req, first_pos, valid)
-            self.accept.round(t, slots, v.valid_raw, v.k_window, plan.new_owner, plan.n_new_owner)
+            self.accept.round(t, slots, v.valid_raw, v.k_window, plan.new_owner, plan.n_new_owner, phase == "decode")
         self._advanced = True
         if plan.n_new_owner:
             self.want_resync[slots[plan.new_owner]] = False

@@ -45,7 +45,8 @@ def _serve(seg: str, worker_address: str, *flags: str, warm_s: float = 2.0, dura
 def test_drafting_that_costs_more_than_it_earns_is_paused_end_to_end(seg_name):
     worker = spawn_worker(*LAYOUT, "--fault-draft-delay-ms", "20")
     try:
-        on, drafted, st = _serve(seg_name + "n", worker.address)
+        # the first plain sample after 64 / 4 rounds, not the default's 512 (20 ms each here)
+        on, drafted, st = _serve(seg_name + "n", worker.address, "--accept-tps-every", "64")
         off, _, _ = _serve(seg_name + "f", worker.address, "--accept-tps-every", "0")
         plain, _, _ = _serve(seg_name + "p", worker.address, "--accept-break-even", "255")  # drafting always paused
     finally:

@@ -26,6 +26,7 @@ _round = st.fixed_dictionaries({
     "k_window": st.lists(st.sampled_from([0, 0, 1, 2, 3, 4, 4, 4, 7, 300, -3]), min_size=M, max_size=M),
     "dt": st.integers(0, 9),  # the engine's step before the round, in ms (the throughput rule's clock)
     "skip": st.sampled_from([False] * 9 + [True]),  # a round the proxy skipped before this one
+    "prefill": st.sampled_from([False] * 4 + [True]),  # a round with prefill rows (not timed)
 })
 
 # the throughput rule: samples, pauses and probes within the rounds drawn
@@ -47,7 +48,7 @@ def _state(a: Acceptance) -> dict:
                counters=g.stats.snapshot()["counters"], b_flags=(g.b_sample, g.b_tps, g.b_slow, g.b_more, g.b_judged))
     if g.tps is not None:
         r = g.tps
-        out.update(tps=(r.plain, r.drafting, r.plain_at, r.n_d, r.n_p, r.req_d))
+        out.update(tps=(r.plain, r.drafting, r.plain_at, r.n_d, r.n_p, r.req_d, r.first_t))
     return out
 
 
@@ -70,7 +71,7 @@ def test_native_and_reference_acceptance_agree(rounds, gate):
         now[0] += r["dt"] * (5 if np.any(kw > 0) else 1) * 1_000_000  # drafting rounds cost more
         needs = []
         for a in (ref, nat):
-            a.round(t, slots, valid, kw, new_owner, int(new_owner.sum()))
+            a.round(t, slots, valid, kw, new_owner, int(new_owner.sum()), not r["prefill"])
             need = np.ones(n, bool)
             a.mask(slots, need)
             needs.append(need.tobytes())
