@@ -312,8 +312,8 @@ class ProxyConfig(LayoutConfig):
                              _Range(1, 1 << 20))
     accept_tps_every: int = _opt(2048, "The gate's throughput rule: the whole batch stops drafting while its "
                                  "tokens per second of engine time with drafts fall below those without, "
-                                 "sampled for --accept-patience rounds at most every this many rounds "
-                                 "(0: acceptance only).", _Range(0, 1 << 30))
+                                 "sampled for --accept-patience rounds every this many rounds, the first "
+                                 "after a quarter of them (0: acceptance only).", _Range(0, 1 << 30))
     accept_tps_margin: float = _opt(0.1, "What a paused batch's probe must beat the rate without drafts by "
                                     "to resume drafting (0.1: 10%).", _Range(0, 10))
     log_level: LogLevel = _opt("INFO", "Logging level.")

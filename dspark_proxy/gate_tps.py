@@ -6,7 +6,8 @@ then slower than not drafting at all. The engine says when each step starts (`GA
 before `gathered`): the interval from round t-1's stamp to round t's is the engine's step t, which
 includes its wait for round t-1's reply. Round t's descriptor says what that step produced: requests that
 verified drafts made accepted + 1 tokens, the others 1. So per round, one interval, classed by whether
-the round verified drafts (the step that drafting made longer) or not.
+the round verified drafts (the step that drafting made longer) or not; decode rounds only (a step with prefill
+chunks is long with drafts or without).
 
 `StepRates` keeps the intervals of the batch gate's current block (acceptance.py, `AcceptGate`): at most
 `CAP` a class, a ring, so a long pause keeps its last ones. A block's rate is tokens per request-round
