@@ -19,15 +19,15 @@ machine over its verified rounds:
 The mean is over the slot's block: the verified rounds since it was last judged (ACTIVE slots are
 judged together every `patience` rounds once they have `patience` verified rounds; a probe when its
 `probe` rounds are verified). A PAUSED slot's entry goes out without NEED_DRAFT: its rows are still
-sent, so its window stays whole, and drafting resumes at once when a probe succeeds. The whole batch has the same machine over its mean accepted
-per request-round: paused, no entry asks for drafts.
+sent, so its window stays whole, and drafting resumes at once when a probe succeeds. The whole batch
+has the same machine over its mean accepted per request-round: paused, no entry asks for drafts.
 
 The batch's throughput rule (`tps_every` > 0; gate_tps.py measures): acceptance says what drafts earn,
 not what they cost, so the batch's blocks also learn tokens per request-second of the engine's steps,
 with drafts (its ACTIVE and PROBING blocks) and without (its PAUSED ones):
 
-    ACTIVE --(block whole, plain rate older than tps_every rounds, or none yet from round tps_every / 4
-             on)--> PAUSED, a plain sample (patience rounds) --(over)--> ACTIVE
+    ACTIVE --(block whole, plain rate older than tps_every rounds, or none yet tps_every / 4 rounds
+             after the gate's first)--> PAUSED, a plain sample (patience rounds) --(over)--> ACTIVE
     ACTIVE --(a slow block: drafting rate < plain rate, the plain one older than the last judgement but
              one)--> PAUSED, a plain sample (as above), the slow count kept
     ACTIVE --(a 2nd slow block in a row, or one below half the plain rate, the plain rate newer than
@@ -37,11 +37,12 @@ with drafts (its ACTIVE and PROBING blocks) and without (its PAUSED ones):
     PROBING --(drafting rate >= plain rate * (1 + tps_margin))--> ACTIVE (pause back to its base)
     PROBING --(drafting rate below that)--> PAUSED (pause doubled, at most pause_max)
 
-Both rates are medians over a block, a pause needs two slow blocks in a row against a plain rate measured
-just before them (a machine's load drifts), and the way back the margin, so noise does not flap it (and
-noise around break-even settles paused); every pause refreshes the plain rate, every block the drafting one; low
-acceptance pauses first, as above. The gate only ever clears NEED_DRAFT; the
-engine's own "no drafts" always wins. Everything is per-slot numpy over the round's requests: no
+Both rates are medians over a block (decode rounds only), a pause needs two slow blocks in a row against
+a plain rate measured just before them (a machine's load drifts), and the way back the margin, so noise
+does not flap it (and noise around break-even settles paused); every pause refreshes the plain rate,
+every block the drafting one; low acceptance pauses first, as above.
+
+The gate only ever clears NEED_DRAFT; the engine's own "no drafts" always wins. Everything is per-slot numpy over the round's requests: no
 per-request Python. The per-round sums (accepted drafts, their histogram, the gate's scatter-adds and
 the probes that are due) are one C call on the default path (`_fastround.accept_round`, about 1 µs
 where the numpy reference took 12 at any n); every state change stays here, in the reference's order.
