@@ -19,9 +19,30 @@ machine over its verified rounds:
 The mean is over the slot's block: the verified rounds since it was last judged (ACTIVE slots are
 judged together every `patience` rounds once they have `patience` verified rounds; a probe when its
 `probe` rounds are verified). A PAUSED slot's entry goes out without NEED_DRAFT: its rows are still
-sent, so its window stays whole, and drafting resumes at once when a probe succeeds. The whole batch has the same machine over its mean accepted
-per request-round: paused, no entry asks for drafts. The gate only ever clears NEED_DRAFT; the
-engine's own "no drafts" always wins. Everything is per-slot numpy over the round's requests: no
+sent, so its window stays whole, and drafting resumes at once when a probe succeeds. The whole batch
+has the same machine over its mean accepted per request-round: paused, no entry asks for drafts.
+
+The batch's throughput rule (`tps_every` > 0; gate_tps.py measures): acceptance says what drafts earn,
+not what they cost, so the batch's blocks also learn tokens per request-second of the engine's steps,
+with drafts (its ACTIVE and PROBING blocks) and without (its PAUSED ones):
+
+    ACTIVE --(block whole, plain rate older than tps_every rounds, or none yet tps_every / 4 rounds
+             after the gate's first)--> PAUSED, a plain sample (patience rounds) --(over)--> ACTIVE
+    ACTIVE --(a slow block: drafting rate < plain rate, the plain one older than the last judgement but
+             one)--> PAUSED, a plain sample (as above), the slow count kept
+    ACTIVE --(a 2nd slow block in a row, or one below half the plain rate, the plain rate newer than
+             that)--> PAUSED (pause rounds)
+    PAUSED --(over)--> PROBING, a whole block (patience verified rounds at least), looked at first after
+             MIN_SAMPLES: below half its bar it fails there
+    PROBING --(drafting rate >= plain rate * (1 + tps_margin))--> ACTIVE (pause back to its base)
+    PROBING --(drafting rate below that)--> PAUSED (pause doubled, at most pause_max)
+
+Both rates are medians over a block (decode rounds only), a pause needs two slow blocks in a row against
+a plain rate measured just before them (a machine's load drifts), and the way back the margin, so noise
+does not flap it (and noise around break-even settles paused); every pause refreshes the plain rate,
+every block the drafting one; low acceptance pauses first, as above.
+
+The gate only ever clears NEED_DRAFT; the engine's own "no drafts" always wins. Everything is per-slot numpy over the round's requests: no
 per-request Python. The per-round sums (accepted drafts, their histogram, the gate's scatter-adds and
 the probes that are due) are one C call on the default path (`_fastround.accept_round`, about 1 µs
 where the numpy reference took 12 at any n); every state change stays here, in the reference's order.
@@ -29,11 +50,13 @@ where the numpy reference took 12 at any n); every state change stays here, in t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import native
+from .gate_tps import MIN_SAMPLES, StepRates
 from .stats import Stats
 
 __all__ = ["Acceptance", "GateSettings", "DraftEffect", "AcceptGate", "ACTIVE", "PAUSED", "PROBING", "STATE_NAMES",
@@ -47,17 +70,21 @@ STATE_NAMES = ("active", "paused", "probing")
 class GateSettings:
     """break_even: accepted drafts per verified round below which drafting is not worth it (0: the
     gate is off); patience: verified rounds before a slot (or the batch) may be paused; pause: rounds
-    paused, doubled after each failed probe up to pause_max; probe: verified rounds a probe lasts."""
+    paused, doubled after each failed probe up to pause_max; probe: verified rounds a probe lasts;
+    tps_every, tps_margin: the batch's throughput rule (module docstring; off here by default, the
+    proxy's --accept-tps-every sets it)."""
 
     break_even: float = 0.3
     patience: int = 16
     pause: int = 64
     pause_max: int = 1024
     probe: int = 2
+    tps_every: int = 0  # the throughput rule: rounds between the batch's plain samples (0: off; gate_tps.py)
+    tps_margin: float = 0.1  # what a throughput probe must beat the plain rate by to resume drafting
 
     def __post_init__(self) -> None:
         if self.break_even < 0 or self.patience < 1 or self.pause < 1 or self.pause_max < self.pause \
-                or self.probe < 1:
+                or self.probe < 1 or self.tps_every < 0 or self.tps_margin < 0:
             raise ValueError(f"acceptance gate settings out of range: {self}")
 
 
@@ -136,10 +163,10 @@ class Acceptance:
     tests/test_native_diff_accept.py holds them to the same arrays and counters."""
 
     def __init__(self, max_slots: int, num_spec: int, settings: GateSettings, stats: Stats,
-                 native_path: bool | None = None) -> None:
+                 native_path: bool | None = None, clock: Callable[[], int] | None = None) -> None:
         self.N = num_spec
         self.effect = DraftEffect(stats, num_spec)
-        self.gate = AcceptGate(max_slots, settings, stats, self.effect)
+        self.gate = AcceptGate(max_slots, settings, stats, self.effect, clock)
         self.native = native.enabled() if native_path is None else native_path
         self._ver = np.zeros(max_slots, dtype=np.bool_)
         self._acc = np.zeros(max_slots, dtype=np.int32)
@@ -147,21 +174,22 @@ class Acceptance:
         self._held = None  # a _fastround.Held of the arrays the C path adds to, made at its first round
 
     def round(self, t: int, slots: np.ndarray, valid: np.ndarray, k_window: np.ndarray, new_owner: np.ndarray,
-              n_new_owner: int) -> None:
-        """slots: int64; valid, k_window: the engine's int32 arrays of the round."""
+              n_new_owner: int, decode: bool = True) -> None:
+        """slots: int64; valid, k_window: the engine's int32 arrays of the round; decode: no prefill rows
+        in it (only a decode round's step times the throughput rule, gate_tps.py)."""
         if not self.native:
             n = slots.shape[0]
             ver, acc = accepted_drafts(valid, k_window, self.N, self._ver[:n], self._acc[:n])
             n_ver = int(np.count_nonzero(ver))
             self.effect.observe(n_ver, acc, k_window)
-            self.gate.observe(t, slots, new_owner, n_new_owner, n_ver, ver, acc)
+            self.gate.observe(t, slots, new_owner, n_new_owner, n_ver, ver, acc, decode)
             return
         g = self.gate
         if g.on:
             g.begin(t, slots, new_owner, n_new_owner)
         n_ver, tokens, n_ready = native.fastround.accept_round(slots, valid, k_window, self.N, self.native_held(), g.on,
                                                                g.n_probing > 0)
-        self.summed(t, n_ver, tokens, n_ready)
+        self.summed(t, slots.shape[0], n_ver, tokens, n_ready, decode)
 
     def native_held(self) -> object:
         """The C sums' Held (hist, the gate's sum, cnt, left, and the due probes): here and in the fused
@@ -172,12 +200,13 @@ class Acceptance:
             held = self._held = native.fastround.Held((e.hist, g.sum, g.cnt, g.left, self._ready))
         return held
 
-    def summed(self, t: int, n_ver: int, tokens: int, n_ready: int) -> None:
-        """After the C sums: the counts, then the gate's end of the round (its judgements)."""
+    def summed(self, t: int, n: int, n_ver: int, tokens: int, n_ready: int, decode: bool = True) -> None:
+        """After the C sums of round t's n requests: the counts, then the gate's end of the round (its
+        judgements)."""
         g = self.gate
         self.effect.count(n_ver, tokens)
         if g.on:
-            g.end(t, n_ver, self._ready[:n_ready] if n_ready else None)
+            g.end(t, n_ver, self._ready[:n_ready] if n_ready else None, n, decode)
 
     def sums_may_fuse(self, t: int) -> bool:
         """Whether the C sums may run right after the advance without the gate's begin(): it has nothing
@@ -204,7 +233,8 @@ class AcceptGate:
     judged together every `patience` rounds (those with at least `patience` verified rounds in their
     block), probes as they complete, pauses as they end: each a few numpy calls over the slots concerned."""
 
-    def __init__(self, max_slots: int, settings: GateSettings, stats: Stats, effect: DraftEffect) -> None:
+    def __init__(self, max_slots: int, settings: GateSettings, stats: Stats, effect: DraftEffect,
+                 clock: Callable[[], int] | None = None) -> None:
         self.s, self.stats, self.M, self.effect = settings, stats, max_slots, effect
         self.on = settings.break_even > 0
         self.state = np.zeros(max_slots, dtype=np.uint8)
@@ -220,11 +250,18 @@ class AcceptGate:
         # sums read off the effect's totals (accepted, verified request-rounds) at the block's start
         self.b_state, self.b_left, self.b_from = ACTIVE, settings.patience, (0, 0)
         self.b_until, self.b_pause = 0, settings.pause
+        # the throughput rule (None: off): the block's step intervals; b_sample: the batch's PAUSED block
+        # is a plain sample; b_tps: its PAUSED / PROBING block came from the throughput rule
+        self.tps = StepRates(clock) if self.on and settings.tps_every else None
+        self.b_sample = self.b_tps = False
+        self.b_slow = 0  # ACTIVE blocks in a row whose drafting rate was below the plain one
+        self.b_judged = (-1, -1)  # the rounds of the batch's last two ACTIVE judgements (the throughput rule)
+        self.b_more = 0  # a throughput probe's verified rounds past its first look
 
     # ------------------------------------------------------------------ per round
 
     def observe(self, t: int, slots: np.ndarray, new_owner: np.ndarray, n_new_owner: int, n_ver: int,
-                ver: np.ndarray, acc: np.ndarray) -> None:
+                ver: np.ndarray, acc: np.ndarray, decode: bool = True) -> None:
         """Round t's requests: new owners start ACTIVE; pauses that ended become probes; the verified
         requests' accepted drafts fill their slots' (and the batch's) blocks, judged when due."""
         if not self.on:
@@ -239,7 +276,7 @@ class AcceptGate:
                 due = self.left[slots] <= 0
                 if due.any():
                     ready = slots[due]
-        self.end(t, n_ver, ready)
+        self.end(t, n_ver, ready, slots.shape[0], decode)
 
     def begin(self, t: int, slots: np.ndarray, new_owner: np.ndarray, n_new_owner: int) -> None:
         """observe() before the round's sums: new owners start ACTIVE, pauses that ended become probes."""
@@ -248,12 +285,14 @@ class AcceptGate:
         if self.n_paused and t >= self.next_wake:
             self._wake(t)
 
-    def end(self, t: int, n_ver: int, ready: np.ndarray | None) -> None:
-        """observe() after the round's sums: the batch's pause ends, then `ready` (the probing slots whose
-        probe is complete, None: none), the batch's block and the ACTIVE slots are judged when due."""
+    def end(self, t: int, n_ver: int, ready: np.ndarray | None, n: int, decode: bool = True) -> None:
+        """observe() after the round's sums (n requests; decode: no prefill rows): the round's step
+        interval (the throughput rule), the batch's pause ends, then `ready` (the probing slots whose probe is complete, None:
+        none), the batch's block and the ACTIVE slots are judged when due."""
+        if self.tps is not None:
+            self.tps.round(t, n, n_ver, decode)
         if self.b_state == PAUSED and t >= self.b_until:
-            self._batch_block(PROBING, self.s.probe)
-            self.stats.inc("accept_batch_probes")
+            self._batch_pause_over(t)
         if n_ver:
             if ready is not None:
                 self._judge_probes(t, ready)
@@ -278,9 +317,13 @@ class AcceptGate:
             self.stats.inc("accept_drafts_not_asked", cleared)
 
     def snapshot(self) -> dict:
-        """For status: the slots in each state now and the batch's state."""
-        return {"enabled": self.on, "slots_paused": self.n_paused, "slots_probing": self.n_probing,
-                "batch": STATE_NAMES[self.b_state], "break_even": self.s.break_even}
+        """For status: the slots in each state now and the batch's state; with the throughput rule, the
+        rates it learnt (tokens per request-second, None: not yet)."""
+        snap = {"enabled": self.on, "slots_paused": self.n_paused, "slots_probing": self.n_probing,
+                "batch": STATE_NAMES[self.b_state], "break_even": self.s.break_even, "tps_rule": self.tps is not None}
+        if self.tps is not None:
+            snap.update(self.tps.snapshot())
+        return snap
 
     # ------------------------------------------------------------------ transitions
 
@@ -337,20 +380,93 @@ class AcceptGate:
     def _batch_block(self, state: int, rounds: int) -> None:
         self.b_state, self.b_left = state, rounds
         self.b_from = (self.effect.accepted_total(), self.effect.drafts)
+        if self.tps is not None:
+            self.tps.begin()
+
+    def _batch_pause_over(self, t: int) -> None:
+        """The batch's PAUSED block is over: its plain rounds teach the plain rate; a plain sample goes
+        back to ACTIVE, a pause to PROBING. A throughput probe is judged first after MIN_SAMPLES verified
+        rounds (a probe that earns less than half the bar fails there: drafting that costs many plain
+        steps is not paid for a whole block each probe), else after a whole block (`patience`)."""
+        if self.tps is not None:
+            self.tps.learn_plain(t)
+        if self.b_sample:
+            self.b_sample = False
+            self._batch_block(ACTIVE, self.s.patience)
+            return
+        first = max(self.s.probe, MIN_SAMPLES) if self.b_tps else self.s.probe
+        self._batch_block(PROBING, first)
+        self.b_more = max(self.s.probe, self.s.patience) - first if self.b_tps else 0
+        self.stats.inc("accept_batch_probes")
 
     def _judge_batch(self, t: int) -> None:
+        """The batch's block is whole: low acceptance pauses it; with the throughput rule, the block's
+        rates may too (`_tps_verdict`)."""
         s = self.s
         acc0, ver0 = self.b_from
-        low = self.effect.accepted_total() - acc0 < s.break_even * (self.effect.drafts - ver0)
-        if not low:
+        accepted = self.effect.accepted_total() - acc0
+        low = accepted < s.break_even * (self.effect.drafts - ver0)
+        slow = False
+        if not low and self.tps is not None:
+            verdict = self._tps_verdict(t, accepted)
+            if verdict == "more":  # a probe's first look, not conclusive: on to its whole block
+                self.b_left, self.b_more = self.b_more, 0
+                return
+            if verdict == "sample":
+                self.b_sample, self.b_tps = True, False
+                self._batch_paused(t, t + s.patience, "accept_batch_tps_samples")
+                return
+            slow = verdict == "slow"
+        self.b_more = 0
+        if not (low or slow):
             if self.b_state == PROBING:
                 self.b_pause = s.pause
-                self.stats.inc("accept_batch_resumed")
+                self.stats.inc("accept_batch_tps_resumed" if self.b_tps else "accept_batch_resumed")
+            self.b_tps = False
             self._batch_block(ACTIVE, s.patience)
             return
         if self.b_state == PROBING:
             self.b_pause = min(self.b_pause * 2, s.pause_max)
-            self.stats.inc("accept_batch_probe_failed")
+            counter = "accept_batch_tps_probe_failed" if slow else "accept_batch_probe_failed"
         else:
-            self.stats.inc("accept_batch_paused")
-        self.b_state, self.b_until = PAUSED, t + self.b_pause
+            counter = "accept_batch_tps_paused" if slow else "accept_batch_paused"
+        self.b_tps, self.b_slow = slow, 0
+        self._batch_paused(t, t + self.b_pause, counter)
+
+    def _tps_verdict(self, t: int, accepted: int) -> str:
+        """The throughput rule on a whole block whose acceptance is fine: "slow" (pause), "sample" (a plain
+        sample first), "more" (a probe's first look was not conclusive) or "ok".
+
+        PROBING: slow below plain * (1 + tps_margin), the plain rate being the pause's, just before it.
+        ACTIVE: a pause needs a second slow block (drafting below plain) in a row, one noisy block does
+        not pause (unless below half the plain rate: drafting that costs that much is not paid a second
+        block); and a plain rate measured since the judgement before the last, a machine's load
+        drifts: a slow block against an older one samples it again first, as does any block once the
+        plain rate is tps_every rounds old (or, none yet, from round tps_every / 4 on)."""
+        s, tps = self.s, self.tps
+        assert tps is not None
+        drafting, plain = tps.learn_drafting(accepted), tps.plain
+        if self.b_state == PROBING:
+            if drafting is None or plain is None:
+                return "more" if self.b_more else "ok"
+            bar = plain * (1.0 + s.tps_margin)
+            if self.b_more and drafting >= 0.5 * bar:
+                return "more"
+            return "slow" if drafting < bar else "ok"
+        # the first sample once a quarter of tps_every rounds have drafted: a short run (a smoke test, a
+        # few requests) drafts throughout, a long one learns where drafting pays within seconds
+        stale = t - tps.first_t >= s.tps_every // 4 if plain is None else t - tps.plain_at >= s.tps_every
+        fresh = plain is not None and tps.plain_at > self.b_judged[0]
+        self.b_judged = (self.b_judged[1], t)
+        if drafting is not None and plain is not None:
+            self.b_slow = self.b_slow + 1 if drafting < plain else 0
+            if fresh and (self.b_slow >= 2 or drafting < 0.5 * plain):
+                return "slow"
+            stale = stale or (self.b_slow > 0 and not fresh)
+        return "sample" if stale else "ok"
+
+    def _batch_paused(self, t: int, until: int, counter: str) -> None:
+        self.b_state, self.b_until = PAUSED, until
+        if self.tps is not None:
+            self.tps.begin()  # the pause's plain rounds
+        self.stats.inc(counter)

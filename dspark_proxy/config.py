@@ -310,6 +310,12 @@ class ProxyConfig(LayoutConfig):
                                  _Range(1, 1 << 30))
     accept_probe: int = _opt(2, "Verified rounds a probe lasts before it resumes drafting or pauses again.",
                              _Range(1, 1 << 20))
+    accept_tps_every: int = _opt(2048, "The gate's throughput rule: the whole batch stops drafting while its "
+                                 "tokens per second of engine time with drafts fall below those without, "
+                                 "sampled for --accept-patience rounds every this many rounds, the first "
+                                 "after a quarter of them (0: acceptance only).", _Range(0, 1 << 30))
+    accept_tps_margin: float = _opt(0.1, "What a paused batch's probe must beat the rate without drafts by "
+                                    "to resume drafting (0.1: 10%).", _Range(0, 10))
     log_level: LogLevel = _opt("INFO", "Logging level.")
     fault_round_hang_ms: float = _opt(0.0, "Fault injection (flag only): on SIGUSR1 the round loop blocks for "
                                       "this many ms before its next round, the heartbeat going on (0: off).",
@@ -363,6 +369,8 @@ class WorkerConfig(LayoutConfig):
     token_file: str | None = _opt(None, "File holding the shared secret; peers must prove they know it.")
     insecure: bool = _opt(False, "Allow listening on a non-loopback address without --token-file.")
     fault_delay_ms: float = _opt(0.0, "Fault injection: delay every reply by this many ms.", _Range(0, 3.6e6))
+    fault_draft_delay_ms: float = _opt(0.0, "Fault injection: delay every reply to a STEP that asks for drafts "
+                                       "by this many ms more (drafting made expensive).", _Range(0, 3.6e6))
     fault_stall_after: int = _opt(0, "Fault injection: stop answering after this many steps (0: off).",
                                   _Range(0, math.inf))
     fault_drop_every: int = _opt(0, "Fault injection: drop the connection every k-th step (0: off).",

@@ -135,7 +135,8 @@ class Proxy:
             step_timeout_s=None if self.cfg.step_timeout_ms is None else self.cfg.step_timeout_ms / 1e3,
             gate=GateSettings(break_even=self.cfg.accept_break_even, patience=self.cfg.accept_patience,
                               pause=self.cfg.accept_pause, pause_max=self.cfg.accept_pause_max,
-                              probe=self.cfg.accept_probe))
+                              probe=self.cfg.accept_probe, tps_every=self.cfg.accept_tps_every,
+                              tps_margin=self.cfg.accept_tps_margin))
         if client is None and self.cfg.worker in IN_PROCESS_WORKERS:
             from .inproc import InProcessClient
 

@@ -142,7 +142,9 @@ class RoundCore(LateRounds):
         self.rounds = 0  # the last round handled
         self._gathered_ns_off = self.lay.word_off(Word.GATHERED_NS)
         self._advanced = False  # round t's rows reached the ring model (set by _run)
-        self.accept = Acceptance(self.M, self.N, settings.gate, stats, self.native)  # drafts' effect; the gate
+        # drafts' effect; the gate (its throughput rule times the engine's steps by their GATHERED_NS stamps)
+        self.accept = Acceptance(self.M, self.N, settings.gate, stats, self.native,
+                                 functools.partial(hf.load, seg.mm, self._gathered_ns_off))
         # the C path's usual round in fewer calls (round_fused.py); None on the reference path
         self.fused = FusedRound(self.slots, self.accept, self.packer, self.N, self.W) if self.native else None
         # what every round asks, bound once per incarnation (round.py, "Cost")
@@ -259,10 +261,11 @@ class RoundCore(LateRounds):
         st.inc(_ROUNDS_KEY[phase])
         # 2. ring model: always, so it stays exact (and step 4's flags, from the same pass)
         if plan is None and self.fused is not None:  # (a plan is there when _front did this step)
-            plan = self.fused.advance(t, slots, v.req, first_pos, valid, v.valid_raw, v.k_window)  # one C call
+            plan = self.fused.advance(t, slots, v.req, first_pos, valid, v.valid_raw, v.k_window,
+                                      phase == "decode")  # one C call
         elif plan is None:
             plan = self.slots.advance(slots, v.req, first_pos, valid)
-            self.accept.round(t, slots, v.valid_raw, v.k_window, plan.new_owner, plan.n_new_owner)
+            self.accept.round(t, slots, v.valid_raw, v.k_window, plan.new_owner, plan.n_new_owner, phase == "decode")
         self._advanced = True
         if plan.n_new_owner:
             self.want_resync[slots[plan.new_owner]] = False

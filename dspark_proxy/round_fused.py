@@ -84,15 +84,17 @@ class FusedRound:
         if stage == 0:
             return n, None, 0
         plan = tab.native_plan_of(n, n_new, n_resync, n_unknown)
+        decode = max_q <= self.N + 1  # (round.py's phase)
         if stage >= 2:
-            acc.summed(t, n_ver, tokens, n_ready)
+            acc.summed(t, n, n_ver, tokens, n_ready, decode)
         else:
-            acc.round(t, reader.v.slots, reader.v.valid_raw, reader.v.k_window, plan.new_owner, n_new)
+            acc.round(t, reader.v.slots, reader.v.valid_raw, reader.v.k_window, plan.new_owner, n_new, decode)
         return n, plan, stage
 
     def advance(self, t: int, slots: np.ndarray, req: np.ndarray, first: np.ndarray, valid: np.ndarray,
-                valid_raw: np.ndarray, k_window: np.ndarray) -> Advance:
-        """SlotTable.advance then Acceptance.round, as round.py's step 2 runs them."""
+                valid_raw: np.ndarray, k_window: np.ndarray, decode: bool = True) -> Advance:
+        """SlotTable.advance then Acceptance.round, as round.py's step 2 runs them (decode: a decode
+        round, Acceptance.round's)."""
         acc = self.accept
         g = acc.gate
         n_new, n_resync, n_unknown, summed, n_ver, tokens, n_ready = fastround.advance_accept(
@@ -101,9 +103,9 @@ class FusedRound:
         plan = self.table.native_plan_of(slots.shape[0], n_new, n_resync, n_unknown)
         if summed:
             self.advanced += 1
-            acc.summed(t, n_ver, tokens, n_ready)
+            acc.summed(t, slots.shape[0], n_ver, tokens, n_ready, decode)
         else:
-            acc.round(t, slots, valid_raw, k_window, plan.new_owner, n_new)
+            acc.round(t, slots, valid_raw, k_window, plan.new_owner, n_new, decode)
         return plan
 
     def finish(self, n: int, e_slots: np.ndarray, need: np.ndarray, reply: Any, cap: int) -> bool:

@@ -284,6 +284,10 @@ def format_drafting(d: dict[str, Any]) -> list[str]:
         lines.append(f"  gate     paused now {gate.get('slots_paused', 0)} requests, probing "
                      f"{gate.get('slots_probing', 0)}; batch {gate.get('batch', 'active')}; "
                      + " ".join(f"{k}={v}" for k, v in gate.get("counters", {}).items()))
+    if gate.get("tps_plain") is not None or gate.get("tps_drafting") is not None:
+        rates = [f"{gate[k]:.1f} {w}" for k, w in (("tps_drafting", "with drafts"), ("tps_plain", "without"))
+                 if gate.get(k) is not None]
+        lines.append("  gate     tokens/s a request: " + ", ".join(rates))
     return lines
 
 

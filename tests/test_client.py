@@ -70,8 +70,10 @@ class Stepper:
         self.step_id = 0
         self.rng = np.random.default_rng(0)
 
-    def step(self, *, epoch=None, new_gen=False, timeout_s=2.0) -> tuple[StepOutcome, int]:
-        """One step for slot 0; new_gen resends the whole window. Returns (outcome, anchor_pos)."""
+    def step(self, *, epoch=None, new_gen=False, timeout_s=2.0, ask=True) -> tuple[StepOutcome, int]:
+        """One step for slot 0; new_gen resends the whole window; ask: NEED_DRAFT. Returns (outcome,
+        anchor_pos)."""
+        nd = ND if ask else 0
         row = self.rng.integers(0, 256, (1, RB), dtype=np.uint8)
         self.rows.append(row[0])
         pos = len(self.rows) - 1
@@ -79,10 +81,10 @@ class Stepper:
         if new_gen:
             k = min(W, len(self.rows))
             send = np.stack(self.rows[-k:])
-            e[0] = (0, k, 1, pos + 1 - k, pos + 1, 42, NG | ND, 0, 0, 0)
+            e[0] = (0, k, 1, pos + 1 - k, pos + 1, 42, NG | nd, 0, 0, 0)
         else:
             send = row
-            e[0] = (0, 1, 1, pos, pos + 1, 42, ND, 0, 0, 0)
+            e[0] = (0, 1, 1, pos, pos + 1, 42, nd, 0, 0, 0)
         self.step_id += 1
         ep = self.c.connection_epoch() if epoch is None else epoch
         out = self.c.step(self.prefix, e, int(e["n_rows"].sum()), step_id=self.step_id, step_flags=0,
@@ -183,6 +185,19 @@ def test_timed_out_reply_is_dropped_not_used_for_the_next_step(pair):
     s.check(out, a)
     assert out.reply.step_id == 2
     assert c.counters["late_replies_dropped"] == 1
+
+
+def test_draft_delay_slows_only_the_steps_that_ask_for_drafts(pair):
+    """The draft_delay_ms fault (drafting made expensive, tests/test_gate_tps.py's end to end): a STEP
+    that asks for drafts waits for it, one that only sends rows does not."""
+    srv, c = pair(server_kw=dict(faults=FaultPlan(draft_delay_ms=300)))
+    assert c.wait_ready(5) == 1
+    s = Stepper(c)
+    out, _ = s.step(new_gen=True, ask=False)
+    assert out.ok and out.rtt_us < 250_000
+    out, a = s.step(timeout_s=5.0)
+    s.check(out, a)
+    assert out.rtt_us >= 300_000
 
 
 def test_stalled_worker_is_dropped_after_consecutive_timeouts(pair):

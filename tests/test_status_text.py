@@ -46,7 +46,9 @@ def _status() -> dict:
         "drafting": {"num_spec": 8, "num_drafts": 715, "num_draft_tokens": 2792, "num_accepted_tokens": 1296,
                      "num_accepted_tokens_per_pos": [500 - j for j in range(8)], "mean_accepted": 1.8126,
                      "accepted_by_position": [0.7] * 8, "acceptance_rate": 0.4642, "rounds": 123, "rounds_failed": 3,
-                     "fallbacks": {"timeout": 3}, "gate": {"enabled": True, "counters": {}}},
+                     "fallbacks": {"timeout": 3}, "gate": {"enabled": True, "counters": {},
+                                                                          "tps_rule": True, "tps_plain": 250.0,
+                                                                          "tps_drafting": 180.46}},
     }
 
 
@@ -58,6 +60,7 @@ def test_status_fits_80_columns_in_sections():
         assert title in lines, title
     assert "spec_decode_num_accepted_tokens_per_pos_0" not in text  # in Drafting, not among the counters
     assert "mean accepted 1.81 of 8" in text and "REFUSED" in text
+    assert "tokens/s a request: 180.5 with drafts, 250.0 without" in text  # the throughput rule's rates
 
 
 def test_events_are_a_table_not_python_dicts():

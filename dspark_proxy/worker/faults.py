@@ -13,7 +13,9 @@ __all__ = ["FaultPlan", "FaultAction", "FaultCounter"]
 class FaultPlan:
     """Which faults to inject, counted in STEPs served by the whole worker (1-based).
 
-    delay_ms: sleep this long before every reply. stall_after: after this many steps, stop answering
+    delay_ms: sleep this long before every reply. draft_delay_ms: this long more before a reply to a STEP
+    that asked for drafts (drafting made expensive, rows alone not: the acceptance gate's throughput rule,
+    docs/design.md). stall_after: after this many steps, stop answering
     (connections stay open, nothing is sent). drop_every: close the connection instead of answering
     every k-th step. garbage_every: every k-th reply is random bytes under a valid header.
     wrong_step_every: every k-th reply carries a wrong step id. wrong_session_every: every k-th reply is
@@ -23,6 +25,7 @@ class FaultPlan:
     """
 
     delay_ms: float = 0.0
+    draft_delay_ms: float = 0.0
     stall_after: int | None = None
     drop_every: int | None = None
     garbage_every: int | None = None
@@ -32,8 +35,8 @@ class FaultPlan:
     duplicate_reply_every: int | None = None
 
     def __post_init__(self) -> None:
-        if self.delay_ms < 0:
-            raise ValueError("delay_ms must be >= 0")
+        if self.delay_ms < 0 or self.draft_delay_ms < 0:
+            raise ValueError("delay_ms and draft_delay_ms must be >= 0")
         for name in ("stall_after", "drop_every", "garbage_every", "wrong_step_every", "wrong_session_every",
                      "crash_after", "duplicate_reply_every"):
             v = getattr(self, name)

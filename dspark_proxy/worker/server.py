@@ -22,6 +22,8 @@ import time
 from collections import Counter, OrderedDict
 from typing import NamedTuple
 
+import numpy as np
+
 from .. import __version__
 from ..conn import FramedConnection, listen_tcp
 from ..crc import WindowShifts
@@ -33,6 +35,7 @@ from ..wire import (
     MSG_PING,
     MSG_REPLY,
     MSG_STEP,
+    RF_NEED_DRAFT,
     Frame,
     Hello,
     NewSession,
@@ -335,8 +338,11 @@ class WorkerServer:
         self.observed.round(self._peer_of.get(cid, "?"), time.perf_counter() - t_draft)
         self.counters["steps"] += 1
         self.counters["rows"] += sv.n_rows
-        if self.faults.delay_ms > 0:
-            self._stop.wait(self.faults.delay_ms / 1000.0)
+        delay_ms = self.faults.delay_ms
+        if self.faults.draft_delay_ms > 0 and np.any(sv.entries["flags"] & RF_NEED_DRAFT):
+            delay_ms += self.faults.draft_delay_ms
+        if delay_ms > 0:
+            self._stop.wait(delay_ms / 1000.0)
         step_id = h.step_id
         if action is FaultAction.WRONG_STEP:
             self.counters["fault_wrong_step"] += 1

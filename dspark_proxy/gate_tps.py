@@ -1,0 +1,98 @@
+"""What drafting earns in the engine's time: tokens per request-second with drafts and without.
+
+Acceptance alone says nothing about cost: on a loaded machine a round that verifies 5 drafts (and waits
+for the STEP that drafted them) can take longer than the ~3.4 tokens it earns are worth, and serving is
+then slower than not drafting at all. The engine says when each step starts (`GATHERED_NS`, stamped just
+before `gathered`): the interval from round t-1's stamp to round t's is the engine's step t, which
+includes its wait for round t-1's reply. Round t's descriptor says what that step produced: requests that
+verified drafts made accepted + 1 tokens, the others 1. So per round, one interval, classed by whether
+the round verified drafts (the step that drafting made longer) or not; decode rounds only (a step with prefill
+chunks is long with drafts or without).
+
+`StepRates` keeps the intervals of the batch gate's current block (acceptance.py, `AcceptGate`): at most
+`CAP` a class, a ring, so a long pause keeps its last ones. A block's rate is tokens per request-round
+over the median interval (a busy machine's intervals are noisy and heavy-tailed: a median of a block, not
+a mean): with drafts `(1 + accepted / requests) / median`, without `1 / median`. Per request rather than
+per batch, so a block at another batch size compares like with like at the small batch sizes where
+drafting's cost shows. The gate compares the two (docs/design.md, "Acceptance-aware drafting"). Per
+round: one clock read and a few scalars; the medians only when a block is judged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+__all__ = ["StepRates", "MIN_SAMPLES"]
+
+CAP = 64  # intervals kept a class and block
+MIN_SAMPLES = 4  # a block with fewer intervals of a class gives no rate of it
+
+
+class StepRates:
+    """The current block's step intervals by class, and the last rates learnt from them.
+
+    `plain` and `drafting`: the last rates learnt (tokens per request-second; None: not yet);
+    `plain_at`: the round `plain` was learnt at (its age decides when a plain sample is due)."""
+
+    def __init__(self, clock: Callable[[], int] | None = None) -> None:
+        self.clock = clock or time.monotonic_ns
+        # intervals (ns) of rounds that verified drafts, and of rounds that did not: lists, a scalar store
+        # into one costs less than into an array, every round
+        self._d: list[int] = [0] * CAP
+        self._p: list[int] = [0] * CAP
+        self.n_d = self.n_p = 0  # intervals of each class in the block (the ring holds the last CAP)
+        self.req_d = 0  # requests of the block's rounds that verified drafts (sampled or not)
+        self._last_t, self._last_ns = -2, 0
+        self.first_t = -1  # the first round seen (the engine numbers rounds, not this incarnation)
+        self.plain: float | None = None
+        self.drafting: float | None = None
+        self.plain_at = 0
+
+    def round(self, t: int, n: int, n_ver: int, decode: bool = True) -> None:
+        """Round t (n requests, n_ver verified drafts; decode: no prefill rows), judged now: its interval
+        since round t-1, when t-1 was seen too (a skipped round leaves a gap, not a sample) and the step
+        was a decode one (a prefill chunk's step is long with drafts or without: it would only add noise;
+        its requests still count in `req_d`)."""
+        now = self.clock()
+        if n_ver:
+            self.req_d += n
+        if self.first_t < 0:
+            self.first_t = t
+        if t == self._last_t + 1 and n and decode:
+            dt = now - self._last_ns
+            if dt > 0:
+                if n_ver:
+                    self._d[self.n_d % CAP] = dt
+                    self.n_d += 1
+                else:
+                    self._p[self.n_p % CAP] = dt
+                    self.n_p += 1
+        self._last_t, self._last_ns = t, now
+
+    def begin(self) -> None:
+        """A new block: its intervals start afresh."""
+        self.n_d = self.n_p = self.req_d = 0
+
+    def learn_plain(self, t: int) -> float | None:
+        """The block's rate without drafts, when it has enough intervals (then kept as `plain`)."""
+        if self.n_p < MIN_SAMPLES:
+            return None
+        self.plain = 1e9 / float(np.median(self._p[:min(self.n_p, CAP)]))
+        self.plain_at = t
+        return self.plain
+
+    def learn_drafting(self, accepted: int) -> float | None:
+        """The block's rate with drafts (`accepted`: the block's accepted drafts), when it has enough
+        intervals (then kept as `drafting`)."""
+        if self.n_d < MIN_SAMPLES:
+            return None
+        self.drafting = (1.0 + accepted / self.req_d) * 1e9 / float(np.median(self._d[:min(self.n_d, CAP)]))
+        return self.drafting
+
+    def snapshot(self) -> dict:
+        r = self.plain, self.drafting
+        return {"tps_plain": None if r[0] is None else round(r[0], 2),
+                "tps_drafting": None if r[1] is None else round(r[1], 2)}
