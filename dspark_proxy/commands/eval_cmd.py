@@ -22,7 +22,8 @@ __all__ = ["eval_cmd"]
               help="The target: a local HF causal-LM directory (default: models/stdlib-llama).")
 @deprecated_alias("--model", "--target", "model")
 @click.option("--head", "head", default=None, envvar="DSPARK_PROXY_HEAD", show_envvar=True,
-              help="Head directory (default: models/stdlib-llama-head).")
+              help="Head directory: our manifest head (served by the worker's torch drafter) or a speculators "
+                   "DSpark checkpoint (its dspark drafter) (default: models/stdlib-llama-head).")
 @deprecated_alias("--weights", "--head", "head")
 @click.option("--prompts", "prompts", type=PromptsArg(), default=None,
               help="A text file of prompts, one a line (default: held-out stdlib prompts).")
@@ -51,11 +52,11 @@ def eval_cmd(quick: bool, model: str | None, head: str | None, prompts: str | in
         from ..spec.run import DEFAULT_HEAD, DEFAULT_MODEL
     except ImportError as e:
         raise click.ClickException(f"{e}; install the model extra: pip install -e '.[model]'") from None
-    from ..model.manifest import load_head_manifest
+    from ..model.head_shapes import load_head_shapes
 
     texts, count = split_prompts(prompts, n_prompts)
     try:
-        load_head_manifest(head or DEFAULT_HEAD)
+        load_head_shapes(head or DEFAULT_HEAD)  # a manifest head or a DSpark checkpoint (docs/dspark.md)
     except ValueError as e:
         fail("eval", str(e), EXIT_USAGE)
     r = run_eval(quick=quick, model=model or DEFAULT_MODEL, head=head or DEFAULT_HEAD, prompts=count,

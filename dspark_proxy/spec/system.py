@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 from ..chaos.system import free_fixed_port
 from ..launch import Child, spawn_proxy, spawn_worker
-from ..model.manifest import HeadManifest, head_paths
+from ..model.head_shapes import head_drafter, load_head_shapes, worker_head_args
 
 __all__ = ["SpecSystem"]
 
@@ -32,12 +32,15 @@ def _env(**kv: str):
 
 
 class SpecSystem:
-    """worker (--drafter torch --head HEAD) on a fixed loopback port + proxy `name`; a context manager."""
+    """worker (the drafter for HEAD's kind: `torch` for a manifest head, `dspark` for a DSpark checkpoint
+    with `target` as its target) on a fixed loopback port + proxy `name`; a context manager."""
 
     def __init__(self, name: str, head: str, *, max_reqs: int, deadline_ms: float, sampled: bool = False,
-                 worker_threads: int = 1, seed: int = 0) -> None:
-        man = HeadManifest.load(head_paths(head)[1])
+                 worker_threads: int = 1, seed: int = 0, target: str | None = None) -> None:
+        man = load_head_shapes(head)
         self.manifest = man
+        self.drafter = head_drafter(man)
+        self.head_args = worker_head_args(head, target)
         self.name, self.head, self.deadline_ms, self.sampled = name, str(head), deadline_ms, sampled
         self.layout = ["--max-reqs", str(max_reqs), "--num-spec", str(man.num_spec), "--window", str(man.window),
                        "--row-bytes", str(man.row_bytes)] + (["--sampled"] if sampled else [])
@@ -63,8 +66,7 @@ class SpecSystem:
         for _ in range(20):  # the port may still be held by a killed worker's socket for a moment
             try:
                 with _env(OMP_NUM_THREADS=self.threads, MKL_NUM_THREADS=self.threads):
-                    self.worker = spawn_worker(*self.layout, "--drafter", "torch", "--head", self.head,
-                                               listen=self.address, timeout_s=60.0)
+                    self.worker = spawn_worker(*self.layout, *self.head_args, listen=self.address, timeout_s=60.0)
                 return
             except RuntimeError as e:
                 last = e
