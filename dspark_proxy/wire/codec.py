@@ -191,6 +191,11 @@ class Decoder:
         return NEED_DATA
 
     @property
+    def has_frame(self) -> bool:
+        """A complete frame is waiting for next_frame()."""
+        return bool(self._ready)
+
+    @property
     def buffered_bytes(self) -> int:
         """Bytes received but not yet returned as frames (0 at a frame boundary)."""
         return (self._ra_end - self._ra_start) + (self._pl_got if self._pl is not None else 0)
