@@ -208,7 +208,7 @@ def run_vllm_demo(*, model: str | os.PathLike = DEFAULT_MODEL, head: str | os.Pa
                            "prompts": len(prompts), "max_tokens": max_tokens, "deadline_ms": deadline_ms,
                            "keep_awake_ms": keep_awake_ms,
                            "reply_spin_us": REPLY_SPIN_AWAKE_US if keep_awake_ms > 0 else REPLY_SPIN_US}
-    awake = ["--keep-awake-ms", str(keep_awake_ms)]  # the proxies have a CPU of their own (placement)
+    awake = ["--keep-awake-ms", str(keep_awake_ms)]  # the proxies and the worker have a CPU of their own (placement)
     t0 = time.monotonic()
     arms: dict[str, dict[str, Any]] = {}
     worker = proxy = None
@@ -217,7 +217,7 @@ def run_vllm_demo(*, model: str | os.PathLike = DEFAULT_MODEL, head: str | os.Pa
             say(f"[demo] vLLM arm {arm}")
             arms[arm] = run_arm_process({**base, "arm": arm})
         with started_on(ours_cpus):  # the drafter of the head's kind: torch (manifest) or dspark (checkpoint)
-            worker = spawn_worker(*layout, *worker_head_args(os.fspath(head), os.fspath(model)))
+            worker = spawn_worker(*layout, *worker_head_args(os.fspath(head), os.fspath(model)), *awake)
         # two proxies on one worker: the timed run's proxy statistics (the draft time) are its own
         for arm, seg, spec in (("dspark", name, {**base, "timing": None}),
                                ("dspark_timing", name + "-t", {**base, "prompts": [], "env": {**base["env"],
