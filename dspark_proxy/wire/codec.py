@@ -38,7 +38,6 @@ from .dtypes import (
     RF_ALL,
     RF_NEW_GEN,
     RF_RESYNC,
-    RS_MAX,
     SAMPLE_DTYPE,
     SF_ALL,
     SF_SAMPLED,
@@ -59,6 +58,7 @@ from .messages import (
     WireLayout,
     reply_layout,
 )
+from .reply_checks import REPLY_SECTION_ERRORS, reply_section_error, reply_section_error_reference
 
 __all__ = [
     "Frame", "NEED_DATA", "Decoder", "parse_app_header", "pack_app_header",
@@ -453,28 +453,6 @@ def _check_sampled(status: np.ndarray, draft_ids: np.ndarray, sampled_mask: np.n
         raise RemoteProtocolError("a drafted id outside its own support in REPLY", counter="bad_reply_draft_support")
 
 
-_USABLE_U8 = USABLE_STATUS_TABLE.view(np.uint8)
-_REPLY_SECTION_ERRORS = {1: "unknown request status in REPLY", 2: "window_rows over W in REPLY",
-                         3: "usable status with an empty window in REPLY", 4: "non-finite confidence in REPLY"}
-
-
-def reply_section_error_reference(status: np.ndarray, window_rows: np.ndarray, confidence: np.ndarray,
-                                  window: int) -> int:
-    """The first of decode_reply's checks of the per-request sections that fails, over the whole batch
-    (0: none; the codes key _REPLY_SECTION_ERRORS): a status over RS_MAX, window_rows over W, a usable
-    status with an empty window, a non-finite confidence. The definition `_fastround.check_reply` is
-    held to (tests/test_wire_codec.py)."""
-    if int(status.max()) > RS_MAX:
-        return 1
-    if int(window_rows.max()) > window:
-        return 2
-    if (window_rows[USABLE_STATUS_TABLE[status]] == 0).any():
-        return 3
-    if not np.isfinite(confidence).all():
-        return 4
-    return 0
-
-
 def decode_reply(frame: Frame, layout: WireLayout, *, n_req: int, step_flags: int, vocab_size: int = 0) -> StepReply:
     """Validate a REPLY against the STEP it answers (shape, flags, enums, window bounds; in sampled
     mode the support and q, against `vocab_size` from the worker's WELCOME, 0 = unknown) and return
@@ -504,11 +482,10 @@ def decode_reply(frame: Frame, layout: WireLayout, *, n_req: int, step_flags: in
     if n:
         # one pass in C (_fastround_reply.c): these four numpy checks were ~15 us of the proxy's round
         # trip on a loaded machine (docs/performance.md, the round trip's parts)
-        err = (_fastround.check_reply(p, lay.o_status, lay.o_window_rows, lay.o_confidence, n, N, layout.window,
-                                      RS_MAX, _USABLE_U8) if _native_enabled()
+        err = (reply_section_error(p, lay, layout.window) if _native_enabled()
                else reply_section_error_reference(status, window_rows, confidence, layout.window))
         if err:
-            raise RemoteProtocolError(_REPLY_SECTION_ERRORS[err], counter="bad_reply")
+            raise RemoteProtocolError(REPLY_SECTION_ERRORS[err], counter="bad_reply")
     margin = sampled_mask = support_ids = proposal_q = None
     if lay.o_margin >= 0:
         margin = np.frombuffer(p, dtype="<f4", count=n * N, offset=lay.o_margin).reshape(n, N)
