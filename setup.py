@@ -18,7 +18,7 @@ setup(
                      "dspark_proxy/_fastround_accept.c", "dspark_proxy/_fastround_page.c",
                      "dspark_proxy/_fastround_inputs.c", "dspark_proxy/_fastround_held.c",
                      "dspark_proxy/_fastround_fused.c", "dspark_proxy/_fastround_stats.c",
-                     "dspark_proxy/_fastround_entries.c"],
+                     "dspark_proxy/_fastround_entries.c", "dspark_proxy/_fastround_reply.c"],
             depends=["dspark_proxy/_fastround.h"],
             extra_compile_args=_FLAGS,
         ),

@@ -354,6 +354,9 @@ static PyMethodDef methods[] = {
     {"ring_gather", fr_ring_gather, METH_VARARGS,
      "ring_gather(ring, slots, first_pos, n_rows, W, row_bytes, out) -> rows (small rows gathered from the ring)"},
     {"check_page", fr_check_page, METH_VARARGS, "check_page(buf, o_ok, n, N, ok_out) -> bool"},
+    {"check_reply", fr_check_reply, METH_VARARGS,
+     "check_reply(payload, o_status, o_window_rows, o_confidence, n, N, W, rs_max, usable) -> code: 0, or the "
+     "first failed check (wire/codec.py reply_section_error_reference)"},
     {"accept_round", fr_accept_round, METH_VARARGS,
      "accept_round(slots, valid, k_window, num_spec, held, gate, probing) -> (n_ver, tokens, n_ready); held: a Held "
      "of hist, gsum, gcnt, left, ready"},

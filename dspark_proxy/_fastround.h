@@ -159,6 +159,7 @@ PyObject *fr_check_round(PyObject *mod, PyObject *args);
 PyObject *fr_ring_write(PyObject *mod, PyObject *args);
 PyObject *fr_write_round(PyObject *mod, PyObject *args);
 PyObject *fr_check_page(PyObject *mod, PyObject *args);
+PyObject *fr_check_reply(PyObject *mod, PyObject *args);
 PyObject *fr_read_round(PyObject *mod, PyObject *args);
 PyObject *fr_advance(PyObject *mod, PyObject *args);
 PyObject *fr_fill_entries(PyObject *mod, PyObject *args);

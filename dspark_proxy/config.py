@@ -409,6 +409,10 @@ class WorkerConfig(LayoutConfig):
     random_weights: bool = _opt(False, "Let --drafter torch serve seeded random weights without --head (a smoke "
                                 "test: nearly every draft is rejected).")
     seed: int = _opt(0, "Seed of the torch drafter's random weights (--random-weights).", _Range(0, 2**63 - 1))
+    keep_awake_ms: float = _opt(0.0, "After each reply, keep the worker's CPUs (its affinity, at most 8; pin it "
+                                "with taskset) out of idle for this long, spinning at SCHED_IDLE priority: the next "
+                                "STEP wakes a warm CPU, no other task loses CPU time, and spinning stops this long "
+                                "after the last STEP (0: off).", _Range(0, 60_000))
     metrics_port: int | None = _opt(None, "Serve the worker's Prometheus metrics on --metrics-host:PORT (0: any "
                                     "free port).", _Range(0, 65535))
     metrics_host: str = _opt("127.0.0.1", "Address the worker's Prometheus endpoint binds (0.0.0.0: every "

@@ -110,8 +110,21 @@ class FramedConnection:
 
     def send_parts(self, parts: Sequence, deadline: float | None = None) -> None:
         """Send the concatenation of parts (bytes-like buffers) completely, or raise SendTimeout /
-        OSError. One sendmsg for up to IOV_MAX parts at a time; a short send resumes mid-buffer."""
-        ps = self.begin_send(parts)
+        OSError. One sendmsg for up to IOV_MAX parts at a time; a short send resumes mid-buffer. One
+        part (the worker's every REPLY) goes by one send(), without the iovec list and its bookkeeping."""
+        if len(parts) == 1:
+            v = byte_view(parts[0])
+            try:
+                n = self.sock.send(v)
+            except BlockingIOError:
+                n = 0
+            self.bytes_sent += n
+            if n == len(v):
+                return
+            ps = PartialSend([v[n:]])
+            ps.sent_any = n > 0
+        else:
+            ps = self.begin_send(parts)
         while not self.send_some(ps):
             ms = _timeout_ms(deadline)
             if ms == 0:
@@ -152,6 +165,10 @@ class FramedConnection:
         header (drop the connection), OSError on socket errors."""
         dec = self.decoder
         sock = self.sock
+        if deadline is None and not dec.buffered_bytes and not dec.has_frame:
+            # untimed (the worker's loop between STEPs): nothing is buffered, and the next frame is most
+            # likely still to come, so wait first rather than fail a recv (its exception) and then wait
+            self._poll_in.poll()
         while True:
             f = dec.next_frame()
             if f is not NEED_DATA:

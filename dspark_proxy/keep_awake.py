@@ -78,7 +78,9 @@ class KeepAwake:
     """One per proxy. `kick()` after each round; `close()` gives its share of the spinners back (the
     last owner's close stops and joins them)."""
 
-    def __init__(self, ms: float) -> None:
+    def __init__(self, ms: float, who: str = "proxy") -> None:
+        """who: the process's role in its log lines (`proxy`, or `worker`: `worker --keep-awake-ms`
+        kicks after each reply, so the next STEP wakes a warm CPU)."""
         global _owners, _quota_said
         self.ns = int(ms * 1e6)
         self._mod = None
@@ -86,8 +88,8 @@ class KeepAwake:
             return
         cpus = sorted(os.sched_getaffinity(0))
         if len(cpus) > MAX_CPUS:
-            log.warning("[proxy] --keep-awake-ms needs the proxy pinned to at most %d CPUs (taskset); it may "
-                        "run on %d: not kept awake", MAX_CPUS, len(cpus))
+            log.warning("[%s] --keep-awake-ms needs the %s pinned to at most %d CPUs (taskset); it may "
+                        "run on %d: not kept awake", who, who, MAX_CPUS, len(cpus))
             self.ns = 0
             return
         quota = cpu_quota()
@@ -95,9 +97,9 @@ class KeepAwake:
             with _lock:
                 said, _quota_said = _quota_said, True
             if not said:
-                log.warning("[proxy] --keep-awake-ms: this process runs under a cgroup CPU quota (%.2f CPUs): "
-                            "not kept awake, as the spinners would spend the quota that throttles the proxy",
-                            quota)
+                log.warning("[%s] --keep-awake-ms: this process runs under a cgroup CPU quota (%.2f CPUs): "
+                            "not kept awake, as the spinners would spend the quota that throttles the %s",
+                            who, quota, who)
             self.ns = 0
             return
         from . import _keepawake
@@ -108,14 +110,14 @@ class KeepAwake:
             _owners += 1
         self._mod = _keepawake
         if not first:
-            log.info("[proxy] keep-awake: sharing this process's %d spinner(s) (%d proxies)", started, _owners)
+            log.info("[%s] keep-awake: sharing this process's %d spinner(s) (%d owners)", who, started, _owners)
             return
-        log.info("[proxy] keep-awake: %d spinner(s) on CPUs %s, %.1f ms after each round", started,
+        log.info("[%s] keep-awake: %d spinner(s) on CPUs %s, %.1f ms after each round", who, started,
                  ",".join(map(str, cpus)), ms)
         time.sleep(0.01)  # the spinners' first instructions: SCHED_IDLE taken, or refused
         if self.snapshot()["refused"]:
-            log.warning("[proxy] keep-awake: SCHED_IDLE refused here (a container's seccomp?): no spinning, "
-                        "which at normal priority would take CPU time from the proxy and the worker")
+            log.warning("[%s] keep-awake: SCHED_IDLE refused here (a container's seccomp?): no spinning, "
+                        "which at normal priority would take CPU time from the proxy and the worker", who)
 
     def kick(self) -> None:
         if self._mod is not None:

@@ -126,3 +126,40 @@ def test_refused_sched_idle_spins_not_at_all(seg_name, monkeypatch):
         if shim is not None:
             shim.close()
         proxy.stop()
+
+
+def test_worker_keeps_its_cpus_awake_after_each_reply():
+    """`worker --keep-awake-ms`: the same spinners, kicked after each reply (the next STEP wakes a warm
+    CPU, the gap between the proxy's round trip and the worker's own time: docs/performance.md); they
+    sleep once STEPs stop, and stop with the worker. Off by default."""
+    from tests.test_client import Stepper, make_client, make_server
+
+    srv = make_server()
+    assert srv._awake.snapshot() == {"spinners": 0, "spins": 0, "sleeping": 0, "refused": 0}  # off
+    srv.stop()
+    srv = make_server(keep_awake_ms=50.0)
+    c = make_client(srv.port)
+    try:
+        ka = srv._awake.snapshot()
+        assert ka["spinners"] == min(len(os.sched_getaffinity(0)), 8) and ka["spins"] == 0, ka
+        end = time.monotonic() + 10.0
+        while c.connection_epoch() is None and time.monotonic() < end:
+            time.sleep(0.01)
+        s = Stepper(c)
+        s.check(*s.step(new_gen=True))
+        end = time.monotonic() + 20.0
+        while srv._awake.snapshot()["spins"] < 1 and time.monotonic() < end:  # SCHED_IDLE: the machine's
+            for _ in range(20):  # spare CPU only
+                s.check(*s.step())
+                time.sleep(0.002)
+        ka = srv._awake.snapshot()
+        assert ka["spins"] >= 1, ka
+        end = time.monotonic() + 10.0
+        while ka["sleeping"] < ka["spinners"] and time.monotonic() < end:
+            time.sleep(0.05)
+            ka = srv._awake.snapshot()
+        assert ka["sleeping"] == ka["spinners"], ka  # the window after the last reply ran out
+    finally:
+        c.stop()
+        srv.stop()
+    assert SCHED_IDLE not in _policies(os.getpid())  # the last owner's close stopped them

@@ -39,7 +39,8 @@ def test_a_flip_is_shown_with_both_logits_and_margins() -> None:
 
 EVAL_KEYS = {"mean_accepted", "mean_accepted_ngram", "num_spec", "target_forwards_per_token", "speedup",
              "speedup_ngram", "head_ms", "target_step_ms", "lossless_mismatches", "prompts", "accept_by_position",
-             "greedy_distinct_4gram_rate", "speedup_thread", "faults", "round_parts_ms"}
+             "greedy_distinct_4gram_rate", "speedup_thread", "faults", "round_parts_ms", "drafter",
+             "mean_accepted_carry"}
 
 
 @pytest.mark.timeout(300)
@@ -62,6 +63,8 @@ def test_eval_json_shape(tmp_path) -> None:
         assert f["mismatches"] == 0 and f["prompts_checked"] > 0, (kind, f)
         assert f["failed_rounds"] > 0, (kind, f)  # the fault reached the engine as target-only rounds
     assert r["mean_accepted"] > 0.5 and r["target_forwards_per_token"] < 1.0
+    # the default head is the carry head: served by the torch drafter, and its own yardstick
+    assert r["drafter"] == "torch" and r["mean_accepted_carry"] == r["mean_accepted"], r
     p = r["round_parts_ms"]  # each round's worker time is inside its STEP's round trip (rounds without a
     assert 0 < p["worker"] <= p["proxy_worker_rtt"] and p["proxy_round"] > 0, p  # reply have neither)
     assert "the round (p50, ms)" in format_eval(r)
@@ -98,3 +101,23 @@ def test_eval_waits_for_the_snapshot_that_covers_its_rounds(monkeypatch) -> None
     t0 = time.monotonic()
     assert _latency("x", lambda name: {"proxy": {}}) == {}
     assert time.monotonic() - t0 < 2.0
+
+
+@pytest.mark.timeout(300)
+def test_eval_serves_a_dspark_checkpoint() -> None:
+    """`eval --head CKPT` with a speculators DSpark checkpoint: the worker (and thread mode) run the
+    dspark drafter, its drafts are verified losslessly, and the carry head is measured beside it on
+    the same prompts. The shipped checkpoint is small (1 M parameters): cheaper than building one."""
+    out = subprocess.run([sys.executable, "-m", "dspark_proxy.cli", "eval", "--quick", "--prompts", "4",
+                          "--max-new", "16", "--max-batch", "2", "--reps", "1", "--no-faults", "--json",
+                          "--head", "models/stdlib-llama-dspark"],
+                         capture_output=True, text=True, timeout=280)
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert EVAL_KEYS - {"faults"} <= set(r), EVAL_KEYS - set(r)
+    assert r["drafter"] == "dspark" and r["head"] == "stdlib-llama-dspark" and r["num_spec"] == 5
+    assert r["lossless_mismatches"] == 0, r["mismatches"]
+    assert r["head_ms"] > 0 and r["round_parts_ms"]["worker"] == r["head_ms"]
+    assert r["mean_accepted"] > 0  # a weak head (docs/dspark.md), but its drafts are used
+    # the carry head, run beside it, is the stronger one (3 of 5 against ~1 on held-out prompts)
+    assert r["mean_accepted_carry"] is not None and r["mean_accepted_carry"] > r["mean_accepted"], r

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -436,3 +438,46 @@ def test_bad_entry_mask_is_its_entry_by_entry_definition(rows):
     want = _bad_entry_reference(e, LAYOUT)
     assert wire.bad_entry_mask(e, LAYOUT).tolist() == want
     assert wire.bad_entry_mask_reference(e, LAYOUT).tolist() == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 9), st.data())
+def test_the_reply_checks_in_c_are_their_numpy_definition(n, data):
+    """_fastround.check_reply answers what reply_section_error_reference answers (the first failed
+    check over the whole batch) on replies with statuses, windows and confidences anywhere, NaN and
+    infinities included; and decode_reply refuses the same replies with the same message either way."""
+    from dspark_proxy import _fastround
+    from dspark_proxy.wire.reply_checks import _USABLE_U8, reply_section_error, reply_section_error_reference
+
+    N, W = 5, 8
+    w = wire.ReplyWriter(n, N, 0)
+    w.status[:] = data.draw(st.lists(st.sampled_from([0, 1, 2, 3, 6, 7, 255]), min_size=n, max_size=n))
+    w.window_rows[:] = data.draw(st.lists(st.sampled_from([0, 1, W, W + 1, 2**32 - 1]), min_size=n, max_size=n))
+    w.confidence[:] = np.asarray(data.draw(st.lists(st.sampled_from([0.0, 0.5, np.nan, np.inf, -np.inf]),
+                                                    min_size=n * N, max_size=n * N)), np.float32).reshape(n, N)
+    buf = bytes(w.finish(session=1, epoch=1, step_id=1, worker_us=1.0))
+    lay = wire.reply_layout(n, N, 0)
+    payload = buf[wire.APP_HEADER_SIZE:]
+    want = reply_section_error_reference(w.status, w.window_rows, w.confidence, W) if n else 0
+    assert reply_section_error(payload, lay, W) == want
+    # an unaligned copy of the payload: the same answer (loads do not assume alignment)
+    odd = bytearray(1) + payload
+    assert _fastround.check_reply(memoryview(odd)[1:], lay.o_status, lay.o_window_rows, lay.o_confidence, n, N, W,
+                                  wire.RS_MAX, _USABLE_U8) == want
+    if n:  # sections past the payload: refused, never read
+        with pytest.raises(ValueError):
+            _fastround.check_reply(payload[:lay.o_confidence], lay.o_status, lay.o_window_rows, lay.o_confidence,
+                                   n, N, W, wire.RS_MAX, _USABLE_U8)
+    [(hdr, body)] = _frames(buf)
+    seen, before = [], os.environ.get("DSPARK_NATIVE")
+    for native in ("1", "0"):  # decode_reply through each: the same outcome
+        os.environ["DSPARK_NATIVE"] = native
+        try:
+            wire.decode_reply(wire.Frame(hdr, memoryview(body)), WireLayout(num_spec=N, window=W, row_bytes=8,
+                                                                            max_reqs=16), n_req=n, step_flags=0)
+            seen.append(None)
+        except RemoteProtocolError as e:
+            seen.append(str(e))
+        finally:
+            os.environ.pop("DSPARK_NATIVE", None) if before is None else os.environ.__setitem__("DSPARK_NATIVE", before)
+    assert seen[0] == seen[1] and (seen[0] is None) == (want == 0), seen

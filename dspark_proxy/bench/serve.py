@@ -69,6 +69,7 @@ def _start_arm(arm: str, head: Path | None, stack: ExitStack, logs: Path, vllm_c
     from ..integrations.vllm_demo import shapes_args
     from ..integrations.vllm_serve import CPU_SETTINGS, Server, free_port, serve_args, serve_env, spawn_server
     from ..launch import spawn_proxy, spawn_worker
+    from ..model.head_shapes import worker_head_args
 
     if head is None:
         if arm == "nospec":
@@ -99,7 +100,7 @@ def _start_arm(arm: str, head: Path | None, stack: ExitStack, logs: Path, vllm_c
         if our_cpus:
             os.sched_setaffinity(0, set(our_cpus))  # the worker and the proxy inherit it
         # generous start-up limits: torch's import alone took over 20 s beside two busy processes
-        worker = spawn_worker(*layout, "--drafter", "torch", "--head", os.fspath(head), timeout_s=180.0)
+        worker = spawn_worker(*layout, *worker_head_args(os.fspath(head), os.fspath(MODEL)), timeout_s=180.0)
         stack.callback(worker.stop)
         proxy = spawn_proxy(name, worker.address, *layout, "--deadline-ms", "20", "--keep-awake-ms", "20",
                             "--log-every", "0", timeout_s=120.0)

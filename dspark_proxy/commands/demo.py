@@ -9,6 +9,9 @@ from typing import Any
 
 import click
 
+from ..exitcodes import EXIT_USAGE
+from .errors import fail
+
 __all__ = ["demo"]
 
 
@@ -48,13 +51,19 @@ def _summary(r: dict[str, Any]) -> str:
 @click.option("--keep-awake-ms", type=click.FloatRange(0, 60_000), default=20.0, show_default=True,
               help="--engine vllm: the proxies' --keep-awake-ms (they run on a CPU of their own), and vLLM's "
                    "thread spins for its reply up to 1 ms (DSPARK_PROXY_REPLY_SPIN_US); 0: neither.")
+@click.option("--head", "head", default=None, metavar="DIR",
+              help="--engine vllm: the head the worker serves, our manifest head (its torch drafter) or a "
+                   "speculators DSpark checkpoint (its dspark drafter) (default: models/stdlib-llama-head).")
 def demo(duration_s: float, rounds: int | None, max_reqs: int, num_spec: int, window: int, row_bytes: int,
          deadline_ms: float, engine_work_us: float, seed: int, staging_budget_mb: int | None, name: str | None,
-         as_json: bool, engine: str, cost: bool, keep_awake_ms: float) -> None:
+         as_json: bool, engine: str, cost: bool, keep_awake_ms: float, head: str | None) -> None:
     """Worker + proxy + simulated engine, end to end, with every draft checked against the oracle."""
     if engine == "vllm":
-        _vllm_demo(as_json, cost, name, keep_awake_ms)
+        _vllm_demo(as_json, cost, name, keep_awake_ms, head)
         return
+    if head is not None:
+        fail("demo", "--head: only with --engine vllm (the simulated engine drafts with the integrity oracle)",
+             EXIT_USAGE)
     from ..demo import run_demo
     from ..exitcodes import EXIT_WRONG_DRAFTS
 
@@ -67,11 +76,17 @@ def demo(duration_s: float, rounds: int | None, max_reqs: int, num_spec: int, wi
         sys.exit(EXIT_WRONG_DRAFTS)
 
 
-def _vllm_demo(as_json: bool, cost: bool, name: str | None, keep_awake_ms: float) -> None:
+def _vllm_demo(as_json: bool, cost: bool, name: str | None, keep_awake_ms: float, head: str | None) -> None:
     from ..exitcodes import EXIT_WRONG_DRAFTS
-    from ..integrations.vllm_demo import run_vllm_demo
+    from ..integrations.vllm_demo import DEFAULT_HEAD, run_vllm_demo
+    from ..model.head_shapes import load_head_shapes
 
-    r = run_vllm_demo(cost=cost, name=name, keep_awake_ms=keep_awake_ms)
+    head = head or str(DEFAULT_HEAD)
+    try:
+        load_head_shapes(head)  # a manifest head or a DSpark checkpoint; a bad one: one line naming it
+    except ValueError as e:
+        fail("demo", str(e), EXIT_USAGE)
+    r = run_vllm_demo(cost=cost, name=name, keep_awake_ms=keep_awake_ms, head=head)
     if as_json:
         click.echo(json.dumps(r, default=str))
     else:

@@ -22,7 +22,8 @@ __all__ = ["eval_cmd"]
               help="The target: a local HF causal-LM directory (default: models/stdlib-llama).")
 @deprecated_alias("--model", "--target", "model")
 @click.option("--head", "head", default=None, envvar="DSPARK_PROXY_HEAD", show_envvar=True,
-              help="Head directory (default: models/stdlib-llama-head).")
+              help="Head directory: our manifest head (served by the worker's torch drafter) or a speculators "
+                   "DSpark checkpoint (its dspark drafter) (default: models/stdlib-llama-head).")
 @deprecated_alias("--weights", "--head", "head")
 @click.option("--prompts", "prompts", type=PromptsArg(), default=None,
               help="A text file of prompts, one a line (default: held-out stdlib prompts).")
@@ -35,6 +36,9 @@ __all__ = ["eval_cmd"]
 @click.option("--min-confidence", type=click.FloatRange(0.0, 1.0), default=None,
               help="Draft-length policy of the head's arms: verify drafts while the product of their "
                    "confidences stays at or above this (0: every draft; default: the engine's).")
+@click.option("--keep-awake-ms", type=click.FloatRange(0, 60_000), default=0.0, show_default=True,
+              help="The worker's and the proxy's --keep-awake-ms: their CPUs kept out of idle between rounds "
+                   "(SCHED_IDLE spinners), so a STEP and its reply wake warm CPUs (docs/performance.md).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (last line).")
 @click.option("--plot", "plot_path", default=None, metavar="DIR",
               help="Also draw acceptance by draft position and tokens/s per arm as PNGs in DIR (created if "
@@ -42,7 +46,7 @@ __all__ = ["eval_cmd"]
 def eval_cmd(quick: bool, model: str | None, head: str | None, prompts: str | int | None, n_prompts: int | None,
              max_new: int | None,
              max_batch: int | None, reps: int, faults: bool, deadline_ms: float, min_confidence: float | None,
-             as_json: bool, plot_path: str | None) -> None:
+             keep_awake_ms: float, as_json: bool, plot_path: str | None) -> None:
     """Measure what the head earns: acceptance, speed-up over target-only and n-gram, losslessness, faults."""
     plot_dir, _ = plot_option("eval", plot_path)
     try:
@@ -51,17 +55,18 @@ def eval_cmd(quick: bool, model: str | None, head: str | None, prompts: str | in
         from ..spec.run import DEFAULT_HEAD, DEFAULT_MODEL
     except ImportError as e:
         raise click.ClickException(f"{e}; install the model extra: pip install -e '.[model]'") from None
-    from ..model.manifest import load_head_manifest
+    from ..model.head_shapes import load_head_shapes
 
     texts, count = split_prompts(prompts, n_prompts)
     try:
-        load_head_manifest(head or DEFAULT_HEAD)
+        load_head_shapes(head or DEFAULT_HEAD)  # a manifest head or a DSpark checkpoint (docs/dspark.md)
     except ValueError as e:
         fail("eval", str(e), EXIT_USAGE)
     r = run_eval(quick=quick, model=model or DEFAULT_MODEL, head=head or DEFAULT_HEAD, prompts=count,
                  prompt_texts=texts,
                  max_new=max_new, max_batch=max_batch, reps=reps, faults=faults, deadline_ms=deadline_ms,
-                 min_confidence=MIN_CONFIDENCE if min_confidence is None else min_confidence, say=lambda m: click.echo(f"[eval] {m}", err=True))
+                 min_confidence=MIN_CONFIDENCE if min_confidence is None else min_confidence,
+                 keep_awake_ms=keep_awake_ms, say=lambda m: click.echo(f"[eval] {m}", err=True))
     if plot_dir is not None:
         from ..spec.plot import plot_eval
 

@@ -53,10 +53,11 @@ REPLY_SPIN_AWAKE_US = 1000  # DSPARK_PROXY_REPLY_SPIN_US of the vLLM arms when t
 
 
 def shapes_args(head: str | os.PathLike, max_reqs: int) -> list[str]:
-    """The layout flags of a worker and proxy for this head (its manifest) and vLLM's max_num_seqs."""
-    from ..model.manifest import HeadManifest, head_paths
+    """The layout flags of a worker and proxy for this head (its manifest, or a DSpark checkpoint's
+    config.json) and vLLM's max_num_seqs."""
+    from ..model.head_shapes import load_head_shapes
 
-    m = HeadManifest.load(head_paths(head)[1])
+    m = load_head_shapes(os.fspath(head))
     return ["--max-reqs", str(max_reqs), "--num-spec", str(m.num_spec), "--window", str(m.window),
             "--row-bytes", str(m.row_bytes)]
 
@@ -119,14 +120,19 @@ def run_arm_process(spec: dict[str, Any], timeout_s: float = 600.0, capture_log:
 def reference_acceptance(model_dir: str | os.PathLike, head_dir: str | os.PathLike, prompts_ids: list[list[int]],
                          outputs: list[list[int]]) -> dict[str, Any]:
     """The head's acceptance along these greedy sequences in the reference engine (transformers, the
-    manifest's tap), walked as accept.py walks: the figure vLLM's must match."""
+    manifest's tap; for a DSpark checkpoint the reference's own model, its rows from the trainer's
+    tap), walked as accept.py walks: the figure vLLM's must match."""
     import torch
 
     from ..model.accept import AcceptStats, walk_rounds
+    from ..model.head_shapes import DSparkShapes, load_head_shapes
     from ..model.hf import Tap, load_causal_lm
     from ..model.train_head import head_drafts, load_head
 
     model, _ = load_causal_lm(model_dir)
+    shapes = load_head_shapes(os.fspath(head_dir))
+    if isinstance(shapes, DSparkShapes):
+        return _dspark_reference_acceptance(model, model_dir, shapes, prompts_ids, outputs)
     head, man = load_head(head_dir)
     dtype = getattr(torch, man.row_dtype)
     stats = AcceptStats(man.num_spec)
@@ -138,6 +144,36 @@ def reference_acceptance(model_dir: str | os.PathLike, head_dir: str | os.PathLi
             rows = tap.rows(dtype)
             drafts = head_drafts(head, seq, rows, len(p))
             walk_rounds(seq.numpy(), len(p), man.num_spec, lambda s, a, d=drafts: d[s, a], stats)
+    return stats.as_dict()
+
+
+def _dspark_reference_acceptance(model: Any, model_dir: str | os.PathLike, shapes: Any,
+                                 prompts_ids: list[list[int]], outputs: list[list[int]]) -> dict[str, Any]:
+    """reference_acceptance for a DSpark checkpoint: speculators' own model (its verifier weights from
+    the demo's target, as the worker's --target), drafts by dspark_head.greedy_drafts at every anchor of
+    the generated part, rows from the trainer's tap (HiddenTaps) rounded to the row dtype as sent."""
+    import torch
+
+    from ..model.accept import AcceptStats, walk_rounds
+    from ..model.dspark_head import greedy_drafts, load_dspark
+    from ..model.taps import HiddenTaps
+
+    draft = load_dspark(shapes.path, verifier=os.fspath(model_dir))
+    taps = HiddenTaps(model, list(shapes.tap_layers))
+    dtype = getattr(torch, shapes.row_dtype)
+    N = shapes.num_spec
+    stats = AcceptStats(N)
+    with torch.no_grad():
+        for p, o in zip(prompts_ids, outputs, strict=True):
+            toks = torch.tensor(list(p) + list(o), dtype=torch.int64)
+            start = len(p)
+            if start + N >= len(toks):
+                continue
+            rows, _, _ = taps(toks[None])
+            rows = rows.to(dtype).float()[0]
+            anchors = torch.arange(start, len(toks) - N)
+            drafts = greedy_drafts(draft, rows, toks, anchors).numpy()
+            walk_rounds(toks.numpy()[None], start, N, lambda s, a, d=drafts, st=start: d[a - st], stats)
     return stats.as_dict()
 
 
@@ -153,6 +189,7 @@ def run_vllm_demo(*, model: str | os.PathLike = DEFAULT_MODEL, head: str | os.Pa
                   deadline_ms: float = 50.0, max_num_seqs: int = 8, cost: bool = False, name: str | None = None,
                   quiet: bool = False, keep_awake_ms: float = 20.0) -> dict[str, Any]:
     from ..launch import spawn_proxy, spawn_worker
+    from ..model.head_shapes import head_drafter, load_head_shapes, worker_head_args
     from ..status import read_status
 
     say = (lambda msg: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -167,10 +204,11 @@ def run_vllm_demo(*, model: str | os.PathLike = DEFAULT_MODEL, head: str | os.Pa
                     **({ENV_REPLY_SPIN_US: str(REPLY_SPIN_AWAKE_US)} if keep_awake_ms > 0 else {})},
             "timing": {"prompt": TIMING_PROMPT, "max_tokens": timing_tokens, "repeats": 3}}
     out: dict[str, Any] = {"engine": "vllm", "model": os.fspath(model), "head": os.fspath(head),
+                           "drafter": head_drafter(load_head_shapes(os.fspath(head))),
                            "prompts": len(prompts), "max_tokens": max_tokens, "deadline_ms": deadline_ms,
                            "keep_awake_ms": keep_awake_ms,
                            "reply_spin_us": REPLY_SPIN_AWAKE_US if keep_awake_ms > 0 else REPLY_SPIN_US}
-    awake = ["--keep-awake-ms", str(keep_awake_ms)]  # the proxies have a CPU of their own (placement)
+    awake = ["--keep-awake-ms", str(keep_awake_ms)]  # the proxies and the worker have a CPU of their own (placement)
     t0 = time.monotonic()
     arms: dict[str, dict[str, Any]] = {}
     worker = proxy = None
@@ -178,8 +216,8 @@ def run_vllm_demo(*, model: str | os.PathLike = DEFAULT_MODEL, head: str | os.Pa
         for arm in ("nospec", "ngram"):
             say(f"[demo] vLLM arm {arm}")
             arms[arm] = run_arm_process({**base, "arm": arm})
-        with started_on(ours_cpus):
-            worker = spawn_worker(*layout, "--drafter", "torch", "--head", os.fspath(head))
+        with started_on(ours_cpus):  # the drafter of the head's kind: torch (manifest) or dspark (checkpoint)
+            worker = spawn_worker(*layout, *worker_head_args(os.fspath(head), os.fspath(model)), *awake)
         # two proxies on one worker: the timed run's proxy statistics (the draft time) are its own
         for arm, seg, spec in (("dspark", name, {**base, "timing": None}),
                                ("dspark_timing", name + "-t", {**base, "prompts": [], "env": {**base["env"],

@@ -157,9 +157,9 @@ def spawn_server(model: str | os.PathLike, *, log_path: str | os.PathLike, port:
     """Start `vllm serve` (through vLLM's CLI module, what the `vllm` script runs) and wait until it
     answers; the proposer is on when `head` is given (num_spec from its manifest unless given)."""
     if head is not None and num_spec <= 0:
-        from ..model.manifest import HeadManifest, head_paths
+        from ..model.head_shapes import load_head_shapes  # a manifest head or a DSpark checkpoint
 
-        num_spec = HeadManifest.load(head_paths(head)[1]).num_spec
+        num_spec = load_head_shapes(os.fspath(head)).num_spec
     port = port or free_port()
     args = serve_args(model, port=port, num_spec=num_spec if head is not None else 0, max_num_seqs=max_num_seqs)
     e = serve_env(head=head, name=name)

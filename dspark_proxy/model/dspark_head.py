@@ -78,12 +78,15 @@ def fill_from_target(draft, target) -> None:
     draft.verifier_norm.weight.fill_(1.0)
 
 
-def load_dspark(path: str | Path):
+def load_dspark(path: str | Path, verifier: str | Path | None = None):
     """The reference's own from_pretrained, eager attention (the verifier's weights load from the path
-    the checkpoint names, relative to the working directory)."""
+    the checkpoint names, relative to the working directory; `verifier`: from that target directory
+    instead, as the worker's --target does)."""
     from speculators.models.dspark import DSparkDraftModel, DSparkSpeculatorConfig
 
     cfg = DSparkSpeculatorConfig.from_pretrained(str(path))
+    if verifier is not None:
+        cfg.speculators_config.verifier.name_or_path = str(verifier)
     cfg.transformer_layer_config._attn_implementation = "eager"  # before the model is built: its masks
     return DSparkDraftModel.from_pretrained(str(path), config=cfg).eval()
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .manifest import MANIFEST_NAME, ROW_DTYPES, HeadManifest, load_head_manifest
 
-__all__ = ["DSparkShapes", "load_head_shapes", "is_dspark_dir", "DSPARK_ROW_DTYPE"]
+__all__ = ["DSparkShapes", "load_head_shapes", "is_dspark_dir", "DSPARK_ROW_DTYPE", "head_drafter", "worker_head_args"]
 
 DSPARK_ROW_DTYPE = "bfloat16"
 
@@ -74,3 +74,23 @@ def load_head_shapes(path: str | Path) -> HeadManifest | DSparkShapes:
     if p.name == MANIFEST_NAME:
         return HeadManifest.load(p)
     return load_head_manifest(p)
+
+
+def head_drafter(shapes: HeadManifest | DSparkShapes) -> str:
+    """The worker drafter that serves a head of these shapes: `dspark` for a speculators DSpark
+    checkpoint, `torch` for our manifest head (the name `eval --json` and `demo --engine vllm --json`
+    report as `drafter`)."""
+    return "dspark" if isinstance(shapes, DSparkShapes) else "torch"
+
+
+def worker_head_args(head: str | Path, target: str | Path | None = None) -> list[str]:
+    """The worker flags that serve the head directory `head`, whichever kind it is: `--drafter torch
+    --head DIR` for a manifest head; `--drafter dspark --head DIR --row-dtype D [--target MODEL]` for a
+    DSpark checkpoint (its embedding and lm_head come from `target`, by default the checkpoint's
+    verifier). Every place that starts a worker for a head (eval, generate, demo --engine vllm) uses
+    this, so none can start the wrong drafter. ValueError naming the file and field on a bad head."""
+    s = load_head_shapes(head)
+    if isinstance(s, DSparkShapes):
+        return ["--drafter", "dspark", "--head", s.path, "--row-dtype", s.row_dtype,
+                *(["--target", str(target)] if target else [])]
+    return ["--drafter", "torch", "--head", str(head)]

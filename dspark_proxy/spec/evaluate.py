@@ -130,11 +130,11 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
              max_new: int | None = None, max_batch: int | None = None, reps: int = 3, faults: bool = True,
              deadline_ms: float = 50.0, threads: int = 1, min_confidence: float = MIN_CONFIDENCE,
              say: Callable[[str], None] = lambda s: None,
-             prompt_texts: list[str] | None = None) -> dict[str, Any]:
+             prompt_texts: list[str] | None = None, keep_awake_ms: float = 0.0) -> dict[str, Any]:
     """`prompt_texts` (eval --prompts FILE) replace the held-out prompts, each cut to its last 32 tokens."""
     import engine_shim
 
-    from ..model.head_shapes import load_head_shapes
+    from ..model.head_shapes import head_drafter, load_head_shapes
     from ..status import read_status
     from .arms import thread_shim
     from .system import SpecSystem
@@ -158,15 +158,17 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
     reqs = [Request(i, p, max_new) for i, p in enumerate(ps)]
     name = f"eval-{os.getpid()}"
     res: dict[str, Any] = {"prompts": n_prompts, "max_new": max_new, "max_batch": B, "num_spec": N, "window": man.window,
-                           "reps": reps, "model": os.path.basename(model.rstrip("/")), "head": os.path.basename(head.rstrip("/"))}
+                           "reps": reps, "model": os.path.basename(model.rstrip("/")), "head": os.path.basename(head.rstrip("/")),
+                           "drafter": head_drafter(man)}
     shown: list[dict[str, Any]] = []
-    with SpecSystem(name, head, max_reqs=B, deadline_ms=deadline_ms) as sysm:
+    res["keep_awake_ms"] = keep_awake_ms
+    with SpecSystem(name, head, max_reqs=B, deadline_ms=deadline_ms, target=model, keep_awake_ms=keep_awake_ms) as sysm:
         from ..model.hf import target_id
 
         tid = target_id(model)  # the engine names its target: a head made for another is refused
         shim = engine_shim.attach(name, max_reqs=B, num_spec=N, window=man.window, row_bytes=man.row_bytes,
                                   timeout_s=15.0, target_id=tid)
-        tshim = thread_shim(f"{name}-thread", head, max_reqs=B, deadline_ms=deadline_ms, target_id=tid)
+        tshim = thread_shim(f"{name}-thread", head, max_reqs=B, deadline_ms=deadline_ms, target_id=tid, target=model)
         try:
             sources = {"target_only": NoDrafts(N), "ngram": NgramDrafts(N), "proxy": ShimDrafts(shim),
                        "thread": ShimDrafts(tshim), "proxy_full_k": ShimDrafts(shim)}
@@ -206,6 +208,7 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
                 "min_confidence": min_confidence,
                 "mean_verified_policy": round(float(sum(s.verified_by_pos.sum() for s in pr))
                                               / max(1, sum(s.full_rounds for s in pr)), 4),
+                "mean_accepted_carry": None,
                 "mean_accepted_thread": round(statistics.median(s.mean_accepted_full for s in runs["thread"]), 4),
                 "accept_by_position": [round(float(x), 4) for x in acc],
                 "accept_by_position_ngram": [round(float(x), 4) for x in acc_ng],
@@ -225,6 +228,8 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
                 "greedy_distinct_4gram_rate": distinct_4gram_rate(ref.outputs),
                 "closest_tie": closest_tie(ref, pr[0]),
             })
+            res["mean_accepted_carry"] = _carry_accepted(res["mean_accepted"], model, head, man, target, reqs, B, tid,
+                                                         f"{name}-carry", deadline_ms, say, ref, shown)
             if faults:
                 res["faults"] = _faults(sysm, target, reqs, ref, ShimDrafts(shim), B, man.window, shown, say)
         finally:
@@ -235,6 +240,39 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
     res["elapsed_s"] = round(time.monotonic() - t_start, 1)
     res["load_avg"] = [round(load0, 2), round(os.getloadavg()[0], 2)]  # 1-minute, at start and end: speed is noisy
     return res
+
+
+def _carry_accepted(mean_accepted: float, model: str, head: str, man, target, reqs: list[Request], B: int, tid: str,
+                    name: str, deadline_ms: float, say: Callable[[str], None], ref: RunStats,
+                    shown: list[dict[str, Any]]) -> float | None:
+    """The carry head's (DEFAULT_HEAD's) mean accepted on the same prompts, the yardstick any head is set
+    beside: the run's own figure when the head is the carry head; else one full-k pass of the carry head
+    through thread mode (the proxy's round loop on a thread, the `torch` drafter in this process: the
+    same drafts a worker would send, without a second worker process, so `--quick` stays quick), on
+    the same target engine when the carry head taps the same rows (else on one tapping its own); its
+    outputs join the lossless check as arm `carry`. None
+    when the carry head was made for another target than `model` (it cannot draft for it)."""
+    from ..model.head_shapes import load_head_shapes
+    from ..model.manifest import HeadManifest
+    from .arms import thread_shim
+
+    if os.path.realpath(head) == os.path.realpath(DEFAULT_HEAD):
+        return mean_accepted
+    carry = load_head_shapes(DEFAULT_HEAD)
+    if isinstance(carry, HeadManifest) and carry.target_id and tid and carry.target_id != tid:
+        say(f"carry head {DEFAULT_HEAD} was made for another target: no mean_accepted_carry")
+        return None
+    if (list(carry.tap_layers), carry.row_dtype) != (list(man.tap_layers), man.row_dtype) \
+            or carry.num_spec > man.num_spec:  # its own tap, and room for its N drafts past the last token
+        target = open_engine(model, DEFAULT_HEAD, max_batch=B, max_len=target.max_len + carry.num_spec)
+    shim = thread_shim(name, DEFAULT_HEAD, max_reqs=B, deadline_ms=deadline_ms, target_id=tid)
+    try:
+        st = SpecEngine(target, ShimDrafts(shim), max_batch=B, window=carry.window).run(reqs)
+    finally:
+        shim.close()
+    shown += mismatches(ref, st, "carry")  # its outputs are held to target-only's as every arm's are
+    say(f"carry head (thread mode, full k): mean accepted {st.mean_accepted_full:.2f}")
+    return round(st.full_accepted / max(1, st.full_rounds), 4)
 
 
 def _faults(sysm, target, reqs: list[Request], ref: RunStats, src: ShimDrafts, B: int, W: int,

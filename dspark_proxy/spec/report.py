@@ -5,12 +5,18 @@ from __future__ import annotations
 __all__ = ["format_eval"]
 
 
+def _f2(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
 def format_eval(r: dict) -> str:
     tps = r["tokens_per_s"]
     lines = [
         f"{r['prompts']} held-out prompts x {r['max_new']} tokens, batch {r['max_batch']}, N={r['num_spec']}, "
         f"{r['reps']} interleaved repetitions (medians), {r['elapsed_s']} s (load average {r.get('load_avg')})",
-        f"mean accepted      {r['mean_accepted']:.2f} of {r['num_spec']} (n-gram {r['mean_accepted_ngram']:.2f}); by position "
+        f"head               {r.get('head')} (the worker's {r.get('drafter')} drafter)",
+        f"mean accepted      {r['mean_accepted']:.2f} of {r['num_spec']} (n-gram {r['mean_accepted_ngram']:.2f}, carry head "
+        f"{_f2(r.get('mean_accepted_carry'))}); by position "
         f"{r['accept_by_position']} (n-gram {r['accept_by_position_ngram']}); all rounds {r['mean_accepted_all_rounds']:.2f}",
         f"draft length       verify while confidence >= {r['min_confidence']}: {r['mean_verified_policy']:.2f} "
         f"verified, {r['mean_accepted_policy']:.2f} accepted a full round",

@@ -70,7 +70,7 @@ def generate(prompts: list[np.ndarray], *, model: str = DEFAULT_MODEL, head: str
 
                 name = f"gen-{os.getpid()}"
                 stack.enter_context(SpecSystem(name, head, max_reqs=max_batch, deadline_ms=deadline_ms,
-                                               sampled=temperature > 0, seed=seed))
+                                               sampled=temperature > 0, seed=seed, target=model))
             from ..model.hf import target_id
 
             # the engine names its target: a worker whose head was made for another refuses it

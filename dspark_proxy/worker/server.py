@@ -27,6 +27,7 @@ import numpy as np
 from .. import __version__
 from ..conn import FramedConnection, listen_tcp
 from ..crc import WindowShifts
+from ..keep_awake import KeepAwake
 from ..metrics import LATENCY_BOUNDS_S
 from ..wire import (
     APP_HEADER_SIZE,
@@ -96,7 +97,7 @@ class WorkerServer:
                  handshake_timeout_s: float = 1.0, memory_budget_bytes: int | None = None,
                  max_sessions_per_conn: int = 4, max_handshakes: int = 16, adopt_shapes: bool = True,
                  max_window: int = MAX_WINDOW, target: str | None = None,
-                 row_dtype: str = "bfloat16", gpu_memory_budget_mb: int = 0) -> None:
+                 row_dtype: str = "bfloat16", gpu_memory_budget_mb: int = 0, keep_awake_ms: float = 0.0) -> None:
         self.layout = WireLayout(num_spec=num_spec, window=window, row_bytes=row_bytes, max_reqs=max_reqs,
                                  sampled=sampled)
         if token is not None and len(token) == 0:
@@ -142,6 +143,8 @@ class WorkerServer:
         self._served_lock = threading.Lock()
         self._draft_lock = threading.Lock()
         self._fault_counter = FaultCounter(self.faults)
+        self.keep_awake_ms = keep_awake_ms
+        self._awake = KeepAwake(0.0)  # start() makes the configured one (spinners live while it serves)
         self._stop = threading.Event()
         self._listener: socket.socket | None = None
         self._accept_thread: threading.Thread | None = None
@@ -180,6 +183,7 @@ class WorkerServer:
             return
         self.drafter = make_drafter(self.drafter_name, **self._drafter_args)
         self._check_budget()  # now with the drafter's per-slot state
+        self._awake = KeepAwake(self.keep_awake_ms, who="worker")
         try:
             self._listener = listen_tcp(self.host, self._port)
         except OSError as e:
@@ -223,6 +227,7 @@ class WorkerServer:
         for t in threads:
             if t is not threading.current_thread():
                 t.join(timeout_s)
+        self._awake.close()
 
     def __enter__(self) -> WorkerServer:
         self.start()
@@ -364,6 +369,7 @@ class WorkerServer:
             conn.send_parts([buf, buf])
             return True
         conn.send_parts([buf])
+        self._awake.kick()  # the next STEP's CPU awake and warm (--keep-awake-ms; off: a no-op)
         return True
 
     def _serve(self, session: Session, sv: StepView, out: ReplyWriter, layout: WireLayout, served: _Served) -> None:
