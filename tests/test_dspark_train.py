@@ -150,3 +150,25 @@ def test_bad_tap_layers_and_prompt_files_are_one_line_and_leave_nothing(tmp_path
     assert not out.exists()
     out, r = _train(tmp_path, "--prompts", str(tmp_path / "missing.txt"))
     assert r.exit_code != 0 and "missing.txt: no such file" in r.output and not out.exists()
+
+
+def test_every_valid_anchor_of_a_step_is_trained_by_default():
+    """--anchors 0 (the default) gives the reference's select_anchors room for every position it may
+    choose, so a step trains on all of its generated positions (the shipped head's old 384 of ~770 a step
+    left half of each epoch's positions unseen); a positive --anchors is passed through."""
+    from speculators.models.dflash.utils import select_anchors
+
+    from dspark_proxy.model.dspark_train import DSparkTrainConfig, _pack, step_anchors
+
+    assert DSparkTrainConfig().anchors == 0
+    N = 5
+    seqs = [{"toks": torch.arange(40 + 8 * d), "rows": torch.zeros(40 + 8 * d, 6), "last": torch.zeros(40 + 8 * d, 2),
+             "start": 12} for d in range(3)]
+    _, _, lm, _, doc, _ = _pack(seqs, N)
+    A = step_anchors(lm, N, 0)
+    anchors, ok = select_anchors(lm, A, N)
+    allowed = torch.nonzero(lm[0].bool() & (torch.arange(lm.shape[1]) < lm.shape[1] - N)).squeeze(-1)
+    assert ok.all() and torch.equal(anchors.sort().values, allowed)
+    # each document from its last prompt token to its second last token, less the packed row's last block
+    assert len(allowed) == sum(len(s["toks"]) - 12 for s in seqs) - (N - 1)
+    assert step_anchors(lm, N, 7) == 7

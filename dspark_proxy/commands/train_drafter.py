@@ -61,7 +61,8 @@ def _prompts(_ctx, _param, value: str | None) -> str | int | None:
               "(default 256).")
 @click.option("--gen-len", default=96, show_default=True)
 @click.option("--epochs", default=4, show_default=True)
-@click.option("--batch", default=8, show_default=True)
+@click.option("--batch", type=click.IntRange(1), default=None,
+              help="Sequences a step (head: 8; dspark: 2, where an anchor's cost grows with the packed step).")
 @click.option("--lr", type=float, default=None, help="Learning rate (head: 2e-3; dspark: 3e-3).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--threads", default=1, show_default=True, help="torch CPU threads.")
@@ -97,8 +98,8 @@ def _prompts(_ctx, _param, value: str | None) -> str | int | None:
 @click.option("--markov-rank", default=64, show_default=True, type=click.IntRange(0), help="dspark: Markov head rank.")
 @click.option("--markov-head", "markov_head", type=click.Choice(["vanilla", "gated", "rnn"]), default="vanilla",
               show_default=True, help="dspark: Markov head type (vLLM 0.32 serves vanilla only).")
-@click.option("--anchors", default=256, show_default=True, type=click.IntRange(1),
-              help="dspark: anchors a step (the reference's max_anchors).")
+@click.option("--anchors", default=0, show_default=True, type=click.IntRange(0),
+              help="dspark: anchors a step (the reference's max_anchors); 0: every valid position of the step.")
 @click.option("--mask-token-id", default=-1, show_default=True,
               help="dspark: the block's mask token (-1: the tokenizer's pad, else eos).")
 @click.option("--device", default="cpu", show_default=True, help="dspark: cpu or cuda.")
@@ -115,6 +116,7 @@ def train_drafter(target: str, out: str, layers: tuple[int, ...], row_dtype: str
         n_prompts, prompts = n_prompts or prompts, None
     lr = lr if lr is not None else (3e-3 if arch == "dspark" else 2e-3)
     prompt_len = prompt_len or (256 if arch == "dspark" and prompts else 32)
+    batch = batch or (2 if arch == "dspark" else 8)
     if arch == "dspark":
         _train_dspark(target, out, layers=layers, row_dtype=row_dtype, window=window, num_spec=num_spec,
                       prompts=prompts, n_prompts=n_prompts, held_share=held_share, eval_prompts=eval_sequences,

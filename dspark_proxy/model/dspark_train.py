@@ -25,7 +25,7 @@ import torch
 from .dspark_head import acceptance, build_dspark, fill_from_target, num_spec_of
 from .taps import HiddenTaps
 
-__all__ = ["DSparkTrainConfig", "train_dspark", "check_before_work"]
+__all__ = ["DSparkTrainConfig", "train_dspark", "check_before_work", "step_anchors"]
 
 _ROW_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -49,8 +49,9 @@ class DSparkTrainConfig:
     prompt_len: int = 32  # without --prompts: tokens a stdlib prompt; with: the last this many (0: all)
     gen_len: int = 96
     epochs: int = 4
-    batch: int = 8
-    anchors: int = 256  # anchors a step (the reference's max_anchors)
+    batch: int = 2  # sequences a step: the reference's eager mask is dense over the packed row and every
+    # anchor block, so an anchor costs ~ (packed length + anchors x N): small steps are ~3x cheaper an anchor
+    anchors: int = 0  # anchors a step (the reference's max_anchors); 0: every valid position of the step
     lr: float = 3e-3
     seed: int = 0
     threads: int = 1
@@ -143,6 +144,16 @@ def _pack(seqs: list[dict], N: int) -> tuple[torch.Tensor, ...]:
     return rows, ids, torch.cat(lm)[None], last, torch.cat(doc)[None], torch.cat(pos)[None]
 
 
+def step_anchors(loss_mask: torch.Tensor, block_size: int, anchors: int) -> int:
+    """max_anchors for one packed step: `anchors`, or with 0 every position the reference's
+    select_anchors may choose (loss mask on, not in the packed row's last block), so none is dropped."""
+    if anchors > 0:
+        return anchors
+    valid = loss_mask[0].bool().clone()
+    valid[-block_size:] = False
+    return max(1, int(valid.sum()))
+
+
 def _data_key(target: Path, cfg: DSparkTrainConfig, which: str, prompts_digest: str) -> str:
     h = hashlib.sha256(f"{target.resolve()}|{cfg.layers}|{cfg.row_dtype}|{cfg.gen_len}|{cfg.prompt_len}|"
                        f"{cfg.n_prompts}|{cfg.eval_prompts}|{cfg.held_share}|{cfg.seed}|{prompts_digest}".encode())
@@ -199,7 +210,6 @@ def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool 
     from speculators.models.dspark import DSparkDraftModel
 
     kw, _ = DSparkDraftModel.get_trainer_kwargs(loss_fn="kl_div", loss_implementation="eager")
-    kw["max_anchors"] = cfg.anchors
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01)
     steps_per_epoch = (len(train) + cfg.batch - 1) // cfg.batch
@@ -249,6 +259,7 @@ def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool 
                     g["lr"] = lr_at(epoch * steps_per_epoch + i)
                 b = [train[int(j)] for j in order[i * cfg.batch:(i + 1) * cfg.batch]]
                 rows, ids, lm, last, doc, pos = (t.to(dev) for t in _pack(b, N))
+                kw["max_anchors"] = step_anchors(lm, draft.block_size, cfg.anchors)
                 with torch.no_grad():
                     last = final(last)
                 _, loss, _m = draft(rows, ids, lm, last, doc, pos, **kw)
