@@ -14,6 +14,7 @@ typedef float v16 __attribute__((vector_size(64)));
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define TC __attribute__((target_clones("avx512f", "avx2", "default")))
+#define HM_MM8 /* the products on an AVX2 CPU without AVX-512 go to _headmm_mm8.c's 8-float kernel */
 #else
 #define TC
 #endif
@@ -73,6 +74,9 @@ HM_LOCAL void top1_rows(const float *l, Py_ssize_t B, Py_ssize_t V, long long *c
  * out = resid + (out + bias) */
 HM_LOCAL void mm_block(const float *x, const float *wp, float *out, Py_ssize_t R, Py_ssize_t K, Py_ssize_t M,
                        Py_ssize_t b0, Py_ssize_t b1);
+/* _headmm_mm8.c: mm_block in 8-float vectors, which mm_block calls on an AVX2 CPU without AVX-512 */
+HM_LOCAL void mm_block8(const float *x, const float *wp, float *out, Py_ssize_t R, Py_ssize_t K, Py_ssize_t M,
+                        Py_ssize_t b0, Py_ssize_t b1);
 HM_LOCAL void rms_rows(const float *x, float *y, Py_ssize_t R, Py_ssize_t K, float eps);
 HM_LOCAL void epilogue(float *out, const float *bias, const float *resid, Py_ssize_t R, Py_ssize_t M);
 HM_LOCAL int get_f32(PyObject *o, Py_buffer *b, int min_ndim, int writable, const char *name);
