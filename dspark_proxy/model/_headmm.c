@@ -23,8 +23,10 @@
  * packed once (below). Measured: with bfloat16 panels widened on load (the shipped weights are
  * bfloat16) the products were 2x slower, not faster: at 4 rows the tile is bound by its multiplies
  * and adds, and at one row the widening cost more than the bytes it saved. 16-float vectors: one
- * AVX-512 register (measured on the dev machine's AMD EPYC: 1.5-1.9x 8-float tiles at 4-20 rows),
- * two AVX2 ones, four SSE2 ones.
+ * AVX-512 register (measured on an AVX-512 AMD EPYC: 1.5-1.9x 8-float tiles at 4-20 rows). Without
+ * AVX-512 GCC has no register for them and kept each in memory (1 GMAC/s, 40x numpy, on an AVX2-only
+ * EPYC: docs/heads.md), so an AVX2 CPU without AVX-512 goes to _headmm_mm8.c's 8-float tiles, the same
+ * sums in the same order; the SSE2 clone (no AVX2) still pays that cost.
  *
  * Threads: a product over HM_PAR_MIN multiply-adds splits into chunks of rows x panels that the
  * calling thread and its helpers claim (_headmm_par.c); each element is computed whole by one thread
