@@ -34,7 +34,7 @@ setup(
             sources=["dspark_proxy/model/_headmm.c", "dspark_proxy/model/_headmm_fn.c",
                      "dspark_proxy/model/_headmm_par.c", "dspark_proxy/model/_headmm_step.c",
                      "dspark_proxy/model/_headmm_bb.c", "dspark_proxy/model/_headmm_proj.c",
-                     "dspark_proxy/model/_headmm_mm8.c"],
+                     "dspark_proxy/model/_headmm_mm8.c", "dspark_proxy/model/_headmm_fn8.c"],
             depends=["dspark_proxy/model/_headmm.h"],
             extra_compile_args=[*_FLAGS, "-O3", "-ffp-contract=off", "-pthread"],
             extra_link_args=["-pthread"],

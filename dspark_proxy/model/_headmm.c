@@ -95,10 +95,7 @@ static inline __attribute__((always_inline)) void row1p(const float *x0, Py_ssiz
  * again: one pass over w instead of one a row); a single row goes 4 panels at a time. Only panels
  * [b0, b1) (columns 32 b0 .. 32 b1): a chunk of the product for one thread (_headmm_par.c), each
  * element by the same code whatever the chunk. */
-#ifdef HM_MM8
-__attribute__((target_clones("avx512f", "default"))) /* AVX2 without AVX-512: mm_block8, below */
-#endif
-static void mm_block16(const float *x, const float *wp, float *out, Py_ssize_t R, Py_ssize_t K, Py_ssize_t M,
+TC16 static void mm_block16(const float *x, const float *wp, float *out, Py_ssize_t R, Py_ssize_t K, Py_ssize_t M,
                        Py_ssize_t b0, Py_ssize_t b1) {
     Py_ssize_t r = 0;
     for (; R - r >= 2; r += 4) {
@@ -122,13 +119,11 @@ static void mm_block16(const float *x, const float *wp, float *out, Py_ssize_t R
     }
 }
 
-/* On an AVX2 CPU without AVX-512 a v16 has no register of its own and GCC kept each in memory (mm_block16's
- * avx2 clone ran at 1 GMAC/s): there the 8-float kernel of _headmm_mm8.c, the same sums in the same order.
- * __builtin_cpu_supports reads a flag set at load time. */
+/* on an AVX2 CPU without AVX-512, the 8-float kernel (_headmm.h HM_USE8: a flag read, set at load time) */
 void mm_block(const float *x, const float *wp, float *out, Py_ssize_t R, Py_ssize_t K, Py_ssize_t M,
               Py_ssize_t b0, Py_ssize_t b1) {
 #ifdef HM_MM8
-    if (__builtin_cpu_supports("avx2") && !__builtin_cpu_supports("avx512f")) {
+    if (HM_USE8()) {
         mm_block8(x, wp, out, R, K, M, b0, b1);
         return;
     }

@@ -19,11 +19,6 @@
 
 #pragma GCC target("avx2")
 
-typedef float v8 __attribute__((vector_size(32)));
-typedef float v8u __attribute__((vector_size(32), aligned(4)));
-#define LD8(p) (*(const v8u *)(p))
-#define ST8(p, v) (*(v8u *)(p) = (v))
-
 /* rows x[0..3], 16 columns of a panel from p (a row of the panel every PW floats) → o[0..3] (the first
  * `ncol` written): 8 accumulators, 2 loads of w and 4 broadcasts a k, 11 of the 16 registers */
 static inline __attribute__((always_inline)) void tile4h(const float *const *x, Py_ssize_t K, const float *p,
