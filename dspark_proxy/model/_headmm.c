@@ -26,7 +26,7 @@
  * AVX-512 register (measured on an AVX-512 AMD EPYC: 1.5-1.9x 8-float tiles at 4-20 rows). Without
  * AVX-512 GCC has no register for them and kept each in memory (1 GMAC/s, 40x numpy, on an AVX2-only
  * EPYC: docs/heads.md), so an AVX2 CPU without AVX-512 goes to _headmm_mm8.c's 8-float tiles, the same
- * sums in the same order; the SSE2 clone (no AVX2) still pays that cost.
+ * sums in the same order (GELU, top-1, attention likewise); the SSE2 clone (no AVX2) still pays.
  *
  * Threads: a product over HM_PAR_MIN multiply-adds splits into chunks of rows x panels that the
  * calling thread and its helpers claim (_headmm_par.c); each element is computed whole by one thread

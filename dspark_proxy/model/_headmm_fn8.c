@@ -3,7 +3,7 @@
  * where a 16-float vector has no register and GCC kept each in memory (as the products: _headmm_mm8.c).
  *
  * The same bytes as _headmm_fn.c: the GELU and exp are elementwise, the same operations on each lane
- * (exp8 is _headmm.h's exp16 line for line); top-1 keeps the 16 interleaved lanes of its max and of its
+ * (_headmm.h's exp8 is its exp16 line for line); top-1 keeps the 16 interleaved lanes of its max and of its
  * sum as two 8-float halves (lanes 0-7, 8-15), each lane's double sum in the same order, and adds them
  * up lane 0 to 15 as top1_rows16 does (model/headmm.py `top1_reference` defines it).
  */
@@ -16,26 +16,6 @@
 typedef float v4 __attribute__((vector_size(16)));
 typedef double v4d __attribute__((vector_size(32)));
 
-#define SEL8(m, a, b) ((v8)(((m) & (v8i)(a)) | (~(m) & (v8i)(b))))
-
-/* exp16 (_headmm.h) on 8 lanes */
-static inline __attribute__((always_inline)) v8 exp8(v8 y) {
-    const v8 floor_ = y * 0.0f - 87.0f;
-    y = SEL8(y < floor_, floor_, y);
-    v8 nr = y * G_INV_LN2 + G_RND;
-    v8 n = nr - G_RND;
-    v8 r = (y - n * G_LN2_HI) - n * G_LN2_LO;
-    v8 e = r * (1.0f / 5040.0f) + 1.0f / 720.0f;
-    e = e * r + 1.0f / 120.0f;
-    e = e * r + 1.0f / 24.0f;
-    e = e * r + 1.0f / 6.0f;
-    e = e * r + 0.5f;
-    e = e * r + 1.0f;
-    e = e * r + 1.0f;
-    v8i bits = ((v8i)nr - G_RND_BITS + 127) << 23;
-    return e * (v8)bits;
-}
-
 /* _headmm_fn.c's gelu16 on 8 lanes */
 static inline __attribute__((always_inline)) void gelu8(const float *xs, float *out) {
     v8 x = LD8(xs);
@@ -46,7 +26,8 @@ static inline __attribute__((always_inline)) void gelu8(const float *xs, float *
     v8i neg = z < 0.0f;
     v8 az = SEL8(neg, -z, z);
     v8 t = 1.0f / (1.0f + G_P * az);
-    v8 e = exp8(-(az * az));
+    v8 e = -(az * az);
+    exp8(&e);
     v8 poly = ((((G_A5 * t + G_A4) * t + G_A3) * t + G_A2) * t + G_A1) * t;
     v8 erfa = 1.0f - poly * e;
     v8 erf = SEL8(neg, -erfa, erfa);
@@ -129,7 +110,7 @@ void top1_rows8(const float *l, Py_ssize_t B, Py_ssize_t V, long long *c_out, fl
                     t[k] = j + k < V ? l[j + k] : top;
                 e0 = LD8(t) - topv, e1 = LD8(t + 8) - topv;
             }
-            e0 = exp8(e0), e1 = exp8(e1);
+            exp8(&e0), exp8(&e1);
             if (j + 16 > V)
                 for (int k = 0; k < 16; k++)
                     if (j + k >= V) {
@@ -145,8 +126,11 @@ void top1_rows8(const float *l, Py_ssize_t B, Py_ssize_t V, long long *c_out, fl
         for (int k = 1; k < 16; k++)
             tot = tot + p[k / 4][k % 4];
         double e2 = -1.0;
-        if (V > 1)
-            e2 = (double)exp8((v8){0} + (second - top))[0];
+        if (V > 1) {
+            v8 dv = (v8){0} + (second - top);
+            exp8(&dv);
+            e2 = (double)dv[0];
+        }
         c_out[b] = (long long)c;
         cm[2 * b] = (float)(1.0 / tot);
         cm[2 * b + 1] = (float)((1.0 - e2) / tot);
