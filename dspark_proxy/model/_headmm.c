@@ -23,8 +23,10 @@
  * packed once (below). Measured: with bfloat16 panels widened on load (the shipped weights are
  * bfloat16) the products were 2x slower, not faster: at 4 rows the tile is bound by its multiplies
  * and adds, and at one row the widening cost more than the bytes it saved. 16-float vectors: one
- * AVX-512 register (measured on the dev machine's AMD EPYC: 1.5-1.9x 8-float tiles at 4-20 rows),
- * two AVX2 ones, four SSE2 ones.
+ * AVX-512 register (measured on an AVX-512 AMD EPYC: 1.5-1.9x 8-float tiles at 4-20 rows). Without
+ * AVX-512 GCC has no register for them and kept each in memory (1 GMAC/s, 40x numpy, on an AVX2-only
+ * EPYC: docs/heads.md), so an AVX2 CPU without AVX-512 goes to _headmm_mm8.c's 8-float tiles, the same
+ * sums in the same order (GELU, top-1, attention likewise); the SSE2 clone (no AVX2) still pays.
  *
  * Threads: a product over HM_PAR_MIN multiply-adds splits into chunks of rows x panels that the
  * calling thread and its helpers claim (_headmm_par.c); each element is computed whole by one thread
@@ -93,8 +95,8 @@ static inline __attribute__((always_inline)) void row1p(const float *x0, Py_ssiz
  * again: one pass over w instead of one a row); a single row goes 4 panels at a time. Only panels
  * [b0, b1) (columns 32 b0 .. 32 b1): a chunk of the product for one thread (_headmm_par.c), each
  * element by the same code whatever the chunk. */
-TC void mm_block(const float *x, const float *wp, float *out, Py_ssize_t R, Py_ssize_t K, Py_ssize_t M,
-                 Py_ssize_t b0, Py_ssize_t b1) {
+TC16 static void mm_block16(const float *x, const float *wp, float *out, Py_ssize_t R, Py_ssize_t K, Py_ssize_t M,
+                       Py_ssize_t b0, Py_ssize_t b1) {
     Py_ssize_t r = 0;
     for (; R - r >= 2; r += 4) {
         const float *xs[4];
@@ -115,6 +117,18 @@ TC void mm_block(const float *x, const float *wp, float *out, Py_ssize_t R, Py_s
         for (; b < b1; b++)
             row1p(x + r * K, K, wp + b * K * PW, out + r * M + b * PW, M - b * PW < PW ? M - b * PW : PW);
     }
+}
+
+/* on an AVX2 CPU without AVX-512, the 8-float kernel (_headmm.h HM_USE8: a flag read, set at load time) */
+void mm_block(const float *x, const float *wp, float *out, Py_ssize_t R, Py_ssize_t K, Py_ssize_t M,
+              Py_ssize_t b0, Py_ssize_t b1) {
+#ifdef HM_MM8
+    if (HM_USE8()) {
+        mm_block8(x, wp, out, R, K, M, b0, b1);
+        return;
+    }
+#endif
+    mm_block16(x, wp, out, R, K, M, b0, b1);
 }
 
 /* RMS norm of each row: s = sum over k in order of x*x (float32), y = x * (1 / sqrt(s / K + eps)) */

@@ -14,8 +14,15 @@ typedef float v16 __attribute__((vector_size(64)));
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define TC __attribute__((target_clones("avx512f", "avx2", "default")))
+/* Without AVX-512 GCC has no register for a v16 and keeps each in memory (docs/heads.md: 1 GMAC/s), so on
+ * an AVX2 CPU without AVX-512 the products, GELU, top-1 and attention go to 8-float kernels (_headmm_mm8.c,
+ * _headmm_fn8.c, _headmm_bb.c; the same arithmetic, the same bytes); the 16-float ones clone for the others. */
+#define HM_MM8
+#define TC16 __attribute__((target_clones("avx512f", "default")))
+#define HM_USE8() (__builtin_cpu_supports("avx2") && !__builtin_cpu_supports("avx512f"))
 #else
 #define TC
+#define TC16
 #endif
 
 /* an unaligned 16-float load or store (a vector type aliases its element type) */
@@ -41,6 +48,13 @@ typedef float v16fu __attribute__((vector_size(64), aligned(4)));
 #define G_INV_LN2 1.44269504088896341f
 #define G_RND 12582912.0f /* 1.5 * 2^23: v + RND - RND rounds v to an integer (ties to even) */
 #define G_RND_BITS 0x4B400000 /* RND's bits */
+/* GELU's erf, Abramowitz & Stegun 7.1.26 (_headmm_fn.c) */
+#define G_P 0.3275911f
+#define G_A1 0.254829592f
+#define G_A2 -0.284496736f
+#define G_A3 1.421413741f
+#define G_A4 -1.453152027f
+#define G_A5 1.061405429f
 
 
 /* exp(y) for y <= 0 (y clamped to >= -87, where 2^n is still a normal float): n = round(y / ln 2) by
@@ -64,15 +78,48 @@ static inline __attribute__((always_inline)) void exp16(v16 *py) {
     *py = e * (v16)bits;
 }
 
+/* 8-float vectors, for the AVX2 kernels (_headmm_mm8.c, _headmm_fn8.c, attend_one8 in _headmm_bb.c: each
+ * compiled for AVX2 by #pragma GCC target; HM_USE8 picks them) */
+typedef float v8 __attribute__((vector_size(32)));
+typedef int v8i __attribute__((vector_size(32)));
+typedef float v8u __attribute__((vector_size(32), aligned(4))); /* unaligned */
+#define LD8(p) (*(const v8u *)(p))
+#define ST8(p, v) (*(v8u *)(p) = (v))
+#define SEL8(m, a, b) ((v8)(((m) & (v8i)(a)) | (~(m) & (v8i)(b))))
+
+/* exp16 (above) on 8 lanes, line for line: the same bits a lane; for the AVX2 functions only */
+static inline __attribute__((always_inline)) void exp8(v8 *py) {
+    v8 y = *py;
+    const v8 floor_ = y * 0.0f - 87.0f;
+    y = SEL8(y < floor_, floor_, y);
+    v8 nr = y * G_INV_LN2 + G_RND;
+    v8 n = nr - G_RND;
+    v8 r = (y - n * G_LN2_HI) - n * G_LN2_LO;
+    v8 e = r * (1.0f / 5040.0f) + 1.0f / 720.0f;
+    e = e * r + 1.0f / 120.0f;
+    e = e * r + 1.0f / 24.0f;
+    e = e * r + 1.0f / 6.0f;
+    e = e * r + 0.5f;
+    e = e * r + 1.0f;
+    e = e * r + 1.0f;
+    v8i bits = ((v8i)nr - G_RND_BITS + 127) << 23;
+    *py = e * (v8)bits;
+}
+
 /* _headmm_fn.c: elementwise GELU, and each row's top-1 (arg max, [confidence, margin]) */
 #define HM_LOCAL __attribute__((visibility("hidden"))) /* the module exports PyInit__headmm only */
-HM_LOCAL void gelu_rows(const float *x, float *y, Py_ssize_t n); /* each defined with TC there */
+HM_LOCAL void gelu_rows(const float *x, float *y, Py_ssize_t n); /* each calls its version for the CPU */
 HM_LOCAL void top1_rows(const float *l, Py_ssize_t B, Py_ssize_t V, long long *c_out, float *cm);
 
 /* _headmm.c: rows x[0..R) times panels [b0, b1) of wp into out (R rows of M); an RMS norm of each row;
  * out = resid + (out + bias) */
 HM_LOCAL void mm_block(const float *x, const float *wp, float *out, Py_ssize_t R, Py_ssize_t K, Py_ssize_t M,
                        Py_ssize_t b0, Py_ssize_t b1);
+/* _headmm_mm8.c, _headmm_fn8.c: mm_block, gelu_rows and top1_rows in 8-float vectors (HM_USE8) */
+HM_LOCAL void mm_block8(const float *x, const float *wp, float *out, Py_ssize_t R, Py_ssize_t K, Py_ssize_t M,
+                        Py_ssize_t b0, Py_ssize_t b1);
+HM_LOCAL void gelu_rows8(const float *x, float *y, Py_ssize_t n);
+HM_LOCAL void top1_rows8(const float *l, Py_ssize_t B, Py_ssize_t V, long long *c_out, float *cm);
 HM_LOCAL void rms_rows(const float *x, float *y, Py_ssize_t R, Py_ssize_t K, float eps);
 HM_LOCAL void epilogue(float *out, const float *bias, const float *resid, Py_ssize_t R, Py_ssize_t M);
 HM_LOCAL int get_f32(PyObject *o, Py_buffer *b, int min_ndim, int writable, const char *name);

@@ -57,7 +57,7 @@ static inline __attribute__((always_inline)) void softmax_row(float *s, Py_ssize
         s[i] = s[i] / z;
 }
 
-TC static void attend_one(const bb_w *w, const float *win, Py_ssize_t len, const float *q, float *att, Py_ssize_t n,
+TC16 static void attend_one(const bb_w *w, const float *win, Py_ssize_t len, const float *q, float *att, Py_ssize_t n,
                           float *scr, int build) {
     const Py_ssize_t W = w->W, d = w->d, H = w->H, dh = d / H, i0 = W - len, Wp = (W + 15) / 16 * 16;
     float *kt = scr, *vv = kt + d * Wp, *s = vv + W * d;
@@ -113,9 +113,98 @@ TC static void attend_one(const bb_w *w, const float *win, Py_ssize_t len, const
         }
 }
 
+#ifdef HM_MM8
+#pragma GCC push_options
+#pragma GCC target("avx2")
+/* attend_one and softmax_row in 8-float vectors, for an AVX2 CPU without AVX-512 (_headmm.h HM_MM8):
+ * every lane the same operations in the same order (a 16-row block of scores and a 16-column block of
+ * values as two 8-lane halves), so the same bytes; the keys and values built as there */
+static void softmax_row8(float *s, Py_ssize_t i0, Py_ssize_t W, Py_ssize_t Wp) {
+    float mx = -INFINITY;
+    for (Py_ssize_t i = i0; i < W; i++)
+        mx = s[i] > mx ? s[i] : mx;
+    for (Py_ssize_t i = 0; i < Wp; i += 8) {
+        v8 e = LD8(s + i) - mx;
+        const v8 zero = {0};
+        e = SEL8(e > zero, zero, e);
+        exp8(&e);
+        ST8(s + i, e);
+    }
+    float z = 0.0f;
+    for (Py_ssize_t i = i0; i < W; i++)
+        z = z + s[i];
+    for (Py_ssize_t i = i0; i < W; i++)
+        s[i] = s[i] / z;
+}
+
+static void attend_one8(const bb_w *w, const float *win, Py_ssize_t len, const float *q, float *att, Py_ssize_t n,
+                        float *scr, int build) {
+    const Py_ssize_t W = w->W, d = w->d, H = w->H, dh = d / H, i0 = W - len, Wp = (W + 15) / 16 * 16;
+    float *kt = scr, *vv = kt + d * Wp, *s = vv + W * d;
+    const float scale = w->scale;
+    if (build) {
+        for (Py_ssize_t c = 0; c < d; c++) {
+            for (Py_ssize_t i = 0; i < i0; i++)
+                kt[c * Wp + i] = 0.0f;
+            for (Py_ssize_t i = W; i < Wp; i++)
+                kt[c * Wp + i] = 0.0f;
+        }
+        for (Py_ssize_t i = i0; i < W; i++) {
+            const float *r = win + i * 3 * d + d, *p = w->pos + i * 2 * d;
+            for (Py_ssize_t c = 0; c < d; c++)
+                kt[c * Wp + i] = r[c] + p[c];
+            for (Py_ssize_t c = 0; c < d; c++)
+                vv[i * d + c] = r[d + c] + p[d + c];
+        }
+    }
+    for (Py_ssize_t h = 0; h < H; h++)
+        for (Py_ssize_t j0 = 0; j0 < n; j0 += 4) {
+            const Py_ssize_t nj = n - j0 < 4 ? n - j0 : 4;
+            const float *q0 = q + j0 * d + h * dh;
+            const float *qr[4] = {q0, q0 + (nj > 1) * d, q0 + (nj > 2) * 2 * d, q0 + (nj > 3) * 3 * d};
+            for (Py_ssize_t blk = 0; blk < Wp; blk += 8) {
+                v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+                const float *kr = kt + h * dh * Wp + blk;
+                for (Py_ssize_t k = 0; k < dh; k++, kr += Wp) {
+                    const v8 kv = LD8(kr);
+                    a0 = a0 + (qr[0][k] * scale) * kv, a1 = a1 + (qr[1][k] * scale) * kv;
+                    a2 = a2 + (qr[2][k] * scale) * kv, a3 = a3 + (qr[3][k] * scale) * kv;
+                }
+                ST8(s + blk, a0), ST8(s + Wp + blk, a1), ST8(s + 2 * Wp + blk, a2), ST8(s + 3 * Wp + blk, a3);
+            }
+            for (Py_ssize_t u = 0; u < nj; u++) {
+                float *su = s + u * Wp, *o = att + (j0 + u) * d + h * dh;
+                softmax_row8(su, i0, W, Wp);
+                Py_ssize_t k = 0;
+                for (; k + 16 <= dh; k += 16) {
+                    v8 acc0 = {0}, acc1 = {0};
+                    const float *vr = vv + i0 * d + h * dh + k;
+                    for (Py_ssize_t i = i0; i < W; i++, vr += d)
+                        acc0 = acc0 + su[i] * LD8(vr), acc1 = acc1 + su[i] * LD8(vr + 8);
+                    ST8(o + k, acc0), ST8(o + k + 8, acc1);
+                }
+                for (; k < dh; k++) {
+                    float acc = 0.0f;
+                    for (Py_ssize_t i = i0; i < W; i++)
+                        acc = acc + su[i] * vv[i * d + h * dh + k];
+                    o[k] = acc;
+                }
+            }
+        }
+}
+#pragma GCC pop_options
+#endif
+
 static void attend_chunk(void *arg, Py_ssize_t b) {
     const att_job *j = arg;
     const bb_w *w = j->w;
+#ifdef HM_MM8
+    if (HM_USE8()) {
+        attend_one8(w, j->win + b * w->W * 3 * w->d, (Py_ssize_t)j->lens[b], j->q + b * j->n * w->d,
+                    j->att + b * j->n * w->d, j->n, j->scr + b * j->per, j->build);
+        return;
+    }
+#endif
     attend_one(w, j->win + b * w->W * 3 * w->d, (Py_ssize_t)j->lens[b], j->q + b * j->n * w->d,
                j->att + b * j->n * w->d, j->n, j->scr + b * j->per, j->build);
 }

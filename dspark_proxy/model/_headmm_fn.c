@@ -13,12 +13,7 @@
  * Within 5e-7 of the exact GELU (torch's float32 one: 1.1e-6). 16 lanes at a time: libm's erf, one element
  * at a time, cost 5x torch's call, and torch's call itself is ~7 us, most of a small step. */
 
-#define G_P 0.3275911f
-#define G_A1 0.254829592f
-#define G_A2 -0.284496736f
-#define G_A3 1.421413741f
-#define G_A4 -1.453152027f
-#define G_A5 1.061405429f
+/* its constants G_P, G_A1..G_A5: _headmm.h */
 
 /* out[0..15] = GELU(x[0..15]) */
 static inline __attribute__((always_inline)) void gelu16(const float *xs, float *out) {
@@ -38,7 +33,7 @@ static inline __attribute__((always_inline)) void gelu16(const float *xs, float 
     *(v16fu *)out = 0.5f * x * (1.0f + erf);
 }
 
-TC void gelu_rows(const float *x, float *y, Py_ssize_t n) {
+TC16 static void gelu_rows16(const float *x, float *y, Py_ssize_t n) {
     Py_ssize_t i = 0;
     for (; i + 16 <= n; i += 16)
         gelu16(x + i, y + i);
@@ -89,7 +84,7 @@ static inline __attribute__((always_inline)) float vmax_skip(const float *l, Py_
     return r;
 }
 
-TC void top1_rows(const float *l, Py_ssize_t B, Py_ssize_t V, long long *c_out, float *cm) {
+TC16 static void top1_rows16(const float *l, Py_ssize_t B, Py_ssize_t V, long long *c_out, float *cm) {
     for (Py_ssize_t b = 0; b < B; b++, l += V) {
         int nan;
         float top = vmax_skip(l, V, -1, &nan);
@@ -139,4 +134,25 @@ TC void top1_rows(const float *l, Py_ssize_t B, Py_ssize_t V, long long *c_out, 
         cm[2 * b] = (float)(1.0 / tot);
         cm[2 * b + 1] = (float)((1.0 - e2) / tot);
     }
+}
+
+/* on an AVX2 CPU without AVX-512, the 8-float versions (_headmm_fn8.c: the same bytes) */
+void gelu_rows(const float *x, float *y, Py_ssize_t n) {
+#ifdef HM_MM8
+    if (HM_USE8()) {
+        gelu_rows8(x, y, n);
+        return;
+    }
+#endif
+    gelu_rows16(x, y, n);
+}
+
+void top1_rows(const float *l, Py_ssize_t B, Py_ssize_t V, long long *c_out, float *cm) {
+#ifdef HM_MM8
+    if (HM_USE8()) {
+        top1_rows8(l, B, V, c_out, cm);
+        return;
+    }
+#endif
+    top1_rows16(l, B, V, c_out, cm);
 }
