@@ -103,7 +103,7 @@ def test_fast_forward_equals_the_reference(case):
     batch = _row([3, 11, 6, 20])
     for anchors in (9, 60):
         ref, fast = _backbones(draft, batch, anchors)
-        for name, r, f in zip(("hidden", "logits", "targets", "loss mask", "block indices"), ref, fast):
+        for name, r, f in zip(("hidden", "logits", "targets", "loss mask", "block indices"), ref, fast, strict=True):
             assert r.shape == f.shape, name
             assert _max_diff(r, f) <= TOL, (name, _max_diff(r, f))
         lr, mr, gr = _run(draft, batch, anchors, fast=False)

@@ -52,9 +52,11 @@ def fast_backbone_forward(draft, hidden_states: torch.Tensor, input_ids: torch.T
     ctx_all = draft.hidden_norm(draft.fc(hidden_states))[0]  # [T, H]
     block_idx = get_base_indices_for_anchored_blocks(anchors, N)  # [A * N]
 
-    with torch.no_grad():  # the reference's targets: the verifier's logits at each block position
+    with torch.no_grad():  # the reference's targets, the verifier's logits at each block position:
+        # a row is in up to N blocks, so each row's logits are computed once and gathered
         tgt_idx = block_idx if draft.config.sample_from_anchor else (block_idx - 1) % T
-        targets = draft.verifier_lm_head(draft.verifier_norm(verifier_last_hidden_states[:, tgt_idx]))
+        used, inv = torch.unique(tgt_idx, return_inverse=True)
+        targets = draft.verifier_lm_head(draft.verifier_norm(verifier_last_hidden_states[:, used]))[:, inv]
 
     pos = position_ids[0]
     doc = document_ids[0].to(dev)
