@@ -62,7 +62,7 @@ def _prompts(_ctx, _param, value: str | None) -> str | int | None:
 @click.option("--gen-len", default=96, show_default=True)
 @click.option("--epochs", default=4, show_default=True)
 @click.option("--batch", type=click.IntRange(1), default=None,
-              help="Sequences a step (head: 8; dspark: 2, where an anchor's cost grows with the packed step).")
+              help="Sequences a step (head: 8; dspark: 2).")
 @click.option("--lr", type=float, default=None, help="Learning rate (head: 2e-3; dspark: 3e-3).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--threads", default=1, show_default=True, help="torch CPU threads.")
