@@ -98,10 +98,10 @@ CASES = [
 def test_fast_forward_equals_the_reference(case):
     draft = _draft(**case)
     N = draft.block_size
-    # documents shorter and longer than the window, packed; anchors: a sample, then more than the
-    # valid positions (the rest padded at position 0, as the reference pads them)
+    # documents shorter and longer than the window, packed; anchors: a sample, or (every other case)
+    # more than the valid positions (the rest padded at position 0, as the reference pads them)
     batch = _row([3, 11, 6, 20])
-    for anchors in (9, 60):
+    for anchors in ((9, 60) if case == {} else (9,) if CASES.index(case) % 2 else (60,)):
         ref, fast = _backbones(draft, batch, anchors)
         for name, r, f in zip(("hidden", "logits", "targets", "loss mask", "block indices"), ref, fast, strict=True):
             assert r.shape == f.shape, name
