@@ -107,6 +107,26 @@ def test_train_from_a_prompt_file_loads_in_speculators_and_vllm(tmp_path, monkey
     assert v.architectures == ["Qwen3DSparkModel"] and 0 <= v.mask_token_id < v.vocab_size
 
 
+def test_the_reference_forward_flag_trains_the_same_head(tmp_path, monkeypatch):
+    """`--reference-forward` (the reference's dense-mask backbone) and the default block-local forward
+    (dspark_proxy/model/dspark_fast.py) train the same weights from the same seed."""
+    from safetensors.torch import load_file
+
+    monkeypatch.chdir(ROOT)
+    pf = tmp_path / "prompts.txt"
+    pf.write_text("".join(f"def function_{i}(value):\n" for i in range(8)))
+    args = ("--prompts", str(pf), "--held-share", "0.3", "--target", str(TARGET.relative_to(ROOT)))
+    got = []
+    for extra in ((), ("--reference-forward",)):  # the second reuses the cached generations
+        out, r = _train(tmp_path, *args, *extra)
+        assert r.exit_code == 0, r.output
+        got.append((json.loads(r.output[r.output.rindex('{"mean_accepted"'):].splitlines()[0]),
+                    load_file(str(out / "model.safetensors"))))
+    (fast, wf), (ref, wr) = got
+    assert abs(fast["loss_per_epoch"][0] - ref["loss_per_epoch"][0]) <= 2e-4
+    assert wf.keys() == wr.keys() and max(float((wf[k] - wr[k]).abs().max()) for k in wf) <= 1e-4
+
+
 def test_offline_drafting_matches_the_references_training_forward(tmp_path, monkeypatch):
     """greedy_drafts runs the reference's modules with its own masks; its block hidden states equal
     those of DSparkDraftModel's training forward at the same anchors (short and long contexts)."""

@@ -62,7 +62,7 @@ def _prompts(_ctx, _param, value: str | None) -> str | int | None:
 @click.option("--gen-len", default=96, show_default=True)
 @click.option("--epochs", default=4, show_default=True)
 @click.option("--batch", type=click.IntRange(1), default=None,
-              help="Sequences a step (head: 8; dspark: 2, where an anchor's cost grows with the packed step).")
+              help="Sequences a step (head: 8; dspark: 2).")
 @click.option("--lr", type=float, default=None, help="Learning rate (head: 2e-3; dspark: 3e-3).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--threads", default=1, show_default=True, help="torch CPU threads.")
@@ -103,6 +103,9 @@ def _prompts(_ctx, _param, value: str | None) -> str | int | None:
 @click.option("--mask-token-id", default=-1, show_default=True,
               help="dspark: the block's mask token (-1: the tokenizer's pad, else eos).")
 @click.option("--device", default="cpu", show_default=True, help="dspark: cpu or cuda.")
+@click.option("--reference-forward", is_flag=True,
+              help="dspark: train with the reference's own dense-mask forward (slow; the default block-local "
+              "one equals it, tests/test_dspark_fast.py).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object (last line).")
 def train_drafter(target: str, out: str, layers: tuple[int, ...], row_dtype: str, window: int, num_spec: int,
                   d_model: int, n_heads: int, sequences: int, eval_sequences: int, prompt_len: int,
@@ -110,7 +113,7 @@ def train_drafter(target: str, out: str, layers: tuple[int, ...], row_dtype: str
                   distill: float, init: str | None, extra_seeds: str, step: str, hops: int, resume: bool, checkpoint_every: int,
                   arch: str, prompts: str | int | None, n_prompts: int | None, held_share: float, draft_layers: int,
                   markov_rank: int, markov_head: str, anchors: int, mask_token_id: int, device: str,
-                  as_json: bool) -> None:
+                  reference_forward: bool, as_json: bool) -> None:
     """Train a head on TARGET's own greedy generations of stdlib prompts (or, --arch dspark, yours)."""
     if isinstance(prompts, int):
         n_prompts, prompts = n_prompts or prompts, None
@@ -123,7 +126,7 @@ def train_drafter(target: str, out: str, layers: tuple[int, ...], row_dtype: str
                       prompt_len=prompt_len, gen_len=gen_len, epochs=epochs, batch=batch, lr=lr, seed=seed,
                       threads=threads, draft_layers=draft_layers, markov_rank=markov_rank,
                       markov_head=markov_head, anchors=anchors, mask_token_id=mask_token_id, device=device,
-                      checkpoint_every=checkpoint_every, resume=resume, as_json=as_json)
+                      reference_forward=reference_forward, checkpoint_every=checkpoint_every, resume=resume, as_json=as_json)
         return
     if prompts is not None:
         raise click.ClickException(f"--prompts {prompts}: a prompt file needs --arch dspark")

@@ -4,7 +4,9 @@ Self-distillation, as the `torch` head's trainer does: the target greedily conti
 head learns, at every anchor of those continuations, the target's own next-token distributions (the
 reference's KL loss against the target's logits) from the tapped rows before the anchor. The model and
 the loss are speculators' own (`DSparkDraftModel.forward`, its eager loss implementation); sequences
-are packed into one row with document ids, as its trainer packs them. Prompts come from `--prompts FILE`
+are packed into one row with document ids, as its trainer packs them. Its attention runs block-local
+(dspark_fast.py: each anchor block over its own W context rows and N positions, equal to the reference's
+dense mask, tests/test_dspark_fast.py); `reference_forward` runs the reference's own dense-mask backbone. Prompts come from `--prompts FILE`
 (held-out acceptance on a hash split of the same file) or, without one, from the stdlib corpus the
 shipped target learnt from (held-out prompts from its held-out files, the ones `eval` uses). Generated
 data and checkpoints live in `<out>/.work/` (ignored by git); `--resume` continues from the last one.
@@ -22,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import dspark_fast
 from .dspark_head import acceptance, build_dspark, fill_from_target, num_spec_of
 from .taps import HiddenTaps
 
@@ -49,14 +52,14 @@ class DSparkTrainConfig:
     prompt_len: int = 32  # without --prompts: tokens a stdlib prompt; with: the last this many (0: all)
     gen_len: int = 96
     epochs: int = 4
-    batch: int = 2  # sequences a step: the reference's eager mask is dense over the packed row and every
-    # anchor block, so an anchor costs ~ (packed length + anchors x N): small steps are ~3x cheaper an anchor
+    batch: int = 2  # sequences a step
     anchors: int = 0  # anchors a step (the reference's max_anchors); 0: every valid position of the step
     lr: float = 3e-3
     seed: int = 0
     threads: int = 1
     device: str = "cpu"
     checkpoint_every: int = 500
+    reference_forward: bool = False  # the reference's dense-mask forward (for checking; dspark_fast.py)
 
 
 def check_before_work(target: str | Path, cfg: DSparkTrainConfig):
@@ -262,7 +265,8 @@ def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool 
                 kw["max_anchors"] = step_anchors(lm, draft.block_size, cfg.anchors)
                 with torch.no_grad():
                     last = final(last)
-                _, loss, _m = draft(rows, ids, lm, last, doc, pos, **kw)
+                _, loss, _m = dspark_fast.forward(draft, rows, ids, lm, last, doc, pos,
+                                                  fast=not cfg.reference_forward, **kw)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
