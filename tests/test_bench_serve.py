@@ -71,7 +71,8 @@ def test_section_json_keys_with_recorded_runs(monkeypatch, tmp_path) -> None:
     each `vllm bench serve` run replaced by the recorded one (a head arm's last output changed)."""
     started: list[str] = []
 
-    def fake_start(arm, head, stack, logs, vllm_cpus, our_cpus, prefix):
+    def fake_start(arm, head, stack, logs, vllm_cpus, our_cpus, prefix, sampled=False):
+        assert sampled == arm.endswith("+q")
         started.append(arm)
         return arm
 
@@ -79,21 +80,27 @@ def test_section_json_keys_with_recorded_runs(monkeypatch, tmp_path) -> None:
         fig = run_figures(RECORDED)
         if srv == "stdlib-llama-head" and temperature == 0.0:
             fig["texts"][-1] += "!"
-        fig["accepted_mean"] = None if srv == "nospec" else 3.0 - temperature
+        fig["accepted_mean"] = None if srv == "nospec" else 3.0 - temperature + srv.endswith("+q")
+        assert n == 8  # --quick: 8 prompts; the sampled runs: at most 8
         return fig
 
     monkeypatch.setattr(serve, "_start_arm", fake_start)
     monkeypatch.setattr(serve, "_bench_once", fake_bench)
     monkeypatch.setattr(serve, "_prompts_file", lambda path, n, toks: n)
     res, _ = serve.run_serve(quick=True, say=lambda m: None, prefix="t", reps=3)
-    arms = ["nospec", "ngram", *(h.name for h in serve.shipped_heads())]
-    assert started == arms and "stdlib-llama-head" in arms
+    heads = [h.name for h in serve.shipped_heads()]
+    arms = ["nospec", "ngram", *heads]
+    assert started == ["nospec", "ngram", *(a for h in heads for a in (h, f"{h}+q"))]
+    assert "stdlib-llama-head" in arms
     for arm in arms:
         for c in ("c1", "c4", "c8"):
             assert set(CELL_KEYS) <= set(res[arm][c]) and res[arm][c]["runs"] == 3
     assert res["lossless_mismatches"] == 9  # 3 concurrencies x 3 runs, one output each
     assert res["mismatches_by_arm"]["ngram"] == 0
     assert res["sampled"]["stdlib-llama-head"]["t0.7"]["accepted_mean"] == pytest.approx(2.3)
+    assert res["sampled"]["stdlib-llama-head+q"]["t0.7"]["accepted_mean"] == pytest.approx(3.3)
+    assert "t0" not in res["sampled"]["stdlib-llama-head+q"] and "stdlib-llama-head+q" not in res
+    assert "stdlib-llama-head+q" not in res["speedup_vs_nospec"] and res["sampled_prompts"] == 8
     assert res["speedup_vs_nospec"]["ngram"]["c1"] == 1.0
     json.dumps(res)
     goals = {t["goal"]: t["met"] for t in serve_targets(res)}

@@ -39,6 +39,7 @@ _REPO = Path(__file__).resolve().parents[2]
 MODEL = _REPO / "models" / "stdlib-llama"
 MAX_NUM_SEQS = 8
 PROMPT_TOKENS = 32
+SAMPLED_PROMPTS = 8  # the sampled runs (c=1, two temperatures, every speculating arm): 8 prompts
 
 
 def shipped_heads(models: Path = _REPO / "models") -> list[Path]:
@@ -64,8 +65,11 @@ def _prompts_file(path: Path, n: int, out_tokens: int) -> int:
     return n
 
 
-def _start_arm(arm: str, head: Path | None, stack: ExitStack, logs: Path, vllm_cpus, our_cpus, prefix: str):
-    """One arm's server (and for a head, its worker and proxy on our CPUs), stopped when `stack` closes."""
+def _start_arm(arm: str, head: Path | None, stack: ExitStack, logs: Path, vllm_cpus, our_cpus, prefix: str,
+               sampled: bool = False):
+    """One arm's server (and for a head, its worker and proxy on our CPUs), stopped when `stack` closes.
+    `sampled`: the worker and proxy with --sampled and the proposer with DSPARK_PROXY_SAMPLED=1, so a
+    sampled request's drafts are drawn from the head's q and vLLM verifies against q (docs/vllm.md)."""
     from ..integrations.vllm_demo import shapes_args
     from ..integrations.vllm_serve import CPU_SETTINGS, Server, free_port, serve_args, serve_env, spawn_server
     from ..launch import spawn_proxy, spawn_worker
@@ -94,22 +98,27 @@ def _start_arm(arm: str, head: Path | None, stack: ExitStack, logs: Path, vllm_c
         srv.wait_ready(400.0)
         return srv
     layout = shapes_args(head, MAX_NUM_SEQS)
-    name = f"{prefix or f'bench-{os.getpid()}'}-serve-{arm}"
+    name = f"{prefix or f'bench-{os.getpid()}'}-serve-{arm.replace('+', '-')}"
+    extra = ["--sampled"] if sampled else []
     mine = os.sched_getaffinity(0)
     try:
         if our_cpus:
             os.sched_setaffinity(0, set(our_cpus))  # the worker and the proxy inherit it
         # generous start-up limits: torch's import alone took over 20 s beside two busy processes
-        worker = spawn_worker(*layout, *worker_head_args(os.fspath(head), os.fspath(MODEL)), timeout_s=180.0)
+        worker = spawn_worker(*layout, *worker_head_args(os.fspath(head), os.fspath(MODEL)), *extra,
+                              timeout_s=180.0)
         stack.callback(worker.stop)
         proxy = spawn_proxy(name, worker.address, *layout, "--deadline-ms", "20", "--keep-awake-ms", "20",
-                            "--log-every", "0", timeout_s=120.0)
+                            "--log-every", "0", *extra, timeout_s=120.0)
         stack.callback(proxy.stop)
     finally:
         os.sched_setaffinity(0, mine)
     stack.callback(_unlink_rings, name)  # after the server's stop (the stack unwinds in reverse)
+    env: dict[str, Any] = {"DSPARK_PROXY_REPLY_SPIN_US": 1000}
+    if sampled:
+        env["DSPARK_PROXY_SAMPLED"] = 1
     srv = spawn_server(MODEL, log_path=logs / f"{arm}.log", head=head, name=name, cpus=vllm_cpus,
-                       max_num_seqs=MAX_NUM_SEQS, env={"DSPARK_PROXY_REPLY_SPIN_US": 1000}, ready_timeout_s=400.0)
+                       max_num_seqs=MAX_NUM_SEQS, env=env, ready_timeout_s=400.0)
     stack.callback(srv.stop)
     return srv
 
@@ -164,9 +173,11 @@ def _bench_once(srv, dataset: Path, n: int, out_tokens: int, concurrency: int, t
 
 
 def _grid(servers: dict[str, Any], dataset: Path, n: int, toks: int, reps: int, concurrency: tuple[int, ...],
-          say: Callable[[str], None]) -> tuple[dict, dict, dict]:
+          say: Callable[[str], None], q_servers: dict[str, Any], sampled_dataset: Path, sampled_n: int
+          ) -> tuple[dict, dict, dict]:
     """The interleaved greedy runs (for each repetition, each concurrency, every arm in turn), then the
-    sampled ones at c=1: (runs[arm][c], texts[arm], sampled[arm][tT])."""
+    sampled ones at c=1, on `sampled_n` held-out prompts, of every speculating arm and of the
+    drafts-from-q servers (`q_servers`, named `<head>+q`): (runs[arm][c], texts[arm], sampled[arm][tT])."""
     runs: dict[str, dict[int, list]] = {a: {c: [] for c in concurrency} for a in servers}
     texts: dict[str, list[list[str]]] = {a: [] for a in servers}
     for rep in range(reps):
@@ -177,22 +188,25 @@ def _grid(servers: dict[str, Any], dataset: Path, n: int, toks: int, reps: int, 
                 texts[arm].append(fig.pop("texts"))
                 runs[arm][c].append(fig)
     sampled: dict[str, dict[str, Any]] = {}
-    for arm, srv in servers.items():
+    for arm, srv in {**servers, **q_servers}.items():
         if arm == "nospec":
             continue
         sampled[arm] = {}
         for t in TEMPERATURES:
             say(f"serve: sampled, temperature {t}, {arm}")
-            fig = _bench_once(srv, dataset, n, toks, 1, temperature=t)
+            fig = _bench_once(srv, sampled_dataset, sampled_n, toks, 1, temperature=t)
             sampled[arm][f"t{t}"] = {"accepted_mean": fig["accepted_mean"], "tokens_per_s": round(fig["tokens_per_s"], 2)}
     return runs, texts, sampled
 
 
 def run_serve(*, quick: bool, say: Callable[[str], None], prefix: str, reps: int = 3,
               n_prompts: int | None = None, out_tokens: int | None = None,
-              concurrency: tuple[int, ...] = CONCURRENCY, arms: tuple[str, ...] | None = None) -> tuple[dict, Samples]:
-    """Start every arm's server, run the interleaved grid, then the sampled requests; stop everything."""
+              concurrency: tuple[int, ...] = CONCURRENCY, arms: tuple[str, ...] | None = None,
+              sampled_heads: bool = True) -> tuple[dict, Samples]:
+    """Start every arm's server, run the interleaved grid, then the sampled requests; stop everything.
+    `sampled_heads`: also serve each head with drafts drawn from its q (`<head>+q`, sampled runs only)."""
     n = n_prompts or (8 if quick else 16)
+    sampled_n = min(n, SAMPLED_PROMPTS)
     toks = out_tokens or (64 if quick else 128)
     heads = {h.name: h for h in shipped_heads()}
     chosen = arms or ("nospec", "ngram", *heads)
@@ -205,16 +219,25 @@ def run_serve(*, quick: bool, say: Callable[[str], None], prefix: str, reps: int
         work = Path(tmp)
         dataset = work / "prompts.jsonl"
         _prompts_file(dataset, n, toks)
-        servers = {}
+        sampled_dataset = work / "prompts-sampled.jsonl"
+        _prompts_file(sampled_dataset, sampled_n, toks)
+        servers, q_servers = {}, {}
         for arm in chosen:
             say(f"serve: starting {arm}")
             servers[arm] = _start_arm(arm, heads.get(arm), stack, work, vllm_cpus, our_cpus, prefix)
+            if sampled_heads and arm in heads:
+                say(f"serve: starting {arm}+q")
+                q_servers[f"{arm}+q"] = _start_arm(f"{arm}+q", heads[arm], stack, work, vllm_cpus, our_cpus,
+                                                   prefix, sampled=True)
+        res["sampled_prompts"] = sampled_n
         with pinned(our_cpus) if our_cpus else contextlib.nullcontext():  # the client beside the proxy
-            runs, texts, sampled = _grid(servers, dataset, n, toks, reps, concurrency, say)
+            runs, texts, sampled = _grid(servers, dataset, n, toks, reps, concurrency, say, q_servers,
+                                         sampled_dataset, sampled_n)
         for arm in chosen:
             res[arm] = {f"c{c}": cell_medians(runs[arm][c]) for c in concurrency}
         for arm, by_t in sampled.items():
-            by_t["t0"] = {"accepted_mean": res[arm][f"c{concurrency[0]}"].get("accepted_mean")}
+            if arm in res:  # a +q server runs sampled requests only
+                by_t["t0"] = {"accepted_mean": res[arm][f"c{concurrency[0]}"].get("accepted_mean")}
         res["sampled"] = sampled
         mm = mismatches(texts)
         res["lossless_mismatches"] = sum(v for a, v in mm.items() if a != "nospec")

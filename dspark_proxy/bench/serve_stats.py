@@ -129,6 +129,7 @@ def format_serve(res: Mapping[str, Any]) -> list[str]:
                          f"{'' if acc is None else f'{acc:.2f}':>9}")
     for arm, by_t in (res.get("sampled") or {}).items():
         lines.append(f"  sampled, {arm}: mean accepted " + ", ".join(
-            f"T={t[1:]} {v.get('accepted_mean')}" for t, v in by_t.items()))
+            f"T={t[1:]} {v.get('accepted_mean')}" + (f" ({v['tokens_per_s']} tok/s)" if 'tokens_per_s' in v else '')
+            for t, v in by_t.items()))
     lines.append(f"  outputs differing from no speculation: {res.get('lossless_mismatches')}")
     return lines
