@@ -31,11 +31,18 @@ setup(
         # the draft head's products; no contraction into FMA: the Python reference rounds each step
         Extension(
             "dspark_proxy.model._headmm",
-            sources=["dspark_proxy/model/_headmm.c", "dspark_proxy/model/_headmm_fn.c",
-                     "dspark_proxy/model/_headmm_par.c", "dspark_proxy/model/_headmm_step.c",
-                     "dspark_proxy/model/_headmm_bb.c", "dspark_proxy/model/_headmm_proj.c",
-                     "dspark_proxy/model/_headmm_mm8.c", "dspark_proxy/model/_headmm_fn8.c"],
-            depends=["dspark_proxy/model/_headmm.h"],
+            sources=["dspark_proxy/model/_headmm.c", "dspark_proxy/model/_headmm_mm.c",
+                     "dspark_proxy/model/_headmm_fn.c", "dspark_proxy/model/_headmm_par.c",
+                     "dspark_proxy/model/_headmm_step.c", "dspark_proxy/model/_headmm_bb.c",
+                     "dspark_proxy/model/_headmm_proj.c", "dspark_proxy/model/_headmm_mm8.c",
+                     "dspark_proxy/model/_headmm_fn8.c", "dspark_proxy/model/_headmm_py.c"],
+            # each file but _headmm.c declares its exports in the header of its name (_headmm.c: which
+            # file uses which); _headmm_common.h, of no file, holds what they all share
+            depends=["dspark_proxy/model/_headmm_common.h", "dspark_proxy/model/_headmm_mm.h",
+                     "dspark_proxy/model/_headmm_fn.h", "dspark_proxy/model/_headmm_par.h",
+                     "dspark_proxy/model/_headmm_step.h", "dspark_proxy/model/_headmm_bb.h",
+                     "dspark_proxy/model/_headmm_proj.h", "dspark_proxy/model/_headmm_mm8.h",
+                     "dspark_proxy/model/_headmm_fn8.h", "dspark_proxy/model/_headmm_py.h"],
             extra_compile_args=[*_FLAGS, "-O3", "-ffp-contract=off", "-pthread"],
             extra_link_args=["-pthread"],
         ),

@@ -1,5 +1,5 @@
-"""The head's product kernel (model/_headmm.c) against its reference model (headmm.mm_reference):
-identical bytes for any shape, any row count, and a row's result the same alone or in any batch."""
+"""The head's product kernel (model/_headmm_mm.c, via _headmm.c's `mm`) against its reference model
+(headmm.mm_reference): identical bytes for any shape, any row count, and a row's result the same alone or in any batch."""
 
 from __future__ import annotations
 

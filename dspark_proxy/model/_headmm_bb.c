@@ -19,7 +19,11 @@
  * (hm_par_big), each request computed whole by one thread: the bytes depend neither on the batch nor
  * on the thread count.
  */
-#include "_headmm.h"
+#include "_headmm_bb.h"
+#include "_headmm_fn.h"
+#include "_headmm_mm.h"
+#include "_headmm_par.h"
+#include "_headmm_py.h"
 
 typedef struct {
     const float *pos, *queries, *tok, *q_tok, *o, *m1, *m1b, *m2, *m2b, *q2, *o2; /* q_tok .. o2: panels */
@@ -116,7 +120,7 @@ TC16 static void attend_one(const bb_w *w, const float *win, Py_ssize_t len, con
 #ifdef HM_MM8
 #pragma GCC push_options
 #pragma GCC target("avx2")
-/* attend_one and softmax_row in 8-float vectors, for an AVX2 CPU without AVX-512 (_headmm.h HM_MM8):
+/* attend_one and softmax_row in 8-float vectors, for an AVX2 CPU without AVX-512 (_headmm_common.h HM_MM8):
  * every lane the same operations in the same order (a 16-row block of scores and a 16-column block of
  * values as two 8-lane halves), so the same bytes; the keys and values built as there */
 static void softmax_row8(float *s, Py_ssize_t i0, Py_ssize_t W, Py_ssize_t Wp) {

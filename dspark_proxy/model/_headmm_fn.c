@@ -4,7 +4,8 @@
  * `top1_reference`, `exp_reference`): only +, -, *, / and exact bit moves, no libm, and no FMA (the
  * extension is built with -ffp-contract=off).
  */
-#include "_headmm.h"
+#include "_headmm_fn.h"
+#include "_headmm_fn8.h"
 
 /* GELU, 0.5 x (1 + erf(x / sqrt 2)), in float32 from +, -, *, / and exact bit moves only, so numpy
  * reproduces it to the bit (model/headmm.py `gelu_reference`): erf by Abramowitz & Stegun 7.1.26 (error
@@ -13,7 +14,7 @@
  * Within 5e-7 of the exact GELU (torch's float32 one: 1.1e-6). 16 lanes at a time: libm's erf, one element
  * at a time, cost 5x torch's call, and torch's call itself is ~7 us, most of a small step. */
 
-/* its constants G_P, G_A1..G_A5: _headmm.h */
+/* its constants G_P, G_A1..G_A5: _headmm_common.h */
 
 /* out[0..15] = GELU(x[0..15]) */
 static inline __attribute__((always_inline)) void gelu16(const float *xs, float *out) {

@@ -3,11 +3,11 @@
  * where a 16-float vector has no register and GCC kept each in memory (as the products: _headmm_mm8.c).
  *
  * The same bytes as _headmm_fn.c: the GELU and exp are elementwise, the same operations on each lane
- * (_headmm.h's exp8 is its exp16 line for line); top-1 keeps the 16 interleaved lanes of its max and of its
+ * (_headmm_common.h's exp8 is its exp16 line for line); top-1 keeps the 16 interleaved lanes of its max and of its
  * sum as two 8-float halves (lanes 0-7, 8-15), each lane's double sum in the same order, and adds them
  * up lane 0 to 15 as top1_rows16 does (model/headmm.py `top1_reference` defines it).
  */
-#include "_headmm.h"
+#include "_headmm_fn8.h"
 
 #ifdef HM_MM8
 

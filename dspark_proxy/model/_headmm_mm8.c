@@ -1,8 +1,8 @@
 /*
- * _headmm_mm8.c: the product kernel (_headmm.c's mm_block) in 8-float vectors, for a CPU with AVX2 but
+ * _headmm_mm8.c: the product kernel (_headmm_mm.c's mm_block) in 8-float vectors, for a CPU with AVX2 but
  * no AVX-512.
  *
- * Why a second kernel: _headmm.c's tiles are written in 16-float vectors (v16), one AVX-512 register.
+ * Why a second kernel: _headmm_mm.c's tiles are written in 16-float vectors (v16), one AVX-512 register.
  * GCC has no machine mode for a 64-byte vector without AVX-512, so in the avx2 clone each v16 lived in
  * memory: every multiply and add went through a stack slot, every broadcast of x[r, k] was 16 scalar
  * stores (objdump of mm_block.avx2). Measured on an AVX2-only AMD EPYC: 1.0 GMAC/s, 40x numpy's BLAS
@@ -11,9 +11,9 @@
  * The bytes are the same: each output element is still (((0 + x[r,0] w[0,j]) + x[r,1] w[1,j]) + ...),
  * each product rounded, then each sum, in that order (no FMA: setup.py builds with -ffp-contract=off and
  * the target below enables AVX2 only); the vectors run across output columns j, which changes no
- * element's order. The panels (PW = 32 columns, _headmm.h) are the same; a tile takes half of one.
+ * element's order. The panels (PW = 32 columns, _headmm_common.h) are the same; a tile takes half of one.
  */
-#include "_headmm.h"
+#include "_headmm_mm8.h"
 
 #ifdef HM_MM8
 
@@ -45,7 +45,7 @@ static inline __attribute__((always_inline)) void tile4h(const float *const *x, 
     }
 }
 
-/* one row, two panels at once: eight independent sums in flight, as _headmm.c's row4p */
+/* one row, two panels at once: eight independent sums in flight, as _headmm_mm.c's row4p */
 static inline __attribute__((always_inline)) void row2p(const float *x0, Py_ssize_t K, const float *p, float *o0) {
     const Py_ssize_t S = K * PW;
     v8 a[8] = {{0}};
@@ -72,7 +72,7 @@ static inline __attribute__((always_inline)) void row1p8(const float *x0, Py_ssi
     memcpy(o0, t, (size_t)ncol * sizeof(float));
 }
 
-/* as _headmm.c's mm_block (the same rows, tails and panels [b0, b1)), a 4-row tile taking each panel in
+/* as _headmm_mm.c's mm_block (the same rows, tails and panels [b0, b1)), a 4-row tile taking each panel in
  * two halves of 16 columns (a half wholly past M skipped) */
 void mm_block8(const float *x, const float *wp, float *out, Py_ssize_t R, Py_ssize_t K, Py_ssize_t M,
                Py_ssize_t b0, Py_ssize_t b1) {

@@ -1,8 +1,8 @@
 /*
- * _headmm_par.c: the product kernel's helper threads (_headmm.c). While the worker drafts, the engine
- * and the proxy wait, so on a 2-core machine one core is idle for the head's whole time; a product
- * (or a top-1 over several rows) splits into chunks that the calling thread and the helpers claim
- * one at a time from a shared counter.
+ * _headmm_par.c: the product kernel's helper threads (mm_par: _headmm_mm.c's mm_block in chunks).
+ * While the worker drafts, the engine and the proxy wait, so on a 2-core machine one core is idle for
+ * the head's whole time; a product (or a top-1 over several rows) splits into chunks that the calling
+ * thread and the helpers claim one at a time from a shared counter.
  *
  * Why claiming rather than a fixed split: the caller never waits for a helper to wake up. It starts on
  * the chunks itself, and a helper that the kernel schedules late finds none left; the caller waits
@@ -25,13 +25,16 @@
  * at a time uses them: a second caller meanwhile (another Python thread with the GIL released) runs
  * its product alone. After fork the child has no helpers: they start again there.
  */
-#include "_headmm.h"
+#include "_headmm_par.h"
+#include "_headmm_fn.h"
+#include "_headmm_mm.h"
 
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <time.h>
 
+#define HM_PAR_MIN 131072      /* multiply-adds below which a product stays on one thread (measured) */
 #define HM_SPIN_NS 10000        /* a helper's spin after its last chunk */
 #define HM_WAIT_SPIN_NS 50000   /* the caller's spin for a helper's last chunk before it sleeps (measured:
                                  * at 4 µs a 3.4 µs product took 14 µs, the sleep and wake-up costing more

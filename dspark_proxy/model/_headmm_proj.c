@@ -9,7 +9,10 @@
  */
 #include <stdint.h>
 
-#include "_headmm.h"
+#include "_headmm_mm.h"
+#include "_headmm_par.h"
+#include "_headmm_proj.h"
+#include "_headmm_py.h"
 
 /* widen bf16 to float32 exactly (its bits are the float's top half); a non-finite value becomes 0 and
  * the rest is clipped to [-1e4, 1e4] (TorchDrafter._to_float: a corrupt or hostile row cannot blow up

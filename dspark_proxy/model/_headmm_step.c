@@ -11,7 +11,11 @@
  * a µs or more on a loaded machine; here a round's positions are one call, and the products over the
  * draft vocabulary (most of a position) and the top-1 split across the helper threads (_headmm_par.c).
  */
-#include "_headmm.h"
+#include "_headmm_fn.h"
+#include "_headmm_mm.h"
+#include "_headmm_par.h"
+#include "_headmm_py.h"
+#include "_headmm_step.h"
 
 typedef struct {
     const float *markov, *s1, *s1b, *s2, *s2b, *out, *cw; /* s1, s2, out, cw: packed panels */
@@ -43,26 +47,6 @@ static void step_core(const head_w *w, Py_ssize_t B, const float *ctx, Py_ssize_
     mm_par(r, w->out, logits, B, d, w->vout);
     if (carry_out != NULL)
         mm_par(r, w->cw, carry_out, B, d, d);
-}
-
-/* a C-contiguous int64 array of `len` values in [0, hi) */
-int get_ids(PyObject *o, Py_buffer *b, Py_ssize_t len, Py_ssize_t hi, const char *name) {
-    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
-        return -1;
-    const char *f = b->format;
-    if (b->ndim != 1 || b->itemsize != 8 || f == NULL || (strcmp(f, "q") && strcmp(f, "l")) || b->shape[0] != len) {
-        PyErr_Format(PyExc_ValueError, "%s must be a C-contiguous int64 array of %zd values", name, len);
-        PyBuffer_Release(b);
-        return -1;
-    }
-    const long long *v = b->buf;
-    for (Py_ssize_t i = 0; i < len; i++)
-        if (v[i] < 0 || v[i] >= hi) {
-            PyErr_Format(PyExc_ValueError, "%s[%zd] = %lld: ids are 0 .. %zd", name, i, v[i], hi - 1);
-            PyBuffer_Release(b);
-            return -1;
-        }
-    return 0;
 }
 
 /* the weights (args[0..6]: markov, s1, s1b, s2, s2b, out, carry_w | None) into *w, their buffers into

@@ -1,4 +1,4 @@
-"""The draft head's matrix products, batch-invariant by construction (the C kernel `_headmm.c`).
+"""The draft head's matrix products, batch-invariant by construction (the C kernel `_headmm_mm.c`).
 
 Every element of x @ w is summed over k in order, each product and each sum rounded to float32, for
 any number of rows: a request's numbers cannot depend on what else is in the batch, where BLAS picks
@@ -25,7 +25,7 @@ from . import _headmm
 __all__ = ["EPS", "Packed", "backbone", "default_threads", "exp_reference", "gelu", "gelu_reference", "greedy", "mm", "project_bf16",
            "mm_reference", "par_stats", "rms", "rms_reference", "set_threads", "step", "threads", "tune", "use_threads", "top1", "top1_reference"]
 
-_PW = 32  # panel width, as _headmm.c's PW
+_PW = 32  # panel width, as _headmm_common.h's PW
 
 
 class Packed:
@@ -49,7 +49,7 @@ class Packed:
 EPS = np.float32(1e-6)
 
 THREADS_ENV = "DSPARK_HEAD_THREADS"
-MAX_THREADS = 8  # as _headmm.h's HM_MAX_THREADS
+MAX_THREADS = 8  # as _headmm_par.h's HM_MAX_THREADS
 
 
 def default_threads() -> int:

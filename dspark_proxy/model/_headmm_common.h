@@ -1,14 +1,18 @@
 /*
- * _headmm.h: what the files of the _headmm extension share (see _headmm.c for what it is and why):
- * the vector types, the load-time SIMD dispatch (target_clones) and the kernels _headmm_fn.c defines.
+ * _headmm_common.h: what the files of the _headmm extension share (see _headmm.c for what it is and
+ * why): the vector types, the load-time SIMD dispatch (target_clones) and the kernel's exp. Macros,
+ * types and inline functions only: it belongs to no .c file, so including it ties no file to another.
+ * Each .c file's exports are declared in the header of its name (_headmm_fn.h for _headmm_fn.c, ...).
  */
-#ifndef DSPARK_HEADMM_H
-#define DSPARK_HEADMM_H
+#ifndef DSPARK_HEADMM_COMMON_H
+#define DSPARK_HEADMM_COMMON_H
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
 #include <string.h>
+
+#define HM_LOCAL __attribute__((visibility("hidden"))) /* the module exports PyInit__headmm only */
 
 typedef float v16 __attribute__((vector_size(64)));
 
@@ -48,7 +52,7 @@ typedef float v16fu __attribute__((vector_size(64), aligned(4)));
 #define G_INV_LN2 1.44269504088896341f
 #define G_RND 12582912.0f /* 1.5 * 2^23: v + RND - RND rounds v to an integer (ties to even) */
 #define G_RND_BITS 0x4B400000 /* RND's bits */
-/* GELU's erf, Abramowitz & Stegun 7.1.26 (_headmm_fn.c) */
+/* GELU's erf, Abramowitz & Stegun 7.1.26 (_headmm_fn.c, _headmm_fn8.c) */
 #define G_P 0.3275911f
 #define G_A1 0.254829592f
 #define G_A2 -0.284496736f
@@ -105,55 +109,5 @@ static inline __attribute__((always_inline)) void exp8(v8 *py) {
     v8i bits = ((v8i)nr - G_RND_BITS + 127) << 23;
     *py = e * (v8)bits;
 }
-
-/* _headmm_fn.c: elementwise GELU, and each row's top-1 (arg max, [confidence, margin]) */
-#define HM_LOCAL __attribute__((visibility("hidden"))) /* the module exports PyInit__headmm only */
-HM_LOCAL void gelu_rows(const float *x, float *y, Py_ssize_t n); /* each calls its version for the CPU */
-HM_LOCAL void top1_rows(const float *l, Py_ssize_t B, Py_ssize_t V, long long *c_out, float *cm);
-
-/* _headmm.c: rows x[0..R) times panels [b0, b1) of wp into out (R rows of M); an RMS norm of each row;
- * out = resid + (out + bias) */
-HM_LOCAL void mm_block(const float *x, const float *wp, float *out, Py_ssize_t R, Py_ssize_t K, Py_ssize_t M,
-                       Py_ssize_t b0, Py_ssize_t b1);
-/* _headmm_mm8.c, _headmm_fn8.c: mm_block, gelu_rows and top1_rows in 8-float vectors (HM_USE8) */
-HM_LOCAL void mm_block8(const float *x, const float *wp, float *out, Py_ssize_t R, Py_ssize_t K, Py_ssize_t M,
-                        Py_ssize_t b0, Py_ssize_t b1);
-HM_LOCAL void gelu_rows8(const float *x, float *y, Py_ssize_t n);
-HM_LOCAL void top1_rows8(const float *l, Py_ssize_t B, Py_ssize_t V, long long *c_out, float *cm);
-HM_LOCAL void rms_rows(const float *x, float *y, Py_ssize_t R, Py_ssize_t K, float eps);
-HM_LOCAL void epilogue(float *out, const float *bias, const float *resid, Py_ssize_t R, Py_ssize_t M);
-HM_LOCAL int get_f32(PyObject *o, Py_buffer *b, int min_ndim, int writable, const char *name);
-HM_LOCAL void release_all(Py_buffer *bs, int n);
-HM_LOCAL extern PyObject *np_empty, *np_float32, *np_int64;
-/* numpy.empty(shape, dtype), its writable buffer in *b; steals `shape` (NULL: returns NULL) */
-HM_LOCAL PyObject *new_array(PyObject *shape, PyObject *dtype, Py_buffer *b);
-/* _headmm_step.c: a C-contiguous int64 array of `len` values in [0, hi), else a ValueError naming it */
-HM_LOCAL int get_ids(PyObject *o, Py_buffer *b, Py_ssize_t len, Py_ssize_t hi, const char *name);
-
-/* _headmm_par.c: the helper threads. hm_par runs fn(ctx, i) for i in [0, n), each i exactly once, on
- * the calling thread and whichever helpers join in time; the products split into such chunks. */
-#define HM_MAX_THREADS 8
-#define HM_PAR_MIN 131072      /* multiply-adds below which a product stays on one thread (measured) */
-#define HM_NOGIL_MIN 16777216  /* ... at or above which hm_mm lets other Python threads run meanwhile */
-typedef void (*hm_chunk_fn)(void *ctx, Py_ssize_t i);
-HM_LOCAL void hm_par(Py_ssize_t n, hm_chunk_fn fn, void *ctx);
-/* hm_par for work of `macs` multiply-adds in n chunks: on the calling thread alone below the cutoff */
-HM_LOCAL void hm_par_big(Py_ssize_t n, long long macs, hm_chunk_fn fn, void *ctx);
-HM_LOCAL int hm_threads(void);
-HM_LOCAL void hm_set_threads(int n);
-HM_LOCAL void hm_stats(long out[4]);
-HM_LOCAL void hm_tune(long *par_min, long *chunk, int *adapt); /* each set where >= 0 / >= 1 / >= 0; old back */
-HM_LOCAL void mm_par(const float *x, const float *wp, float *out, Py_ssize_t R, Py_ssize_t K, Py_ssize_t M);
-HM_LOCAL void top1_par(const float *l, Py_ssize_t B, Py_ssize_t V, long long *c_out, float *cm);
-
-/* _headmm_step.c: one draft position (`step`) and the greedy drafts of every position (`greedy`) */
-HM_LOCAL PyObject *hm_step(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
-HM_LOCAL PyObject *hm_greedy(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
-
-/* _headmm_proj.c: a STEP's bfloat16 rows to their projections (`project_bf16`) */
-HM_LOCAL PyObject *hm_project_bf16(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
-
-/* _headmm_bb.c: the backbone, window to ctx (`backbone`) */
-HM_LOCAL PyObject *hm_backbone(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 
 #endif
