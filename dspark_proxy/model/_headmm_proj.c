@@ -7,12 +7,12 @@
  * RMS norm and two products), each a few us on the cold caches a round meets; the arithmetic is the
  * same functions in the same order here (rms_rows, mm_par, epilogue), so the bytes cannot differ.
  */
-#include <stdint.h>
-
-#include "_headmm_mm.h"
+#include "_headmm_mm.h" /* first: it brings Python.h, which must precede the system headers */
 #include "_headmm_par.h"
 #include "_headmm_proj.h"
 #include "_headmm_py.h"
+
+#include <stdint.h>
 
 /* widen bf16 to float32 exactly (its bits are the float's top half); a non-finite value becomes 0 and
  * the rest is clipped to [-1e4, 1e4] (TorchDrafter._to_float: a corrupt or hostile row cannot blow up
