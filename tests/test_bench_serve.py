@@ -91,7 +91,7 @@ def test_section_json_keys_with_recorded_runs(monkeypatch, tmp_path) -> None:
     heads = [h.name for h in serve.shipped_heads()]
     arms = ["nospec", "ngram", *heads]
     assert started == ["nospec", "ngram", *(a for h in heads for a in (h, f"{h}+q"))]
-    assert "stdlib-llama-head" in arms
+    assert "stdlib-llama-head" in arms and "stdlib-llama-dspark" in arms  # both kinds of head
     for arm in arms:
         for c in ("c1", "c4", "c8"):
             assert set(CELL_KEYS) <= set(res[arm][c]) and res[arm][c]["runs"] == 3

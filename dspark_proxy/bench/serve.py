@@ -43,8 +43,11 @@ SAMPLED_PROMPTS = 8  # the sampled runs (c=1, two temperatures, every speculatin
 
 
 def shipped_heads(models: Path = _REPO / "models") -> list[Path]:
-    """Every head directory under models/ (one with a manifest.json), sorted by name."""
-    return sorted(p.parent for p in models.glob("*/manifest.json"))
+    """Every head directory under models/, either kind (a manifest.json, or a DSpark checkpoint's
+    config.json), sorted by name."""
+    from ..model.head_shapes import is_dspark_dir
+
+    return sorted({p.parent for p in models.glob("*/manifest.json")} | {p for p in models.iterdir() if is_dspark_dir(p)})
 
 
 def _placement() -> tuple[list[int] | None, list[int] | None]:
