@@ -178,7 +178,7 @@ def test_unknown_kind_is_a_usage_error():
 
 
 def test_every_kind_comes_from_one_table():
-    from dspark_proxy.chaos.campaign import INJECTORS
+    from dspark_proxy.chaos.kinds import INJECTORS
 
     assert KIND_NAMES == tuple(k.name for k in FAULT_KINDS) and len(set(KIND_NAMES)) == len(KIND_NAMES)
     assert set(INJECTORS) == set(KIND_NAMES)

@@ -9,8 +9,9 @@ from dataclasses import asdict
 import pytest
 
 from dspark_proxy.chaos import format_table
-from dspark_proxy.chaos.campaign import ChaosConfig, Injection
+from dspark_proxy.chaos.campaign import ChaosConfig
 from dspark_proxy.chaos.completeness import recovery
+from dspark_proxy.chaos.controller import Injection
 from dspark_proxy.chaos.report import build_report
 
 pytestmark = pytest.mark.timeout(30)

@@ -9,7 +9,8 @@ from dataclasses import asdict
 import pytest
 
 from dspark_proxy.chaos import format_table
-from dspark_proxy.chaos.campaign import ChaosConfig, Injection
+from dspark_proxy.chaos.campaign import ChaosConfig
+from dspark_proxy.chaos.controller import Injection
 from dspark_proxy.chaos.report import build_report
 from tests.test_chaos_completeness import N_REQ, OK, _Probe
 

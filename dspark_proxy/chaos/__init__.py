@@ -7,9 +7,19 @@ report of what the engine saw.
     print(format_table(report)); assert report["ok"], report["failures"]
 
 `dspark-proxy chaos` is the command over the same function.
+
+Layering: a module imports only modules on lines below its own (imports inside functions and under
+TYPE_CHECKING too), so the package has no import circle:
+    campaign                      runs everything: ChaosConfig, run_campaign
+    schedule, report, plot        schedule: kinds; report: completeness and the pool/ring bars; plot: controller
+    kinds                         the table: the fault kinds, controller
+    injectors, pool_faults, ring_faults, rogue    the fault kinds: controller (rogue: flood); never the table
+    controller                    Controller, Injection, Settings (what a fault kind works with)
+    corrupt, probe, system, tally, flood, completeness    no chaos module
 """
 
-from .campaign import ChaosConfig, Injection, run_campaign
+from .campaign import ChaosConfig, run_campaign
+from .controller import Injection
 from .corrupt import CORRUPTION_MODES, DescriptorCorruptor, corrupt_round
 from .report import build_report, format_table
 from .schedule import FAULT_KINDS, KIND_NAMES, FaultKind

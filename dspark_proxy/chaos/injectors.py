@@ -17,7 +17,7 @@ from ..shm.segment import SegmentError
 from ..status import read_status
 
 if TYPE_CHECKING:
-    from .campaign import Controller
+    from .controller import Controller
 
 __all__ = ["faulty_worker"]  # the table of kinds (kinds.py) names each injector
 

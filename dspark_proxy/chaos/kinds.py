@@ -30,7 +30,7 @@ from .ring_faults import engine_exit, ring_squat, ring_truncate
 from .rogue import connection_flood, worker_memory
 
 if TYPE_CHECKING:
-    from .campaign import Controller
+    from .controller import Controller
 
 __all__ = ["Effect", "FaultKind", "FAULT_KINDS", "KIND_NAMES", "INJECTORS"]
 

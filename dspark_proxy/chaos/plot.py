@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..plotting import pyplot, save
-from .campaign import Injection
+from .controller import Injection
 
 __all__ = ["plot_chaos"]
 

@@ -24,7 +24,7 @@ from ..shm.segment import SegmentError
 from ..status import read_status
 
 if TYPE_CHECKING:
-    from .campaign import Controller
+    from .controller import Controller
 
 __all__ = ["pool_worker_kill", "pool_worker_stall", "HEALTHY_MIN_USABLE", "healthy_bar"]
 

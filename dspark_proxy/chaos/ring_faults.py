@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .campaign import Controller
+    from .controller import Controller
 
 __all__ = ["ring_truncate", "ring_squat", "engine_exit", "proxy_ring_maps", "RING_GONE_S"]
 

@@ -17,7 +17,7 @@ from ..worker.testing import RawPeer, make_entries
 from .flood import IdleFlood
 
 if TYPE_CHECKING:
-    from .campaign import Controller
+    from .controller import Controller
 
 __all__ = ["connection_flood", "worker_memory"]
 
