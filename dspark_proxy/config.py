@@ -78,7 +78,7 @@ _MIB = 1 << 20
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 RowDtype = Literal["bfloat16", "float16", "float32"]
-Drafter = Literal[DRAFTER_NAMES]  # the drafters table (worker/drafters.py)
+Drafter = Literal[DRAFTER_NAMES]  # the drafters table (worker/drafters/registry.py)
 
 Source = Literal["cli", "env", "file", "head", "default"]  # head: a head's manifest (--head, --shapes-from)
 

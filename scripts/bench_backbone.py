@@ -111,7 +111,7 @@ def main() -> None:
 
     from dspark_proxy.model.head_runner import HeadRunner
     from dspark_proxy.model.train_head import load_head
-    from dspark_proxy.worker.torch_drafter import TorchDrafter
+    from dspark_proxy.worker.drafters.torch_head import TorchDrafter
 
     old = old_module(a.before)
     head, man = load_head(HEAD)

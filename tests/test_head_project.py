@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from dspark_proxy.model import headmm
 from dspark_proxy.spec.run import DEFAULT_HEAD
-from dspark_proxy.worker.torch_drafter import TorchDrafter
+from dspark_proxy.worker.drafters.torch_head import TorchDrafter
 
 pytestmark = pytest.mark.timeout(180)
 

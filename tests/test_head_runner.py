@@ -177,7 +177,7 @@ def test_offline_confidences_are_the_served_ones(tmp_path):
     """Confidence and margin too, not just ids: one request through the drafter against the runner."""
     import dspark_proxy.wire as wire
     from dspark_proxy.worker.drafters import DraftItem
-    from dspark_proxy.worker.torch_drafter import TorchDrafter
+    from dspark_proxy.worker.drafters.torch_head import TorchDrafter
 
     dr = TorchDrafter(num_spec=N, window=W, row_bytes=64, seed=3, row_dtype="float32")
     rng = np.random.default_rng(7)
@@ -278,7 +278,7 @@ def test_non_finite_and_huge_row_values_are_read_as_zero_and_clipped():
     such a window drafts exactly what its cleaned copy drafts, with finite confidences."""
     import dspark_proxy.wire as wire
     from dspark_proxy.worker.drafters import DraftItem
-    from dspark_proxy.worker.torch_drafter import TorchDrafter
+    from dspark_proxy.worker.drafters.torch_head import TorchDrafter
 
     dr = TorchDrafter(num_spec=N, window=W, row_bytes=64, seed=3, row_dtype="float32")
     rows = np.random.default_rng(9).standard_normal((W, 16)).astype(np.float32)

@@ -92,6 +92,20 @@ def test_drafters_come_from_one_table():
     assert isinstance(make_drafter("integrity", num_spec=2, window=4, row_bytes=8), IntegrityDrafter)
     with pytest.raises(ValueError, match="choose one of integrity"):
         make_drafter("nope", num_spec=2, window=4, row_bytes=8)
+def test_drafter_modules_never_import_the_drafters_face_or_table():
+    # one module per drafter over drafters/base.py; the table (registry.py) and the face import them,
+    # never the other way round, so no import circle runs through the drafters (docs/design.md's code map)
+    face = "dspark_proxy.worker.drafters"
+    offenders = []
+    for path in (PKG / "worker" / "drafters").glob("*.py"):
+        if path.stem in ("__init__", "registry"):
+            continue
+        bad = _imports(path) & {face, f"{face}.registry", "dspark_proxy.worker"}
+        if bad:
+            offenders.append((path.name, sorted(bad)))
+    assert not offenders, offenders
+
+
 def test_the_package_never_loads_files_by_path():
     hits = [p.relative_to(PKG).as_posix() for p in PKG.rglob("*.py") if "spec_from_file_location" in p.read_text()]
     assert not hits, hits

@@ -1,6 +1,6 @@
 /*
  * _headmm_proj.c: a STEP's rows from their bfloat16 bytes to what a slot keeps beside each row, in one
- * call (`project_bf16`; worker/torch_drafter.py TorchDrafter._project_reference is the definition: its
+ * call (`project_bf16`; worker/drafters/torch_head.py TorchDrafter._project_reference is the definition: its
  * `_to_float` then HeadRunner.project, and tests/test_head_project.py requires the same bytes).
  *
  * The reference is about a dozen numpy and kernel calls (the widening, the finite check, the clip, the

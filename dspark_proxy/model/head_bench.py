@@ -30,8 +30,8 @@ def bench_head(target: str | Path, weights: str | Path, ns: tuple[int, ...] = (1
                new_rows: int = 3, drafter_cls=None) -> dict:
     from ..wire import ReplyWriter
     from ..worker.drafters import DraftItem
+    from ..worker.drafters.torch_head import TorchDrafter
     from ..worker.session import SlotWindow
-    from ..worker.torch_drafter import TorchDrafter
 
     torch.set_num_threads(1)
     man = HeadManifest.load(head_paths(weights)[1])

@@ -2,7 +2,7 @@
 
 At one request a round is ~100 tiny operations, where torch's per-call overhead (several µs) costs
 more than the arithmetic; numpy's is a fraction of it. Folding: each RMS norm's weight goes into the
-matrix after it and `markov(tok(prev))` is a table lookup. Both the worker (`worker/torch_drafter.py`) and the offline measurement (`train_head.evaluate`)
+matrix after it and `markov(tok(prev))` is a table lookup. Both the worker (`worker/drafters/torch_head.py`) and the offline measurement (`train_head.evaluate`)
 call `greedy`, so what is measured is what is served, bit for bit (tests/test_head_runner.py).
 GELU is the erf one, as in training, within 5e-7 (model/headmm.py `gelu`: native, 0.6 µs where torch's
 call cost ~7 µs a step; torch's own float32 GELU is within 1.1e-6).

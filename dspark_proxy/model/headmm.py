@@ -154,7 +154,7 @@ def project_bf16(raw: np.ndarray, n_taps: int, hidden: int, in_w: Packed, in_b: 
                  ) -> np.ndarray:
     """bfloat16 rows (uint8 [R, n_taps * hidden * 2]) → [R, c_w's columns] natively (_headmm_proj.c): widened
     (non-finite 0, clipped to ±1e4), each tap's values RMS-normed, @ in_w + in_b, @ c_w; the kernel's
-    functions in the reference composition's order (worker/torch_drafter.py `_project_reference`)."""
+    functions in the reference composition's order (worker/drafters/torch_head.py `_project_reference`)."""
     return _headmm.project_bf16(np.ascontiguousarray(raw, dtype=np.uint8), int(n_taps), int(hidden), in_w.panels,
                                 in_w.shape[1], np.ascontiguousarray(in_b, dtype=np.float32), c_w.panels, c_w.shape[1],
                                 EPS)

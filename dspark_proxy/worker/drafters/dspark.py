@@ -18,7 +18,7 @@ token sits at position a (the reference's drafting step, as vLLM's DSpark specul
   (sigmoid), else the draft's softmax probability. Draft j reads block position j (sample_from_anchor)
   or j + 1 (the anchor is the bonus token). Only the first n_out drafts are computed.
 In sampled mode a request with temperature t > 0 draws each draft from the top-32 of softmax(logits/t)
-renormalised, with a uniform that is a function of (seed, anchor position, j) alone (torch_drafter's
+renormalised, with a uniform that is a function of (seed, anchor position, j) alone (drafters/base.py's
 `seeded_uniform`), and the reply's support and q are that distribution, so rejection sampling against
 it stays lossless.
 """
@@ -30,9 +30,9 @@ import logging
 import numpy as np
 import torch
 
-from ..wire import TOP_K, ReplyWriter
-from .drafters import DraftItem
-from .dspark_ckpt import ROW_ITEMSIZE, CheckpointError, load_tensors, read_spec, resolve_target
+from ...wire import TOP_K, ReplyWriter
+from ..dspark_ckpt import ROW_ITEMSIZE, CheckpointError, load_tensors, read_spec, resolve_target
+from .base import DraftItem, seeded_uniform
 
 __all__ = ["DSparkDrafter"]
 
@@ -285,8 +285,6 @@ class DSparkDrafter:
         q = np.zeros((B, N, TOP_K), dtype=np.float32) if sampled.any() else None
         sb = np.flatnonzero(sampled)
         if sb.size:
-            from .torch_drafter import seeded_uniform
-
             key = np.array([(items[b].seed & ((1 << 64) - 1), items[b].anchor_pos) for b in sb.tolist()],
                            dtype=np.uint64).reshape(-1, 2)
             tt = torch.from_numpy(temps[sb]).to(dev, torch.float32)[:, None]

@@ -28,36 +28,17 @@ import time
 import numpy as np
 import torch
 
-from ..model import headmm
-from ..model.head import DraftHead
-from ..model.head_runner import HeadRunner, bf16_to_f32
-from ..model.head_threads import ThreadChoice
-from ..model.manifest import ROW_DTYPES, HeadManifest
-from ..wire import TOP_K, ReplyWriter
-from .drafters import DraftItem
+from ...model import headmm
+from ...model.head import DraftHead
+from ...model.head_runner import HeadRunner, bf16_to_f32
+from ...model.head_threads import ThreadChoice
+from ...model.manifest import ROW_DTYPES, HeadManifest
+from ...wire import TOP_K, ReplyWriter
+from .base import DraftItem, seeded_uniform
 
 __all__ = ["TorchDrafter"]
 
-
-
-_GOLD = np.uint64(0x9E3779B97F4A7C15)
 _U64 = (1 << 64) - 1
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser, elementwise (uint64 arithmetic wraps, as the hash wants)."""
-    x = x + _GOLD
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-def seeded_uniform(seed: np.ndarray, pos: np.ndarray, j: int) -> np.ndarray:
-    """A uniform in [0, 1) per request, a function of (seed, anchor position, draft position) alone,
-    for all sampled requests of a round at once (no generator per request)."""
-    with np.errstate(over="ignore"):
-        x = _mix64(_mix64(_mix64(seed.astype(np.uint64)) ^ pos.astype(np.uint64)) ^ np.uint64(j))
-    return (x >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
 class TorchDrafter:
@@ -75,7 +56,7 @@ class TorchDrafter:
         self.device = torch.device(device)
         self.manifest: HeadManifest | None = None
         if weights:
-            from ..model.train_head import load_head
+            from ...model.train_head import load_head
 
             head, man = load_head(weights)
             man.check(row_bytes=row_bytes, window=window, num_spec=num_spec)
