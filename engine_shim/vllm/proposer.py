@@ -10,7 +10,10 @@ the one process that attaches a shim; its shapes come from vLLM's config and the
 num_speculative_tokens, W = the manifest's window). Anything that does not fit (an untested vLLM, no
 manifest, shapes that disagree with the manifest or the running proxy) is one log line and a
 target-only engine: `propose` then returns an empty list for every request. docs/vllm.md has the
-mapping from a vLLM step to a round (vllm_step.py implements it).
+mapping from a vLLM step to a round (step.py implements it).
+
+This module is `engine_shim.vllm.proposer`; `engine_shim/vllm_proposer.py` re-exports the class under the
+path users name in their speculative config.
 """
 
 from __future__ import annotations
@@ -18,19 +21,20 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from dspark_proxy.shm.segment import DEFAULT_NAME
 
-from . import vllm_hook
-from .vllm_link import LinkLog, ensure_visible, target_of
-from .vllm_step import NO_LIMIT, SlotMap, StepArrays, clip_drafts, plan_step
+from . import hook
+from .link import LinkLog, ensure_visible, target_of
+from .step import NO_LIMIT, SlotMap, StepArrays, clip_drafts, plan_step
 
 __all__ = ["DSparkProposer", "ENV_HEAD", "VllmShapes", "shapes_from_config"]
 
-log = logging.getLogger(__name__)
+# the logger's name from before the move to engine_shim/vllm/ (a logging config may name it)
+log = logging.getLogger("engine_shim.vllm_proposer")
 
 ENV_NAME = "DSPARK_PROXY"
 ENV_HEAD = "DSPARK_PROXY_HEAD"
@@ -125,6 +129,8 @@ class DSparkProposer:
     """vLLM's drafter object (`custom_class`). `active` is False when anything did not fit (logged once):
     then every request gets no drafts. Thread ownership: the model runner's thread."""
 
+    # how hook.py's wrappers know the runner's drafter is one of these (hook.py does not import this module)
+    dspark_proxy_drafter: ClassVar[bool] = True
     _handed: tuple[Any, list[str]] | None = None  # the last step's (draft probs, their req ids)
 
     def __init__(self, vllm_config: Any) -> None:
@@ -140,7 +146,7 @@ class DSparkProposer:
         # per-step engine-side time (enqueue, read_reply, the rest of step()) in us, for the demo and bench
         self.timings: list[tuple[float, float, float]] = []
         self.keep_timings = os.environ.get("DSPARK_PROXY_VLLM_TIMINGS", "") == "1"
-        # read the reply where vLLM reads the drafts (vllm_hook), not inside its propose call; "0": at once
+        # read the reply where vLLM reads the drafts (hook.py), not inside its propose call; "0": at once
         self.deferred = os.environ.get(ENV_DEFER, "1").strip() != "0"
         # verification as vLLM did it: request-steps that verified drafts, and the drafts it accepted
         self.verified_rounds = 0
@@ -151,7 +157,7 @@ class DSparkProposer:
         # distribution, which vLLM's rejection sampler is then given (docs/vllm.md, "Sampled requests")
         self.sampled = os.environ.get(ENV_SAMPLED, "").strip() == "1"
         self._sp: dict[str, tuple[float, int]] = {}  # req id -> (temperature, seed), read at admission
-        self._probs: Any = None  # vllm_probs.DraftProbs
+        self._probs: Any = None  # probs.DraftProbs
         self.name = os.environ.get(ENV_NAME) or DEFAULT_NAME
         self.target_id = ""
         self.link = LinkLog(self.name, "")
@@ -160,8 +166,8 @@ class DSparkProposer:
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.error("[shim] vLLM proposer: %s; the engine runs without drafts", e)
             return
-        if not vllm_hook.install():
-            log.error("[shim] vLLM proposer: %s; the engine runs without drafts", vllm_hook.why_not())
+        if not hook.install():
+            log.error("[shim] vLLM proposer: %s; the engine runs without drafts", hook.why_not())
             return
         s = self.shapes
         self.target_id = target_of(vllm_config)  # a head made for another target is then refused
@@ -180,7 +186,7 @@ class DSparkProposer:
         there, rounds are target-only; a proxy with other shapes is one log line (the watchdog's or ours)."""
         from dspark_proxy.shm.segment import LayoutMismatch
 
-        from .api import attach
+        from ..api import attach
 
         s = self.shapes
         assert s is not None
@@ -215,7 +221,7 @@ class DSparkProposer:
             self._order = [held.index(i) for i in s.tap_layers]
             self.bound = True
             _check_cores()
-            vllm_hook.fix_cpu_expand()
+            hook.fix_cpu_expand()
         except Exception as e:  # noqa: BLE001 - a model without auxiliary outputs runs without drafts
             runner.use_aux_hidden_state_outputs = False
             log.error("[shim] vLLM proposer: the model cannot output hidden states at layers %s (%s); "
@@ -230,7 +236,7 @@ class DSparkProposer:
     def begin(self, runner: Any, scheduler_output: Any, sampled_token_ids: list[list[int]], aux: Any,
               spec_decode_metadata: Any, common_attn_metadata: Any) -> list[list[int]]:
         """The step's first half: enqueue its rows and return at once, an empty list per request
-        standing in for the drafts until `finish` (vllm_hook calls it when vLLM reads them, after its
+        standing in for the drafts until `finish` (hook.py calls it when vLLM reads them, after its
         own bookkeeping of the step, so the proxy's round runs meanwhile). Never raises."""
         if self._pending is not None:
             self.finish()  # vLLM never read the last step's drafts: its round is read and dropped
@@ -336,7 +342,7 @@ class DSparkProposer:
     def draft_probs(self) -> tuple[Any, list[str]] | None:
         """The last step's drafts' probabilities as vLLM's runner keeps them (`_draft_probs` [n, N, V],
         `_draft_prob_req_ids`), or None when no request of the step had drafts drawn from q (vLLM then
-        takes each draft as a point mass, right for greedy drafts). vllm_probs.py."""
+        takes each draft as a point mass, right for greedy drafts). probs.py."""
         got, self._handed = self._handed, None
         return got
 
@@ -351,7 +357,7 @@ class DSparkProposer:
         self._handed = None
         reply = getattr(self, "_reply", None)
         if reply is not None and reply.sample_mask is not None and bool(reply.sample_mask.any()):
-            from .vllm_probs import DraftProbs
+            from .probs import DraftProbs
 
             if self._probs is None:
                 self._probs = DraftProbs(s.max_reqs, s.num_spec, s.vocab_size)
@@ -368,7 +374,7 @@ class DSparkProposer:
     def _enqueue(self, plan: StepArrays, rows: Any, sampling: tuple[np.ndarray, ...] | None = None) -> None:
         """Round t into the shim (a ShimError is logged by the shim: round t is then in flight as failed,
         and read_reply(t) says so). `sampling`: (sampled, seed, temperature), in sampled mode."""
-        from .inputs import ShimError
+        from ..inputs import ShimError
 
         t = self._t + 1
         kw = {} if sampling is None else dict(zip(("sampled", "seed", "temperature"), sampling, strict=True))
