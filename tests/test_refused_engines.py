@@ -1,6 +1,6 @@
 """Refusals are visible (issue 30 items 4 and 5): an engine refused for its shapes is listed by `status`
 (human and --json) with the field and both values (dspark_proxy/shm/refusals.py); the vLLM proposer
-names its served model's target (engine_shim/vllm_link.py `target_of`) and logs one prefixed line when
+names its served model's target (engine_shim/vllm/link.py `target_of`) and logs one prefixed line when
 it attaches and one when the proxy's worker refuses it (`LinkLog`)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dspark_proxy.proxy import Proxy
 from dspark_proxy.shm.refusals import REFUSED_SLOTS, read_refusals, record_refusal
 from dspark_proxy.shm.segment import LayoutMismatch
 from dspark_proxy.worker import WorkerServer
-from engine_shim.vllm_link import ENV_TARGET, LinkLog, target_of
+from engine_shim.vllm.link import ENV_TARGET, LinkLog, target_of
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -1,7 +1,7 @@
 """The proposer's step in two halves (docs/vllm.md, "A vLLM step as a round"): `begin` enqueues and
 returns at once, `finish` reads the reply where vLLM reads the drafts, so the proxy's round runs while
 vLLM does its own bookkeeping. Driven by the stand-in runner of test_vllm_proposer.py through a real
-proxy, and through vllm_hook's wrappers on a stand-in runner class (no vLLM needed)."""
+proxy, and through engine_shim/vllm/hook.py's wrappers on a stand-in runner class (no vLLM needed)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from dspark_proxy.launch import spawn_proxy
-from engine_shim import vllm_hook
 from engine_shim.attach import AttachState
+from engine_shim.vllm import hook
 from engine_shim.vllm_proposer import DSparkProposer
 from tests.test_vllm_proposer import MAN, MAXLEN, M, _config, _Runner, _step, env  # noqa: F401 - env is a fixture
 
@@ -79,7 +79,7 @@ def test_close_reads_a_pending_round(proposer):
 
 
 class _FakeRunner:
-    """The four methods vllm_hook wraps, as vLLM's runner has them (their bodies record the calls)."""
+    """The four methods hook.py wraps, as vLLM's runner has them (their bodies record the calls)."""
 
     def __init__(self, drafter) -> None:
         self.drafter, self.calls, self._draft_token_ids = drafter, [], None
@@ -100,7 +100,7 @@ class _FakeRunner:
 
 @pytest.mark.parametrize("deferred", [True, False])
 def test_the_hook_reads_the_reply_where_vllm_reads_the_drafts(deferred):
-    """vllm_hook's wrappers: propose begins the round (the drafter's placeholder goes to vLLM), and vLLM's
+    """hook.py's wrappers: propose begins the round (the drafter's placeholder goes to vLLM), and vLLM's
     read of the drafts finishes it; with DSPARK_PROXY_VLLM_DEFER=0 propose does the whole step."""
     done: list[str] = []
     d = DSparkProposer.__new__(DSparkProposer)
@@ -111,7 +111,7 @@ def test_the_hook_reads_the_reply_where_vllm_reads_the_drafts(deferred):
     d.finish = lambda: (done.append("finish"), setattr(d, "_pending", None), [[7, 8]])[-1]
     d.step = lambda *a: (done.append("step"), [[7, 8]])[-1]
     cls = type("Runner", (_FakeRunner,), {})
-    vllm_hook._wrap(cls)
+    hook._wrap(cls)
     r = cls(d)
     r._draft_token_ids = r.propose_draft_token_ids(*([None] * 9))
     assert r._draft_token_ids == ([[]] if deferred else [[7, 8]])

@@ -15,8 +15,8 @@ from dspark_proxy.launch import spawn_proxy
 from dspark_proxy.model.manifest import HeadManifest, head_paths
 from dspark_proxy.shm.layout import State, Word
 from dspark_proxy.shm.segment import LayoutParams, Segment
-from engine_shim import vllm_hook
 from engine_shim.attach import AttachState
+from engine_shim.vllm import hook
 from engine_shim.vllm_proposer import DSparkProposer, shapes_from_config
 
 torch = pytest.importorskip("torch")
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(60)
 HEAD = "models/stdlib-llama-head"
 MAN = HeadManifest.load(head_paths(HEAD)[1])
 M, MAXLEN = 4, 64
-_REAL_INSTALL = vllm_hook.install
+_REAL_INSTALL = hook.install
 
 
 def _config(num_spec: int = MAN.num_spec, hidden: int = MAN.hidden, layers: int = 4) -> SimpleNamespace:
@@ -41,7 +41,7 @@ def _config(num_spec: int = MAN.num_spec, hidden: int = MAN.hidden, layers: int 
 def env(monkeypatch, seg_name):
     monkeypatch.setenv("DSPARK_PROXY", seg_name)
     monkeypatch.setenv("DSPARK_PROXY_HEAD", HEAD)
-    monkeypatch.setattr(vllm_hook, "install", lambda: True)  # the hook itself: tests/test_vllm_e2e.py
+    monkeypatch.setattr(hook, "install", lambda: True)  # the hook itself: tests/test_vllm_e2e.py
     return seg_name
 
 
@@ -73,7 +73,7 @@ def test_every_refusal_is_one_log_line_and_an_engine_without_drafts(case, env, m
     elif case == "num_spec":
         cfg = _config(num_spec=3)
     elif case == "untested_vllm":
-        monkeypatch.setattr(vllm_hook, "install", _untested_install)
+        monkeypatch.setattr(hook, "install", _untested_install)
     else:  # a running proxy with another window
         seg = Segment.create(env, LayoutParams(max_reqs=M, num_spec=MAN.num_spec, window=MAN.window * 2,
                                                row_bytes=MAN.row_bytes, max_rows=M * 32, resync_per_round=2),
@@ -96,31 +96,31 @@ def test_every_refusal_is_one_log_line_and_an_engine_without_drafts(case, env, m
 
 
 def _untested_install() -> bool:
-    """vllm_hook.install as it runs on a vLLM it was not tested with (the module's own state untouched)."""
-    saved = dict(vllm_hook._state)
-    vllm_hook._state["installed"] = None
+    """hook.install as it runs on a vLLM it was not tested with (the module's own state untouched)."""
+    saved = dict(hook._state)
+    hook._state["installed"] = None
     try:
         return _REAL_INSTALL(version="0.31.9")
     finally:
-        why = vllm_hook._state.get("why")
-        vllm_hook._state.clear()
-        vllm_hook._state.update(saved)
-        vllm_hook._state["why"] = why
+        why = hook._state.get("why")
+        hook._state.clear()
+        hook._state.update(saved)
+        hook._state["why"] = why
 
 
 def test_an_untested_vllm_version_is_not_hooked():
-    saved = dict(vllm_hook._state)
-    vllm_hook._state["installed"] = None
+    saved = dict(hook._state)
+    hook._state["installed"] = None
     try:
         assert _REAL_INSTALL(version="0.33.0") is False
-        assert "0.33.0 is not one this hook was tested with" in vllm_hook.why_not()
+        assert "0.33.0 is not one this hook was tested with" in hook.why_not()
     finally:
-        vllm_hook._state.clear()
-        vllm_hook._state.update(saved)
+        hook._state.clear()
+        hook._state.update(saved)
 
 
 class _Runner:
-    """The parts of vLLM's model runner the proposer reads (vllm_hook.py hands it the runner)."""
+    """The parts of vLLM's model runner the proposer reads (engine_shim/vllm/hook.py hands it the runner)."""
 
     def __init__(self) -> None:
         self.use_aux_hidden_state_outputs = False
@@ -224,13 +224,13 @@ def test_no_draft_past_a_requests_max_tokens(env):
 def test_a_forward_on_every_core_is_one_warning(threads, mine, machine, warns, monkeypatch, caplog):
     """vLLM's OpenMP team on every core of the machine leaves the proxy none (docs/vllm.md); vLLM pinned
     to part of the machine (its multi-process mode on 2 CPUs: the engine core on 1) leaves the rest."""
-    from engine_shim import vllm_proposer
+    from engine_shim.vllm import proposer
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
-    monkeypatch.setattr(vllm_proposer.os, "sched_getaffinity", lambda _pid: set(range(mine)))
-    monkeypatch.setattr(vllm_proposer.os, "cpu_count", lambda: machine)
+    monkeypatch.setattr(proposer.os, "sched_getaffinity", lambda _pid: set(range(mine)))
+    monkeypatch.setattr(proposer.os, "cpu_count", lambda: machine)
     caplog.set_level(logging.WARNING, logger="engine_shim")
-    vllm_proposer._check_cores()
+    proposer._check_cores()
     got = [r.getMessage() for r in caplog.records if "leaving none to the proxy" in r.getMessage()]
     assert len(got) == (1 if warns else 0), got
 

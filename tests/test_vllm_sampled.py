@@ -24,7 +24,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from engine_shim.vllm_probs import DraftProbs  # noqa: E402
+from engine_shim.vllm.probs import DraftProbs  # noqa: E402
 from tests.test_vllm_proposer import env  # noqa: E402, F401 - a fixture
 
 K = 32
@@ -79,7 +79,7 @@ def test_more_requests_than_max_num_seqs_is_refused():
 
 
 def test_expand_kernel_writes_each_requests_value_to_its_tokens():
-    from engine_shim.vllm_hook import expand_kernel
+    from engine_shim.vllm.hook import expand_kernel
 
     for x, fill in ((torch.tensor([0.7, -1.0, 0.5]), 1.0), (torch.tensor([5, -1, 9], dtype=torch.int32), 1)):
         out = torch.full((6,), 123, dtype=x.dtype)
@@ -97,13 +97,13 @@ def test_vllms_cpu_expand_is_replaced_and_then_expands():
         pytest.skip("vLLM's CPU platform only")
     from vllm.v1.sample import rejection_sampler as rs
 
-    from engine_shim import vllm_hook
+    from engine_shim.vllm import hook
 
     current_platform.register_triton_kernel_overrides()
-    if not vllm_hook._state.get("expand_fixed"):
+    if not hook._state.get("expand_fixed"):
         bad = rs.expand_batch_to_tokens(torch.tensor([0.7, 1.0]), torch.tensor([2, 3], dtype=torch.int32), 3)
         assert not torch.equal(bad, torch.tensor([0.7, 0.7, 1.0]))  # the bug this works around
-    assert vllm_hook.fix_cpu_expand()
+    assert hook.fix_cpu_expand()
     got = rs.expand_batch_to_tokens(torch.tensor([0.7, -1.0, 0.5]), torch.tensor([2, 5, 6], dtype=torch.int32), 6,
                                     replace_from=-1, replace_to=1)
     assert got.tolist() == pytest.approx([0.7, 0.7, 1.0, 1.0, 1.0, 0.5])

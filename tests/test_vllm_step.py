@@ -1,4 +1,4 @@
-"""The vLLM step -> enqueue mapping (engine_shim/vllm_step.py), without vLLM: a hand-checked step, a
+"""The vLLM step -> enqueue mapping (engine_shim/vllm/step.py), without vLLM: a hand-checked step, a
 property test against a per-request reference, the slot table, and the drafts handed back to vLLM."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_shim.vllm_step import NO_LIMIT, SlotMap, clip_drafts, plan_step
+from engine_shim.vllm.step import NO_LIMIT, SlotMap, clip_drafts, plan_step
 
 W, N, MAXLEN = 4, 3, 64
 

@@ -310,7 +310,7 @@ def _ring_probe(d: DSparkProposer, tokens: list[int]) -> dict[str, Any]:
 
 def _kill_after(d: DSparkProposer, pid: int, after: int) -> None:
     """SIGKILL `pid` once the drafter has run `after` steps (a worker lost mid-generation)."""
-    step = d.begin  # what vllm_hook calls at each step
+    step = d.begin  # what engine_shim/vllm/hook.py calls at each step
     seen = [0]
 
     def wrapped(*a: Any, **k: Any) -> Any:

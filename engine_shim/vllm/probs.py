@@ -13,7 +13,7 @@ distribution x was drawn from. So:
   which is what vLLM assumes of every draft when it gets no probabilities;
 - positions past a request's drafts: zero (vLLM never reads them).
 
-Pure torch, no vLLM import: tests/test_vllm_probs.py.
+Pure torch, no vLLM import: tests/test_vllm_sampled.py.
 """
 
 from __future__ import annotations

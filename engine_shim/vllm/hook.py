@@ -2,7 +2,8 @@
 
 vLLM's `custom_class` proposer gets neither hidden states nor request ids, so three methods of
 `GPUModelRunner` (which vLLM's CPU runner inherits) are wrapped, and each wrapper hands over to the
-original unless the runner's drafter is a `DSparkProposer`:
+original unless the runner's drafter is a `DSparkProposer` (known by its class attribute
+`dspark_proxy_drafter`: this module never imports the proposer, which imports it):
 
 - `_setup_eagle3_aux_hidden_state_outputs` (after the model is loaded): turn on the auxiliary
   hidden-state outputs at the drafter's tap layers;
@@ -36,13 +37,16 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["TESTED", "install", "installed", "vllm_version", "why_not", "fix_cpu_expand", "expand_kernel"]
+__all__ = ["TESTED", "MARK", "install", "installed", "vllm_version", "why_not", "fix_cpu_expand", "expand_kernel"]
 
-log = logging.getLogger(__name__)
+# the logger's name from before the move to engine_shim/vllm/ (a logging config may name it)
+log = logging.getLogger("engine_shim.vllm_hook")
 
 TESTED = ("0.32.0",)
 _PATCHED = ("_setup_eagle3_aux_hidden_state_outputs", "propose_draft_token_ids", "_input_fits_in_drafter",
             "_get_draft_token_ids_cpu")
+
+MARK = "dspark_proxy_drafter"  # the class attribute of DSparkProposer (proposer.py) that _ours looks for
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"installed": None}  # None: not tried; True / False: the outcome
@@ -103,11 +107,10 @@ def why_not() -> str:
 
 
 def _ours(runner: Any) -> Any:
-    """The runner's drafter if it is ours (imported late: the proposer imports this module)."""
-    from .vllm_proposer import DSparkProposer
-
+    """The runner's drafter if it is an active one of ours: a `DSparkProposer`, which says so by its
+    `MARK` attribute (True, not merely truthy)."""
     d = getattr(runner, "drafter", None)
-    return d if isinstance(d, DSparkProposer) and d.active else None
+    return d if getattr(d, MARK, False) is True and d.active else None
 
 
 def _wrap(cls: type) -> None:
