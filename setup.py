@@ -13,19 +13,19 @@ setup(
         ),
         # the per-round hot paths beside their Python reference models (dspark_proxy/native.py)
         Extension(
-            "dspark_proxy._fastround",
-            sources=["dspark_proxy/_fastround.c", "dspark_proxy/_fastround_proxy.c",
-                     "dspark_proxy/_fastround_accept.c", "dspark_proxy/_fastround_page.c",
-                     "dspark_proxy/_fastround_inputs.c", "dspark_proxy/_fastround_held.c",
-                     "dspark_proxy/_fastround_fused.c", "dspark_proxy/_fastround_stats.c",
-                     "dspark_proxy/_fastround_entries.c", "dspark_proxy/_fastround_reply.c"],
-            depends=["dspark_proxy/_fastround.h"],
+            "dspark_proxy.round._fastround",
+            sources=["dspark_proxy/round/_fastround.c", "dspark_proxy/round/_fastround_proxy.c",
+                     "dspark_proxy/round/_fastround_accept.c", "dspark_proxy/round/_fastround_page.c",
+                     "dspark_proxy/round/_fastround_inputs.c", "dspark_proxy/round/_fastround_held.c",
+                     "dspark_proxy/round/_fastround_fused.c", "dspark_proxy/round/_fastround_stats.c",
+                     "dspark_proxy/round/_fastround_entries.c", "dspark_proxy/round/_fastround_reply.c"],
+            depends=["dspark_proxy/round/_fastround.h"],
             extra_compile_args=_FLAGS,
         ),
         # the proxy's CPUs kept out of idle while rounds flow (proxy --keep-awake-ms)
         Extension(
-            "dspark_proxy._keepawake",
-            sources=["dspark_proxy/_keepawake.c"],
+            "dspark_proxy.ops._keepawake",
+            sources=["dspark_proxy/ops/_keepawake.c"],
             extra_compile_args=_FLAGS,
         ),
         # the draft head's products; no contraction into FMA: the Python reference rounds each step

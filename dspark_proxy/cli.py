@@ -8,7 +8,7 @@ from __future__ import annotations
 import click
 
 from . import __version__
-from .exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_STARTUP_FAILURE, EXIT_WRONG_DRAFTS
+from .ops.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_STARTUP_FAILURE, EXIT_WRONG_DRAFTS
 
 __all__ = ["main", "cli", "EXIT_OK", "EXIT_FAILURE", "EXIT_STARTUP_FAILURE", "EXIT_WRONG_DRAFTS"]
 

@@ -96,7 +96,7 @@ def shapes_from(path: str, flag: str = "--shapes-from") -> dict[str, int]:
 
     p = os.path.join(path, MANIFEST_NAME) if os.path.isdir(path) else path
     if os.path.isdir(path) and not os.path.isfile(p) and os.path.isfile(os.path.join(path, "config.json")):
-        from .worker.dspark_ckpt import proxy_shapes  # a speculators DSpark checkpoint (JSON only)
+        from .model.dspark_ckpt import proxy_shapes  # a speculators DSpark checkpoint (JSON only)
 
         try:
             return proxy_shapes(path)

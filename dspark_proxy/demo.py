@@ -16,9 +16,9 @@ def run_demo(*, rounds: int | None, duration_s: float | None, max_reqs: int, num
              quiet: bool = False, staging_budget_mb: int | None = None) -> dict[str, Any]:
     """Run the whole system once; returns the summary (also what --json prints)."""
     import engine_shim
-    from dspark_proxy.launch import spawn_proxy, spawn_worker
+    from dspark_proxy.ops.launch import spawn_proxy, spawn_worker
+    from dspark_proxy.ops.status import read_status
     from dspark_proxy.sim import SimConfig, SimEngine
-    from dspark_proxy.status import read_status
 
     name = name or f"demo-{os.getpid()}"
     layout = ["--num-spec", str(num_spec), "--window", str(window), "--row-bytes", str(row_bytes),

@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from . import _fastround
+from .round import _fastround
 
 __all__ = ["enabled", "meta_offsets", "desc_offsets", "entry_offsets", "fastround"]
 

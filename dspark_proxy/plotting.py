@@ -54,7 +54,7 @@ def plot_target(command: str, value: str | None, *, legacy_png: bool = False) ->
 
     Raises deps.MissingDependency without matplotlib, ValueError for a path that cannot be used; the
     command turns either into one line and its exit code."""
-    from .deps import require
+    from .ops.deps import require
 
     if not value:
         return None, None

@@ -16,15 +16,16 @@ import os
 import threading
 import time
 
-from .acceptance import GateSettings
-from .breaker import CircuitBreaker
 from .config import IN_PROCESS_WORKERS, ProxyConfig, config_to_dict, parse_hostport
-from .draft_client import DraftClient
 from .engine_alive import EngineAlive
-from .events import EventRing
-from .keep_awake import KeepAwake
-from .metrics import LATENCY_BOUNDS_US  # the bounds only: prometheus-client is imported at start
-from .round import RoundCore, RoundSettings
+from .link.draft_client import DraftClient
+from .ops.events import EventRing
+from .ops.keep_awake import KeepAwake
+from .ops.metrics import LATENCY_BOUNDS_US  # the bounds only: prometheus-client is imported at start
+from .ops.stats import Stats
+from .round.acceptance import GateSettings
+from .round.breaker import CircuitBreaker
+from .round.core import RoundCore, RoundSettings
 from .shm import _hostflag
 from .shm import hostflag as hf
 from .shm.hostflag import FAR_AHEAD, HostFlags
@@ -32,7 +33,6 @@ from .shm.layout import LayoutParams, State, Word
 from .shm.ring_shm import reap_stale
 from .shm.segment import Segment
 from .shm.target import read_engine_target
-from .stats import Stats
 
 __all__ = ["Proxy", "run_proxy", "layout_params"]
 
@@ -138,7 +138,7 @@ class Proxy:
                               probe=self.cfg.accept_probe, tps_every=self.cfg.accept_tps_every,
                               tps_margin=self.cfg.accept_tps_margin))
         if client is None and self.cfg.worker in IN_PROCESS_WORKERS:
-            from .inproc import InProcessClient
+            from .worker.inproc import InProcessClient
 
             client = InProcessClient(max_reqs=self.cfg.max_reqs, num_spec=self.cfg.num_spec,
                                      window=self.cfg.window, row_bytes=self.cfg.row_bytes,
@@ -415,7 +415,7 @@ class Proxy:
 
 def _remote_client(cfg: ProxyConfig, params: LayoutParams, token: bytes | None) -> DraftClient:
     """One address: the plain client (today's path); several, or @FILE: a pool of them (pool/)."""
-    from .client import TcpDraftClient
+    from .link.client import TcpDraftClient
     from .pool.addresses import parse_worker_spec
 
     spec = parse_worker_spec(cfg.worker)
@@ -477,7 +477,7 @@ def run_proxy(cfg: ProxyConfig, token: bytes | None = None, sources: dict[str, s
         signal.signal(signal.SIGUSR1, lambda signum, frame: proxy.hang_round_loop())
     metrics = None
     if cfg.metrics_port is not None:
-        from .metrics import start_metrics_server
+        from .ops.metrics import start_metrics_server
 
         metrics = start_metrics_server(cfg.metrics_port, proxy.snapshot, addr=cfg.metrics_host)
         log.info("[proxy] metrics url=%s", metrics.url)

@@ -14,14 +14,14 @@ import os
 import threading
 from collections.abc import Callable
 
-from dspark_proxy.events import EventRing, watchdog_event
+from dspark_proxy.ops.events import EventRing, watchdog_event
+from dspark_proxy.ops.stats import Stats
 from dspark_proxy.shm import hostflag as hf
 from dspark_proxy.shm.hostflag import AdaptiveSpin, HostFlags
 from dspark_proxy.shm.layout import Word
 from dspark_proxy.shm.ring_shm import write_ring_name
 from dspark_proxy.shm.segment import Segment, owner_alive
 from dspark_proxy.shm.target import write_engine_target
-from dspark_proxy.stats import Stats
 
 from .attach import AttachEvent, AttachState, next_state
 from .row_ring import EngineRing

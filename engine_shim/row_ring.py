@@ -1,6 +1,6 @@
 """The engine side's ring: the last W rows of each slot, with the rows themselves (shm_layout.md §5).
 
-The proxy models this ring on positions only (dspark_proxy.ring_model.SlotTable) and asks for a slot's
+The proxy models this ring on positions only (dspark_proxy.round.ring_model.SlotTable) and asks for a slot's
 window when the worker's copy must be rebuilt; the engine side then copies the slot's block into the
 resync area. Both sides apply the same rules through the same SlotTable, so the positions the proxy
 believes are held are, row for row, the positions written here.
@@ -23,7 +23,7 @@ import mmap
 import numpy as np
 
 from dspark_proxy import native
-from dspark_proxy.ring_model import SlotTable
+from dspark_proxy.round.ring_model import SlotTable
 
 __all__ = ["EngineRing"]
 

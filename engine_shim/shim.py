@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from dspark_proxy import native
-from dspark_proxy.events import EventRing, watchdog_event
+from dspark_proxy.ops.events import EventRing, watchdog_event
+from dspark_proxy.ops.stats import Stats
 from dspark_proxy.shm import ring_shm
 from dspark_proxy.shm.hostflag import (
     FAR_AHEAD,
@@ -35,7 +36,6 @@ from dspark_proxy.shm.hostflag import (
 from dspark_proxy.shm.layout import META_SLOTS, STATUS_NAMES, STATUS_ROUND_FAILED, ReplyPageLayout
 from dspark_proxy.shm.segment import DEFAULT_NAME, Segment
 from dspark_proxy.shm.target import check_target_id
-from dspark_proxy.stats import Stats
 
 from . import one_per_name
 from .attach import AttachState

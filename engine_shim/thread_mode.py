@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from dspark_proxy.config import ProxyConfig
-from dspark_proxy.draft_client import DraftClient
+from dspark_proxy.link.draft_client import DraftClient
 from dspark_proxy.proxy import Proxy
 
 from .shim import Shim

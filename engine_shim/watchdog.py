@@ -28,11 +28,11 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from dspark_proxy.events import EventRing
+from dspark_proxy.ops.events import EventRing
+from dspark_proxy.ops.stats import Stats
 from dspark_proxy.shm.hostflag import FAR_AHEAD, WAIT_FAILED_BY_ME, HostFlags, monotonic_ns
 from dspark_proxy.shm.layout import State, Word
 from dspark_proxy.shm.segment import LayoutMismatch, Segment, SegmentError, owner_alive, shm_name
-from dspark_proxy.stats import Stats
 
 from .attach import AttachState
 from .liveness import OwnerWatch

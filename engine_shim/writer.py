@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from dspark_proxy import native
+from dspark_proxy.ops.stats import Stats
 from dspark_proxy.shm.layout import META_SLOTS
 from dspark_proxy.shm.resync import WindowStager
 from dspark_proxy.shm.segment import Segment
 from dspark_proxy.shm.stamped import SlotWriter
-from dspark_proxy.stats import Stats
 
 from .row_ring import EngineRing
 

@@ -7,7 +7,7 @@ Timed, per arm, alternating in blocks: the backbone alone, and a TorchDrafter ro
 head, B requests whose windows gained ~3.6 rows each since the last round, as `serve_step` hands them
 over), hot (back to back) and after an idle gap (--gap-ms between rounds: the cold caches a round
 meets between an engine's forwards). Prints medians in µs, and the spread of the blocks' medians.
-With --head-bench also `python -m dspark_proxy.model.head_bench`'s figures per arm, alternated.
+With --head-bench also `python -m dspark_proxy.bench.head`'s figures per arm, alternated.
 
     nice -n 5 python scripts/bench_backbone.py [--B 1,4,8] [--blocks 5] [--rounds 40] [--gap-ms 5] [--head-bench]
 """
@@ -149,7 +149,7 @@ def main() -> None:
                                       "block_p50s": [round(x, 1) for x in blocks[k]]} for k in runners}
                 print(key, {k: v["p50"] for k, v in out["us"][key].items()}, file=sys.stderr)
     if a.head_bench:
-        from dspark_proxy.model.head_bench import bench_head
+        from dspark_proxy.bench.head import bench_head
 
         class Before(TorchDrafter):
             def __init__(self, **kw) -> None:

@@ -27,8 +27,8 @@ import numpy as np
 
 from dspark_proxy.bench.batches import RoundGen
 from dspark_proxy.bench.rig import RoundRig
-from dspark_proxy.inproc import InProcessClient
 from dspark_proxy.shm.layout import LayoutParams, derive_sizes
+from dspark_proxy.worker.inproc import InProcessClient
 
 
 def run(shared: bool, n: int, W: int, B: int, rounds: int) -> dict[str, float]:

@@ -37,8 +37,8 @@ import time
 import numpy as np
 
 from dspark_proxy.bench.rig import RoundRig, TimedClient
-from dspark_proxy.inproc import InProcessClient
 from dspark_proxy.shm.layout import LayoutParams
+from dspark_proxy.worker.inproc import InProcessClient
 
 N_SPEC = 5
 R_PER_ROUND = 4
@@ -190,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
 def _lineprof(n: int, W: int, mix: str, rounds: int, warmup: int, row_bytes: int, max_slots: int) -> int:
     from line_profiler import LineProfiler
 
-    import dspark_proxy.ring_model as ring
-    import dspark_proxy.round as rnd
+    import dspark_proxy.round.core as rnd
+    import dspark_proxy.round.ring_model as ring
 
     lp = LineProfiler()
     for cls in (rnd.RoundCore, ring.SlotTable):

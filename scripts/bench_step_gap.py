@@ -22,9 +22,9 @@ import time
 import numpy as np
 
 import dspark_proxy.wire as wire
-from dspark_proxy.client import TcpDraftClient
-from dspark_proxy.keep_awake import KeepAwake
-from dspark_proxy.launch import spawn_worker
+from dspark_proxy.link.client import TcpDraftClient
+from dspark_proxy.ops.keep_awake import KeepAwake
+from dspark_proxy.ops.launch import spawn_worker
 
 M, N, W, RB = 4, 5, 16, 1152
 

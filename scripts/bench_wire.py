@@ -25,8 +25,8 @@ import numpy as np
 
 from dspark_proxy import wire
 from dspark_proxy.bench.peers import recv_exact
-from dspark_proxy.client import TcpDraftClient
-from dspark_proxy.conn import byte_view
+from dspark_proxy.link.client import TcpDraftClient
+from dspark_proxy.link.conn import byte_view
 
 N, W = 5, 128
 

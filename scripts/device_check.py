@@ -26,8 +26,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dspark_proxy.launch import spawn_proxy, spawn_worker  # noqa: E402
-from dspark_proxy.worker.dspark_ckpt import read_spec  # noqa: E402
+from dspark_proxy.model.dspark_ckpt import read_spec  # noqa: E402
+from dspark_proxy.ops.launch import spawn_proxy, spawn_worker  # noqa: E402
 
 
 def random_head(d: Path, target: Path, taps: list[int], block: int = 5, window: int = 16) -> Path:
@@ -104,7 +104,7 @@ def main() -> int:
     ap.add_argument("--deadline-ms", type=float, default=50.0)
     a = ap.parse_args()
     import engine_shim
-    from dspark_proxy.status import read_status
+    from dspark_proxy.ops.status import read_status
 
     tmp = Path(tempfile.mkdtemp(prefix="dspark-devcheck-"))
     target = Path(a.target)

@@ -13,7 +13,7 @@ if ! "$PY" -c "import posix_ipc, msgspec" 2>/dev/null; then
   compgen -G ".whl/*.whl" >/dev/null || { echo "device_check: posix_ipc or msgspec missing and no .whl/ wheels" >&2; exit 2; }
   "$PY" -m pip install -q --no-index --no-deps .whl/*.whl
 fi
-if ! "$PY" -c "import dspark_proxy, engine_shim, dspark_proxy._fastround" 2>/dev/null; then
+if ! "$PY" -c "import dspark_proxy, engine_shim, dspark_proxy.round._fastround" 2>/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e .
 fi
 "$PY" -c "import torch, transformers, safetensors; print('device_check: torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__)" >&2

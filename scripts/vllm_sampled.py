@@ -23,7 +23,7 @@ from dspark_proxy.integrations.vllm_demo import (
     shapes_args,
     vllm_threads_env,
 )
-from dspark_proxy.launch import spawn_proxy, spawn_worker
+from dspark_proxy.ops.launch import spawn_proxy, spawn_worker
 
 
 def _arm(kind: str, temps: list[float], tokens: int) -> dict:

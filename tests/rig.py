@@ -13,11 +13,11 @@ from collections.abc import Callable
 import numpy as np
 
 from dspark_proxy.bench.rig import RoundRig
-from dspark_proxy.draft_client import StepOutcome
-from dspark_proxy.inproc import InProcessClient
 from dspark_proxy.integrity import integrity_drafts, integrity_hash
-from dspark_proxy.round import RoundSettings
+from dspark_proxy.link.draft_client import StepOutcome
+from dspark_proxy.round.core import RoundSettings
 from dspark_proxy.shm.layout import META_SLOTS, LayoutParams
+from dspark_proxy.worker.inproc import InProcessClient
 
 
 def row_of(req: int, pos: int, row_bytes: int) -> np.ndarray:

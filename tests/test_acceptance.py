@@ -1,4 +1,4 @@
-"""The drafting's effect and the acceptance gate (dspark_proxy/acceptance.py): accepted drafts read from
+"""The drafting's effect and the acceptance gate (dspark_proxy/round/acceptance.py): accepted drafts read from
 the engine's valid / k_window, counted under vLLM's spec_decode names; the per-slot and whole-batch
 state machines, one test per transition; and, through the real round (tests/rig.py), a paused request's
 entry still carries its rows without NEED_DRAFT and its window stays whole."""
@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dspark_proxy.acceptance import (
+from dspark_proxy.ops.stats import Stats
+from dspark_proxy.round.acceptance import (
     ACTIVE,
     PAUSED,
     PROBING,
@@ -17,8 +18,7 @@ from dspark_proxy.acceptance import (
     GateSettings,
     accepted_drafts,
 )
-from dspark_proxy.round import RoundSettings
-from dspark_proxy.stats import Stats
+from dspark_proxy.round.core import RoundSettings
 from tests.rig import Rig, full_windows
 
 pytestmark = pytest.mark.timeout(60)

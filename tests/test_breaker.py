@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from dspark_proxy.breaker import TRANSITIONS, BreakerError, BreakerEvent, BreakerState, CircuitBreaker
+from dspark_proxy.round.breaker import TRANSITIONS, BreakerError, BreakerEvent, BreakerState, CircuitBreaker
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from dspark_proxy.client import TcpDraftClient
+from dspark_proxy.link.client import TcpDraftClient
 from dspark_proxy.worker import WorkerServer
 
 pytestmark = pytest.mark.timeout(30)

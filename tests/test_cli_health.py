@@ -12,9 +12,15 @@ import time
 
 import pytest
 
-from dspark_proxy.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_PROXY_DEAD, EXIT_PROXY_HUNG, EXIT_PROXY_REFUSED
-from dspark_proxy.launch import spawn_proxy, spawn_worker
-from dspark_proxy.status import HUNG_AFTER_S
+from dspark_proxy.ops.exitcodes import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_PROXY_DEAD,
+    EXIT_PROXY_HUNG,
+    EXIT_PROXY_REFUSED,
+)
+from dspark_proxy.ops.launch import spawn_proxy, spawn_worker
+from dspark_proxy.ops.status import HUNG_AFTER_S
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -111,7 +117,7 @@ def test_exit_code_page_is_the_table_in_exitcodes():
     import re
     from pathlib import Path
 
-    from dspark_proxy import exitcodes
+    from dspark_proxy.ops import exitcodes
 
     page = (Path(__file__).resolve().parents[1] / "docs" / "exit-codes.md").read_text()
     rows = {name: int(code) for code, name in re.findall(r"^\| (\d+) \| `(EXIT_\w+)` \|", page, re.M)}

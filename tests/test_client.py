@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import dspark_proxy.wire as wire
-from dspark_proxy.client import StepOutcome, TcpDraftClient
+from dspark_proxy.link.client import StepOutcome, TcpDraftClient
 from dspark_proxy.worker import FaultPlan, WorkerServer
 
 pytestmark = pytest.mark.timeout(60)

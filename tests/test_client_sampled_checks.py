@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import dspark_proxy.wire as wire
-from dspark_proxy.client import TcpDraftClient
+from dspark_proxy.link.client import TcpDraftClient
 from dspark_proxy.worker import WorkerServer
 from dspark_proxy.worker import server as server_mod
 

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from dspark_proxy import wire
 from dspark_proxy.commands.worker import worker
-from dspark_proxy.exitcodes import EXIT_STARTUP_FAILURE
+from dspark_proxy.ops.exitcodes import EXIT_STARTUP_FAILURE
 from dspark_proxy.worker.server import WorkerServer
 from dspark_proxy.worker.session import SLOT_OVERHEAD
 from dspark_proxy.worker.testing import RawPeer, make_entries
@@ -174,7 +174,7 @@ def test_shapes_from_a_dspark_checkpoint(made):
 
 def test_the_worker_command_takes_its_shapes_from_the_checkpoint(made):
     """`worker --drafter dspark --head DIR` with no shape flags serves the checkpoint's N, W and rows."""
-    from dspark_proxy.launch import spawn_worker
+    from dspark_proxy.ops.launch import spawn_worker
 
     head, target = made
     w = spawn_worker("--drafter", "dspark", "--head", str(head), "--target", str(target), "--row-dtype", "float32",

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import engine_shim
-from dspark_proxy.launch import spawn_proxy, spawn_worker, wait_proxy_ready
+from dspark_proxy.ops.launch import spawn_proxy, spawn_worker, wait_proxy_ready
 from dspark_proxy.shm.segment import Segment, SegmentError
 from dspark_proxy.sim import SimConfig, SimEngine
 
@@ -285,7 +285,7 @@ def test_start_with_too_little_shared_memory_fails_clearly(seg_name):
            f"--name {seg_name} --worker inproc --max-reqs 64 --num-spec 5 --window 16 --row-bytes 4096 "
            f"--segment-rows --log-level WARNING")  # with the staging: a segment larger than 2 MiB
     out = subprocess.run([unshare, "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=60)
-    from dspark_proxy.exitcodes import EXIT_STARTUP_FAILURE
+    from dspark_proxy.ops.exitcodes import EXIT_STARTUP_FAILURE
 
     assert out.returncode == EXIT_STARTUP_FAILURE, (out.returncode, out.stderr[-2000:])
     assert "needs 8.4 MiB of shared memory and /dev/shm has 2 MiB free" in out.stderr, out.stderr[-2000:]

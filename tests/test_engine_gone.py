@@ -20,9 +20,9 @@ import pytest
 
 import engine_shim
 from dspark_proxy.config import ProxyConfig
+from dspark_proxy.ops.status import read_status
 from dspark_proxy.proxy import Proxy
 from dspark_proxy.sim import SimConfig, SimEngine
-from dspark_proxy.status import read_status
 from tests.rig import ScriptedClient
 from tests.test_engine_restart import B, M, N, W
 

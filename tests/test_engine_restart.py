@@ -10,9 +10,9 @@ import threading
 import pytest
 
 import engine_shim
-from dspark_proxy.breaker import CircuitBreaker
 from dspark_proxy.config import ProxyConfig
 from dspark_proxy.proxy import Proxy
+from dspark_proxy.round.breaker import CircuitBreaker
 from dspark_proxy.sim import SimConfig, SimEngine
 from tests.rig import ScriptedClient
 

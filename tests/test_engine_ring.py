@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dspark_proxy.ring_model import SlotTable
+from dspark_proxy.round.ring_model import SlotTable
 from engine_shim.row_ring import EngineRing
 
 I64 = np.int64

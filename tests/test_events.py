@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from dspark_proxy.events import WATCHDOG_EVENTS_KEPT, WATCHDOG_HOWS, EventRing, watchdog_event
+from dspark_proxy.ops.events import WATCHDOG_EVENTS_KEPT, WATCHDOG_HOWS, EventRing, watchdog_event
 
 pytestmark = pytest.mark.timeout(20)
 

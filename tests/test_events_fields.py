@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from dspark_proxy import events
 from dspark_proxy.commands import control
-from dspark_proxy.round_stats import PHASES as _PHASES
+from dspark_proxy.ops import events
+from dspark_proxy.round.stats import PHASES as _PHASES
 from dspark_proxy.shm.layout import LayoutParams, State, Word
 from dspark_proxy.shm.segment import Segment
 from engine_shim.attach import AttachState

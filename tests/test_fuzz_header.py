@@ -178,8 +178,8 @@ def test_owner_pid_outside_pid_t(seg_name, pid):
     """Found by test_mutated_header: an owner_pid beyond pid_t made os.kill raise OverflowError out of
     owner_alive(), so attach() raised, the watchdog's ticks failed, `status` crashed and the proxy could
     not reclaim the segment. Such a pid belongs to nobody."""
+    from dspark_proxy.ops.status import read_status
     from dspark_proxy.shm.segment import owner_alive
-    from dspark_proxy.status import read_status
 
     assert owner_alive(pid, 0) is False
     seg = _make(seg_name)
@@ -209,7 +209,7 @@ def test_owner_pid_outside_pid_t(seg_name, pid):
 def test_mutated_words(words):
     """Any values in the segment's words (a proxy that died mid-write, or a stray writer): the watchdog's
     look and its liveness check, and `status`, answer without raising."""
-    from dspark_proxy.status import read_status
+    from dspark_proxy.ops.status import read_status
 
     name = new_segment_name("fuzzwords")
     seg = _make(name)

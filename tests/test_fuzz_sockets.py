@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import dspark_proxy.wire as wire
-from dspark_proxy.client import STEP_FAILURE_REASONS, TcpDraftClient
-from dspark_proxy.conn import FramedConnection
+from dspark_proxy.link.client import STEP_FAILURE_REASONS, TcpDraftClient
+from dspark_proxy.link.conn import FramedConnection
 from dspark_proxy.worker import WorkerServer
 from dspark_proxy.worker.testing import RawPeer, make_entries
 

@@ -1,4 +1,4 @@
-"""The acceptance gate's throughput rule (dspark_proxy/acceptance.py, gate_tps.py): the whole batch stops
+"""The acceptance gate's throughput rule (dspark_proxy/round/acceptance.py, gate_tps.py): the whole batch stops
 drafting while drafting's tokens per request-second of engine time fall below those without drafts.
 
 Driven by a small simulated engine with a fake clock: each round's requests verified drafts exactly when
@@ -13,10 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from dspark_proxy.acceptance import ACTIVE, PAUSED, PROBING, Acceptance, GateSettings
-from dspark_proxy.gate_tps import MIN_SAMPLES, StepRates
-from dspark_proxy.round import RoundSettings
-from dspark_proxy.stats import Stats
+from dspark_proxy.ops.stats import Stats
+from dspark_proxy.round.acceptance import ACTIVE, PAUSED, PROBING, Acceptance, GateSettings
+from dspark_proxy.round.core import RoundSettings
+from dspark_proxy.round.gate_tps import MIN_SAMPLES, StepRates
 from tests.rig import Rig, ScriptedClient
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 import engine_shim
-from dspark_proxy.launch import spawn_proxy, spawn_worker
+from dspark_proxy.ops.launch import spawn_proxy, spawn_worker
+from dspark_proxy.ops.status import read_status
 from dspark_proxy.sim import SimConfig, SimEngine
-from dspark_proxy.status import read_status
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 

@@ -39,7 +39,7 @@ def test_a_dspark_checkpoint_is_served_by_the_dspark_drafter(tmp_path) -> None:
 
 def test_worker_head_args_start_a_worker_of_that_drafter() -> None:
     """The flags as the worker parses them: its config takes each drafter's shapes from the head."""
-    from dspark_proxy.launch import spawn_worker
+    from dspark_proxy.ops.launch import spawn_worker
 
     for head, n in ((CARRY, "torch"), (DSPARK, "dspark")):
         w = spawn_worker(*worker_head_args(head, "models/stdlib-llama"), "--max-reqs", "2", timeout_s=120.0)

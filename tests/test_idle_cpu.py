@@ -21,7 +21,7 @@ import pytest
 import engine_shim
 from dspark_proxy.bench.idle import wakes
 from dspark_proxy.bench.procs import cpu_s
-from dspark_proxy.launch import Child, spawn_proxy, spawn_worker
+from dspark_proxy.ops.launch import Child, spawn_proxy, spawn_worker
 from dspark_proxy.shm.segment import Segment
 from tests.rig import decode_batch
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import dspark_proxy.wire as wire
-from dspark_proxy.inproc import InProcessClient
 from dspark_proxy.worker import WorkerServer
+from dspark_proxy.worker.inproc import InProcessClient
 from dspark_proxy.worker.testing import RawPeer, make_entries
 
 pytestmark = pytest.mark.timeout(30)

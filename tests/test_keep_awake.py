@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 import engine_shim
-from dspark_proxy import launch
 from dspark_proxy.bench.procs import cpu_s
-from dspark_proxy.launch import spawn_proxy
-from dspark_proxy.status import read_status
+from dspark_proxy.ops import launch
+from dspark_proxy.ops.launch import spawn_proxy
+from dspark_proxy.ops.status import read_status
 from tests.rig import decode_batch
 from tests.test_idle_cpu import LAYOUT, SHAPE
 

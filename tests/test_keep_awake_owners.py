@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from dspark_proxy import keep_awake
-from dspark_proxy.keep_awake import KeepAwake, cpu_quota
+from dspark_proxy.ops import keep_awake
+from dspark_proxy.ops.keep_awake import KeepAwake, cpu_quota
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -63,7 +63,7 @@ def test_two_owners_in_one_process_do_not_stop_each_others_spinners(one_cpu):
 def test_under_a_cpu_quota_no_spinner_and_said_once(monkeypatch, caplog):
     monkeypatch.setattr(keep_awake, "cpu_quota", lambda: 0.5)
     monkeypatch.setattr(keep_awake, "_quota_said", False)
-    caplog.set_level(logging.WARNING, logger="dspark_proxy.keep_awake")
+    caplog.set_level(logging.WARNING, logger="dspark_proxy.ops.keep_awake")
     ks = [KeepAwake(20.0), KeepAwake(20.0)]
     try:
         for k in ks:

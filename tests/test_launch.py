@@ -8,7 +8,7 @@ import resource
 
 import pytest
 
-from dspark_proxy.launch import spawn_worker
+from dspark_proxy.ops.launch import spawn_worker
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,7 +34,7 @@ def test_a_worker_whose_start_fails_is_not_left_running(monkeypatch):
     a failed start left a worker process behind."""
     import subprocess
 
-    import dspark_proxy.launch as launch
+    import dspark_proxy.ops.launch as launch
 
     started: list[subprocess.Popen] = []
     real_popen = subprocess.Popen

@@ -115,9 +115,9 @@ def test_the_package_never_loads_files_by_path():
 
 def test_both_clients_implement_the_draft_client_protocol():
     from dspark_proxy import wire
-    from dspark_proxy.client import TcpDraftClient
-    from dspark_proxy.draft_client import DraftClient, StepOutcome
-    from dspark_proxy.inproc import InProcessClient
+    from dspark_proxy.link.client import TcpDraftClient
+    from dspark_proxy.link.draft_client import DraftClient, StepOutcome
+    from dspark_proxy.worker.inproc import InProcessClient
 
     shape = dict(max_reqs=4, num_spec=2, window=4, row_bytes=8)
     clients = [TcpDraftClient("127.0.0.1", 1, **shape), InProcessClient(**shape)]

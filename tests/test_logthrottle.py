@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-import dspark_proxy.round as round_mod
-from dspark_proxy.logthrottle import LogThrottle
+import dspark_proxy.round.core as round_mod
+from dspark_proxy.ops.logthrottle import LogThrottle
 from tests.rig import Rig
 
 pytestmark = pytest.mark.timeout(30)
@@ -41,7 +41,7 @@ def test_an_error_in_every_round_is_logged_once(seg_name, caplog, monkeypatch):
     monkeypatch.setattr(round_mod, "_ROUND_ERRORS", LogThrottle(10.0), raising=False)
     rig = Rig(seg_name)
     try:
-        with caplog.at_level(logging.ERROR, logger="dspark_proxy.round"):
+        with caplog.at_level(logging.ERROR, logger="dspark_proxy.round.core"):
             for _ in range(30):
                 rig.client.raise_next = True  # the client raises inside the round: an internal error
                 reply, _ = rig.round([(1, 0, 1)])

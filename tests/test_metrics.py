@@ -8,13 +8,13 @@ import urllib.request
 
 import pytest
 
-from dspark_proxy.deps import MissingDependency
-from dspark_proxy.stats import Stats
+from dspark_proxy.ops.deps import MissingDependency
+from dspark_proxy.ops.stats import Stats
 
 prom = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from dspark_proxy import metrics  # noqa: E402
+from dspark_proxy.ops import metrics  # noqa: E402
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import engine_shim
-from dspark_proxy.launch import spawn_proxy, spawn_worker
+from dspark_proxy.ops.launch import spawn_proxy, spawn_worker
 from dspark_proxy.shm.segment import Segment
 from dspark_proxy.sim import SimConfig, SimEngine
 

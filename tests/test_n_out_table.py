@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import engine_shim
-from dspark_proxy.launch import spawn_proxy
+from dspark_proxy.ops.launch import spawn_proxy
 from dspark_proxy.sim import SimConfig, SimEngine
 
 pytestmark = pytest.mark.timeout(120)

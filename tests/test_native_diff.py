@@ -1,4 +1,4 @@
-"""The C hot paths (dspark_proxy/_fastround.c) against their Python reference models, side by side.
+"""The C hot paths (dspark_proxy/round/_fastround.c) against their Python reference models, side by side.
 
 Two rigs over two segments, one built with DSPARK_NATIVE=0 (the reference), one with the default (C),
 driven through the same random rounds: new and continuing requests, prefill chunks, forward jumps and

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dspark_proxy import native
-from dspark_proxy.acceptance import Acceptance, GateSettings
-from dspark_proxy.stats import Stats
+from dspark_proxy.ops.stats import Stats
+from dspark_proxy.round.acceptance import Acceptance, GateSettings
 
 M, N = 6, 4
 

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dspark_proxy.wire as wire
-from dspark_proxy import _fastround
 from dspark_proxy.native import entry_offsets
+from dspark_proxy.round import _fastround
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from dspark_proxy.cli import cli
-from dspark_proxy.exitcodes import EXIT_FAILURE, EXIT_STARTUP_FAILURE, EXIT_USAGE
+from dspark_proxy.ops.exitcodes import EXIT_FAILURE, EXIT_STARTUP_FAILURE, EXIT_USAGE
 
 pytestmark = pytest.mark.timeout(60)
 

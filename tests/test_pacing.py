@@ -1,4 +1,4 @@
-"""Link pacing (dspark_proxy/pacing.py): every transition of the row cap's table, the resync pacing, and
+"""Link pacing (dspark_proxy/round/pacing.py): every transition of the row cap's table, the resync pacing, and
 what a round may send. Time is passed in: each test replays an exact sequence."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dspark_proxy.pacing import TRANSITIONS, LinkEvent, LinkPacer, LinkState, PacingError
+from dspark_proxy.round.pacing import TRANSITIONS, LinkEvent, LinkPacer, LinkState, PacingError
 
 W, MAX_ROWS, RESYNC_MAX = 8, 256, 4
 DEADLINE_NS = 10_000_000  # 10 ms: half of it is 5000 µs

@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from dspark_proxy.launch import spawn_proxy
+from dspark_proxy.ops.launch import spawn_proxy
+from dspark_proxy.ops.status import read_status
 from dspark_proxy.shm.hostflag import HostFlags
 from dspark_proxy.shm.layout import LayoutParams
 from dspark_proxy.shm.segment import Segment
 from dspark_proxy.sim import SimConfig, SimEngine
-from dspark_proxy.status import read_status
 from engine_shim import Shim, placement
 from engine_shim.attach import AttachState
 from engine_shim.placement import ENV_WATCHER_CPUS, parse_cpus, watcher_cpus

@@ -11,11 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from dspark_proxy.client import TcpDraftClient
+from dspark_proxy.link.client import TcpDraftClient
 from dspark_proxy.pool.client import PoolClient
 from dspark_proxy.pool.member import TRANSITIONS, Member, MemberError, MemberEvent, MemberState
 from dspark_proxy.pool.route import NO_WORKER, Router, address_key
-from dspark_proxy.round import RoundSettings
+from dspark_proxy.round.core import RoundSettings
 from dspark_proxy.worker import FaultPlan, WorkerServer
 from tests.rig import Rig
 
@@ -94,8 +94,8 @@ class _Link:
 
 
 def _member(link=None, breaker=(2, 3)) -> Member:
-    from dspark_proxy.breaker import CircuitBreaker
-    from dspark_proxy.pacing import LinkPacer
+    from dspark_proxy.round.breaker import CircuitBreaker
+    from dspark_proxy.round.pacing import LinkPacer
 
     return Member("h:1", link or _Link(), breaker=CircuitBreaker(*breaker),
                   pacer=LinkPacer(window=W, max_rows=64, resync_max=1, deadline_ns=10**7, publish=lambda k, v: None),
@@ -372,7 +372,7 @@ def test_a_pool_of_one_is_paced_by_the_round_alone():
     """Alone, a worker's timeouts must not set a second row cap under the round's own (a pool of one
     from a file, as the chaos campaign runs: its windows took 7 rounds to be whole after engine_restart,
     bound 5, while both caps cut the resends)."""
-    from dspark_proxy.draft_client import StepOutcome
+    from dspark_proxy.link.draft_client import StepOutcome
 
     timeout = StepOutcome(False, "timeout", None, 0.0)
     one = PoolClient(["127.0.0.1:1"], max_reqs=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W,

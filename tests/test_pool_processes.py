@@ -13,7 +13,7 @@ import time
 import pytest
 
 import engine_shim
-from dspark_proxy.launch import spawn_proxy, spawn_worker
+from dspark_proxy.ops.launch import spawn_proxy, spawn_worker
 from dspark_proxy.sim import SimConfig, SimEngine
 
 pytestmark = pytest.mark.timeout(150)

@@ -9,14 +9,14 @@ import time
 
 import pytest
 
-from dspark_proxy.client import TcpDraftClient
 from dspark_proxy.config import ConfigError, ProxyConfig
-from dspark_proxy.metrics import worker_families
+from dspark_proxy.link.client import TcpDraftClient
+from dspark_proxy.ops.metrics import worker_families
+from dspark_proxy.ops.status import worker_lines
 from dspark_proxy.pool.addresses import parse_worker_spec
 from dspark_proxy.pool.client import PoolClient
 from dspark_proxy.pool.member import link_of
 from dspark_proxy.proxy import Proxy, worker_links
-from dspark_proxy.status import worker_lines
 from dspark_proxy.worker import WorkerServer
 from dspark_proxy.worker.session import slot_bytes
 
@@ -67,7 +67,7 @@ def test_connected_then_backing_off_with_next_try():
     c.start()
     try:
         _until(lambda: c.connection_epoch() is not None)
-        from dspark_proxy.breaker import CircuitBreaker
+        from dspark_proxy.round.breaker import CircuitBreaker
 
         link = link_of(c, CircuitBreaker(3, 5))
         assert link["state"] == "connected" and link["breaker"] == "closed" and link["drafter"] == "integrity"
@@ -192,8 +192,8 @@ def test_reload_of_the_worker_file(tmp_path):
 
 
 def test_a_pool_of_one_shows_the_rounds_breaker():
-    from dspark_proxy.breaker import CircuitBreaker
-    from dspark_proxy.draft_client import StepOutcome
+    from dspark_proxy.link.draft_client import StepOutcome
+    from dspark_proxy.round.breaker import CircuitBreaker
 
     pool = PoolClient(["127.0.0.1:1"], max_reqs=M, num_spec=N, window=W, row_bytes=B, max_rows=M * W,
                       deadline_ms=10.0, breaker=(2, 5))

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import engine_shim
-from dspark_proxy.launch import spawn_proxy, spawn_worker
-from dspark_proxy.metrics import snapshot_to_families
+from dspark_proxy.ops.launch import spawn_proxy, spawn_worker
+from dspark_proxy.ops.metrics import snapshot_to_families
 from dspark_proxy.sim import SimConfig, SimEngine
 
 pytestmark = pytest.mark.timeout(120)
@@ -93,8 +93,8 @@ def test_proxy_and_worker_endpoints_pass_promtool(seg_name):
 def test_worker_refusals_by_cause_are_counted():
     """A proxy of other shapes is refused at its HELLO (adopt off): the worker counts it as a mismatch."""
     pytest.importorskip("prometheus_client")
-    from dspark_proxy.client import TcpDraftClient
-    from dspark_proxy.metrics import start_metrics_server
+    from dspark_proxy.link.client import TcpDraftClient
+    from dspark_proxy.ops.metrics import start_metrics_server
     from dspark_proxy.worker.metrics import WorkerCollector
     from dspark_proxy.worker.server import WorkerServer
 

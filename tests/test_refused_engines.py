@@ -18,8 +18,8 @@ import pytest
 
 import engine_shim
 from dspark_proxy.config import ProxyConfig
-from dspark_proxy.launch import spawn_proxy
 from dspark_proxy.model.manifest import HeadManifest, head_paths
+from dspark_proxy.ops.launch import spawn_proxy
 from dspark_proxy.proxy import Proxy
 from dspark_proxy.shm.refusals import REFUSED_SLOTS, read_refusals, record_refusal
 from dspark_proxy.shm.segment import LayoutMismatch

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from dspark_proxy import wire
-from dspark_proxy.draft_client import StepOutcome
-from dspark_proxy.ndrafts import leading_drafts
-from dspark_proxy.round import RoundSettings
+from dspark_proxy.link.draft_client import StepOutcome
+from dspark_proxy.round.core import RoundSettings
+from dspark_proxy.round.ndrafts import leading_drafts
 from dspark_proxy.shm.layout import STATUS_OK, STATUS_SOME_FAILED, SUPPORT_K
 from engine_shim.reply import Reply
 from tests.rig import Rig, ScriptedClient

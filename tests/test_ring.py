@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dspark_proxy.ring_model import NO_OWNER, SlotTable
+from dspark_proxy.round.ring_model import NO_OWNER, SlotTable
 
 I64 = np.int64
 

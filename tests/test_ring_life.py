@@ -301,7 +301,7 @@ def test_a_ring_the_proxy_cannot_map_fails_rounds_closed_with_one_line(seg_name,
     10 s, counted as an internal error)."""
     import logging
 
-    from dspark_proxy import ring_rows
+    from dspark_proxy.round import ring_rows
     from dspark_proxy.shm.layout import STATUS_ROUND_FAILED
     from tests.rig import Rig
 
@@ -309,7 +309,7 @@ def test_a_ring_the_proxy_cannot_map_fails_rounds_closed_with_one_line(seg_name,
         raise ring_shm.RingError(f"the engine's ring {name} cannot be opened: Permission denied")
 
     monkeypatch.setattr(ring_rows, "open_ring", refused)
-    with caplog.at_level(logging.WARNING, logger="dspark_proxy.round"), Rig(seg_name, M=4, N=3, W=4, B=64) as rig:
+    with caplog.at_level(logging.WARNING, logger="dspark_proxy.round.core"), Rig(seg_name, M=4, N=3, W=4, B=64) as rig:
         for _ in range(3):
             reply, _b = rig.round([(1, 0, 1)])
             assert reply.status == STATUS_ROUND_FAILED and not reply.ok_mask.any()

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dspark_proxy.ring_model import SlotTable
+from dspark_proxy.round.ring_model import SlotTable
 from dspark_proxy.shm.layout import STATUS_OK, STATUS_ROUND_FAILED
 from tests.rig import Rig
 from tests.test_ring import M, RefRing, _draw_round, arr, window_size

@@ -183,7 +183,7 @@ def worker():
 def test_every_usable_draft_is_the_oracles_through_the_real_worker(worker, data):
     """The same over TCP to the real worker (its CRC chains, its statuses, the wire), with the worker
     dropping every window now and then (a new session: it answers UNKNOWN_SLOT and the round resyncs)."""
-    from dspark_proxy.client import TcpDraftClient
+    from dspark_proxy.link.client import TcpDraftClient
 
     name = new_segment_name("round-property-tcp")
     client = TcpDraftClient("127.0.0.1", worker.port, max_reqs=M, num_spec=N, window=W, row_bytes=B)

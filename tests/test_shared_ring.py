@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dspark_proxy import native
-from dspark_proxy.ring_rows import GATHER_BELOW, RingRows
+from dspark_proxy.round.ring_rows import GATHER_BELOW, RingRows
 from dspark_proxy.shm import ring_shm
 from dspark_proxy.shm.hostflag import HostFlags
 from dspark_proxy.shm.layout import STATUS_ROUND_FAILED

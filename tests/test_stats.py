@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dspark_proxy import stats as stats_mod
-from dspark_proxy.stats import LATENCY_FIELDS, Stats
+from dspark_proxy.ops import stats as stats_mod
+from dspark_proxy.ops.stats import LATENCY_FIELDS, Stats
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dspark_proxy import native
-from dspark_proxy.round_stats import ROUND_KEYS, RoundLatencies
-from dspark_proxy.stats import Stats
+from dspark_proxy.ops.stats import Stats
+from dspark_proxy.round.stats import ROUND_KEYS, RoundLatencies
 
 KEYS = ("a", "b", "c", "d")
 

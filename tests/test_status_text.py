@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from dspark_proxy.logthrottle import KeyedThrottle
-from dspark_proxy.status import WIDTH, format_status
+from dspark_proxy.ops.logthrottle import KeyedThrottle
+from dspark_proxy.ops.status import WIDTH, format_status
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -96,7 +96,7 @@ def test_keyed_throttle_logs_once_per_key_and_counts_the_rest(caplog):
 
 def test_worker_warns_once_for_a_proxy_that_keeps_retrying(caplog):
     """A proxy of other shapes reconnects every ~0.3 s at first: the worker's WARNING is written once."""
-    from dspark_proxy.client import TcpDraftClient
+    from dspark_proxy.link.client import TcpDraftClient
     from dspark_proxy.worker.server import WorkerServer
 
     srv = WorkerServer("127.0.0.1", 0, num_spec=2, window=4, row_bytes=8, max_reqs=4, adopt_shapes=False)

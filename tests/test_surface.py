@@ -14,10 +14,10 @@ from click.testing import CliRunner
 
 import engine_shim
 from dspark_proxy.commands import control
-from dspark_proxy.exitcodes import EXIT_MISSING_DEPENDENCY
-from dspark_proxy.screen import Screen
+from dspark_proxy.ops.exitcodes import EXIT_MISSING_DEPENDENCY
+from dspark_proxy.ops.screen import Screen
+from dspark_proxy.ops.status import drafting_summary, format_drafting, format_status, read_status
 from dspark_proxy.sim import SimConfig, SimEngine
-from dspark_proxy.status import drafting_summary, format_drafting, format_status, read_status
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -72,7 +72,7 @@ def test_status_shows_the_drafting_human_and_json(live_proxy, seg_name):
 
 def test_prometheus_from_a_live_proxy(live_proxy):
     pytest.importorskip("prometheus_client")
-    from dspark_proxy.metrics import snapshot_to_families
+    from dspark_proxy.ops.metrics import snapshot_to_families
 
     fams = {f.name: f for f in snapshot_to_families(live_proxy.proxy.snapshot())}
     assert fams["dspark_proxy_spec_decode_num_drafts"].type == "counter"  # exposed as ..._total

@@ -15,8 +15,8 @@ import pytest
 
 import dspark_proxy.wire as wire
 import engine_shim
-from dspark_proxy.client import TcpDraftClient
 from dspark_proxy.config import ConfigError, ProxyConfig
+from dspark_proxy.link.client import TcpDraftClient
 from dspark_proxy.proxy import Proxy
 from dspark_proxy.shm.target import TARGET_OFF, read_engine_target, write_engine_target
 from dspark_proxy.sim import SimConfig, SimEngine
@@ -180,8 +180,8 @@ def test_a_head_worker_takes_its_shapes_from_the_manifest():
     (before: refused at start, "head manifest row_bytes=1152 but the worker has 256")."""
     pytest.importorskip("torch")
     pytest.importorskip("safetensors")
-    from dspark_proxy.launch import spawn_worker
     from dspark_proxy.model.manifest import HeadManifest
+    from dspark_proxy.ops.launch import spawn_worker
 
     man = HeadManifest.load(HEAD / "manifest.json")
     w = spawn_worker("--drafter", "torch", "--head", str(HEAD), timeout_s=60.0)

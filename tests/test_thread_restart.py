@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from dspark_proxy.ops.status import format_status as _table
+from dspark_proxy.ops.status import read_status
 from dspark_proxy.shm.layout import Word
 from dspark_proxy.shm.segment import Segment
-from dspark_proxy.status import format_status as _table
-from dspark_proxy.status import read_status
 from engine_shim import api
 from tests.rig import decode_batch
 

@@ -11,8 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from dspark_proxy.events import EventRing
-from dspark_proxy.round import RoundCore, RoundSettings
+from dspark_proxy.ops.events import EventRing
+from dspark_proxy.round.core import RoundCore, RoundSettings
 from dspark_proxy.shm.layout import META_SLOTS, STATUS_ROUND_FAILED
 from tests.rig import Rig, full_windows, rounds_until_full, staged_slots
 

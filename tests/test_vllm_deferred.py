@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dspark_proxy.launch import spawn_proxy
+from dspark_proxy.ops.launch import spawn_proxy
 from engine_shim.attach import AttachState
 from engine_shim.vllm import hook
 from engine_shim.vllm_proposer import DSparkProposer

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dspark_proxy.launch import spawn_proxy
 from dspark_proxy.model.manifest import HeadManifest, head_paths
+from dspark_proxy.ops.launch import spawn_proxy
 from dspark_proxy.shm.layout import State, Word
 from dspark_proxy.shm.segment import LayoutParams, Segment
 from engine_shim.attach import AttachState

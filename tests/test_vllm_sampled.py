@@ -115,7 +115,7 @@ def test_the_proposer_asks_a_sampled_proxy_for_drawn_drafts_and_hands_their_q(en
     comes back for vLLM, and a step of greedy requests alone hands vLLM no probabilities."""
     from types import SimpleNamespace
 
-    from dspark_proxy.launch import spawn_proxy
+    from dspark_proxy.ops.launch import spawn_proxy
     from engine_shim.vllm_proposer import DSparkProposer
     from tests.test_vllm_proposer import MAN, M, _bound, _config, _step
 
@@ -217,7 +217,7 @@ def test_sampled_requests_through_vllm_keep_the_target_distribution_and_greedy_o
         shapes_args,
         vllm_threads_env,
     )
-    from dspark_proxy.launch import spawn_proxy, spawn_worker
+    from dspark_proxy.ops.launch import spawn_proxy, spawn_worker
     from tests.conftest import _unlink
 
     layout = shapes_args(DEFAULT_HEAD, SEQS)

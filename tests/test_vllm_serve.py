@@ -24,9 +24,9 @@ openai = pytest.importorskip("openai")
 
 from dspark_proxy.integrations.vllm_demo import DEFAULT_HEAD, DEFAULT_MODEL, PROMPTS, shapes_args  # noqa: E402
 from dspark_proxy.integrations.vllm_serve import spawn_server  # noqa: E402
-from dspark_proxy.launch import spawn_proxy, spawn_worker  # noqa: E402
 from dspark_proxy.model.manifest import HeadManifest, head_paths  # noqa: E402
-from dspark_proxy.status import read_status  # noqa: E402
+from dspark_proxy.ops.launch import spawn_proxy, spawn_worker  # noqa: E402
+from dspark_proxy.ops.status import read_status  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 

@@ -21,7 +21,7 @@ import numpy as np
 import posix_ipc
 import pytest
 
-from dspark_proxy.launch import spawn_proxy, wait_proxy_ready
+from dspark_proxy.ops.launch import spawn_proxy, wait_proxy_ready
 from dspark_proxy.shm import _hostflag
 from dspark_proxy.shm.hostflag import FAR_AHEAD, HostFlags
 from dspark_proxy.shm.layout import LayoutParams, State, Word

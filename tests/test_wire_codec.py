@@ -446,7 +446,7 @@ def test_the_reply_checks_in_c_are_their_numpy_definition(n, data):
     """_fastround.check_reply answers what reply_section_error_reference answers (the first failed
     check over the whole batch) on replies with statuses, windows and confidences anywhere, NaN and
     infinities included; and decode_reply refuses the same replies with the same message either way."""
-    from dspark_proxy import _fastround
+    from dspark_proxy.round import _fastround
     from dspark_proxy.wire.reply_checks import _USABLE_U8, reply_section_error, reply_section_error_reference
 
     N, W = 5, 8

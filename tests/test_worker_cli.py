@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 import dspark_proxy.wire as wire
-from dspark_proxy.client import TcpDraftClient
 from dspark_proxy.commands.worker import worker
+from dspark_proxy.link.client import TcpDraftClient
 from dspark_proxy.worker import CRASH_EXIT_CODE
 
 pytestmark = pytest.mark.timeout(60)

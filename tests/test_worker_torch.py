@@ -382,7 +382,7 @@ def test_served_by_the_worker():
 
 
 def test_torch_is_not_imported_unless_chosen():
-    code = ("import sys, dspark_proxy.worker, dspark_proxy.client, dspark_proxy.commands.worker;"
+    code = ("import sys, dspark_proxy.worker, dspark_proxy.link.client, dspark_proxy.commands.worker;"
             "from dspark_proxy.worker import WorkerServer;"
             "s = WorkerServer('127.0.0.1', 0, num_spec=2, window=2, row_bytes=8, max_reqs=2); s.start(); s.stop();"
             "assert 'torch' not in sys.modules, 'torch imported'")

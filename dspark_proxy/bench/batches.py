@@ -81,7 +81,7 @@ def wait_connected(name: str, timeout_s: float = 20.0, workers: int = 1) -> None
     enter its latency histogram as sub-millisecond rounds."""
     import time
 
-    from dspark_proxy.status import read_status
+    from dspark_proxy.ops.status import read_status
 
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:

@@ -62,8 +62,8 @@ def _drive(shim: Any, gen: RoundGen, seconds: float, max_rounds: int, warmup: in
 def _one(mode: str, busy: int, worker_addr: str, name: str, seconds: float, max_rounds: int,
          warmup: int, other_cpu: int | None) -> dict[str, Any]:
     import engine_shim
-    from dspark_proxy.launch import spawn_proxy
-    from dspark_proxy.status import read_status
+    from dspark_proxy.ops.launch import spawn_proxy
+    from dspark_proxy.ops.status import read_status
 
     s = GIL_SHAPE
     layout = {k: s[k] for k in ("max_reqs", "num_spec", "window", "row_bytes")}
@@ -114,7 +114,7 @@ def _wait_ready(shim: Any, timeout_s: float = 10.0) -> None:
 
 def run_gil(quick: bool = False, say: Callable[[str], None] = lambda s: None,
             prefix: str = "") -> tuple[dict, Samples]:
-    from dspark_proxy.launch import spawn_worker
+    from dspark_proxy.ops.launch import spawn_worker
 
     s = GIL_SHAPE
     seconds, max_rounds, warmup = (1.5, 600, 10) if quick else (8.0, 4000, 30)

@@ -12,7 +12,7 @@ Also the bare hand-off (bench/bare.py, also scripts/bench_handoff.py's): the sam
 copy through a real segment with no round logic (no Shim, no RoundCore): the distance between it
 and the full hand-off is what the Python work on both sides costs.
 
-Both paths: the keys above run the default (native: dspark_proxy/_fastround.c) hot paths; each
+Both paths: the keys above run the default (native: dspark_proxy/round/_fastround.c) hot paths; each
 placement also has `reference`, the same rounds with DSPARK_NATIVE=0 on both sides (the Python reference
 models), and the unpinned placement `decode_n256` (n = 256 requests of one 256-byte row each) on both
 paths: the figures of the same run, side by side.
@@ -76,11 +76,11 @@ def time_handoff(name: str, rounds: int, warmup: int, other_cpu: int | None,
     import numpy as np
 
     import engine_shim
-    from dspark_proxy.launch import spawn_proxy
+    from dspark_proxy.ops.launch import spawn_proxy
+    from dspark_proxy.ops.status import read_status
     from dspark_proxy.shm import _hostflag as hf_c
     from dspark_proxy.shm.layout import Word
     from dspark_proxy.shm.segment import Segment
-    from dspark_proxy.status import read_status
 
     with on_cpu(other_cpu), _path(native):
         proxy = spawn_proxy(name, "null", *_layout_args(shape), "--deadline-ms", "5000", "--log-every", "0",

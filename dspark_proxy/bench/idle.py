@@ -89,7 +89,7 @@ def idle_states(seconds: float, prefix: str, say: Callable[[str], None] = lambda
     """Every idle state in turn, each measured for `seconds`, at small shapes (M=16, N=5, W=32,
     256-byte rows: what idles does not depend on them, and each state needs a segment of its own)."""
     import engine_shim
-    from dspark_proxy.launch import spawn_proxy, spawn_worker
+    from dspark_proxy.ops.launch import spawn_proxy, spawn_worker
     from dspark_proxy.shm.segment import Segment
 
     from .batches import RoundGen, wait_connected

@@ -61,8 +61,8 @@ def _idle(proxy_pid: int, worker_pid: int, watchdog: Any, seconds: float) -> dic
 def run_memory(quick: bool = False, say: Callable[[str], None] = lambda s: None,
                prefix: str = "") -> tuple[dict, Samples]:
     import engine_shim
-    from dspark_proxy.launch import spawn_proxy, spawn_worker
-    from dspark_proxy.status import read_status
+    from dspark_proxy.ops.launch import spawn_proxy, spawn_worker
+    from dspark_proxy.ops.status import read_status
 
     r = REALISTIC
     rounds, idle_s = (3, 2.0) if quick else (8, 10.0)

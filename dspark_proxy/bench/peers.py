@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection, Pipe
 
 import numpy as np
 
-from ..launch import readable
+from ..ops.launch import readable
 from ..shm import hostflag as hf
 from ..shm.hostflag import AdaptiveSpin
 from .procs import on_cpu

@@ -13,13 +13,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..breaker import CircuitBreaker
-from ..draft_client import DraftClient
-from ..events import EventRing
-from ..round import RoundCore, RoundSettings
+from ..link.draft_client import DraftClient
+from ..ops.events import EventRing
+from ..ops.stats import Stats
+from ..round.breaker import CircuitBreaker
+from ..round.core import RoundCore, RoundSettings
 from ..shm.layout import LayoutParams, State, Word
 from ..shm.segment import Segment
-from ..stats import Stats
 
 __all__ = ["RoundRig", "TimedClient"]
 

@@ -45,8 +45,8 @@ def _case(row_bytes: int, n: int, k: int, rounds: int, warmup: int, sink: RawSin
           name: str, workers: int = 1) -> dict[str, Any]:
     import engine_shim
     from dspark_proxy import wire
-    from dspark_proxy.launch import spawn_proxy, spawn_worker
-    from dspark_proxy.status import read_status
+    from dspark_proxy.ops.launch import spawn_proxy, spawn_worker
+    from dspark_proxy.ops.status import read_status
 
     layout = ["--max-reqs", str(n), "--num-spec", str(NUM_SPEC), "--window", str(k),
               "--row-bytes", str(row_bytes)]

@@ -44,9 +44,9 @@ class ScaleRig:
 
     def __init__(self, name: str, *, max_reqs: int, window: int, num_spec: int = NUM_SPEC,
                  row_bytes: int = ROW_BYTES) -> None:
-        from dspark_proxy.inproc import InProcessClient
-        from dspark_proxy.round import RoundSettings
+        from dspark_proxy.round.core import RoundSettings
         from dspark_proxy.shm.layout import LayoutParams
+        from dspark_proxy.worker.inproc import InProcessClient
 
         from .rig import RoundRig, TimedClient
 

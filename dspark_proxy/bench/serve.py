@@ -75,8 +75,8 @@ def _start_arm(arm: str, head: Path | None, stack: ExitStack, logs: Path, vllm_c
     sampled request's drafts are drawn from the head's q and vLLM verifies against q (docs/vllm.md)."""
     from ..integrations.vllm_demo import shapes_args
     from ..integrations.vllm_serve import CPU_SETTINGS, Server, free_port, serve_args, serve_env, spawn_server
-    from ..launch import spawn_proxy, spawn_worker
     from ..model.head_shapes import worker_head_args
+    from ..ops.launch import spawn_proxy, spawn_worker
 
     if head is None:
         if arm == "nospec":

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..ops.status import read_status
 from ..shm.segment import SegmentError
-from ..status import read_status
 
 if TYPE_CHECKING:
     from .controller import Controller

@@ -20,8 +20,8 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..ops.status import read_status
 from ..shm.segment import SegmentError
-from ..status import read_status
 
 if TYPE_CHECKING:
     from .controller import Controller

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from ..launch import Child, spawn_proxy, spawn_worker
+from ..ops.launch import Child, spawn_proxy, spawn_worker
 from ..shm.segment import Segment, SegmentError, shm_name
 
 __all__ = ["ChaosSystem", "Layout4", "free_fixed_port"]

@@ -11,8 +11,8 @@ import time
 from collections import Counter
 from typing import Any
 
+from ..ops.status import read_status
 from ..shm.segment import SegmentError
-from ..status import read_status
 
 __all__ = ["ProxyTally", "ShimEventLog", "counter_delta"]
 

@@ -48,7 +48,7 @@ def chaos(duration_s: float, deadline_ms: float, margin_ms: float, max_reqs: int
           quiet: bool, plot_path: str | None) -> None:
     """Inject every fault kind into a running system; report what the engine saw, per fault."""
     from ..chaos import KIND_NAMES, ChaosConfig, format_table, run_campaign
-    from ..exitcodes import EXIT_FAILURE, EXIT_WRONG_DRAFTS
+    from ..ops.exitcodes import EXIT_FAILURE, EXIT_WRONG_DRAFTS
 
     plot_dir, _ = plot_option("chaos", plot_path)
     if not quiet:

@@ -8,10 +8,10 @@ import time
 
 import click
 
-from ..exitcodes import EXIT_FAILURE
-from ..screen import Screen
+from ..ops.exitcodes import EXIT_FAILURE
+from ..ops.screen import Screen
+from ..ops.status import HEALTH_EXIT, format_status, read_status, stop_proxy
 from ..shm.segment import DEFAULT_NAME, SegmentError
-from ..status import HEALTH_EXIT, format_status, read_status, stop_proxy
 
 __all__ = ["stop", "status", "read_status"]  # read_status: re-exported for older callers
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from ..exitcodes import EXIT_USAGE
+from ..ops.exitcodes import EXIT_USAGE
 from .errors import fail
 
 __all__ = ["demo"]
@@ -65,7 +65,7 @@ def demo(duration_s: float, rounds: int | None, max_reqs: int, num_spec: int, wi
         fail("demo", "--head: only with --engine vllm (the simulated engine drafts with the integrity oracle)",
              EXIT_USAGE)
     from ..demo import run_demo
-    from ..exitcodes import EXIT_WRONG_DRAFTS
+    from ..ops.exitcodes import EXIT_WRONG_DRAFTS
 
     r = run_demo(rounds=rounds, duration_s=duration_s, max_reqs=max_reqs, num_spec=num_spec, window=window,
                  row_bytes=row_bytes, deadline_ms=deadline_ms, seed=seed, engine_work_us=engine_work_us, name=name,
@@ -77,9 +77,9 @@ def demo(duration_s: float, rounds: int | None, max_reqs: int, num_spec: int, wi
 
 
 def _vllm_demo(as_json: bool, cost: bool, name: str | None, keep_awake_ms: float, head: str | None) -> None:
-    from ..exitcodes import EXIT_WRONG_DRAFTS
     from ..integrations.vllm_demo import DEFAULT_HEAD, run_vllm_demo
     from ..model.head_shapes import load_head_shapes
+    from ..ops.exitcodes import EXIT_WRONG_DRAFTS
 
     head = head or str(DEFAULT_HEAD)
     try:

@@ -9,7 +9,7 @@ import json
 import click
 
 from ..aliases import PromptsArg, deprecated_alias, split_prompts
-from ..exitcodes import EXIT_USAGE
+from ..ops.exitcodes import EXIT_USAGE
 from .errors import fail
 
 __all__ = ["generate"]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from ..deps import MissingDependency
-from ..exitcodes import EXIT_MISSING_DEPENDENCY
+from ..ops.deps import MissingDependency
+from ..ops.exitcodes import EXIT_MISSING_DEPENDENCY
 
 __all__ = ["plot_option"]
 

@@ -9,10 +9,10 @@ import click
 
 from ..config import ProxyConfig, format_settings
 from ..config_flags import build_config, click_options
-from ..deps import MissingDependency, proxy_needs
-from ..exitcodes import EXIT_MISSING_DEPENDENCY, EXIT_STARTUP_FAILURE
-from ..metrics import MetricsBindError
-from ..runtime import TokenFileError, read_token, setup_logging
+from ..ops.deps import MissingDependency, proxy_needs
+from ..ops.exitcodes import EXIT_MISSING_DEPENDENCY, EXIT_STARTUP_FAILURE
+from ..ops.metrics import MetricsBindError
+from ..ops.runtime import TokenFileError, read_token, setup_logging
 from ..shm.segment import SegmentError
 
 __all__ = ["start", "setup_logging", "read_token", "token_or_bad_parameter"]

@@ -13,9 +13,9 @@ import click
 
 from ..config import WorkerConfig, format_settings
 from ..config_flags import build_config, click_options
-from ..deps import MissingDependency, worker_needs
-from ..exitcodes import EXIT_MISSING_DEPENDENCY, EXIT_STARTUP_FAILURE
-from ..runtime import setup_logging
+from ..ops.deps import MissingDependency, worker_needs
+from ..ops.exitcodes import EXIT_MISSING_DEPENDENCY, EXIT_STARTUP_FAILURE
+from ..ops.runtime import setup_logging
 from .start import token_or_bad_parameter
 
 __all__ = ["worker"]

@@ -188,9 +188,9 @@ def run_vllm_demo(*, model: str | os.PathLike = DEFAULT_MODEL, head: str | os.Pa
                   prompts: list[str] | None = None, max_tokens: int = 64, timing_tokens: int = 128,
                   deadline_ms: float = 50.0, max_num_seqs: int = 8, cost: bool = False, name: str | None = None,
                   quiet: bool = False, keep_awake_ms: float = 20.0) -> dict[str, Any]:
-    from ..launch import spawn_proxy, spawn_worker
     from ..model.head_shapes import head_drafter, load_head_shapes, worker_head_args
-    from ..status import read_status
+    from ..ops.launch import spawn_proxy, spawn_worker
+    from ..ops.status import read_status
 
     say = (lambda msg: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     prompts = list(PROMPTS if prompts is None else prompts)
@@ -290,8 +290,8 @@ def measure_cost(base: dict[str, Any], layout: list[str], name: str, say,
     """What the shim and the proxy add to a vLLM step at one request, side by side in one engine: the
     proposer's rounds made in place and through the shim to a proxy with a null worker (the same drafts,
     so the same verification), alternating generation by generation (vllm_arm.CostProposer)."""
-    from ..launch import spawn_proxy
-    from ..status import read_status
+    from ..ops.launch import spawn_proxy
+    from ..ops.status import read_status
 
     spec = {**base, "prompts": [], "env": {**base["env"], "DSPARK_PROXY": name},
             "timing": {**base["timing"], "repeats": 12}}

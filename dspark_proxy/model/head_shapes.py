@@ -57,7 +57,7 @@ def is_dspark_dir(path: str | Path) -> bool:
 def _dspark(cfg_path: Path) -> DSparkShapes:
     """The shapes of a checkpoint, read and checked by the worker's own reader (dspark_ckpt.read_spec:
     CheckpointError, a ValueError naming the file and the field)."""
-    from ..worker.dspark_ckpt import read_spec
+    from .dspark_ckpt import read_spec
 
     s = read_spec(cfg_path.parent)
     return DSparkShapes(path=str(cfg_path.parent), tap_layers=list(s.aux_layer_ids),

@@ -38,11 +38,11 @@ from typing import Any
 import numpy as np
 
 from .. import wire
-from ..breaker import CircuitBreaker
-from ..client import TcpDraftClient
 from ..config import ConfigError, parse_hostport
-from ..draft_client import StepOutcome
-from ..pacing import LinkPacer
+from ..link.client import TcpDraftClient
+from ..link.draft_client import StepOutcome
+from ..round.breaker import CircuitBreaker
+from ..round.pacing import LinkPacer
 from .addresses import read_address_file
 from .member import Member, MemberEvent, MemberState
 from .route import NO_WORKER, Router, address_key

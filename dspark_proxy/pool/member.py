@@ -24,9 +24,9 @@ import time
 from collections import Counter
 from typing import Any
 
-from ..breaker import CircuitBreaker
-from ..client import TcpDraftClient
-from ..pacing import LinkPacer
+from ..link.client import TcpDraftClient
+from ..round.breaker import CircuitBreaker
+from ..round.pacing import LinkPacer
 from ..wire.step import StepPrefix
 
 __all__ = ["TRANSITIONS", "Member", "MemberError", "MemberEvent", "MemberState", "link_of"]

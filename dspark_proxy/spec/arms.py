@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..inproc import InProcessClient
 from ..model.head_shapes import DSparkShapes, head_drafter, load_head_shapes
+from ..worker.inproc import InProcessClient
 
 __all__ = ["HeadInProcessClient", "thread_shim"]
 

@@ -135,7 +135,7 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
     import engine_shim
 
     from ..model.head_shapes import head_drafter, load_head_shapes
-    from ..status import read_status
+    from ..ops.status import read_status
     from .arms import thread_shim
     from .system import SpecSystem
 

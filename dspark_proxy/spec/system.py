@@ -11,8 +11,8 @@ import time
 from contextlib import contextmanager
 
 from ..chaos.system import free_fixed_port
-from ..launch import Child, spawn_proxy, spawn_worker
 from ..model.head_shapes import head_drafter, load_head_shapes, worker_head_args
+from ..ops.launch import Child, spawn_proxy, spawn_worker
 
 __all__ = ["SpecSystem"]
 

@@ -1,6 +1,6 @@
 """The proxy ↔ worker wire protocol (FORMAT.md): layouts, messages and a sans-IO codec.
 
-This package never touches sockets, threads or clocks; `dspark_proxy.conn` does the I/O. The byte
+This package never touches sockets, threads or clocks; `dspark_proxy.link.conn` does the I/O. The byte
 layouts are documented in FORMAT.md next to this file.
 """
 

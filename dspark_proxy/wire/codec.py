@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
-from .. import _fastround
 from ..native import enabled as _native_enabled
 from ..native import entry_offsets
+from ..round import _fastround
 from .dtypes import (
     APP_HEADER_SIZE,
     APP_HEADER_STRUCT,

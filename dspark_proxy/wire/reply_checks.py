@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _fastround
+from ..round import _fastround
 from .dtypes import RS_MAX, USABLE_STATUS_TABLE
 
 __all__ = ["REPLY_SECTION_ERRORS", "reply_section_error", "reply_section_error_reference"]

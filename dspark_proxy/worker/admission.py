@@ -19,8 +19,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from ..conn import FramedConnection
-from ..logthrottle import KeyedThrottle
+from ..link.conn import FramedConnection
+from ..ops.logthrottle import KeyedThrottle
 from ..wire import (
     APP_HEADER_SIZE,
     MAX_CONTROL_PAYLOAD,

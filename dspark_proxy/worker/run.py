@@ -77,7 +77,7 @@ def _dspark_shapes(cfg: WorkerConfig, sources: Mapping[str, str]) -> WorkerConfi
     """A DSpark checkpoint fixes N (block_size, less the anchor when it is the bonus token), the row
     bytes (tapped layers x hidden x --row-dtype) and, when every draft layer slides, the window; a
     full-attention checkpoint needs --window (exact only for contexts <= W; the drafter says so)."""
-    from .dspark_ckpt import read_spec  # JSON only: no torch
+    from ..model.dspark_ckpt import read_spec  # JSON only: no torch
 
     head = cfg.head
     if not head:
@@ -122,7 +122,7 @@ def _serve(server: WorkerServer, host: str, cfg: WorkerConfig) -> None:
     metrics = None
     try:
         if cfg.metrics_port is not None:  # before the line tests wait for: a scrape may follow it at once
-            from ..metrics import start_metrics_server
+            from ..ops.metrics import start_metrics_server
             from .metrics import WorkerCollector
 
             metrics = start_metrics_server(cfg.metrics_port, None, addr=cfg.metrics_host,

@@ -25,10 +25,10 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import __version__
-from ..conn import FramedConnection, listen_tcp
 from ..crc import WindowShifts
-from ..keep_awake import KeepAwake
-from ..metrics import LATENCY_BOUNDS_S
+from ..link.conn import FramedConnection, listen_tcp
+from ..ops.keep_awake import KeepAwake
+from ..ops.metrics import LATENCY_BOUNDS_S
 from ..wire import (
     APP_HEADER_SIZE,
     MAX_CONTROL_PAYLOAD,

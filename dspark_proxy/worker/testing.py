@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from .. import wire
-from ..conn import FramedConnection
+from ..link.conn import FramedConnection
 
 __all__ = ["RowHistory", "RawPeer", "make_entries"]
 

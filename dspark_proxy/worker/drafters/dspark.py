@@ -30,8 +30,8 @@ import logging
 import numpy as np
 import torch
 
+from ...model.dspark_ckpt import ROW_ITEMSIZE, CheckpointError, load_tensors, read_spec, resolve_target
 from ...wire import TOP_K, ReplyWriter
-from ..dspark_ckpt import ROW_ITEMSIZE, CheckpointError, load_tensors, read_spec, resolve_target
 from .base import DraftItem, seeded_uniform
 
 __all__ = ["DSparkDrafter"]

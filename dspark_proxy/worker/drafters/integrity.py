@@ -61,7 +61,7 @@ class IntegrityDrafter:
     def fill_sampled(self, out, idx: np.ndarray, temperature: np.ndarray) -> None:
         """Sampled mode's sections for the requests `idx` whose drafts are already in `out` and that
         sample (temperature > 0): sampled_mask 1, support draft + k, q one-hot on k = 0. Also what the
-        in-process `null` worker answers sampled rounds with (dspark_proxy.inproc)."""
+        in-process `null` worker answers sampled rounds with (dspark_proxy.worker.inproc)."""
         hot = idx[temperature > 0]
         if hot.size:
             out.sampled_mask[hot] = 1

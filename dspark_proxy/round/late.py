@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .shm.stamped import BadDescriptor
+from ..shm.stamped import BadDescriptor
 
 if TYPE_CHECKING:
-    from .events import EventRing
+    from ..ops.events import EventRing
+    from ..ops.stats import Stats
+    from ..shm.segment import Segment
+    from ..shm.stamped import SlotReader
     from .ring_model import SlotTable
-    from .shm.segment import Segment
-    from .shm.stamped import SlotReader
-    from .stats import Stats
 
 __all__ = ["LateRounds"]
 

@@ -6,7 +6,7 @@ for n requests, and the worker's torch drafter drafting N positions for n reques
 each gained `new_rows` rows since the last round (what a round of speculative decoding hands it).
 Both on one thread, p50 over `rounds`.
 
-    python -m dspark_proxy.model.head_bench --target models/stdlib-llama --head models/stdlib-llama-head
+    python -m dspark_proxy.bench.head --target models/stdlib-llama --head models/stdlib-llama-head
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .hf import Tap, _cache_kw, load_causal_lm
-from .manifest import HeadManifest, head_paths
+from ..model.hf import Tap, _cache_kw, load_causal_lm
+from ..model.manifest import HeadManifest, head_paths
 
 __all__ = ["bench_head"]
 

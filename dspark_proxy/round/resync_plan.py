@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ops.stats import Stats
+from ..shm.resync import WindowAsker
+from ..shm.stamped import SlotReader
 from .pacing import LinkPacer
 from .ring_model import Advance, SlotTable
-from .shm.resync import WindowAsker
-from .shm.stamped import SlotReader
-from .stats import Stats
 
 __all__ = ["ResyncPlanner"]
 

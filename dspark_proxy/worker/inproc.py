@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from .draft_client import StepOutcome
-from .wire import MSG_REPLY, SF_SAMPLED, TOP_K, AppHeader, StepReply, WireLayout
-from .worker.drafters import IntegrityDrafter
-from .worker.serve import serve_step
-from .worker.session import Session
+from ..link.draft_client import StepOutcome
+from ..wire import MSG_REPLY, SF_SAMPLED, TOP_K, AppHeader, StepReply, WireLayout
+from .drafters import IntegrityDrafter
+from .serve import serve_step
+from .session import Session
 
 __all__ = ["InProcessClient"]
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from . import native
+from .. import native
+from ..shm.layout import STATUS_OK, STATUS_ROUND_FAILED, STATUS_SOME_FAILED, SUPPORT_K, ReplyPageLayout
 from .ndrafts import leading_drafts, trim_rows
-from .shm.layout import STATUS_OK, STATUS_ROUND_FAILED, STATUS_SOME_FAILED, SUPPORT_K, ReplyPageLayout
 
 __all__ = ["PagePacker"]
 

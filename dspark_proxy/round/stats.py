@@ -12,7 +12,7 @@ Owned by the round thread, like the Stats it writes.
 
 from __future__ import annotations
 
-from .stats import Stats
+from ..ops.stats import Stats
 
 __all__ = ["PHASES", "ROUND_KEYS", "RoundLatencies"]
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import native
-from .native import fastround as _fastround
-from .shm.layout import Word
-from .shm.ring_shm import RingError, open_ring, read_ring_name
-from .shm.segment import Segment
+from .. import native
+from ..native import fastround as _fastround
+from ..shm.layout import Word
+from ..shm.ring_shm import RingError, open_ring, read_ring_name
+from ..shm.segment import Segment
 
 __all__ = ["GATHER_BELOW", "RingRows"]
 

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-log = logging.getLogger("dspark_proxy.keep_awake")
+log = logging.getLogger("dspark_proxy.ops.keep_awake")
 
 __all__ = ["KeepAwake", "MAX_CPUS", "cpu_quota"]
 

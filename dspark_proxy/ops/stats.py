@@ -148,7 +148,7 @@ class HistGroup:
         # may call it directly)
         self.record: Callable[..., None] = self.observe_ref
         if native_path:
-            from .native import fastround  # the C extension: imported only where a group uses it
+            from ..native import fastround  # the C extension: imported only where a group uses it
 
             self._held = fastround.Held((self.counts, self.sums, self.mins, self.maxs))
             self.record = functools.partial(fastround.hist_observe, self._held)

@@ -70,7 +70,7 @@ static Py_ssize_t held_len(HeldObject *self) { return self->n; }
 static PySequenceMethods held_seq = {.sq_length = (lenfunc)held_len};
 
 PyTypeObject HeldType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dspark_proxy._fastround.Held",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dspark_proxy.round._fastround.Held",
     .tp_basicsize = sizeof(HeldObject),
     .tp_dealloc = (destructor)held_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,

@@ -14,12 +14,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..shm.hostflag import monotonic_ns
+from ..shm.layout import HEADER_DTYPE, State, Word
+from ..shm.refusals import read_refusals
+from ..shm.ring_shm import reap_stale
+from ..shm.segment import DEFAULT_NAME, Segment, owner_alive
 from .exitcodes import EXIT_OK, EXIT_PROXY_DEAD, EXIT_PROXY_HUNG, EXIT_PROXY_REFUSED
-from .shm.hostflag import monotonic_ns
-from .shm.layout import HEADER_DTYPE, State, Word
-from .shm.refusals import read_refusals
-from .shm.ring_shm import reap_stale
-from .shm.segment import DEFAULT_NAME, Segment, owner_alive
 
 __all__ = ["read_status", "format_status", "stop_proxy", "StopOutcome", "worker_lines", "drafting_summary",
            "format_drafting", "health", "HEALTH_EXIT", "HUNG_AFTER_S", "refused_lines"]

@@ -26,13 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from ..native import fastround
+from ..shm.layout import META_SLOTS, STATUS_OK
+from ..shm.segment import Segment
+from ..shm.stamped import SlotReader
 from .acceptance import Acceptance
-from .native import fastround
 from .reply_page import PagePacker
 from .ring_model import Advance, SlotTable
-from .shm.layout import META_SLOTS, STATUS_OK
-from .shm.segment import Segment
-from .shm.stamped import SlotReader
 
 __all__ = ["FusedRound"]
 

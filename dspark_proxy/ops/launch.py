@@ -14,8 +14,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from .shm.layout import State, Word
-from .shm.segment import Segment, SegmentError
+from ..shm.layout import State, Word
+from ..shm.segment import Segment, SegmentError
 
 
 def readable(f, timeout_s: float) -> bool:

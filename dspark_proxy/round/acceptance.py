@@ -55,9 +55,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import native
+from .. import native
+from ..ops.stats import Stats
 from .gate_tps import MIN_SAMPLES, StepRates
-from .stats import Stats
 
 __all__ = ["Acceptance", "GateSettings", "DraftEffect", "AcceptGate", "ACTIVE", "PAUSED", "PROBING", "STATE_NAMES",
            "accepted_drafts"]

@@ -17,7 +17,7 @@ import socket
 import time
 from collections.abc import Sequence
 
-from .wire import NEED_DATA, Decoder, Frame, LocalProtocolError
+from ..wire import NEED_DATA, Decoder, Frame, LocalProtocolError
 
 __all__ = ["FramedConnection", "PartialSend", "SendTimeout", "byte_view", "connect_tcp", "listen_tcp", "IOV_MAX"]
 

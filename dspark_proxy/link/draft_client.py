@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .wire import StepReply
+from ..wire import StepReply
 
 __all__ = ["DraftClient", "StepOutcome", "StepReply", "STEP_FAILURE_REASONS"]
 

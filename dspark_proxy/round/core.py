@@ -46,31 +46,31 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import native, wire
+from .. import native, wire
+from ..link.draft_client import DraftClient, StepReply
+from ..ops.events import EventRing
+from ..ops.logthrottle import LogThrottle
+from ..ops.stats import Stats
+from ..shm import hostflag as hf
+from ..shm.hostflag import HostFlags
+from ..shm.layout import (
+    Word,
+    resync_windows_per_enqueue,
+)
+from ..shm.resync import WindowAsker
+from ..shm.ring_shm import RingError
+from ..shm.segment import Segment
+from ..shm.stamped import BadDescriptor, SlotReader
 from .acceptance import PAUSED, Acceptance, GateSettings
 from .breaker import BreakerState, CircuitBreaker
-from .draft_client import DraftClient, StepReply
-from .events import EventRing
-from .logthrottle import LogThrottle
+from .fused import FusedRound
+from .late import LateRounds
 from .pacing import LinkPacer
 from .reply_page import PagePacker
 from .resync_plan import ResyncPlanner
 from .ring_model import Advance, SlotTable
 from .ring_rows import RingRows
-from .round_fused import FusedRound
-from .round_late import LateRounds
-from .round_stats import PHASES, RoundLatencies
-from .shm import hostflag as hf
-from .shm.hostflag import HostFlags
-from .shm.layout import (
-    Word,
-    resync_windows_per_enqueue,
-)
-from .shm.resync import WindowAsker
-from .shm.ring_shm import RingError
-from .shm.segment import Segment
-from .shm.stamped import BadDescriptor, SlotReader
-from .stats import Stats
+from .stats import PHASES, RoundLatencies
 
 __all__ = ["RoundCore", "RoundSettings", "BadDescriptor"]  # BadDescriptor: shm/stamped.py
 

@@ -33,9 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .conn import FramedConnection, SendTimeout, byte_view, connect_tcp
-from .draft_client import STEP_FAILURE_REASONS, StepOutcome
-from .wire import (
+from ..wire import (
     APP_HEADER_SIZE,
     ENTRY_DTYPE,
     MAX_CONTROL_PAYLOAD,
@@ -66,7 +64,9 @@ from .wire import (
     encode_control,
     worker_proof,
 )
-from .wire.step import place, seal
+from ..wire.step import place, seal
+from .conn import FramedConnection, SendTimeout, byte_view, connect_tcp
+from .draft_client import STEP_FAILURE_REASONS, StepOutcome
 
 __all__ = ["TcpDraftClient", "StepOutcome", "StepReply", "STEP_FAILURE_REASONS"]
 
