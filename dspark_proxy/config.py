@@ -44,6 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from .pool.addresses import ConfigError, parse_hostport  # defined there, the lowest module raising them
 from .shm.layout import derive_sizes
 from .worker.drafters import DRAFTER_NAMES, DRAFTERS
 
@@ -86,14 +87,6 @@ Source = Literal["cli", "env", "file", "head", "default"]  # head: a head's mani
 IN_PROCESS_WORKERS = ("inproc", "null")  # ProxyConfig.worker values that need no network
 
 
-class ConfigError(ValueError):
-    """A setting is invalid. ``field`` names the setting (None for a file-level problem)."""
-
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
-
-
 def env_var(name: str) -> str:
     """The environment variable that sets field ``name``: ``DSPARK_PROXY_<NAME>``."""
     return f"{ENV_PREFIX}_{name.upper()}"
@@ -132,37 +125,6 @@ def _opt(default: Any, help: str, rng: _Range | None = None, **meta: Any) -> Any
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-
-
-def parse_hostport(value: str, *, field: str = "address", allow_port_zero: bool = False) -> tuple[str, int]:
-    """Split ``"HOST:PORT"`` (``"[::1]:7470"`` for IPv6) into ``(host, port)``; ConfigError names ``field``.
-
-    Port 0 (let the OS choose) makes sense for a listening socket in tests, never for a peer address,
-    hence ``allow_port_zero``.
-    """
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{field}: expected HOST:PORT, got {value!r}", field)
-    if value.startswith("["):
-        host, sep, rest = value[1:].partition("]")
-        if not sep or not rest.startswith(":"):
-            raise ConfigError(f"{field}: expected [IPV6]:PORT, got {value!r}", field)
-        port_s = rest[1:]
-    else:
-        host, sep, port_s = value.rpartition(":")
-        if not sep:
-            raise ConfigError(f"{field}: expected HOST:PORT, got {value!r} (no port)", field)
-        if ":" in host:
-            raise ConfigError(f"{field}: an IPv6 host must be bracketed, [HOST]:PORT; got {value!r}", field)
-    if not host:
-        raise ConfigError(f"{field}: empty host in {value!r}", field)
-    try:
-        port = int(port_s, 10)
-    except ValueError:
-        raise ConfigError(f"{field}: port {port_s!r} in {value!r} is not an integer", field) from None
-    lo = 0 if allow_port_zero else 1
-    if not lo <= port <= 65535:
-        raise ConfigError(f"{field}: port {port} in {value!r} must be in [{lo}, 65535]", field)
-    return host, port
 
 
 def _is_loopback(host: str) -> bool:

@@ -26,7 +26,6 @@ from .ops.stats import Stats
 from .round.acceptance import GateSettings
 from .round.breaker import CircuitBreaker
 from .round.core import RoundCore, RoundSettings
-from .shm import _hostflag
 from .shm import hostflag as hf
 from .shm.hostflag import FAR_AHEAD, HostFlags
 from .shm.layout import LayoutParams, State, Word
@@ -234,7 +233,7 @@ class Proxy:
         t = t0
         # PROXY_ROUND, as each round begins (the shim's watchdog reads it: no sleeper, so no wake), without
         # set_word's two Python calls: between `gathered` and the round, every call is on the engine's wait
-        begin = functools.partial(_hostflag.store_release, seg.mm, seg.layout.word_off(Word.PROXY_ROUND))
+        begin = functools.partial(hf.store_release, seg.mm, seg.layout.word_off(Word.PROXY_ROUND))
         try:
             while not self._stop.is_set():
                 w0 = time.perf_counter()

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dspark_proxy.shm import _hostflag as hf
+from dspark_proxy.shm import hostflag as hf
 from dspark_proxy.shm.layout import (
     CACHE_LINE,
     HEADER_BYTES,

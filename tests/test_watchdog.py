@@ -22,7 +22,7 @@ import posix_ipc
 import pytest
 
 from dspark_proxy.ops.launch import spawn_proxy, wait_proxy_ready
-from dspark_proxy.shm import _hostflag
+from dspark_proxy.shm import hostflag
 from dspark_proxy.shm.hostflag import FAR_AHEAD, HostFlags
 from dspark_proxy.shm.layout import LayoutParams, State, Word
 from dspark_proxy.shm.segment import Segment
@@ -129,7 +129,7 @@ def test_read_reply_returns_by_the_deadline_when_nobody_publishes(seg_name):
             shim.enqueue(t, **batches())
             gathered_ns = seg.word(Word.GATHERED_NS)
             reply = shim.read_reply(t)
-            waits.append((_hostflag.monotonic_ns() - gathered_ns) / 1e6)
+            waits.append((hostflag.monotonic_ns() - gathered_ns) / 1e6)
             assert reply.status == 2 and reply.n == 2 and not reply.ok_mask.any()
         assert all(deadline_ms - 1 <= w < deadline_ms + margin_ms for w in waits), waits
         # read_reply or the watchdog claimed each (the CAS picks one): exactly one event per round
@@ -166,10 +166,10 @@ def test_claimed_but_never_published_is_a_hung_proxy(seg_name):
         batches = _Batches()
         shim.enqueue(1, **batches())
         gathered_ns = seg.word(Word.GATHERED_NS)
-        assert _hostflag.cas(seg.mm, seg.layout.word_off(Word.CLAIMED), 0, 1)  # claimed, never published
+        assert hostflag.cas(seg.mm, seg.layout.word_off(Word.CLAIMED), 0, 1)  # claimed, never published
         seg.page[:2] = [0, 2]  # a half-written "ok" page: must not be read
         reply = shim.read_reply(1)
-        waited_ms = (_hostflag.monotonic_ns() - gathered_ns) / 1e6
+        waited_ms = (hostflag.monotonic_ns() - gathered_ns) / 1e6
         assert deadline_ms <= waited_ms < deadline_ms + grace_ms + 25.0
         assert reply.status == 2 and reply.reason == "proxy_hung" and not reply.ok_mask.any()
         assert _hows(shim, "proxy_hung") == [1]
@@ -189,7 +189,7 @@ def test_claimed_but_never_published_is_a_hung_proxy(seg_name):
 
 
 def test_stale_heartbeat_is_a_hung_proxy(seg_name):
-    seg = _segment(seg_name, deadline_ms=20.0, heartbeat_ns=_hostflag.monotonic_ns())
+    seg = _segment(seg_name, deadline_ms=20.0, heartbeat_ns=hostflag.monotonic_ns())
     shim = _shim(seg_name, heartbeat_timeout_s=0.2)
     try:
         batches = _Batches()
@@ -199,7 +199,7 @@ def test_stale_heartbeat_is_a_hung_proxy(seg_name):
         end = time.monotonic() + 0.5
         seg.set_word(Word.PROXY_ROUND, 1)  # its round loop began round 1 (else it is round_loop_hung)
         while time.monotonic() < end:
-            seg.set_word(Word.HEARTBEAT_NS, _hostflag.monotonic_ns())
+            seg.set_word(Word.HEARTBEAT_NS, hostflag.monotonic_ns())
             time.sleep(0.02)
         assert _hows(shim, "proxy_hung") == []
         stopped = time.monotonic()
@@ -223,7 +223,7 @@ def _child_proxy(name: str, ready) -> None:
     seg.set_word(Word.STATE, State.READY)
     ready.set()
     while True:
-        seg.set_word(Word.HEARTBEAT_NS, _hostflag.monotonic_ns())
+        seg.set_word(Word.HEARTBEAT_NS, hostflag.monotonic_ns())
         time.sleep(0.02)
 
 
@@ -279,7 +279,7 @@ def test_dead_idle_proxy_is_seen_within_the_look_interval(seg_name, child_proxy)
         batches = _Batches()
         shim.enqueue(1, **batches())
         assert shim.attached
-        _hostflag.wait_ge(view.mm, view.layout.word_off(Word.ATTACHED), 1, 1.0, 0)
+        hostflag.wait_ge(view.mm, view.layout.word_off(Word.ATTACHED), 1, 1.0, 0)
         # serve round 1 by hand so nothing is in flight, then kill the idle proxy
         page = np.zeros(view.layout.reply.size, np.int32)
         page[0], page[1] = 2, 2
@@ -389,9 +389,9 @@ def _observer(name: str, rounds: int, q) -> None:
     off = seg.layout.word_off(Word.PUBLISHED)
     seen = []
     for t in range(1, rounds + 1):
-        if not _hostflag.wait_ge(seg.mm, off, t, 10.0, 0):
+        if not hostflag.wait_ge(seg.mm, off, t, 10.0, 0):
             break
-        seen.append(_hostflag.monotonic_ns())
+        seen.append(hostflag.monotonic_ns())
     seg.close()
     q.put(seen)
 

@@ -78,7 +78,7 @@ def time_handoff(name: str, rounds: int, warmup: int, other_cpu: int | None,
     import engine_shim
     from dspark_proxy.ops.launch import spawn_proxy
     from dspark_proxy.ops.status import read_status
-    from dspark_proxy.shm import _hostflag as hf_c
+    from dspark_proxy.shm import hostflag as hf_c
     from dspark_proxy.shm.layout import Word
     from dspark_proxy.shm.segment import Segment
 

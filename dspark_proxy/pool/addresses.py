@@ -4,6 +4,10 @@
 A file lists one ``HOST:PORT`` a line (commas also separate; ``#`` starts a comment; blank lines are
 skipped). It is re-read on SIGHUP (`PoolClient.reload`): a file that no longer parses is reported and
 the pool keeps the workers it has, so a typo never empties a running pool.
+
+`ConfigError` (every bad setting's one error, naming its field) and `parse_hostport` are defined here,
+below config.py, because an address list is the lowest place that raises them; config.py re-exports
+both, so `dspark_proxy.config.ConfigError` is the name everyone else uses.
 """
 
 from __future__ import annotations
@@ -11,9 +15,47 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import ConfigError, parse_hostport
+__all__ = ["ConfigError", "WorkerSpec", "parse_hostport", "parse_worker_spec", "parse_address_list",
+           "read_address_file"]
 
-__all__ = ["WorkerSpec", "parse_worker_spec", "parse_address_list", "read_address_file"]
+
+class ConfigError(ValueError):
+    """A setting is invalid. ``field`` names the setting (None for a file-level problem)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def parse_hostport(value: str, *, field: str = "address", allow_port_zero: bool = False) -> tuple[str, int]:
+    """Split ``"HOST:PORT"`` (``"[::1]:7470"`` for IPv6) into ``(host, port)``; ConfigError names ``field``.
+
+    Port 0 (let the OS choose) makes sense for a listening socket in tests, never for a peer address,
+    hence ``allow_port_zero``.
+    """
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{field}: expected HOST:PORT, got {value!r}", field)
+    if value.startswith("["):
+        host, sep, rest = value[1:].partition("]")
+        if not sep or not rest.startswith(":"):
+            raise ConfigError(f"{field}: expected [IPV6]:PORT, got {value!r}", field)
+        port_s = rest[1:]
+    else:
+        host, sep, port_s = value.rpartition(":")
+        if not sep:
+            raise ConfigError(f"{field}: expected HOST:PORT, got {value!r} (no port)", field)
+        if ":" in host:
+            raise ConfigError(f"{field}: an IPv6 host must be bracketed, [HOST]:PORT; got {value!r}", field)
+    if not host:
+        raise ConfigError(f"{field}: empty host in {value!r}", field)
+    try:
+        port = int(port_s, 10)
+    except ValueError:
+        raise ConfigError(f"{field}: port {port_s!r} in {value!r} is not an integer", field) from None
+    lo = 0 if allow_port_zero else 1
+    if not lo <= port <= 65535:
+        raise ConfigError(f"{field}: port {port} in {value!r} must be in [{lo}, 65535]", field)
+    return host, port
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ from .segment import Segment
 
 __all__ = ["FAR_AHEAD", "HostFlags", "AdaptiveSpin", "spin_useful", "OutOfOrder", "WAIT_PUBLISHED", "WAIT_FAILED_BY_ME",
            "WAIT_CLAIMED_UNPUBLISHED", "WAIT_OUT_OF_ORDER", "PAGE_OK", "PAGE_NOT_THIS_ROUND",
-           "PAGE_NOT_PUBLISHED", "monotonic_ns", "gil_wait_ns", "load", "load_after", "store", "cas", "wait_ge"]
+           "PAGE_NOT_PUBLISHED", "monotonic_ns", "gil_wait_ns", "load", "load_after", "store", "store_release", "cas",
+           "wait_ge"]
 
 FAR_AHEAD = 1 << 40  # fail_all(rounds + FAR_AHEAD): every round the engine can still run is target-only
 
@@ -41,6 +42,7 @@ monotonic_ns = _hostflag.monotonic_ns  # CLOCK_MONOTONIC in ns, the clock of eve
 load = _hostflag.load  # (mm, off) -> int: acquire load of a word
 load_after = _hostflag.load_after  # (mm, off) -> int: an acquire fence, then the load (after a copy)
 store = _hostflag.store  # (mm, off, v): release store (then a seq_cst fence), wakes futex waiters
+store_release = _hostflag.store_release  # (mm, off, v): a release store and nothing else (no fence, no wake)
 cas = _hostflag.cas  # (mm, off, expected, new) -> bool: seq_cst compare-and-swap
 wait_ge = _hostflag.wait_ge  # (mm, off, target, timeout_s, spin_ns) -> bool: futex wait until >= target
 gil_wait_ns = _hostflag.gil_wait_ns  # () -> int: this thread's last wait_or_fail's GIL reacquire (0: kept)
