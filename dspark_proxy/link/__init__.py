@@ -1,0 +1,8 @@
+"""The link to the worker: what a round hands its rows to and gets drafts back from.
+
+`draft_client.DraftClient` is the interface the round sees; `client.TcpDraftClient` is one worker over
+TCP (connect, handshake, deadline-bounded steps; `conn` frames the stream), `inproc.InProcessClient`
+the worker in the proxy's own process (`--worker inproc`, `null`). A pool of workers behind one
+`DraftClient` lives beside this package, in `dspark_proxy/pool/`. The bytes on the wire are
+`dspark_proxy/wire/`'s (sans-IO).
+"""
