@@ -19,7 +19,7 @@ setup(
                      "dspark_proxy/round/_fastround_inputs.c", "dspark_proxy/round/_fastround_held.c",
                      "dspark_proxy/round/_fastround_fused.c", "dspark_proxy/round/_fastround_stats.c",
                      "dspark_proxy/round/_fastround_entries.c", "dspark_proxy/round/_fastround_reply.c"],
-            depends=["dspark_proxy/round/_fastround.h"],
+            depends=["dspark_proxy/round/_fastround_shared.h"],
             extra_compile_args=_FLAGS,
         ),
         # the proxy's CPUs kept out of idle while rounds flow (proxy --keep-awake-ms)

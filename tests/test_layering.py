@@ -1,10 +1,20 @@
-"""The package's layering: the CLI is a thin adapter over the library, and options are derived, not copied."""
+"""The package's layering: the house's rules (docs/design.md, "Where each protocol lives": one package
+per job, no import circles, each room importing only the rooms below it), and the CLI as a thin
+adapter over the library whose options are derived, not copied.
+
+The house is read from the source as text, nothing imported: every `import` counts wherever it stands (inside a
+function, under `TYPE_CHECKING`); in C, a file that uses a name another `.c` file defines depends on
+that file, and a header belongs to the `.c` file of its name (`_x.h` to `_x.c`; a header with no `.c`
+of its name belongs to no file).
+"""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
 import inspect
+import re
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +24,312 @@ import dspark_proxy
 from dspark_proxy.config import WorkerConfig
 from dspark_proxy.worker import FaultPlan, WorkerServer
 from dspark_proxy.worker.run import fault_plan, server_options
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("dspark_proxy", "engine_shim")
+
+# Each room and the rooms it may import (a room: a package under dspark_proxy/, one of the few modules
+# left in dspark_proxy/ itself, engine_shim, or engine_shim/vllm). Read bottom-up: the base first.
+BASE = {"limits", "crc", "integrity", "native", "round._fastround"}
+ALLOWED: dict[str, set[str]] = {
+    "limits": set(),
+    "crc": set(),
+    "integrity": {"crc"},
+    "native": {"round._fastround"},
+    "round._fastround": set(),
+    "shm": {"limits", "native"},
+    "wire": {"limits", "native"},
+    "ops": {"shm", "native", "wire"},
+    "link": {"wire", "ops", "native"},
+    "round": {"shm", "wire", "link", "ops", "native", "limits"},
+    "model": {"wire", "ops", "shm", "limits"},
+    "aliases": set(),
+    "pool": {"link", "round", "wire", "ops", "shm", "native"},
+    "worker": {"link", "wire", "model", "ops", "crc", "integrity", "config", "native", "shm", "limits", "face"},
+    "config": {"pool", "shm", "worker", "limits"},
+    "config_flags": {"config", "aliases", "model", "worker"},
+    "engine_alive": {"shm"},
+    "proxy": {"config", "engine_alive", "link", "ops", "pool", "round", "shm", "wire", "worker", "native"},
+    "engine_shim": {"shm", "native", "ops", "round", "link", "config", "proxy", "wire", "limits", "model"},
+    "engine_shim.vllm": {"engine_shim", "shm", "model", "ops", "native", "config", "limits", "wire"},
+    "plotting": {"ops"},
+    "sim": {"crc", "integrity", "shm", "wire", "native", "limits", "ops", "engine_shim", "link", "worker"},
+    "demo": {"engine_shim", "ops", "sim", "shm", "worker"},
+    "spec": {"engine_shim", "plotting", "proxy", "link", "model", "ops", "worker", "shm", "config", "wire",
+             "integrations", "sim"},
+    "integrations": {"engine_shim", "model", "ops", "shm", "link", "worker", "config", "spec", "wire"},
+    "chaos": {"engine_shim", "plotting", "ops", "shm", "sim", "wire", "worker", "link", "config", "pool",
+              "proxy", "round", "native", "limits", "model", "crc", "integrity"},
+    "bench": {"engine_shim", "plotting", "integrations", "link", "model", "ops", "round", "shm", "spec", "wire",
+              "worker", "sim", "pool", "proxy", "config", "native", "limits", "crc", "integrity"},
+    "commands": {"bench", "chaos", "aliases", "config", "config_flags", "demo", "plotting", "proxy",
+                 "integrations", "model", "ops", "shm", "spec", "worker", "wire", "link", "pool", "limits"},
+    "cli": {"commands", "face", "ops"},
+    "face": set(),
+}
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    """Every module of the two packages -> (its file, whether it is a package's __init__)."""
+    out = {}
+    for pkg in PACKAGES:
+        for p in (ROOT / pkg).rglob("*.py"):
+            parts = list(p.relative_to(ROOT).with_suffix("").parts)
+            is_pkg = parts[-1] == "__init__"
+            out[".".join(parts[:-1] if is_pkg else parts)] = (p, is_pkg)
+        for p in (ROOT / pkg).rglob("*.c"):  # a C extension is a module too (named by setup.py)
+            out.setdefault(".".join(p.relative_to(ROOT).with_suffix("").parts), (p, False))
+    return out
+
+
+def _base(cur: str, is_pkg: bool, level: int, module: str | None) -> str:
+    if level == 0:
+        return module or ""
+    parts = cur.split(".") if is_pkg else cur.split(".")[:-1]
+    if level > 1:
+        parts = parts[: len(parts) - (level - 1)]
+    return ".".join(parts + ([module] if module else []))
+
+
+def _known(name: str, mods: dict) -> str | None:
+    while name and name not in mods:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def python_imports() -> dict[str, set[str]]:
+    """module -> the project's modules it imports (a name imported from a package is the submodule of
+    that name where one exists; otherwise the package's __init__)."""
+    mods = _modules()
+    edges: dict[str, set[str]] = defaultdict(set)
+    for m, (p, is_pkg) in mods.items():
+        if p.suffix != ".py":
+            continue
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            targets: list[str | None] = []
+            if isinstance(node, ast.Import):
+                targets = [_known(a.name, mods) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _base(m, is_pkg, node.level, node.module)
+                for a in node.names:
+                    sub = f"{base}.{a.name}"
+                    targets.append(sub if sub in mods else _known(base, mods))
+            edges[m].update(t for t in targets if t and t != m)
+    return edges
+
+
+_C_COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*|\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'", re.S)
+_IDENT = re.compile(r"[A-Za-z_]\w*")
+
+
+def _c_top_level_definitions(text: str) -> set[str]:
+    """Names a C file defines for other files: its non-static functions and file-scope variables, and
+    (for a header) its macros, typedefs, prototypes and inline functions."""
+    names: set[str] = set()
+    for m in re.finditer(r"^\s*#\s*define\s+([A-Za-z_]\w*)", text, re.M):
+        names.add(m.group(1))
+    for m in re.finditer(r"\benum\b[^{;]*\{([^}]*)\}", text):  # enum constants
+        names.update(re.findall(r"([A-Za-z_]\w*)\s*(?:=[^,]*)?(?:,|$)", m.group(1).strip()))
+    depth, start = 0, 0
+    for i, ch in enumerate(text):
+        if ch == "{":
+            if depth == 0:
+                decl = text[start:i]
+                if not re.search(r"\bstatic\b", decl) or decl.strip().startswith("static inline"):
+                    names.update(_declared_names(decl))
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                start = i + 1
+        elif ch == ";" and depth == 0:
+            decl = text[start:i]
+            if not re.search(r"\bstatic\b", decl) or " inline " in decl:
+                names.update(_declared_names(decl))
+            start = i + 1
+    return names
+
+
+def _declared_names(decl: str) -> set[str]:
+    decl = re.sub(r"^\s*#[^\n]*$", "", decl, flags=re.M).strip()
+    if not decl:
+        return set()
+    if decl.startswith("typedef") and "(" in decl:  # a function pointer type: typedef R (*NAME)(...)
+        m = re.search(r"\(\s*\*\s*([A-Za-z_]\w*)\s*\)", decl)
+        return {m.group(1)} if m else set()
+    if decl.startswith(("typedef", "struct", "enum", "union")) or "(" not in decl:
+        ids = [i for i in _IDENT.findall(decl.split("=")[0].split("[")[0]) if i not in _C_WORDS]
+        return {ids[-1]} if ids else set()  # the type's (or the variable's) name
+    m = re.search(r"([A-Za-z_]\w*)\s*\(", decl)  # a function: the name before its parameters
+    return {m.group(1)} - _C_WORDS if m else set()
+
+
+_C_WORDS = {"typedef", "struct", "enum", "union", "const", "static", "inline", "extern", "void", "int", "char",
+            "unsigned", "signed", "long", "short", "float", "double", "uint8_t", "uint16_t", "uint32_t",
+            "uint64_t", "int8_t", "int16_t", "int32_t", "int64_t", "size_t", "Py_ssize_t", "PyObject", "_Atomic",
+            "volatile", "restrict", "__restrict__", "bool"}
+
+
+def c_uses() -> dict[str, set[str]]:
+    """C file -> the C files it uses a name of (through the header of that file's name, or a name the
+    .c file itself defines). Keys and values are repository paths of .c files."""
+    edges: dict[str, set[str]] = defaultdict(set)
+    for pkg in PACKAGES:
+        for folder in {p.parent for p in (ROOT / pkg).rglob("*.c")}:
+            units = {}
+            for c in folder.glob("*.c"):
+                h = c.with_suffix(".h")
+                text = _C_COMMENT.sub(" ", c.read_text())
+                own = _c_top_level_definitions(text)
+                if h.exists():
+                    own |= _c_top_level_definitions(_C_COMMENT.sub(" ", h.read_text()))
+                units[c] = (own, set(_IDENT.findall(text)))
+            for a, (_, used) in units.items():
+                for b, (defined, _) in units.items():
+                    if a != b and used & defined:
+                        edges[str(a.relative_to(ROOT))].add(str(b.relative_to(ROOT)))
+    return edges
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on, stack, out = set(), [], []
+    counter = 0
+    for root in list(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges.get(root, ()))))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(edges.get(w, ())))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return out
+
+
+def room(module: str) -> str:
+    """The room a module stands in (see ALLOWED)."""
+    parts = module.split(".")
+    if parts[0] == "engine_shim":
+        return "engine_shim.vllm" if parts[1:2] == ["vllm"] else "engine_shim"
+    if len(parts) == 1:
+        return "face"
+    if module == "dspark_proxy.round._fastround":
+        return "round._fastround"
+    return parts[1]
+
+
+def test_no_python_import_circles() -> None:
+    assert _cycles(python_imports()) == []
+
+
+def test_no_c_circles() -> None:
+    assert _cycles(c_uses()) == []
+
+
+def test_each_room_imports_only_the_rooms_below_it() -> None:
+    bad = []
+    for a, targets in python_imports().items():
+        for b in targets:
+            ra, rb = room(a), room(b)
+            if ra != rb and rb not in ALLOWED.get(ra, set()):
+                bad.append(f"{a} -> {b} ({ra} may import {sorted(ALLOWED.get(ra, ()))})")
+    assert bad == []
+
+
+def test_every_room_is_in_the_table() -> None:
+    assert {room(m) for m in _modules()} <= set(ALLOWED)
+
+
+def test_the_hall_is_small() -> None:
+    """dspark_proxy/ itself: at most 15 .py and .c files; everything else lives in a room."""
+    files = [p.name for p in (ROOT / "dspark_proxy").iterdir() if p.suffix in (".py", ".c")]
+    assert len(files) <= 15, sorted(files)
+
+
+def test_native_modules_are_named_only_in_their_rooms() -> None:
+    """The C extensions are used through their Python faces: `_hostflag` only in shm/ (shm.hostflag),
+    `_fastround` only in native.py and round/, `_headmm` only in model/, `_keepawake` only in ops/."""
+    homes = {"_hostflag": ("dspark_proxy/shm/",), "_fastround": ("dspark_proxy/native.py", "dspark_proxy/round/"),
+             "_headmm": ("dspark_proxy/model/",), "_keepawake": ("dspark_proxy/ops/",)}
+    bad = []
+    for p in [*ROOT.glob("dspark_proxy/**/*.py"), *ROOT.glob("engine_shim/**/*.py"), *ROOT.glob("scripts/*.py"),
+              *ROOT.glob("tests/*.py"), ROOT / "setup.py"]:
+        rel = str(p.relative_to(ROOT))
+        if rel == "tests/test_layering.py":
+            continue
+        text = p.read_text()
+        for name, where in homes.items():
+            if re.search(rf"\b{name}\b", text) and not rel.startswith(where) and rel != "setup.py":
+                if not rel.startswith("tests/") or name == "_hostflag":
+                    bad.append(f"{rel} names {name}")
+    assert bad == []
+
+
+def test_drafter_modules_never_import_the_drafters_face() -> None:
+    face = "dspark_proxy.worker.drafters"
+    imports = python_imports()
+    bad = [m for m, t in imports.items() if m.startswith(face + ".") and face in t]
+    assert bad == []
+
+
+def test_only_the_vllm_adapter_imports_vllm() -> None:
+    bad = []
+    for p in (ROOT / "engine_shim").rglob("*.py"):
+        rel = p.relative_to(ROOT)
+        if rel.parts[1] == "vllm" or rel.name == "vllm_proposer.py":
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            bad += [f"{rel}: {n}" for n in names if n.split(".")[0] == "vllm"]
+    assert bad == []
+
+
+def test_the_checks_find_what_they_look_for() -> None:
+    """The graph readers on small made-up cases, so a reader that finds nothing cannot pass for a clean
+    house."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+    src = _C_COMMENT.sub(" ", "/* int hidden(void) { } */\nstatic int quiet(void) { return 1; }\n"
+                              "int loud(int x) { return x; }\n#define WIDTH 8\nint counter = 0;\n")
+    assert _c_top_level_definitions(src) == {"loud", "WIDTH", "counter"}
+    imports = python_imports()
+    assert "dspark_proxy.round.core" in imports["dspark_proxy.proxy"]
+    assert any(t.startswith("dspark_proxy.shm") for t in imports["engine_shim.shim"])
+    assert c_uses()  # the C files do use each other's names
+
+
+# ---------------------------------------------------------------- the CLI over the library
 
 PKG = Path(dspark_proxy.__file__).parent
 

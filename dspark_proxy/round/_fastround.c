@@ -33,7 +33,7 @@
  * _fastround_held.c (Held: long-lived arrays' buffers taken once), _fastround_inputs.c (enqueue's arguments
  * taken as they are), _fastround_accept.c (the proxy's acceptance
  * sums), _fastround_page.c (the usual round's reply page), _fastround_fused.c (the usual round's fused calls),
- * _fastround_entries.c (the worker's entry check), _fastround.h (what they share).
+ * _fastround_entries.c (the worker's entry check), _fastround_shared.h (what they share).
  *
  * Atomics (shm_layout.md §5 "Meta and desc slots", §10): the stamps are the only shared words touched
  * here, each paired as in _hostflag.c:
@@ -44,7 +44,7 @@
  * `gathered` is raised afterwards by _hostflag.raise_gathered (a release store the proxy acquires).
  * Little-endian only, like the segment's dtypes.
  */
-#include "_fastround.h"
+#include "_fastround_shared.h"
 
 /* ------------------------------------------------------------------ engine: check_round */
 

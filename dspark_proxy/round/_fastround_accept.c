@@ -6,7 +6,7 @@
  * it is one. Only the sums live here: every state change (new owners, wakes, judgements) stays in
  * acceptance.py, before and after this call, in the reference's order.
  */
-#include "_fastround.h"
+#include "_fastround_shared.h"
 
 /* accept_round(slots, valid, k_window, num_spec, held, gate, probing) -> (n_ver, tokens, n_ready)
  * held: a Held (_fastround_held.c) of hist (int64 [num_spec + 1]), gsum, gcnt, left (int64 [S]) and

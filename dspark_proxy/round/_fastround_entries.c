@@ -6,7 +6,7 @@
  * its data: ~90 us of a batch-4 round after an idle gap, for what is a few comparisons an entry here.
  * The flag rules stay the reference's: its two 256-entry tables come in as arguments.
  */
-#include "_fastround.h"
+#include "_fastround_shared.h"
 
 /* bad_entries(entries, eoffs, flags_bad, flags_new_gen, W, N, M, out) -> number of bad entries
  * entries: ENTRY_DTYPE records (40 bytes each); eoffs: int64 [E_COUNT] field offsets (native.py

@@ -6,7 +6,7 @@
  * the usual one, stops before the part that needs Python (saying so) or writes nothing; round_fused.py
  * is the caller and says when each applies.
  */
-#include "_fastround.h"
+#include "_fastround_shared.h"
 
 /* advance_accept(held_tab, held_acc, slots, req_ids, first_pos, valid, valid_raw, k_window, W, N, gate, probing,
  *                sums) -> (n_new_owner, n_resync, n_unknown, summed, n_ver, tokens, n_ready)

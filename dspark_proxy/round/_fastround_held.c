@@ -11,7 +11,7 @@
  * call (integer compares). Only numpy-owned arrays are held: never the segment's mmap or the engine's
  * shared ring, whose close must not be refused by an export left behind.
  */
-#include "_fastround.h"
+#include "_fastround_shared.h"
 
 typedef struct {
     PyObject_HEAD

@@ -8,7 +8,7 @@
  * says whether that is the case and then runs check_round's checks on them, all in one call. Anything
  * else returns code -1 and the reference runs unchanged, so every error message stays the reference's.
  */
-#include "_fastround.h"
+#include "_fastround_shared.h"
 
 /* A 1-D C-contiguous array of exactly `type`, `count` items of `itemsize` bytes whose format is one of
  * `fmts` (a leading byte-order mark of the native order allowed). 1: it is (b acquired); 0: it is not

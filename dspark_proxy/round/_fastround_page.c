@@ -6,7 +6,7 @@
  * the reference's general path, which this function does not touch: it returns False having written
  * nothing.
  */
-#include "_fastround.h"
+#include "_fastround_shared.h"
 
 /* Acquire a C-contiguous read buffer of exactly `len` bytes of `itemsize`-byte items; 0 (error cleared)
  * when the object cannot give one, so the caller falls back to the reference. */

@@ -3,7 +3,7 @@
  * its validation (shm/stamped.py SlotReader), the ring model's advance (ring_model.py), the usual round's
  * STEP entries (round.py).
  */
-#include "_fastround.h"
+#include "_fastround_shared.h"
 
 /* ------------------------------------------------------------------ proxy: read_round */
 

@@ -5,7 +5,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "_fastround.h"
+#include "_fastround_shared.h"
 
 /* check_reply(payload, o_status, o_window_rows, o_confidence, n, N, W, rs_max, usable) -> code
  * payload: the REPLY's payload (bytes); o_*: its sections' offsets (wire reply_layout); usable: 256

@@ -7,7 +7,7 @@
  * the bucket from frexp and two integer operations, the value clamped at both ends, NaN and negatives
  * counted as 0, the exact sum, min and max. tests/test_stats_group.py holds both to the same counts.
  */
-#include "_fastround.h"
+#include "_fastround_shared.h"
 
 #include <math.h>
 

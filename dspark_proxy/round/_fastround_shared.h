@@ -1,9 +1,12 @@
 /*
- * _fastround.h: what the two halves of _fastround share (buffers, int64 arithmetic as numpy does it,
+ * _fastround_shared.h: what the two halves of _fastround share (buffers, int64 arithmetic as numpy does it,
  * the slot and entry field indices, little-endian field access). _fastround.c has the overview.
+ * It is named for no .c file on purpose: every file may include it, and the files use each other only
+ * downwards (tests/test_layering.py): _fastround.c (the module's method table) uses the others,
+ * fused uses accept, page and proxy; accept, proxy and stats use held; none uses _fastround.c.
  */
-#ifndef DSPARK_FASTROUND_H
-#define DSPARK_FASTROUND_H
+#ifndef DSPARK_FASTROUND_SHARED_H
+#define DSPARK_FASTROUND_SHARED_H
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
