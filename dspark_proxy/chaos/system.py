@@ -17,16 +17,15 @@ import logging
 import os
 import random
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import IO, Any
 
-from ..ops.launch import Child, spawn_proxy, spawn_worker
+from ..ops.launch import Child, free_fixed_port, spawn_proxy, spawn_worker
 from ..shm.segment import Segment, SegmentError, shm_name
 
-__all__ = ["ChaosSystem", "Layout4", "free_fixed_port"]
+__all__ = ["ChaosSystem", "Layout4"]
 
 log = logging.getLogger(__name__)
 
@@ -37,30 +36,6 @@ _MOVES = 5  # a worker whose port was taken before the proxy knew it moves to an
 
 class WorkerExited(RuntimeError):
     """A worker could not listen on its fixed port."""
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_fixed_port(rng: random.Random) -> int:
-    """A free loopback port below the ephemeral range (never handed out to outgoing connections)."""
-    hi = max(_ephemeral_low() - 1, 10001)
-    for _ in range(200):
-        port = rng.randint(10000, hi)
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(("127.0.0.1", port))
-            return port
-        except OSError:
-            continue
-        finally:
-            s.close()
-    raise RuntimeError("no free port below the ephemeral range")
 
 
 def layout_args(lay: Layout4) -> list[str]:

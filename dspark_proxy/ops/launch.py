@@ -7,12 +7,15 @@ same command lines a user types.
 from __future__ import annotations
 
 import os
+import random
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..shm.layout import State, Word
 from ..shm.segment import Segment, SegmentError
@@ -25,7 +28,7 @@ def readable(f, timeout_s: float) -> bool:
     p.register(f, select.POLLIN | select.POLLHUP)
     return bool(p.poll(max(0, int(timeout_s * 1000))))
 
-__all__ = ["Child", "spawn_worker", "spawn_proxy", "wait_proxy_ready"]
+__all__ = ["Child", "spawn_worker", "spawn_proxy", "wait_proxy_ready", "free_fixed_port"]
 
 
 @dataclass
@@ -129,3 +132,27 @@ def wait_proxy_ready(name: str, pid: int | None, timeout_s: float, proc: subproc
             seg.close()
         time.sleep(0.02)
     raise RuntimeError(f"proxy {name} not ready within {timeout_s} s")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_fixed_port(rng: random.Random) -> int:
+    """A free loopback port below the ephemeral range (never handed out to outgoing connections)."""
+    hi = max(_ephemeral_low() - 1, 10001)
+    for _ in range(200):
+        port = rng.randint(10000, hi)
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+            return port
+        except OSError:
+            continue
+        finally:
+            s.close()
+    raise RuntimeError("no free port below the ephemeral range")

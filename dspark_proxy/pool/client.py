@@ -38,12 +38,11 @@ from typing import Any
 import numpy as np
 
 from .. import wire
-from ..config import ConfigError, parse_hostport
 from ..link.client import TcpDraftClient
 from ..link.draft_client import StepOutcome
 from ..round.breaker import CircuitBreaker
 from ..round.pacing import LinkPacer
-from .addresses import read_address_file
+from .addresses import ConfigError, parse_hostport, read_address_file
 from .member import Member, MemberEvent, MemberState
 from .route import NO_WORKER, Router, address_key
 

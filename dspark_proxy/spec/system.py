@@ -10,9 +10,8 @@ import signal
 import time
 from contextlib import contextmanager
 
-from ..chaos.system import free_fixed_port
 from ..model.head_shapes import head_drafter, load_head_shapes, worker_head_args
-from ..ops.launch import Child, spawn_proxy, spawn_worker
+from ..ops.launch import Child, free_fixed_port, spawn_proxy, spawn_worker
 
 __all__ = ["SpecSystem"]
 

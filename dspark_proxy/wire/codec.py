@@ -24,7 +24,7 @@ import numpy as np
 
 from ..native import enabled as _native_enabled
 from ..native import entry_offsets
-from ..round import _fastround
+from ..native import fastround as _fastround
 from .dtypes import (
     APP_HEADER_SIZE,
     APP_HEADER_STRUCT,

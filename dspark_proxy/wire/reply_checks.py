@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..round import _fastround
+from ..native import fastround as _fastround
 from .dtypes import RS_MAX, USABLE_STATUS_TABLE
 
 __all__ = ["REPLY_SECTION_ERRORS", "reply_section_error", "reply_section_error_reference"]
