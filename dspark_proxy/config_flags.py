@@ -138,7 +138,7 @@ def click_options(cls: type[_Base]) -> Callable[[Callable[..., Any]], Callable[.
                           f"[{cls.SECTION}] for this one. Flags and env vars override it."),
     ]
     if issubclass(cls, LayoutConfig) and "head" in {f.name for f in dataclasses.fields(cls)}:
-        # the worker: --head serves a head and takes its shapes (worker/run.py); --shapes-from only reads them
+        # the worker: --head serves a head and takes its shapes (worker_main.py); --shapes-from only reads them
         opts.append(click.option("--shapes-from", "shapes_from", type=click.Path(), default=None, is_eager=True,
                                  expose_value=True, envvar=env_var("shapes_from"), show_envvar=True,
                                  callback=_shapes_callback,

@@ -1,4 +1,4 @@
-"""`dspark-proxy worker`: the remote draft worker, in the foreground (the library's `worker.run.run_worker`).
+"""`dspark-proxy worker`: the remote draft worker, in the foreground (the library's `worker_main.run_worker`).
 
 Prints one line `worker listening on HOST:PORT` to stdout once bound (tests and the demo wait for
 it); SIGTERM and SIGINT only request a stop, and the serving loop then shuts down cleanly.
@@ -28,8 +28,8 @@ log = logging.getLogger("dspark_proxy.worker")
 @click.pass_context
 def worker(ctx: click.Context, **_: object) -> None:
     """Run the draft worker (foreground; SIGTERM/SIGINT stop it cleanly)."""
-    from ..worker.run import head_shapes
-    from ..worker.run import run_worker as run
+    from ..worker_main import head_shapes
+    from ..worker_main import run_worker as run
 
     cfg, sources = build_config(WorkerConfig, ctx)
     setup_logging(cfg.log_level)

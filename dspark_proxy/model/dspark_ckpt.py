@@ -8,7 +8,7 @@ holds the embedding, and holds lm_head only for a reduced draft vocabulary: thos
 
 Everything here is checked before the drafter starts; a bad checkpoint or target raises `CheckpointError`
 with one line naming the file and the field, so the worker refuses to start having made nothing.
-`read_spec` reads only JSON (no torch): the worker's shape defaults come from it (worker/run.py).
+`read_spec` reads only JSON (no torch): the worker's shape defaults come from it (worker_main.py).
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ..config import WorkerConfig, parse_hostport
-from .faults import FaultPlan
-from .server import WorkerServer
+from .config import WorkerConfig, parse_hostport
+from .worker.faults import FaultPlan
+from .worker.server import WorkerServer
 
 __all__ = ["run_worker", "fault_plan", "server_options", "head_shapes"]
 
@@ -64,7 +64,7 @@ def head_shapes(cfg: WorkerConfig, sources: Mapping[str, str]) -> WorkerConfig:
         return _dspark_shapes(cfg, sources)
     if cfg.drafter != "torch" or not cfg.head:
         return cfg
-    from ..model.manifest import load_head_manifest  # no torch: the manifest is JSON
+    from .model.manifest import load_head_manifest  # no torch: the manifest is JSON
 
     man = load_head_manifest(cfg.head)  # ValueError naming the path: the command prints it as one line
     take = {k: getattr(man, k) for k in ("num_spec", "window", "row_bytes") if sources.get(k, "default") == "default"}
@@ -77,7 +77,7 @@ def _dspark_shapes(cfg: WorkerConfig, sources: Mapping[str, str]) -> WorkerConfi
     """A DSpark checkpoint fixes N (block_size, less the anchor when it is the bonus token), the row
     bytes (tapped layers x hidden x --row-dtype) and, when every draft layer slides, the window; a
     full-attention checkpoint needs --window (exact only for contexts <= W; the drafter says so)."""
-    from ..model.dspark_ckpt import read_spec  # JSON only: no torch
+    from .model.dspark_ckpt import read_spec  # JSON only: no torch
 
     head = cfg.head
     if not head:
@@ -122,8 +122,8 @@ def _serve(server: WorkerServer, host: str, cfg: WorkerConfig) -> None:
     metrics = None
     try:
         if cfg.metrics_port is not None:  # before the line tests wait for: a scrape may follow it at once
-            from ..ops.metrics import start_metrics_server
-            from .metrics import WorkerCollector
+            from .ops.metrics import start_metrics_server
+            from .worker.metrics import WorkerCollector
 
             metrics = start_metrics_server(cfg.metrics_port, None, addr=cfg.metrics_host,
                                            collector=WorkerCollector(server))
