@@ -95,7 +95,7 @@ def test_usual_rounds_write_the_same_bytes(rounds, n_out, gate):
 
 
 # calmer still: rounds whose requests rarely change owner or jump, so that most of them are usual all
-# through and take the C path's fused calls to the end (round_fused.py: the front's entries, finish_whole)
+# through and take the C path's fused calls to the end (round/fused.py: the front's entries, finish_whole)
 _calm_round = _round.map(lambda r: dict(r, new=[x and i % 3 == 0 for i, x in enumerate(r["new"])],
                                         move=["go" if i % 3 else m for i, m in enumerate(r["move"])],
                                         need=[x or i % 3 != 0 for i, x in enumerate(r["need"])],
@@ -133,7 +133,7 @@ def _run_both(rounds: list, n_out: tuple, gate: GateSettings) -> None:
 def test_the_usual_round_is_packed_by_the_c_path():
     """The test above means something only if its rounds take the C path's usual round: a plain round of
     every request asking, answered in full, is read, advanced, summed and given its entries in one call
-    and finished (ring model, page) in another (round_fused.py: pack_whole's code inside finish_whole),
+    and finished (ring model, page) in another (round/fused.py: pack_whole's code inside finish_whole),
     and writes what the reference writes."""
     ref, nat = _rig(False, GateSettings(), ()), _rig(True, GateSettings(), ())
     try:

@@ -1,4 +1,4 @@
-"""The C path's fused front (round_fused.py `front`) where the usual round is interrupted: a new
+"""The C path's fused front (round/fused.py `front`) where the usual round is interrupted: a new
 connection epoch, a pool's moved slots, a worker not ready, an open breaker, a bad descriptor and a
 watchdog's claim, each among usual rounds, through both paths side by side (test_native_diff.py's
 comparisons: the same reply, page, STEP, ring models, gate and counters after every round), and the

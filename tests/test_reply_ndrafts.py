@@ -147,7 +147,7 @@ def test_a_page_with_n_drafts_over_n_is_not_trusted(seg_name):
         rig.t += 1
         rig.shim.enqueue(rig.t, **b)
         L = rig.seg.layout.reply
-        orig = rig.core._publish  # the round binds flags.publish once (round.py)
+        orig = rig.core._publish  # the round binds flags.publish once (round/core.py)
 
         def publish(t, page):
             page[L.o_ok] = N + 1

@@ -96,7 +96,7 @@ def test_fallback_preempted(rig):
     b = rig.batch([(1, 0, 2)])
     rig.t += 1
     rig.shim.enqueue(rig.t, **b)
-    orig = rig.core._claimed  # the round binds the claimed word's load once (round.py)
+    orig = rig.core._claimed  # the round binds the claimed word's load once (round/core.py)
     calls = {"n": 0}
 
     def claimed():  # first look (late skip) says no; the pre-STEP look says yes

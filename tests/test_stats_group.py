@@ -92,7 +92,7 @@ def test_bad_calls_record_nothing():
 
 @pytest.mark.parametrize("on", [True, False])
 def test_round_latencies_keep_their_keys(on):
-    """The round's keys as round.py always wrote them: every round its time by phase; with a reply, the
+    """The round's keys as round/core.py always wrote them: every round its time by phase; with a reply, the
     STEP's figures and the proxy's cost per round."""
     s = Stats()
     lat = RoundLatencies(s, on)

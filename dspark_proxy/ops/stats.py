@@ -122,7 +122,7 @@ class _HistRow:
 
 
 class HistGroup:
-    """Latency keys observed together every round (the proxy's round: round_stats.py), held in one
+    """Latency keys observed together every round (the proxy's round: round/stats.py), held in one
     array so that a round records them in one call (`observe`: `_fastround.hist_observe`) instead of
     one `Stats.observe` each. A key joins its Stats' latencies at its first observation, as with
     `observe`; its readers cannot tell a group's key from another."""
@@ -226,7 +226,7 @@ class Stats:
         c[key] = c.get(key, 0) + n
 
     def inc_each(self, keys: tuple[str, ...], ns: tuple[int, ...]) -> None:
-        """inc(key, n) for each pair, in one call: the usual round's counters (round.py)."""
+        """inc(key, n) for each pair, in one call: the usual round's counters (round/core.py)."""
         c = self._counters
         for key, n in zip(keys, ns, strict=True):
             c[key] = c.get(key, 0) + n

@@ -10,15 +10,15 @@
  *   read_round     shm/stamped.py          SlotReader.read: the stamped copies and their validation
  *   check_page     engine_shim/reply.py    ReplyReader.parse's n_drafts check and ok mask
  *   advance        ring_model.py           SlotTable.advance (begin_requests + apply + the plan's flags)
- *   fill_entries   round.py                the usual round's STEP entries (wire/step.py's prefix)
+ *   fill_entries   round/core.py           the usual round's STEP entries (wire/step.py's prefix)
  *   ring_runs      ring_rows.py            RingRows.runs: the STEP's rows as runs of the shared ring
  *   ring_gather    ring_rows.py            RingRows.gather: small rows gathered from the shared ring
  *   pack_whole     reply_page.py           PagePacker.pack's usual round: every request drafted in full
  *   accept_round   acceptance.py           Acceptance.round's sums: accepted drafts, their histogram, the
  *                                          gate's per-slot scatter-adds and probes that are due
- *   advance_accept round_fused.py          advance then accept_round, one call (_fastround_fused.c)
- *   finish_whole   round_fused.py          the usual round's announce + pack_whole + status, one call
- *   round_front    round_fused.py          read_round + advance + accept_round + fill_entries, one call
+ *   advance_accept round/fused.py          advance then accept_round, one call (_fastround_fused.c)
+ *   finish_whole   round/fused.py          the usual round's announce + pack_whole + status, one call
+ *   round_front    round/fused.py          read_round + advance + accept_round + fill_entries, one call
  *   bad_entries    wire/codec.py           the worker's check of a STEP's entries (bad_entry_mask)
  *
  * Why C: at the batch sizes that matter a round's cost was numpy's per-call overhead (0.3-1 us a call,

@@ -3,7 +3,7 @@
  * single-job functions run back to back on one set of buffers (the same code: advance_core,
  * accept_core, pack_whole_core), so what the round pays is one call's argument parsing and buffers instead
  * of several, plus the Python between them. Each keeps the reference's order and, where the round is not
- * the usual one, stops before the part that needs Python (saying so) or writes nothing; round_fused.py
+ * the usual one, stops before the part that needs Python (saying so) or writes nothing; round/fused.py
  * is the caller and says when each applies.
  */
 #include "_fastround_shared.h"
@@ -50,7 +50,7 @@ fail:
 /* finish_whole(held, slots, status, need, draft_ids, confidence, o_ok, o_ids, o_conf, M, N, cap, ok_rows, ids_rows,
  *              status_ok) -> bool
  * held: a Held of the ring model's announced, dirty (bool [S]) and the round's private page (int32).
- * Step 8 of the usual round (round.py _accept, every request with an entry, in order): when every
+ * Step 8 of the usual round (round/core.py _accept, every request with an entry, in order): when every
  * status byte is RS_OK (0), every request asked for drafts (need: bool [n]) and pack_whole's round holds
  * (cap >= N, no negative draft id), the slots are announced and clean (SlotTable.announce), the page is
  * packed as pack_whole packs it, word 1 is n and word 0 status_ok: True. Otherwise False and nothing is

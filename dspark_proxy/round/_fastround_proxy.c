@@ -1,7 +1,7 @@
 /*
  * _fastround_proxy.c: the proxy's half of _fastround (see _fastround.c): the stamped descriptor read and
  * its validation (shm/stamped.py SlotReader), the ring model's advance (ring_model.py), the usual round's
- * STEP entries (round.py).
+ * STEP entries (round/core.py).
  */
 #include "_fastround_shared.h"
 
@@ -226,7 +226,7 @@ fail:
 
 /* fill_entries(prefix, entries_off, entry_size, eoffs, idx, slots, n_rows, generation, first_pos, anchor_pos,
  *              anchor_token, need, new_gen, k_window, n_out)
- * The round's k entries (round.py step 4, the usual round: this round's rows, no window): entry e is
+ * The round's k entries (round/core.py step 4, the usual round: this round's rows, no window): entry e is
  * request j = idx[e] (idx None: j = e, k = len(slots)); slot, n_rows, first_pos, anchor_pos, anchor_token,
  * flags (RF_NEED_DRAFT if need[j], RF_NEW_GEN if new_gen[j]: bool bytes), k_window (at most 255) of
  * request j, generation of its slot, n_out. Integer fields take the low bytes, as numpy's assignment

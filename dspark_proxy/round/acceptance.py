@@ -193,7 +193,7 @@ class Acceptance:
 
     def native_held(self) -> object:
         """The C sums' Held (hist, the gate's sum, cnt, left, and the due probes): here and in the fused
-        call (round_fused.py)."""
+        call (round/fused.py)."""
         held = self._held
         if held is None:  # the sums' arrays, their buffers taken once (_fastround_held.c)
             g, e = self.gate, self.effect

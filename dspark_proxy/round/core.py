@@ -26,11 +26,11 @@ Cost. At the batch sizes that matter (n up to a few hundred) a round's cost is t
 (0.3-1 µs each, whatever n is) and Python statements, not the data. So the hot path is built around the
 common decode round, and everything rare sits behind one count (a resync window, a request that did
 not fit, a failed status, a partial window each take the general path only when a count says they
-exist). On the default (C) path the usual round is two C calls (round_fused.py): `_front` (read,
+exist). On the default (C) path the usual round is two C calls (round/fused.py): `_front` (read,
 advance, sums, entries and the small rows' gather, stopping where the round stops being usual; `stage`
 says where, and `_run` goes on from there) and finish_whole (ring model, page, status), with `_usual`
 between them when the front went all the way (the STEP, and nothing left to decide); its latencies
-are one more (round_stats.py), and what every round asks is bound once per incarnation.
+are one more (round/stats.py), and what every round asks is bound once per incarnation.
 scripts/bench_round.py measures it (docs/history.md, "Native hot paths", for the figures and their history).
 
 Thread ownership: one round thread owns everything here; `stats` is shared read-only with the
@@ -105,7 +105,7 @@ class RoundSettings:
 
 class RoundCore(LateRounds):
     """Rank-0 round logic over one attached segment (a new one per engine attach); its late rounds
-    (`_skip_taken`, `_event`) are in round_late.py."""
+    (`_skip_taken`, `_event`) are in round/late.py."""
 
     def __init__(self, seg: Segment, client: DraftClient, stats: Stats, events: EventRing, breaker: CircuitBreaker,
                  settings: RoundSettings) -> None:
@@ -130,7 +130,7 @@ class RoundCore(LateRounds):
         self.want_resync = self.resync.want  # slots whose ring window we asked for
         self.ring_rows = RingRows(seg, self.native)  # the engine's shared ring, once it names one
         self._shared: bool | None = None  # rows from the shared ring (True) or the staging; None: not yet read
-        self._gather_arg: tuple | None = None  # RingRows.c_gather once the ring is open (round_fused.py's gather)
+        self._gather_arg: tuple | None = None  # RingRows.c_gather once the ring is open (round/fused.py's gather)
         self._ring_refused = False  # the ring the engine named was refused (logged once)
         self._last_epoch: int | None = None
         self.packer = PagePacker(self.lay.reply, self.N, settings.n_out_table, self.native)  # the reply page
@@ -145,9 +145,9 @@ class RoundCore(LateRounds):
         # drafts' effect; the gate (its throughput rule times the engine's steps by their GATHERED_NS stamps)
         self.accept = Acceptance(self.M, self.N, settings.gate, stats, self.native,
                                  functools.partial(hf.load, seg.mm, self._gathered_ns_off))
-        # the C path's usual round in fewer calls (round_fused.py); None on the reference path
+        # the C path's usual round in fewer calls (round/fused.py); None on the reference path
         self.fused = FusedRound(self.slots, self.accept, self.packer, self.N, self.W) if self.native else None
-        # what every round asks, bound once per incarnation (round.py, "Cost")
+        # what every round asks, bound once per incarnation (round/core.py, "Cost")
         # the claimed and consumed words' loads (flags.taken and reply_consumed, without their Python call)
         self._claimed = functools.partial(hf.load, seg.mm, self.lay.word_off(Word.CLAIMED))
         self._consumed = functools.partial(hf.load, seg.mm, self.lay.word_off(Word.CONSUMED))
@@ -225,7 +225,7 @@ class RoundCore(LateRounds):
 
     def _front(self, t: int) -> tuple[int, tuple]:
         """The C path's read of round t, with the ring model's advance, the acceptance sums and the
-        entries when the round allows them (round_fused.py `front`). The connection epoch and moved
+        entries when the round allows them (round/fused.py `front`). The connection epoch and moved
         slots are read first: while they change nothing (the usual round) the advance may follow the read
         in the same call; `_run` applies them otherwise. `fill`: nothing between the sums and the entries
         can change them (a closed breaker, no row cap, no n_out table, a gate that cannot pause a slot

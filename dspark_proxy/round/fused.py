@@ -1,19 +1,19 @@
 """The usual round's fused C calls (`_fastround_fused.c`): what RoundCore runs on the C path where
 the reference runs two or three calls with Python between them.
 
-At n = 1 a round's cost is its calls and the Python around them, not its data (round.py, "Cost"), so
+At n = 1 a round's cost is its calls and the Python around them, not its data (round/core.py, "Cost"), so
 the C path joins the calls that follow each other in the usual round, each joined call running the
 very code of the single ones (read_core, advance_core, accept_core, fill_core, pack_whole_core):
 - `front`: the descriptor read, then (when the caller has no connection epoch or moved slots to apply
   first) the ring model's advance and the acceptance sums, then (when the caller knows nothing in
   between would change them) the usual round's entries and, from the engine's shared ring, their
-  small rows (ring_rows.py's gather); `stage` says how far it went and round.py goes on from there.
+  small rows (ring_rows.py's gather); `stage` says how far it went and round/core.py goes on from there.
 - `advance`: the ring model's advance, then the acceptance sums, when the gate's `begin` has nothing
   to do in between (no new owner while the gate is on, no pause ending); otherwise the sums run as
   before (`Acceptance.round`).
 - `finish`: step 8 when every request got an entry, asked for drafts and came back RS_OK with all N
   drafts: the slots announced, the page packed, its n and status words, in one call. Any other round
-  (or a sampled segment) returns False having written nothing, and round.py's `_accept` runs.
+  (or a sampled segment) returns False having written nothing, and round/core.py's `_accept` runs.
 
 The reference model (DSPARK_NATIVE=0) never comes here; tests/test_native_diff_round.py and
 test_native_diff.py hold both paths to the same bytes and counters, and test_native_fused.py checks
@@ -84,7 +84,7 @@ class FusedRound:
         if stage == 0:
             return n, None, 0
         plan = tab.native_plan_of(n, n_new, n_resync, n_unknown)
-        decode = max_q <= self.N + 1  # (round.py's phase)
+        decode = max_q <= self.N + 1  # (round/core.py's phase)
         if stage >= 2:
             acc.summed(t, n, n_ver, tokens, n_ready, decode)
         else:
@@ -93,7 +93,7 @@ class FusedRound:
 
     def advance(self, t: int, slots: np.ndarray, req: np.ndarray, first: np.ndarray, valid: np.ndarray,
                 valid_raw: np.ndarray, k_window: np.ndarray, decode: bool = True) -> Advance:
-        """SlotTable.advance then Acceptance.round, as round.py's step 2 runs them (decode: a decode
+        """SlotTable.advance then Acceptance.round, as round/core.py's step 2 runs them (decode: a decode
         round, Acceptance.round's)."""
         acc = self.accept
         g = acc.gate

@@ -1,5 +1,5 @@
 """Rounds the watchdog (or a fail_all) claimed before the proxy reached them, and the events that
-record them: RoundCore's late-round half (round.py), kept apart so that the round's usual path reads
+record them: RoundCore's late-round half (round/core.py), kept apart so that the round's usual path reads
 on its own.
 
 Owned by the round thread, like the RoundCore it is part of.

@@ -38,7 +38,7 @@ class PagePacker:
         self._ok = self.page[L.o_ok:L.o_ok + M]
         self._ids = self.page[L.o_ids:L.o_ids + M * N].reshape(M, N)
         self._conf = self.page[L.o_conf:L.o_conf + M * N].view(np.float32).reshape(M, N)
-        # (public: a fused call that packs the usual round (round_fused.py) reads and sets them too)
+        # (public: a fused call that packs the usual round (round/fused.py) reads and sets them too)
         self.ok_rows = self.ids_rows = 0
         self._no = np.ones(M, dtype=np.bool_)  # scratch: the requests given no drafts
         self._n_out_table = np.asarray(n_out_table, dtype=np.int64)

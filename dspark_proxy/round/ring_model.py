@@ -1,4 +1,4 @@
-"""Rank 0's exact model of the engine's ring: the last W rows of each slot (round.py: steps 2, 4, 5, 8).
+"""Rank 0's exact model of the engine's ring: the last W rows of each slot (round/core.py: steps 2, 4, 5, 8).
 
 The engine keeps, per slot (request-state index), the hidden-state rows of the last W positions it
 finalised. The proxy never sees that ring, yet it must know, every round and for every request, which
@@ -419,7 +419,7 @@ class SlotTable:
 
     def native_held(self) -> object:
         """The C advance's Held (the tables, the counts and the scratch), the same object at every call:
-        for _advance_native and the fused calls (round_fused.py)."""
+        for _advance_native and the fused calls (round/fused.py)."""
         held = self._held
         if held is None:  # the tables and the scratch, their buffers taken once (_fastround_held.c)
             held = self._held = fastround.Held((self.owner, self.generation, self.lo, self.hi, self.dirty,

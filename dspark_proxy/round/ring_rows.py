@@ -8,7 +8,7 @@ Rows below `GATHER_BELOW` bytes are gathered into one private buffer (`_fastroun
 copy into the socket being the only one (`_fastround.ring_runs`, or `runs` below, its reference).
 
 The engine rewrites ring rows only in `enqueue(t + 1)`, after round t was claimed; a proxy still
-sending when the watchdog claims t then loses its publish and marks every slot dirty (round.py), so
+sending when the watchdog claims t then loses its publish and marks every slot dirty (round/core.py), so
 rows read while being rewritten never reach a draft the engine uses.
 
 Owned by the round thread (one per attached segment, like RoundCore).
@@ -46,7 +46,7 @@ class RingRows:
         self._row_t = np.dtype((np.void, self.B))
         self._j = np.arange(self.M * self.W, dtype=np.int64)
         self._small_c = False  # open, the C path, small rows: views() gathers in one C call
-        # the same, for round_front's gather (round_fused.py): (ring, out, row_bytes); None otherwise
+        # the same, for round_front's gather (round/fused.py): (ring, out, row_bytes); None otherwise
         self.c_gather: tuple[np.ndarray, np.ndarray, int] | None = None
 
     def open(self) -> bool:

@@ -69,7 +69,7 @@ enum {
 #define SLEEPERS_OFF 8    /* the sleepers count shares its word's line */
 #define WAKESEQ_OFF 12    /* ... and so does the wake sequence the futex sleeps on */
 
-#define ROUND_FAILED 2    /* reply page status written by fail_round / fail_all (round.py: STATUS_ROUND_FAILED) */
+#define ROUND_FAILED 2    /* reply page status written by fail_round / fail_all (round/core.py: STATUS_ROUND_FAILED) */
 
 /* ------------------------------------------------------------------ helpers */
 
@@ -786,7 +786,7 @@ static PyObject *hf_store_release(PyObject *mod, PyObject *args) {
     (void)mod;
     if (parse_word(args, &b, &off, 1, &v, NULL, SPAN_WORD) < 0)
         return NULL;
-    /* release: pairs with the reader's acquire load of the stamp (round.py _copy_stamped) */
+    /* release: pairs with the reader's acquire load of the stamp (round/core.py _copy_stamped) */
     atomic_store_explicit(word_at(b.buf, off), (uint64_t)v, memory_order_release);
     PyBuffer_Release(&b);
     Py_RETURN_NONE;

@@ -244,7 +244,7 @@ class SlotReader:
 
     def read_done(self, t: int, code: int, n: int = 0, max_q: int = 0, rows: int = 0, n_staged: int = 0,
                   n_misfit: int = 0) -> int:
-        """After the C read (read_round, or round_front in round_fused.py): its results taken, or the
+        """After the C read (read_round, or round_front in round/fused.py): its results taken, or the
         BadDescriptor the reference raises; returns n."""
         if code == 0:
             self.max_q = max_q
@@ -265,7 +265,7 @@ class SlotReader:
         return self._desc_offs[slot], self._meta_offs[slot]
 
     def front_arrays(self) -> tuple[np.ndarray, ...]:
-        """What read_round's Held holds, in its order, then need's scratch (round_fused.py holds them too)."""
+        """What read_round's Held holds, in its order, then need's scratch (round/fused.py holds them too)."""
         return (self._moffs, self._doffs, self._desc_u8, self._meta_u8, self._mark, self._slots, self._valid,
                 self._need)
 
