@@ -2,7 +2,7 @@
 recorded `vllm bench serve --save-result --save-detailed` file and from vLLM's `/metrics`, the medians of
 interleaved runs, the outputs that differ from the `nospec` arm's, and the JSON keys the section produces
 (arm x concurrency x figure), with the servers and the client replaced by the recorded result: the real
-run needs several vLLM servers (minutes; docs/serving-bench.md), too long for CI.
+run needs several vLLM servers (minutes; docs/performance.md, "Serving under load"), too long for CI.
 """
 
 from __future__ import annotations

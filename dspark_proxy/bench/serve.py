@@ -1,6 +1,6 @@
 """The `serve` section (only when named): vLLM's OpenAI server under load from vLLM's own client,
 `vllm bench serve`, for each arm: no speculation (`nospec`), vLLM's n-gram drafter (`ngram`), and the
-proxy's proposer with each shipped head (named by the head's directory). docs/serving-bench.md.
+proxy's proposer with each shipped head (named by the head's directory). docs/performance.md, "Serving under load".
 
 Every arm's server is up for the whole section (one start-up each, 30-90 s on 2 CPUs); the runs are
 interleaved: for each repetition, for each concurrency, every arm in turn, so a slow spell of a shared

@@ -13,7 +13,7 @@ from typing import Any
 __all__ = ["CELL_KEYS", "run_figures", "cell_medians", "mismatches", "spec_counters", "mean_accepted", "serve_targets",
            "format_serve"]
 
-# the figures of one arm at one concurrency (docs/serving-bench.md)
+# the figures of one arm at one concurrency (docs/performance.md, "Serving under load")
 CELL_KEYS = ("tokens_per_s", "ttft_ms_p50", "itl_ms_p50", "itl_ms_p99")
 _FROM_VLLM = {"tokens_per_s": "output_throughput", "ttft_ms_p50": "median_ttft_ms",
               "itl_ms_p50": "median_itl_ms", "itl_ms_p99": "p99_itl_ms"}
@@ -88,7 +88,7 @@ def mean_accepted(before: Mapping[str, float], after: Mapping[str, float]) -> fl
 
 
 def serve_targets(res: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Issue 30's goals for a head arm (docs/serving-bench.md): >= 2.5x no speculation at c=1, >= 1.5x at
+    """Issue 30's goals for a head arm (docs/performance.md, "Serving under load"): >= 2.5x no speculation at c=1, >= 1.5x at
     c=8, ahead of vLLM's n-gram and never slower than no speculation at every concurrency, no output lost."""
     sp = res.get("speedup_vs_nospec") or {}
     heads = [a for a in sp if a != "ngram"]

@@ -32,7 +32,7 @@ def _sections(value: str | None) -> list[str] | None:
 @click.option("--sections", default=None, metavar="LIST",
               help="Comma list of sections to run: handoff,gil,scaling,rows,memory (default: all), and eval "
                    "(only when named: needs the model extra), serve (only when named: needs vLLM; "
-                   "docs/serving-bench.md).")
+                   "docs/performance.md, 'Serving under load').")
 @click.option("--plot", "plot_path", default=None, metavar="DIR",
               help="Also draw the figures as PNGs in DIR (created if missing; needs matplotlib, the plot "
                    "extra). A path ending in .png (deprecated) gets the latency panels in one file.")
@@ -57,7 +57,7 @@ def bench(quick: bool, as_json: bool, sections: str | None, plot_path: str | Non
         import importlib.util
 
         if importlib.util.find_spec("vllm") is None:
-            raise click.UsageError("--sections serve needs vLLM (scripts/setup.sh installs it): docs/serving-bench.md")
+            raise click.UsageError("--sections serve needs vLLM (scripts/setup.sh installs it): docs/performance.md, 'Serving under load'")
     plot_dir, plot_file = plot_option("bench", plot_path, legacy_png=True)
     t0 = time.monotonic()
     say = (lambda msg: None) if quiet else (lambda msg: click.echo(f"[bench] {msg}", err=True))
