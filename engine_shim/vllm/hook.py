@@ -1,6 +1,6 @@
 """The one place dspark-proxy reaches into vLLM's model runner (docs/vllm.md).
 
-vLLM's `custom_class` proposer gets neither hidden states nor request ids, so three methods of
+vLLM's `custom_class` proposer gets neither hidden states nor request ids, so four methods of
 `GPUModelRunner` (which vLLM's CPU runner inherits) are wrapped, and each wrapper hands over to the
 original unless the runner's drafter is a `DSparkProposer` (known by its class attribute
 `dspark_proxy_drafter`: this module never imports the proposer, which imports it):
