@@ -52,14 +52,17 @@ def attach(name: str | None = None, *, max_reqs: int, num_spec: int, window: int
     want = {"mode": mode, "max_reqs": max_reqs, "num_spec": num_spec, "window": window, "row_bytes": row_bytes,
             "sampled": sampled, "deadline_ms": deadline_ms, **kwargs}
     key = (os.getpid(), DEFAULT_NAME if name is None else name)
+    shim: Shim | None = None
+    wait_s = max(timeout_s, 5.0) if mode == "thread" else timeout_s
     with _shims_lock:
         if name is not None or mode == "process":
-            same = _existing(key, want)
-            if same is not None:
-                return same
-        shim = _new_shim(name, want, timeout_s)
-        _shims[(os.getpid(), shim.name or DEFAULT_NAME)] = (shim, want)
-    _wait_found(shim, max(timeout_s, 5.0) if mode == "thread" else timeout_s)
+            shim = _existing(key, want)
+            if shim is not None:  # shared: it waits as asked (boot()'s may not have found the proxy yet)
+                wait_s = timeout_s
+        if shim is None:
+            shim = _new_shim(name, want, timeout_s)
+            _shims[(os.getpid(), shim.name or DEFAULT_NAME)] = (shim, want)
+    _wait_found(shim, wait_s)
     _set_current(shim)
     return shim
 
