@@ -40,9 +40,12 @@ class Sim:
         self.tokens = 0
         self.elapsed = 0
 
-    def step(self, draft_ns: int, plain_ns: int = PLAIN, acc: int = 3, noise: float = 0.0, skip: bool = False) -> None:
+    def step(self, draft_ns: int, plain_ns: int = PLAIN, acc: int = 3, noise: float = 0.0, skip: bool = False,
+             late: bool = False) -> None:
         ver = self.need.copy()
         dt = draft_ns if ver.any() else plain_ns
+        if late:  # the drafts missed the deadline: the engine waited draft_ns for them and verified none
+            ver[:] = False
         if noise:
             dt = int(dt * (1 + noise * self.rng.uniform(-1, 1)))
         self.now += dt
@@ -251,6 +254,31 @@ def test_noise_does_not_flap(seed):
     s.run(3000, 8 * PLAIN, noise=0.4)
     assert s.c("accept_batch_tps_paused") == 1 and s.c("accept_batch_tps_resumed") == 0
     assert s.g.b_pause == S.pause_max
+
+
+@pytest.mark.parametrize("native_path", [False, True])
+def test_drafts_that_always_come_late_are_judged_and_paused(native_path):
+    """A drafter that misses every deadline: each drafting step is the engine's wait (3 plain steps) and
+    verifies nothing. Those steps are drafting's cost, not plain ones, and they fill its blocks: the
+    rule pauses it (before, every such step was a plain sample, no block was ever whole, and the batch
+    drafted late for ever: the DSpark arm's 0.65x on a busy machine, issue 30)."""
+    s = Sim(GateSettings(break_even=0.5, patience=8, pause=16, pause_max=512, probe=2, tps_every=400),
+            native_path=native_path)
+    s.until(lambda: s.c("accept_batch_tps_paused") == 1, 3 * PLAIN, limit=S.tps_every, late=True)
+    assert s.g.tps.plain == pytest.approx(1e9 / PLAIN)
+    assert s.g.tps.drafting == pytest.approx(1e9 / (3 * PLAIN))  # 1 token a request in 3 plain steps
+    tokens, elapsed = s.tokens, s.elapsed
+    s.run(5000, 3 * PLAIN, late=True)  # (the probes, 4 late steps each, are what is lost)
+    assert (s.tokens - tokens) / (s.elapsed - elapsed) * 1e9 > 0.95 * s.slots.shape[0] * 1e9 / PLAIN
+
+
+def test_late_drafts_dilute_what_drafting_earns():
+    """Half the drafting steps late: the rate counts their requests at 1 token each."""
+    r = StepRates(clock=iter(range(0, 1000, 10)).__next__)
+    for t in range(1, 10):
+        r.round(t, 2, True)
+    assert r.n_d == 8 and r.req_d == 18
+    assert r.learn_drafting(accepted=9) == pytest.approx((1 + 9 / 18) * 1e9 / 10)
 
 
 def test_throughput_never_much_below_not_drafting():

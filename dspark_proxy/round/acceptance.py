@@ -257,6 +257,7 @@ class AcceptGate:
         self.b_slow = 0  # ACTIVE blocks in a row whose drafting rate was below the plain one
         self.b_judged = (-1, -1)  # the rounds of the batch's last two ACTIVE judgements (the throughput rule)
         self.b_more = 0  # a throughput probe's verified rounds past its first look
+        self._asked = True  # the batch asked drafts in the last round (not PAUSED when it was masked)
 
     # ------------------------------------------------------------------ per round
 
@@ -289,19 +290,23 @@ class AcceptGate:
         """observe() after the round's sums (n requests; decode: no prefill rows): the round's step
         interval (the throughput rule), the batch's pause ends, then `ready` (the probing slots whose probe is complete, None:
         none), the batch's block and the ACTIVE slots are judged when due."""
+        asked = self._asked  # round t-1 went out asking drafts: step t is what that cost, verified or not
         if self.tps is not None:
-            self.tps.round(t, n, n_ver, decode)
+            self.tps.round(t, n, asked, decode)
         if self.b_state == PAUSED and t >= self.b_until:
             self._batch_pause_over(t)
-        if n_ver:
-            if ready is not None:
-                self._judge_probes(t, ready)
+        if n_ver and ready is not None:
+            self._judge_probes(t, ready)
+        # with the throughput rule a round whose drafts came late (none verified) still fills the block:
+        # a drafter that misses every deadline must be judged, not wait for verified rounds that never come
+        if n_ver or (asked and self.tps is not None):
             self.b_left -= 1
             if self.b_left <= 0 and self.b_state != PAUSED:
                 self._judge_batch(t)
         if t >= self.next_tick:
             self.next_tick = t + self.s.patience
             self._judge_active(t)
+        self._asked = self.b_state != PAUSED  # what mask() does to round t: the class of step t+1
 
     def mask(self, slots: np.ndarray, need: np.ndarray) -> None:
         """Clear `need` (the round's NEED_DRAFT flags, in place) where the slot or the batch is PAUSED."""

@@ -6,7 +6,7 @@ then slower than not drafting at all. The engine says when each step starts (`GA
 before `gathered`): the interval from round t-1's stamp to round t's is the engine's step t, which
 includes its wait for round t-1's reply. Round t's descriptor says what that step produced: requests that
 verified drafts made accepted + 1 tokens, the others 1. So per round, one interval, classed by whether
-the round verified drafts (the step that drafting made longer) or not; decode rounds only (a step with prefill
+round t-1 asked drafts (the step that drafting made longer, verified or come too late) or not; decode rounds only (a step with prefill
 chunks is long with drafts or without).
 
 `StepRates` keeps the intervals of the batch gate's current block (acceptance.py, `AcceptGate`): at most
@@ -39,32 +39,35 @@ class StepRates:
 
     def __init__(self, clock: Callable[[], int] | None = None) -> None:
         self.clock = clock or time.monotonic_ns
-        # intervals (ns) of rounds that verified drafts, and of rounds that did not: lists, a scalar store
+        # intervals (ns) of drafting rounds, and of rounds that were not: lists, a scalar store
         # into one costs less than into an array, every round
         self._d: list[int] = [0] * CAP
         self._p: list[int] = [0] * CAP
         self.n_d = self.n_p = 0  # intervals of each class in the block (the ring holds the last CAP)
-        self.req_d = 0  # requests of the block's rounds that verified drafts (sampled or not)
+        self.req_d = 0  # requests of the block's drafting rounds (sampled or not)
         self._last_t, self._last_ns = -2, 0
         self.first_t = -1  # the first round seen (the engine numbers rounds, not this incarnation)
         self.plain: float | None = None
         self.drafting: float | None = None
         self.plain_at = 0
 
-    def round(self, t: int, n: int, n_ver: int, decode: bool = True) -> None:
-        """Round t (n requests, n_ver verified drafts; decode: no prefill rows), judged now: its interval
-        since round t-1, when t-1 was seen too (a skipped round leaves a gap, not a sample) and the step
-        was a decode one (a prefill chunk's step is long with drafts or without: it would only add noise;
-        its requests still count in `req_d`)."""
+    def round(self, t: int, n: int, drafted: int | bool, decode: bool = True) -> None:
+        """Round t (n requests; drafted: round t-1 asked drafts, so step t is drafting's whether they came
+        in time or not; decode: no prefill rows), judged now: its interval since round t-1, when t-1 was
+        seen too (a skipped round leaves a gap, not a sample) and the step was a decode one (a prefill
+        chunk's step is long with drafts or without: it would only add noise; its requests still count
+        in `req_d`). A drafting round whose drafts missed the deadline is a drafting interval (the
+        engine's wait for them is in it) that earned 1 token a request: counted as plain, it made not
+        drafting look as slow as drafting late, and the rule never paused a drafter that missed them all."""
         now = self.clock()
-        if n_ver:
+        if drafted:
             self.req_d += n
         if self.first_t < 0:
             self.first_t = t
         if t == self._last_t + 1 and n and decode:
             dt = now - self._last_ns
             if dt > 0:
-                if n_ver:
+                if drafted:
                     self._d[self.n_d % CAP] = dt
                     self.n_d += 1
                 else:
