@@ -17,6 +17,7 @@ from dspark_proxy.ops.stats import Stats
 from dspark_proxy.round.acceptance import ACTIVE, PAUSED, PROBING, Acceptance, GateSettings
 from dspark_proxy.round.core import RoundSettings
 from dspark_proxy.round.gate_tps import MIN_SAMPLES, StepRates
+from dspark_proxy.shm.layout import Word
 from tests.rig import Rig, ScriptedClient
 
 pytestmark = pytest.mark.timeout(60)
@@ -389,6 +390,31 @@ def test_through_the_round_expensive_drafting_is_paused_then_resumed(seg_name):
                 break
         assert g.b_state == ACTIVE and st.counter("accept_batch_tps_resumed") == 1
         assert np.all(one()["flags"] & 1)
+
+
+def test_a_paused_round_is_published_before_its_step(seg_name):
+    """The batch paused: the round's reply (no drafts) is published before its STEP goes out, so the
+    engine does not wait for the worker; the STEP still carries the rows (the windows stay whole), and
+    once drafting resumes the windows are whole and the drafts exact."""
+    gate = GateSettings(break_even=0.5, patience=4, pause=8, pause_max=16, probe=1, tps_every=64)
+    client = SlowDrafts(max_reqs=4, num_spec=3, window=4, row_bytes=16)
+    with Rig(seg_name, M=4, N=3, W=4, B=16, settings=RoundSettings(gate=gate), client=client) as rig:
+        g, st = rig.core.accept.gate, rig.core.stats
+        seen: list[tuple[int, int]] = []  # (round, published word) as each STEP went out
+        client.before_step = lambda: seen.append((rig.t, rig.seg.word(Word.PUBLISHED)))
+        rig.round([(1, 0, 1), (2, 1, 1)])
+        assert seen[-1] == (1, 0)  # drafting: published after the STEP
+        g._batch_paused(rig.t, rig.t + 4, "accept_batch_tps_paused")  # rounds 2-4 paused
+        for _ in range(3):
+            reply, _ = rig.round([(1, 0, 1), (2, 1, 1)])
+            assert reply.ok and not reply.ok_mask.any() and np.all(reply.draft_ids == -1)
+            assert seen[-1] == (rig.t, rig.t), "a paused round's reply must be out before its STEP"
+            assert not np.any(client.sent_entries[-1]["flags"] & 1)
+        assert st.counter("rounds_published_first") == 3
+        for _ in range(3):  # the pause over: drafts again, from whole windows
+            reply, b = rig.round([(1, 0, 1), (2, 1, 1)])
+        assert g.b_state != PAUSED and reply.ok_mask.all() and rig.check_drafts(reply, b) == 2
+        assert seen[-1] == (rig.t, rig.t - 1)
 
 
 @pytest.mark.parametrize("ratio", [2.0, 1.3])

@@ -214,8 +214,8 @@ class Acceptance:
         g = self.gate
         return not (g.on and g.n_paused and t >= g.next_wake)
 
-    def mask(self, slots: np.ndarray, need: np.ndarray) -> None:
-        self.gate.mask(slots, need)
+    def mask(self, slots: np.ndarray, need: np.ndarray) -> int:
+        return self.gate.mask(slots, need)
 
     def flush(self) -> None:
         self.effect.flush()
@@ -308,10 +308,11 @@ class AcceptGate:
             self._judge_active(t)
         self._asked = self.b_state != PAUSED  # what mask() does to round t: the class of step t+1
 
-    def mask(self, slots: np.ndarray, need: np.ndarray) -> None:
-        """Clear `need` (the round's NEED_DRAFT flags, in place) where the slot or the batch is PAUSED."""
+    def mask(self, slots: np.ndarray, need: np.ndarray) -> int:
+        """Clear `need` (the round's NEED_DRAFT flags, in place) where the slot or the batch is PAUSED;
+        how many it cleared."""
         if not self.on or (self.n_paused == 0 and self.b_state != PAUSED):
-            return
+            return 0
         before = int(np.count_nonzero(need))
         if self.b_state == PAUSED:
             need[:] = False
@@ -320,6 +321,7 @@ class AcceptGate:
         cleared = before - int(np.count_nonzero(need))
         if cleared:
             self.stats.inc("accept_drafts_not_asked", cleared)
+        return cleared
 
     def snapshot(self) -> dict:
         """For status: the slots in each state now and the batch's state; with the throughput rule, the

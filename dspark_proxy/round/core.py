@@ -104,8 +104,8 @@ class RoundSettings:
 
 
 class RoundCore(LateRounds):
-    """Rank-0 round logic over one attached segment (a new one per engine attach); its late rounds
-    (`_skip_taken`, `_event`) are in round/late.py."""
+    """Rank-0 round logic over one attached segment (a new one per engine attach); its publishing and
+    late rounds (`_publish_now`, `_publish_first`, `_skip_taken`, `_event`) are in round/late.py."""
 
     def __init__(self, seg: Segment, client: DraftClient, stats: Stats, events: EventRing, breaker: CircuitBreaker,
                  settings: RoundSettings) -> None:
@@ -122,6 +122,7 @@ class RoundCore(LateRounds):
         self.pacer = LinkPacer(window=self.W, max_rows=p.max_rows, resync_max=resync_windows_per_enqueue(p),
                                deadline_ns=self.deadline_ns, publish=stats.set)
         self._rtt_us = self._worker_us = -1.0
+        self._first = 0  # this round was published before its STEP (handle() sets it each round)
         self.lat = RoundLatencies(stats, self.native)  # the round's latency keys, in one call a round
         self._arange = np.arange(self.M, dtype=np.intp)
         self.desc = _slot_reader(seg, self.slots)  # round t's descriptor and metadata
@@ -173,6 +174,7 @@ class RoundCore(LateRounds):
         t0 = _clock()
         self.rounds = t
         self._rtt_us = -1.0  # set by a round that got its STEP's reply
+        self._first = 0  # 1: published before its STEP (`_publish_first`), -1: the watchdog had failed t
         if self._claimed() >= t:  # taken
             self._skip_taken(t, waited_us)
             self.lat.skipped((_clock() - t0) * 1e6)
@@ -211,14 +213,8 @@ class RoundCore(LateRounds):
             elif not self._ring_refused:  # the peer's input: one line an incarnation, no traceback
                 self._ring_refused = True
                 log.warning("[round] t=%d: %s; rounds fail closed until the engine attaches anew", t, e)
-        if self._consumed() < t - 1:
-            raise RuntimeError(f"round {t}: the engine has not consumed round {t - 1}'s reply "
-                               f"(words {self.flags.values()})")
-        if not self._publish(t, self.page):
-            # the watchdog failed t first: the worker may hold rows we now treat as unsent
-            self.slots.mark_all_dirty()
-            self.stats.inc("watchdog_preempted")
-            self._event(t, "late_publish", phase, waited_us)
+        if not self._first:
+            self._publish_now(t, phase, waited_us)
         self.lat.done(phase, (_clock() - t0) * 1e6, self._rtt_us, self._worker_us)
 
     # ------------------------------------------------------------------ the round proper
@@ -310,7 +306,11 @@ class RoundCore(LateRounds):
             return self._fail(slots, n, "no_rows")
         ent = self._prefix.entries(k)
         need = v.need if stage else np.not_equal(v.need_raw, 0, out=v.need)  # _front wrote it from stage 1
-        self.accept.mask(slots, need)  # paused by the acceptance gate: rows sent, no drafts asked
+        # paused by the acceptance gate: rows sent, no drafts asked; none left, the reply is known now
+        if self.accept.mask(slots, need) and not np.count_nonzero(need):
+            self._publish_first(t, n, phase)
+            if self._first < 0:  # the watchdog had failed t: no STEP (as `_step` does for a preempted round)
+                return self._fail(slots, n, "preempted")
         n_out = self.packer.n_out(n)
         if have_win is None and self.native:  # the usual round's entries in one C call (its reference: below)
             self._fill_entries(idx, slots, valid, first_pos, plan, v.need_u8, n_out)
@@ -390,7 +390,7 @@ class RoundCore(LateRounds):
         """Steps 6 and 7: the round's STEP unless the watchdog completed t while we built it (the staging
         may be refilling), and what its outcome teaches the link's pacing and the breaker. None: the
         round failed (and is marked so); else the reply to accept."""
-        if self._claimed() >= t:
+        if self._first == 0 and self._claimed() >= t:  # (published first: the claim is its own)
             self._fail(slots, n, "preempted")
             return None
         pacer = self.pacer

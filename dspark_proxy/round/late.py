@@ -1,6 +1,7 @@
-"""Rounds the watchdog (or a fail_all) claimed before the proxy reached them, and the events that
-record them: RoundCore's late-round half (round/core.py), kept apart so that the round's usual path reads
-on its own.
+"""The round's end: publishing round t (at its end, or before its STEP when its reply is known), rounds
+the watchdog (or a fail_all) claimed before the proxy reached them, and the events that record them:
+RoundCore's publishing and late-round half (round/core.py), kept apart so that the round's usual path
+reads on its own.
 
 Owned by the round thread, like the RoundCore it is part of.
 """
@@ -15,17 +16,22 @@ import numpy as np
 from ..shm.stamped import BadDescriptor
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..ops.events import EventRing
     from ..ops.stats import Stats
+    from ..shm.hostflag import HostFlags
     from ..shm.segment import Segment
     from ..shm.stamped import SlotReader
+    from .reply_page import PagePacker
     from .ring_model import SlotTable
 
 __all__ = ["LateRounds"]
 
 
 class LateRounds:
-    """RoundCore's handling of rounds taken before it reached them (a mixin: its state is RoundCore's)."""
+    """RoundCore's publishing, and its handling of rounds taken before it reached them (a mixin: its
+    state is RoundCore's)."""
 
     stats: Stats
     desc: SlotReader
@@ -35,6 +41,12 @@ class LateRounds:
     seg: Segment
     M: int
     _decode_q: int
+    packer: PagePacker
+    page: np.ndarray
+    flags: HostFlags
+    _publish: Callable[[int, np.ndarray], bool]
+    _consumed: Callable[[], int]
+    _first: int
 
     def _phase(self) -> str:
         """The round's phase from its descriptor's longest query (handle inlines the same test)."""
@@ -74,3 +86,27 @@ class LateRounds:
                            longest_query=int(d["max_q"]) if same else 0,
                            proxy_wait_ms=round(waited_us / 1e3, 3), incarnation=self.seg.incarnation)
         self.stats.set("watchdog_events", self.events.dump())
+
+    def _publish_now(self, t: int, phase: str, waited_us: float) -> bool:
+        """Round t's page out; False: the watchdog failed t first. Raises when the engine has not
+        consumed round t-1's reply (the hand-off's order is broken: round/core.py's invariants)."""
+        if self._consumed() < t - 1:
+            raise RuntimeError(f"round {t}: the engine has not consumed round {t - 1}'s reply "
+                               f"(words {self.flags.values()})")
+        if self._publish(t, self.page):
+            return True
+        # the watchdog failed t first: the worker may hold rows we now treat as unsent
+        self.slots.mark_all_dirty()
+        self.stats.inc("watchdog_preempted")
+        self._event(t, "late_publish", phase, waited_us)
+        return False
+
+    def _publish_first(self, t: int, n: int, phase: str) -> None:
+        """The gate cleared every NEED_DRAFT of round t (the batch, or every slot in it, paused): its
+        reply, no drafts for its n requests, is known before its STEP, so it is published now and the
+        engine does not wait for the worker: a paused round costs the engine no STEP round trip, so
+        pausing a slow drafter is as fast as not drafting (docs/design.md, "Acceptance-aware drafting").
+        The STEP still goes out after it: the worker's windows stay whole for the probe."""
+        self.packer.none(n)
+        self._first = 1 if self._publish_now(t, phase, 0.0) else -1
+        self.stats.inc("rounds_published_first")

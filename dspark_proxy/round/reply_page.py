@@ -138,6 +138,22 @@ class PagePacker:
         b[0] = STATUS_OK if all_ok else STATUS_SOME_FAILED
         return all_ok, e_need, n_e_need
 
+    def none(self, n: int) -> None:
+        """status OK, n, and no drafts for any request (a round that asked none, published before its
+        STEP): n_drafts 0 and every row past it cleared, as Reply promises."""
+        L, b = self.L, self.page
+        b[0] = STATUS_OK
+        b[1] = n
+        rows = max(self.ids_rows, n)
+        self._ok[:max(self.ok_rows, n)] = 0
+        self._ids[:rows] = -1
+        self._conf[:rows] = 0
+        self.ok_rows = self.ids_rows = n
+        if L.sampled:
+            b[L.o_sample_mask:L.o_sample_mask + n] = 0
+            b[L.o_qids:L.o_qids + n * self.N * SUPPORT_K] = -1
+            b[L.o_q:L.o_q + n * self.N * SUPPORT_K] = 0
+
     def failed(self, n: int) -> None:
         """status ROUND_FAILED, n, and n_drafts 0 for every request: the reader hands the engine its own
         cleared arrays for a failed status, so nothing past the ok words is read (shm_layout.md)."""
