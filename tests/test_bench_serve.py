@@ -66,6 +66,12 @@ def test_spec_counters_from_recorded_metrics() -> None:
     assert mean_accepted(got, got) is None
 
 
+class _Arm(str):
+    """A fake server: its arm's name, and its proxy's segment."""
+
+    segment = ""
+
+
 def test_section_json_keys_with_recorded_runs(monkeypatch, tmp_path) -> None:
     """run_serve's JSON for every arm and concurrency, its mismatch count and sampled acceptance, with
     each `vllm bench serve` run replaced by the recorded one (a head arm's last output changed)."""
@@ -74,7 +80,17 @@ def test_section_json_keys_with_recorded_runs(monkeypatch, tmp_path) -> None:
     def fake_start(arm, head, stack, logs, vllm_cpus, our_cpus, prefix, sampled=False):
         assert sampled == arm.endswith("+q")
         started.append(arm)
-        return arm
+        if arm in ("nospec", "ngram"):
+            return arm
+        srv = _Arm(arm)
+        srv.segment = f"seg-{arm}"
+        return srv
+
+    def fake_status(name):
+        assert name.startswith("seg-")
+        return {"drafting": {"rounds": 900, "rounds_failed": 40, "fallbacks": {"timeout": 40},
+                             "gate": {"batch": "paused", "counters": {"batch_tps_paused": 2, "batch_tps_resumed": 1}}},
+                "proxy": {"counters": {"rounds_published_first": 300}}}
 
     def fake_bench(srv, dataset, n, toks, c, temperature=0.0):
         fig = run_figures(RECORDED)
@@ -87,6 +103,7 @@ def test_section_json_keys_with_recorded_runs(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(serve, "_start_arm", fake_start)
     monkeypatch.setattr(serve, "_bench_once", fake_bench)
     monkeypatch.setattr(serve, "_prompts_file", lambda path, n, toks: n)
+    monkeypatch.setattr(serve, "read_status", fake_status)
     res, _ = serve.run_serve(quick=True, say=lambda m: None, prefix="t", reps=3)
     heads = [h.name for h in serve.shipped_heads()]
     arms = ["nospec", "ngram", *heads]
@@ -108,6 +125,11 @@ def test_section_json_keys_with_recorded_runs(monkeypatch, tmp_path) -> None:
     assert goals["serve: stdlib-llama-head >= 2.5x no speculation at c=1"] is False
     table = "\n".join(format_serve(res))
     assert "stdlib-llama-head" in table and "T=0.7 2.3" in table
+    # what each proxy did over the grid: the gate's pauses and the rounds published before their STEP
+    assert set(res["proxies"]) == {a for a in started if a not in ("nospec", "ngram")}
+    px = res["proxies"]["stdlib-llama-dspark"]
+    assert px["rounds_published_first"] == 300 and px["gate"]["batch_tps_paused"] == 2 and px["gate_batch"] == "paused"
+    assert "proxy, stdlib-llama-dspark: 900 rounds, 40 target-only" in table and "paused 2x by tokens/s" in table
 
 
 def test_bench_cli_runs_serve_only_when_named() -> None:

@@ -27,6 +27,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from ..ops.status import read_status
 from .measure import Samples
 from .procs import pinned
 from .serve_stats import cell_medians, mean_accepted, mismatches, run_figures, spec_counters
@@ -123,7 +124,22 @@ def _start_arm(arm: str, head: Path | None, stack: ExitStack, logs: Path, vllm_c
     srv = spawn_server(MODEL, log_path=logs / f"{arm}.log", head=head, name=name, cpus=vllm_cpus,
                        max_num_seqs=MAX_NUM_SEQS, env=env, ready_timeout_s=400.0)
     stack.callback(srv.stop)
+    srv.segment = name  # type: ignore[attr-defined]  # its proxy's, for `_proxy_figures`
     return srv
+
+
+def _proxy_figures(name: str) -> dict[str, Any]:
+    """What the arm's proxy did over the whole grid (its `status`): rounds, those that fell back to
+    target-only and why, and the acceptance gate's counters (pauses, probes, rounds published before
+    their STEP), so a slow arm's table row says whether the gate stopped drafting."""
+    try:
+        st = read_status(name)
+    except Exception as e:  # noqa: BLE001 - a figure missing, never the benchmark
+        return {"error": str(e)}
+    d, c = st["drafting"], st["proxy"].get("counters", {})
+    return {"rounds": d["rounds"], "rounds_failed": d["rounds_failed"], "fallbacks": d["fallbacks"],
+            "gate": d["gate"].get("counters", {}), "gate_batch": d["gate"].get("batch"),
+            "rounds_published_first": int(c.get("rounds_published_first", 0))}
 
 
 def _unlink_rings(name: str) -> None:
@@ -238,6 +254,8 @@ def run_serve(*, quick: bool, say: Callable[[str], None], prefix: str, reps: int
                                          sampled_dataset, sampled_n)
         for arm in chosen:
             res[arm] = {f"c{c}": cell_medians(runs[arm][c]) for c in concurrency}
+        res["proxies"] = {arm: _proxy_figures(srv.segment) for arm, srv in {**servers, **q_servers}.items()
+                          if getattr(srv, "segment", None)}
         for arm, by_t in sampled.items():
             if arm in res:  # a +q server runs sampled requests only
                 by_t["t0"] = {"accepted_mean": res[arm][f"c{concurrency[0]}"].get("accepted_mean")}

@@ -120,7 +120,8 @@ def format_serve(res: Mapping[str, Any]) -> list[str]:
              f"{'accepted':>9}"]
     sp = res.get("speedup_vs_nospec", {})
     for arm, cells in res.items():
-        if arm in ("placement", "sampled", "speedup_vs_nospec", "mismatches_by_arm") or not isinstance(cells, dict):
+        if arm in ("placement", "sampled", "speedup_vs_nospec", "mismatches_by_arm", "proxies") or \
+                not isinstance(cells, dict):
             continue
         for c, cell in cells.items():
             acc = cell.get("accepted_mean")
@@ -131,5 +132,11 @@ def format_serve(res: Mapping[str, Any]) -> list[str]:
         lines.append(f"  sampled, {arm}: mean accepted " + ", ".join(
             f"T={t[1:]} {v.get('accepted_mean')}" + (f" ({v['tokens_per_s']} tok/s)" if 'tokens_per_s' in v else '')
             for t, v in by_t.items()))
+    for arm, px in (res.get("proxies") or {}).items():
+        g = px.get("gate", {})
+        lines.append(f"  proxy, {arm}: {px.get('rounds')} rounds, {px.get('rounds_failed')} target-only "
+                     f"{px.get('fallbacks') or ''}; gate: paused {g.get('batch_tps_paused', 0)}x by tokens/s, "
+                     f"{g.get('batch_paused', 0)}x by acceptance, {g.get('batch_tps_resumed', 0)} resumed, "
+                     f"{px.get('rounds_published_first', 0)} rounds published before their STEP")
     lines.append(f"  outputs differing from no speculation: {res.get('lossless_mismatches')}")
     return lines
