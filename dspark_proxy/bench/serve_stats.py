@@ -40,7 +40,9 @@ def run_figures(result: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def cell_medians(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """A cell: the median of its runs for every figure (rounded), and how many runs it has."""
+    """A cell: the median of its runs for every figure (rounded), how many runs it has, and each run's
+    tokens/s in order (the first run of a proxy arm includes its gate's learning where drafting does
+    not pay)."""
     if not runs:
         raise ValueError("a cell needs at least one run")
     cell: dict[str, Any] = {k: round(statistics.median(float(r[k]) for r in runs), 2) for k in CELL_KEYS}
@@ -48,6 +50,7 @@ def cell_medians(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     if acc:
         cell["accepted_mean"] = round(statistics.median(acc), 3)
     cell["runs"] = len(runs)
+    cell["tokens_per_s_runs"] = [round(float(r["tokens_per_s"]), 2) for r in runs]  # in run order: a gate's learning shows
     return cell
 
 
