@@ -197,8 +197,7 @@ def test_a_paused_request_keeps_its_rows_and_its_whole_window(seg_name):
             rig.round(reqs)
         paused_seen = resumed = False
         for _ in range(20):
-            # request 1 accepts none; request 2 all 3 (so the batch's own machine, on their mean, drafts on:
-            # a paused batch sends no STEP, tests/test_gate_tps.py)
+            # request 1 accepts none; request 2 all 3 (so the batch's own machine, on their mean, drafts on)
             b = rig.batch([(1, 0, 1), (2, 1, 4)])
             b["k_window"] = np.array([3, 3], np.int64)
             if rig.core.accept.gate.state[0] == PAUSED:

@@ -41,7 +41,12 @@ def _segment_gone(name: str) -> bool:
 
 
 def test_proxy_and_worker_through_the_cli(seg_name, worker):
-    proxy = spawn_proxy(seg_name, worker.address, *LAYOUT, "--deadline-ms", "50", "--log-every", "0")
+    # the simulated engine's step (~0.6 ms) is shorter than a drafting STEP's round trip: there the gate's
+    # throughput rule rightly finds that drafting does not pay and pauses it (docs/design.md,
+    # "Acceptance-aware drafting"; tests/test_gate_tps_e2e.py runs it through the CLI). This test checks
+    # the hand-off's drafts, so it asks for them throughout.
+    proxy = spawn_proxy(seg_name, worker.address, *LAYOUT, "--deadline-ms", "50", "--log-every", "0",
+                        "--accept-tps-every", "0")
     shim = None
     try:
         shim = engine_shim.attach(seg_name, max_reqs=M, num_spec=N, window=W, row_bytes=B, timeout_s=5.0)

@@ -29,12 +29,18 @@ def _status(name: str) -> dict:
     return json.loads(out.stdout)
 
 
+# the simulated engine's step is shorter than a drafting STEP's round trip, where the gate's throughput rule
+# rightly pauses drafting (docs/design.md, "Acceptance-aware drafting"); these tests check the pool's
+# drafts, so they ask for them throughout
+DRAFT_THROUGHOUT = ("--accept-tps-every", "0")
+
+
 def test_two_worker_processes_one_killed(seg_name):
     a, b = spawn_worker(*LAYOUT), spawn_worker(*LAYOUT)
     proxy = shim = None
     try:
         proxy = spawn_proxy(seg_name, f"{a.address},{b.address}", *LAYOUT, "--deadline-ms", "50",
-                            "--log-every", "0")
+                            "--log-every", "0", *DRAFT_THROUGHOUT)
         shim = engine_shim.attach(seg_name, max_reqs=M, num_spec=N, window=W, row_bytes=B, timeout_s=5.0)
         sim = SimEngine(SimConfig(seed=5, max_reqs=M, num_spec=N, window=W, row_bytes=B))
         before = sim.run(shim, rounds=600)
@@ -74,7 +80,7 @@ def test_two_engines_share_two_workers(make_seg_name):
     try:
         for nm in names:
             proxies.append(spawn_proxy(nm, f"{a.address},{b.address}", *LAYOUT, "--deadline-ms", "50",
-                                       "--log-every", "0"))
+                                       "--log-every", "0", *DRAFT_THROUGHOUT))
             shims.append(engine_shim.attach(nm, max_reqs=M, num_spec=N, window=W, row_bytes=B, timeout_s=5.0))
         sims = [SimEngine(SimConfig(seed=7 + i, max_reqs=M, num_spec=N, window=W, row_bytes=B)) for i in range(2)]
         for _ in range(3):  # the two engines take turns

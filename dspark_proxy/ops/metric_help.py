@@ -11,8 +11,7 @@ __all__ = ["COUNTER_HELP", "GAUGE_HELP", "LATENCY_HELP", "counter_help", "gauge_
 
 COUNTER_HELP = {
     "rounds_ok": "Rounds whose drafts reached the engine in time.",
-    "rounds_published_first": "Rounds whose every request the acceptance gate paused, published before their STEP.",
-    "rounds_paused": "Rounds of a batch the acceptance gate paused: no drafts, no STEP, rows resent when it resumes.",
+    "rounds_published_first": "Rounds the acceptance gate asked no drafts of, published before their STEP.",
     "rounds_failed": "Rounds the engine ran target-only (no drafts in time, or the breaker open).",
     "rounds_some_failed": "Rounds where part of a pool's workers did not answer in time.",
     "rounds_decode": "Rounds that were decode steps.",

@@ -20,9 +20,8 @@ The mean is over the slot's block: the verified rounds since it was last judged 
 judged together every `patience` rounds once they have `patience` verified rounds; a probe when its
 `probe` rounds are verified). A PAUSED slot's entry goes out without NEED_DRAFT: its rows are still
 sent, so its window stays whole, and drafting resumes at once when a probe succeeds. The whole batch
-has the same machine over its mean accepted per request-round: paused, its rounds send no STEP at all
-(round/late.py, `_paused`: the engine then pays what not drafting costs) and its windows are resent
-when the probe comes.
+has the same machine over its mean accepted per request-round: paused, no entry asks for drafts, and
+the round's reply is published before its STEP (round/late.py, `_publish_first`).
 
 The batch's throughput rule (`tps_every` > 0; gate_tps.py measures): acceptance says what drafts earn,
 not what they cost, so the batch's blocks also learn tokens per request-second of the engine's steps,

@@ -270,8 +270,6 @@ class RoundCore(LateRounds):
             # the engine's windows of slots whose range we do not know: take the engine's range
             w_of = self.resync.staged_windows(t)[slots]
             plan = self.resync.adopt(t, slots, plan, w_of)
-        if self._gate_on and self.accept.gate.b_state == PAUSED:  # the whole batch: no STEP (`_paused`, late.py)
-            return self._paused(slots, n, v.need if stage else np.not_equal(v.need_raw, 0, out=v.need))
         # 3. breaker
         if not self.breaker.allow(t):
             return self._fail(slots, n, "cooldown")

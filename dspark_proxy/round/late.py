@@ -1,7 +1,7 @@
 """The round's ends other than the usual one: publishing round t (at its end, or before its STEP when
-its reply is known), a paused batch's rounds (no STEP), rounds the watchdog (or a fail_all) claimed
-before the proxy reached them, and the events that record them: RoundCore's other half
-(round/core.py), kept apart so that the round's usual path reads on its own.
+its reply is known), rounds the watchdog (or a fail_all) claimed before the proxy reached them, and the
+events that record them: RoundCore's other half (round/core.py), kept apart so that the round's usual
+path reads on its own.
 
 Owned by the round thread, like the RoundCore it is part of.
 """
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from ..shm.hostflag import HostFlags
     from ..shm.segment import Segment
     from ..shm.stamped import SlotReader
-    from .acceptance import Acceptance
     from .reply_page import PagePacker
     from .ring_model import SlotTable
 
@@ -31,8 +30,8 @@ __all__ = ["LateRounds"]
 
 
 class LateRounds:
-    """RoundCore's publishing, its paused rounds, and its handling of rounds taken before it reached
-    them (a mixin: its state is RoundCore's)."""
+    """RoundCore's publishing, and its handling of rounds taken before it reached them (a mixin: its
+    state is RoundCore's)."""
 
     stats: Stats
     desc: SlotReader
@@ -48,7 +47,6 @@ class LateRounds:
     _publish: Callable[[int, np.ndarray], bool]
     _consumed: Callable[[], int]
     _first: int
-    accept: Acceptance
 
     def _phase(self) -> str:
         """The round's phase from its descriptor's longest query (handle inlines the same test)."""
@@ -112,14 +110,3 @@ class LateRounds:
         self.packer.none(n)
         self._first = 1 if self._publish_now(t, phase, 0.0) else -1
         self.stats.inc("rounds_published_first")
-
-    def _paused(self, slots: np.ndarray, n: int, need: np.ndarray) -> None:
-        """A round of a batch the acceptance gate paused: no drafts for anyone, so no STEP at all. The
-        round costs the engine the proxy's own time alone, as not drafting would; its rows are not sent
-        and its slots are marked dirty, so the probe that ends the pause resends their windows whole
-        (resync) before it drafts (docs/design.md, "Acceptance-aware drafting")."""
-        self.accept.mask(slots, need)  # (counted as drafts not asked)
-        self.slots.mark_dirty(slots)
-        self.packer.none(n)
-        self.stats.inc("rounds_paused")
-        self.stats.inc("rounds_ok")
