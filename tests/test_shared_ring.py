@@ -322,3 +322,48 @@ def test_a_new_proxy_incarnation_removes_the_rings_of_dead_engines(seg_name):
         live.close()
         if os.path.exists(stale):
             os.unlink(stale)
+
+
+def test_a_reply_published_before_its_step_sends_its_own_rows(seg_name):
+    """A round the acceptance gate asked no drafts of is published before its STEP (round/late.py,
+    `_publish_first`): the engine may read that reply and enqueue t + 1 while the STEP for t is still
+    going out, rewriting ring rows of round t. Its rows are taken first, so the worker gets round t's
+    bytes, and the drafts after the pause are right."""
+    from dspark_proxy.round.acceptance import GateSettings
+    from dspark_proxy.round.core import RoundSettings
+
+    gate = GateSettings(break_even=0.5, patience=4, pause=8, pause_max=16, probe=1, tps_every=64)
+    with Rig(seg_name, M=4, N=3, W=4, B=BIG, settings=RoundSettings(gate=gate)) as rig:
+        reqs = [(1, 0, 1), (2, 1, 1), (3, 2, 1)]
+        for _ in range(4):
+            reply, b = rig.round(reqs)
+            assert rig.check_drafts(reply, b) == 3
+        rig.core.accept.gate._batch_paused(rig.t, rig.t + 3, "accept_batch_tps_paused")
+        b_t = rig.batch(reqs)
+        rig.t += 1
+        t = rig.t
+        rig.shim.enqueue(t, **b_t)
+        nxt = {}
+        inner = rig.client.step
+
+        def engine_moves_on(prefix, entries, n_rows, **kw):
+            got = rig.shim.read_reply(t)  # published first: the engine has its reply before the STEP
+            assert got.ok and not got.ok_mask.any()
+            # request 1 now sends W rows: one of them lands on the ring row of its round-t position
+            nxt["b"] = rig.batch([(1, 0, 4), (2, 1, 1), (3, 2, 1)])
+            rig.shim.enqueue(t + 1, **nxt["b"])
+            return inner(prefix, entries, n_rows, **kw)
+
+        rig.client.step = engine_moves_on
+        rig.core.handle(t, 0.0)
+        rig.client.step = inner
+        assert rig.stats.counter("rounds_published_first") == 1
+        assert np.array_equal(rig.client.sent_rows[-1], b_t["rows"]), "round t's STEP sent torn rows"
+        rig.t += 1
+        rig.core.handle(rig.t, 0.0)
+        reply = rig.shim.read_reply(rig.t)
+        assert rig.check_drafts(reply, nxt["b"]) == int(reply.ok_mask.sum())
+        for _ in range(8):
+            reply, b = rig.round(reqs)
+            assert rig.check_drafts(reply, b) == int(reply.ok_mask.sum())
+        assert reply.ok_mask.all()

@@ -306,11 +306,8 @@ class RoundCore(LateRounds):
             return self._fail(slots, n, "no_rows")
         ent = self._prefix.entries(k)
         need = v.need if stage else np.not_equal(v.need_raw, 0, out=v.need)  # _front wrote it from stage 1
-        # paused by the acceptance gate: rows sent, no drafts asked; none left, the reply is known now
-        if self.accept.mask(slots, need) and not np.count_nonzero(need):
-            self._publish_first(t, n, phase)
-            if self._first < 0:  # the watchdog had failed t: no STEP (as `_step` does for a preempted round)
-                return self._fail(slots, n, "preempted")
+        # paused by the acceptance gate: rows sent, no drafts asked; none left: the reply is known now
+        first = self.accept.mask(slots, need) and not np.count_nonzero(need)
         n_out = self.packer.n_out(n)
         if have_win is None and self.native:  # the usual round's entries in one C call (its reference: below)
             self._fill_entries(idx, slots, valid, first_pos, plan, v.need_u8, n_out)
@@ -342,6 +339,11 @@ class RoundCore(LateRounds):
                 st.inc("resync_rounds")
                 st.inc("resync_rows", int(e_rows[have_win[sel]].sum()))
         sample_meta = self._sample_meta(k, sel)
+        if first:  # published before the STEP: the engine may rewrite the rows once it has the reply
+            rows = [np.concatenate([np.asarray(r, dtype=np.uint8).reshape(-1) for r in rows])]  # so ours first
+            self._publish_first(t, n, phase)
+            if self._first < 0:  # the watchdog had failed t: no STEP (as `_step` does for a preempted round)
+                return self._fail(slots, n, "preempted")
         # 6-7. preempted? then the STEP
         reply = self._step(t, n, slots, ent, n_rows, rows, sample_meta, epoch, n_out)
         if reply is not None:  # 8. accept

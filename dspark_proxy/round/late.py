@@ -106,7 +106,9 @@ class LateRounds:
         reply, no drafts for its n requests, is known before its STEP, so it is published now and the
         engine does not wait for the worker: a paused round costs the engine no STEP round trip, so
         pausing a slow drafter is as fast as not drafting (docs/design.md, "Acceptance-aware drafting").
-        The STEP still goes out after it: the worker's windows stay whole for the probe."""
+        The STEP still goes out after it: the worker's windows stay whole for the probe. Its rows are a
+        private copy by then (round/core.py): once the engine has read this reply it may enqueue round
+        t+1 and rewrite round t's rows (shm_layout.md §1 and §5), which a view would send torn."""
         self.packer.none(n)
         self._first = 1 if self._publish_now(t, phase, 0.0) else -1
         self.stats.inc("rounds_published_first")
