@@ -103,6 +103,18 @@ def no_boot_env(monkeypatch):
     monkeypatch.setattr(api, "_current", None)
 
 
+def _booted(monkeypatch, seg_name: str) -> Shim:
+    """boot() as the vLLM plugin calls it, and the shim it makes once it is there."""
+    monkeypatch.setenv("DSPARK_PROXY", seg_name)
+    api.boot(**SHAPES)
+    t_end = time.monotonic() + 10
+    while api.current() is None and time.monotonic() < t_end:
+        time.sleep(0.005)
+    shim = api.current()
+    assert shim is not None
+    return shim
+
+
 def test_a_shared_shim_waits_for_the_proxy_as_asked(seg_name, proxy, monkeypatch, no_boot_env):
     """attach(timeout_s=5) returning boot()'s shim waits, as a new shim would, until the watchdog has
     found the proxy: returned at once, the engine's first rounds ran detached (CI, stop 35)."""
@@ -118,13 +130,7 @@ def test_a_shared_shim_waits_for_the_proxy_as_asked(seg_name, proxy, monkeypatch
         real_look(self)
 
     monkeypatch.setattr(Watchdog, "_look_for_proxy", late_first_look)
-    monkeypatch.setenv("DSPARK_PROXY", seg_name)
-    api.boot(**SHAPES)
-    t_end = time.monotonic() + 10
-    while api.current() is None and time.monotonic() < t_end:
-        time.sleep(0.005)
-    shim = api.current()
-    assert shim is not None
+    shim = _booted(monkeypatch, seg_name)
     try:
         assert api.attach(seg_name, **SHAPES, timeout_s=5.0) is shim
         assert shim.state is not AttachState.DETACHED, "attach(timeout_s=5) returned before the proxy was found"
@@ -137,13 +143,7 @@ def test_a_shared_shim_waits_for_the_proxy_as_asked(seg_name, proxy, monkeypatch
 def test_boot_then_attach_share_one_shim(seg_name, proxy, monkeypatch, no_boot_env):
     """The vLLM plugin's boot() and the engine's explicit attach() in one process: one shim, which
     keeps its incarnation; different parameters are refused naming the field."""
-    monkeypatch.setenv("DSPARK_PROXY", seg_name)
-    api.boot(**SHAPES)
-    t_end = time.monotonic() + 10
-    while api.current() is None and time.monotonic() < t_end:
-        time.sleep(0.005)
-    first = api.current()
-    assert first is not None
+    first = _booted(monkeypatch, seg_name)
     try:
         again = api.attach(seg_name, **SHAPES, timeout_s=5.0)
         assert again is first

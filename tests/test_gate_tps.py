@@ -8,6 +8,7 @@ the whole loop's throughput against not drafting."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -391,18 +392,25 @@ def test_through_the_round_expensive_drafting_is_paused_then_resumed(seg_name):
         assert np.all(one()["flags"] & 1)
 
 
+@contextlib.contextmanager
+def _watched_steps(seg_name: str):
+    """A rig with the gate on, and (round, published word) as each of its STEPs went out."""
+    gate = GateSettings(break_even=0.5, patience=4, pause=8, pause_max=16, probe=1, tps_every=64)
+    client = SlowDrafts(max_reqs=4, num_spec=3, window=4, row_bytes=16)
+    with Rig(seg_name, M=4, N=3, W=4, B=16, settings=RoundSettings(gate=gate), client=client) as rig:
+        seen: list[tuple[int, int]] = []
+        client.before_step = lambda: seen.append((rig.t, rig.seg.word(Word.PUBLISHED)))
+        rig.round([(1, 0, 1), (2, 1, 1)])
+        assert seen[-1] == (1, 0)  # drafting: published after the STEP
+        yield rig, client, seen
+
+
 def test_a_paused_batch_is_published_before_its_step(seg_name):
     """The batch paused: each round's reply (no drafts) is published before its STEP goes out, so the
     engine does not wait for the worker; the STEP still carries the rows (the windows stay whole), and
     once drafting resumes the drafts are exact."""
-    gate = GateSettings(break_even=0.5, patience=4, pause=8, pause_max=16, probe=1, tps_every=64)
-    client = SlowDrafts(max_reqs=4, num_spec=3, window=4, row_bytes=16)
-    with Rig(seg_name, M=4, N=3, W=4, B=16, settings=RoundSettings(gate=gate), client=client) as rig:
+    with _watched_steps(seg_name) as (rig, client, seen):
         g, st = rig.core.accept.gate, rig.core.stats
-        seen: list[tuple[int, int]] = []  # (round, published word) as each STEP went out
-        client.before_step = lambda: seen.append((rig.t, rig.seg.word(Word.PUBLISHED)))
-        rig.round([(1, 0, 1), (2, 1, 1)])
-        assert seen[-1] == (1, 0)  # drafting: published after the STEP
         g._batch_paused(rig.t, rig.t + 4, "accept_batch_tps_paused")  # rounds 2-4 paused
         for _ in range(3):
             reply, _ = rig.round([(1, 0, 1), (2, 1, 1)])
@@ -421,20 +429,13 @@ def test_a_paused_batch_is_published_before_its_step(seg_name):
 def test_a_round_whose_every_slot_is_paused_is_published_before_its_step(seg_name):
     """Each slot paused on its own (the batch drafting): the round's reply (no drafts) is out before its
     STEP, which still carries the rows, so the engine does not wait for the worker."""
-    gate = GateSettings(break_even=0.5, patience=4, pause=8, pause_max=16, probe=1, tps_every=64)
-    client = SlowDrafts(max_reqs=4, num_spec=3, window=4, row_bytes=16)
-    with Rig(seg_name, M=4, N=3, W=4, B=16, settings=RoundSettings(gate=gate), client=client) as rig:
-        g, st = rig.core.accept.gate, rig.core.stats
-        seen: list[tuple[int, int]] = []  # (round, published word) as each STEP went out
-        client.before_step = lambda: seen.append((rig.t, rig.seg.word(Word.PUBLISHED)))
-        rig.round([(1, 0, 1), (2, 1, 1)])
-        assert seen[-1] == (1, 0)  # drafting: published after the STEP
-        g._pause(rig.t, np.array([0, 1]), "accept_paused")
+    with _watched_steps(seg_name) as (rig, client, seen):
+        rig.core.accept.gate._pause(rig.t, np.array([0, 1]), "accept_paused")
         reply, _ = rig.round([(1, 0, 1), (2, 1, 1)])
         assert reply.ok and not reply.ok_mask.any() and np.all(reply.draft_ids == -1)
         assert seen[-1] == (2, 2), "the reply must be out before the STEP"
         assert not np.any(client.sent_entries[-1]["flags"] & 1) and client.sent_entries[-1]["n_rows"].tolist() == [1, 1]
-        assert st.counter("rounds_published_first") == 1
+        assert rig.core.stats.counter("rounds_published_first") == 1
 
 
 @pytest.mark.parametrize("ratio", [2.0, 1.3])

@@ -83,6 +83,47 @@ def test_large_rows_go_out_as_views_of_the_ring(seg_name):
         assert len(seen[-1]) == 3  # slot 0's positions 3 | 4, 5 (ring rows 3 | 0, 1), slot 2's one row
 
 
+def _enqueue_next(rig: Rig, reqs: list) -> tuple[int, dict, object]:
+    """The engine enqueues the next round (not yet handled): (t, its batch, the client's own step)."""
+    b_t = rig.batch(reqs)
+    rig.t += 1
+    rig.shim.enqueue(rig.t, **b_t)
+    return rig.t, b_t, rig.client.step
+
+
+def _handle_while_the_engine_moves_on(rig: Rig, t: int, inner, how) -> dict:
+    """Round t handled while, inside its STEP and before its rows go out, the engine gets round t's
+    reply (`how`: by the watchdog's claim, or published) and enqueues t + 1, in which request 1 sends
+    W rows: one of them lands on the ring row of its round-t position. The batch of t + 1."""
+    nxt: dict = {}
+
+    def engine_moves_on(prefix, entries, n_rows, **kw):
+        how()
+        nxt["b"] = rig.batch([(1, 0, 4), (2, 1, 1), (3, 2, 1)])
+        rig.shim.enqueue(t + 1, **nxt["b"])
+        return inner(prefix, entries, n_rows, **kw)
+
+    rig.client.step = engine_moves_on
+    try:
+        rig.core.handle(t, 0.0)
+    finally:
+        rig.client.step = inner
+    return nxt["b"]
+
+
+def _right_after(rig: Rig, reqs: list, b_next: dict) -> None:
+    """Round t + 1 (already enqueued as b_next) and 8 more: every draft given is right, and by then
+    every request gets them."""
+    rig.t += 1
+    rig.core.handle(rig.t, 0.0)
+    reply = rig.shim.read_reply(rig.t)
+    assert rig.check_drafts(reply, b_next) == int(reply.ok_mask.sum())
+    for _ in range(8):
+        reply, b = rig.round(reqs)
+        assert rig.check_drafts(reply, b) == int(reply.ok_mask.sum())
+    assert reply.ok_mask.all()
+
+
 def _stub(ring: np.ndarray, M: int, W: int, B: int) -> RingRows:
     """A RingRows over a plain array (the reference's state only: no segment needed)."""
     rr = RingRows.__new__(RingRows)
@@ -150,37 +191,19 @@ def test_watchdog_claim_while_sending_from_the_ring_marks_every_slot_dirty(seg_n
             reply, b = rig.round(reqs)
             assert rig.check_drafts(reply, b) == 3
         flags = HostFlags(rig.seg)
-        b_t = rig.batch(reqs)
-        rig.t += 1
-        t = rig.t
-        rig.shim.enqueue(t, **b_t)
-        nxt = {}
-        inner = rig.client.step
+        t, b_t, inner = _enqueue_next(rig, reqs)
 
-        def engine_moves_on(prefix, entries, n_rows, **kw):
+        def claimed() -> None:
             assert flags.fail(t, 3) == 1  # the watchdog claims t mid-send
             assert rig.shim.read_reply(t).status == STATUS_ROUND_FAILED
-            # request 1 now sends W rows: one of them lands on the ring row of its round-t position
-            nxt["b"] = rig.batch([(1, 0, 4), (2, 1, 1), (3, 2, 1)])
-            rig.shim.enqueue(t + 1, **nxt["b"])
-            return inner(prefix, entries, n_rows, **kw)
 
-        rig.client.step = engine_moves_on
-        rig.core.handle(t, 0.0)
-        rig.client.step = inner
+        b_next = _handle_while_the_engine_moves_on(rig, t, inner, claimed)
         sent = rig.client.sent_rows[-1]
         assert not np.array_equal(sent[0], b_t["rows"][0]), "the race did not happen: nothing was torn"
         assert np.array_equal(sent[0], row_of(1, int(b_t["first_pos"][0]) + 4, rig.B))  # t + 1's row
         assert rig.core.slots.dirty.all()
         assert rig.stats.counter("watchdog_preempted") == 1
-        rig.t += 1
-        rig.core.handle(rig.t, 0.0)
-        reply = rig.shim.read_reply(rig.t)
-        assert rig.check_drafts(reply, nxt["b"]) == int(reply.ok_mask.sum())
-        for _ in range(8):
-            reply, b = rig.round(reqs)
-            assert rig.check_drafts(reply, b) == int(reply.ok_mask.sum())
-        assert reply.ok_mask.all()
+        _right_after(rig, reqs, b_next)
 
 
 def test_no_room_for_the_ring_is_a_clear_error_and_the_engine_keeps_a_private_ring(seg_name, monkeypatch):
@@ -339,31 +362,13 @@ def test_a_reply_published_before_its_step_sends_its_own_rows(seg_name):
             reply, b = rig.round(reqs)
             assert rig.check_drafts(reply, b) == 3
         rig.core.accept.gate._batch_paused(rig.t, rig.t + 3, "accept_batch_tps_paused")
-        b_t = rig.batch(reqs)
-        rig.t += 1
-        t = rig.t
-        rig.shim.enqueue(t, **b_t)
-        nxt = {}
-        inner = rig.client.step
+        t, b_t, inner = _enqueue_next(rig, reqs)
 
-        def engine_moves_on(prefix, entries, n_rows, **kw):
-            got = rig.shim.read_reply(t)  # published first: the engine has its reply before the STEP
+        def published_first() -> None:
+            got = rig.shim.read_reply(t)  # the engine has its reply before the STEP
             assert got.ok and not got.ok_mask.any()
-            # request 1 now sends W rows: one of them lands on the ring row of its round-t position
-            nxt["b"] = rig.batch([(1, 0, 4), (2, 1, 1), (3, 2, 1)])
-            rig.shim.enqueue(t + 1, **nxt["b"])
-            return inner(prefix, entries, n_rows, **kw)
 
-        rig.client.step = engine_moves_on
-        rig.core.handle(t, 0.0)
-        rig.client.step = inner
+        b_next = _handle_while_the_engine_moves_on(rig, t, inner, published_first)
         assert rig.stats.counter("rounds_published_first") == 1
         assert np.array_equal(rig.client.sent_rows[-1], b_t["rows"]), "round t's STEP sent torn rows"
-        rig.t += 1
-        rig.core.handle(rig.t, 0.0)
-        reply = rig.shim.read_reply(rig.t)
-        assert rig.check_drafts(reply, nxt["b"]) == int(reply.ok_mask.sum())
-        for _ in range(8):
-            reply, b = rig.round(reqs)
-            assert rig.check_drafts(reply, b) == int(reply.ok_mask.sum())
-        assert reply.ok_mask.all()
+        _right_after(rig, reqs, b_next)
