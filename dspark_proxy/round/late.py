@@ -104,8 +104,8 @@ class LateRounds:
     def _publish_first(self, t: int, n: int, phase: str) -> None:
         """The gate cleared every NEED_DRAFT of round t (the batch, or every slot in it, paused): its
         reply, no drafts for its n requests, is known before its STEP, so it is published now and the
-        engine does not wait for the worker: a paused round costs the engine no STEP round trip, so
-        pausing a slow drafter is as fast as not drafting (docs/design.md, "Acceptance-aware drafting").
+        engine does not wait for the worker's round trip, only for whatever of the STEP outlasts its
+        next forward (docs/design.md, "Acceptance-aware drafting").
         The STEP still goes out after it: the worker's windows stay whole for the probe. Its rows are a
         private copy by then (round/core.py): once the engine has read this reply it may enqueue round
         t+1 and rewrite round t's rows (shm_layout.md §1 and §5), which a view would send torn."""
