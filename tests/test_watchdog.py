@@ -23,7 +23,7 @@ import pytest
 
 from dspark_proxy.ops.launch import spawn_proxy, wait_proxy_ready
 from dspark_proxy.shm import hostflag
-from dspark_proxy.shm.hostflag import FAR_AHEAD, HostFlags
+from dspark_proxy.shm.hostflag import FAR_AHEAD, WAIT_FAILED_BY_ME, HostFlags
 from dspark_proxy.shm.layout import LayoutParams, State, Word
 from dspark_proxy.shm.segment import Segment
 from dspark_proxy.sim import SimConfig, SimEngine
@@ -396,9 +396,12 @@ def _observer(name: str, rounds: int, q) -> None:
     q.put(seen)
 
 
-def _lateness(seg_name: str, busy_threads: int, rounds: int, deadline_ms: float, engine_ms: float) -> dict:
-    """The watchdog claims every round (the engine sleeps past the deadline); how late, in ms?"""
+def _lateness(seg_name: str, busy_threads: int, rounds: int, deadline_ms: float, engine_ms: float,
+              switch_s: float | None = None) -> dict:
+    """The watchdog claims every round (the engine sleeps past the deadline); how late, in ms? With
+    `switch_s`, the GIL's switch interval meanwhile (a claim that needed the GIL would wait that long)."""
     seg = _segment(seg_name, deadline_ms=deadline_ms)
+    switch_was = sys.getswitchinterval()
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     obs = ctx.Process(target=_observer, args=(seg_name, rounds, q), daemon=True)
@@ -417,6 +420,9 @@ def _lateness(seg_name: str, busy_threads: int, rounds: int, deadline_ms: float,
     threads = [threading.Thread(target=busy, name=f"busy-{i}", daemon=True) for i in range(busy_threads)]
     for th in threads:
         th.start()
+    if switch_s is not None:
+        sys.setswitchinterval(switch_s)
+    missed = []  # rounds the engine's read_reply claimed itself: the watcher had not by then
     try:
         batches = _Batches()
         deadlines = []
@@ -425,8 +431,11 @@ def _lateness(seg_name: str, busy_threads: int, rounds: int, deadline_ms: float,
             deadlines.append(seg.word(Word.GATHERED_NS) + int(deadline_ms * 1e6))
             time.sleep(engine_ms / 1e3)
             assert shim.read_reply(t).status == 2
+            if shim.last_wait[0] == WAIT_FAILED_BY_ME:
+                missed.append(t)
         seen = q.get(timeout=10)
     finally:
+        sys.setswitchinterval(switch_was)
         stop.set()
         for th in threads:
             th.join(5)
@@ -443,25 +452,29 @@ def _lateness(seg_name: str, busy_threads: int, rounds: int, deadline_ms: float,
                 (("p50", np.percentile(a, 50)), ("p99", np.percentile(a, 99)), ("max", a.max()))}
 
     return {"busy_threads": busy_threads, "rounds": rounds, "deadline_ms": deadline_ms,
-            "watchdog_claims": shim.watchdog.claims, "claim_late_ms": pct(claim),
+            "watchdog_claims": shim.watchdog.claims, "missed": missed, "claim_late_ms": pct(claim),
             "watchdog_seen_late_ms": pct(wd) if wd.size else None}
 
 
 @pytest.mark.parametrize("busy_threads", [0, 2])
 def test_watchdog_lateness_under_a_gil_heavy_engine(seg_name, busy_threads):
     """How late the deadline claim is when the engine's Python threads keep the GIL busy. The claim's
-    moment is seen from another process (the release of `published` that comes with it). The figures
-    go to the report; the bounds asserted here are generous on purpose (2 shared vCPUs)."""
-    r = _lateness(seg_name, busy_threads, rounds=40, deadline_ms=10.0, engine_ms=80.0)
+    moment is seen from another process (the release of `published` that comes with it); the figures
+    go to the report. With busy threads the GIL's switch interval is 50 ms: a claim that needed the
+    GIL would be about that late on every round, while the C watcher's are not.
+
+    What is asserted holds on a loaded 2-vCPU machine. Medians, not maxima: the kernel may keep the
+    watcher off the CPU for tens of ms now and then (CI once saw it claim one round 51 ms late and
+    miss another that the engine's own read_reply then claimed 70 ms later: the engine waited for
+    nothing either way). Round 1 must be the watcher's: its watcher is started by the engine thread
+    as it attaches, and one started by the watchdog's Python thread left it unclaimed for tens of ms."""
+    r = _lateness(seg_name, busy_threads, rounds=40, deadline_ms=10.0, engine_ms=80.0,
+                  switch_s=0.05 if busy_threads else None)
     print(f"\nwatchdog lateness: {json.dumps(r)}")
     assert r["claim_late_ms"]["p50"] >= 0
-    # every round was claimed by the watcher, not by the engine's read_reply 70 ms later: the first
-    # round after attaching too (its watcher is started by the engine thread as it attaches)
-    assert r["watchdog_claims"] == r["rounds"], r
-    if busy_threads == 0:
-        assert r["claim_late_ms"]["p50"] < 5.0
-    else:
-        assert r["claim_late_ms"]["p50"] < 50.0
+    assert 1 not in r["missed"], r
+    assert len(r["missed"]) <= r["rounds"] // 10, r  # a GIL-bound watcher misses none either: see p50
+    assert r["claim_late_ms"]["p50"] < 5.0, r  # 50 ms on every round if the claim waited for the GIL
 
 
 # ---------------------------------------------------------------------------------------- stats
