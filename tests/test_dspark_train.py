@@ -192,3 +192,55 @@ def test_every_valid_anchor_of_a_step_is_trained_by_default():
     # each document from its last prompt token to its second last token, less the packed row's last block
     assert len(allowed) == sum(len(s["toks"]) - 12 for s in seqs) - (N - 1)
     assert step_anchors(lm, N, 7) == 7
+
+
+def test_a_draft_vocabulary_of_the_most_frequent_ids(tmp_path, monkeypatch):
+    """`--draft-vocab K`: the K ids most frequent in the training generations, by the reference's own
+    rule; the target's lm_head rows for them; a checkpoint the reference, vLLM and our worker load;
+    drafts come back as target ids; a resume with another K is one line."""
+    from safetensors.torch import load_file
+    from speculators.models.dspark import DSparkDraftModel
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+
+    from dspark_proxy.model.dspark_ckpt import load_tensors, read_spec, resolve_target
+    from dspark_proxy.model.dspark_head import greedy_drafts, load_dspark
+
+    monkeypatch.chdir(ROOT)
+    pf = tmp_path / "prompts.txt"
+    pf.write_text("".join(f"def function_{i}(value):\n" for i in range(10)))
+    args = ("--prompts", str(pf), "--held-share", "0.3", "--target", str(TARGET.relative_to(ROOT)),
+            "--draft-vocab", "64")
+    out, r = _train(tmp_path, *args)
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.output[r.output.rindex('{"mean_accepted"'):].splitlines()[0])
+    assert res["draft_vocab"] == 64 and 0 < res["draft_vocab_coverage"] <= 1
+    assert "draft vocabulary: 64 of 4096 ids" in r.output
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == 64 and cfg["transformer_layer_config"]["vocab_size"] == 4096
+
+    (data,) = (out / ".work").glob("dspark-train-*.pt")
+    counts = torch.zeros(4096, dtype=torch.long)
+    for s in torch.load(data, weights_only=False):
+        counts += torch.bincount(s["toks"][s["start"]:], minlength=4096)
+    nz = counts.nonzero().flatten()
+    d2t, t2d = build_vocab_mappings_from_distribution(dict(zip(nz.tolist(), counts[nz].tolist())), 64, 4096)
+    w = load_file(str(out / "model.safetensors"))
+    assert torch.equal(w["d2t"], d2t) and torch.equal(w["t2d"], t2d)
+    ids = torch.arange(64) + d2t
+    target_head = load_file(str(TARGET / "model.safetensors"))["model.embed_tokens.weight"]  # tied
+    assert torch.equal(w["lm_head.weight"], target_head[ids].float())  # frozen, as the reference keeps it
+
+    m = DSparkDraftModel.from_pretrained(str(out))
+    assert m.use_draft_vocab and torch.equal(m.d2t, d2t)
+    m = load_dspark(out)  # the same, with eager attention
+    spec = read_spec(out)
+    got = load_tensors(spec, resolve_target(spec, None))
+    assert torch.equal(got["draft_to_target"], ids)
+
+    s = torch.load(data, weights_only=False)[0]
+    drafts = greedy_drafts(m, s["rows"].float(), s["toks"], torch.arange(s["start"], len(s["toks"]) - 5))
+    assert bool(t2d[drafts].all())  # every draft a target id inside the draft vocabulary
+
+    out, r = _train(tmp_path, *args[:-1], "0", "--epochs", "2", "--resume")
+    assert r.exit_code != 0 and "a checkpoint of another head" in r.output, r.output
+    assert "Traceback" not in r.output

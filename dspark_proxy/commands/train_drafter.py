@@ -66,8 +66,9 @@ def _prompts(_ctx, _param, value: str | None) -> str | int | None:
 @click.option("--lr", type=float, default=None, help="Learning rate (head: 2e-3; dspark: 3e-3).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--threads", default=1, show_default=True, help="torch CPU threads.")
-@click.option("--draft-vocab", default=1024, show_default=True,
-              help="Draft only the ids most frequent in the generations (0: the whole vocabulary).")
+@click.option("--draft-vocab", type=click.IntRange(0), default=None,
+              help="Draft only the ids most frequent in the generations (0: the whole vocabulary; "
+              "default: head 1024, dspark 0).")
 @click.option("--distill", default=0.5, show_default=True,
               help="Weight of the target's top-k probabilities in the loss (0: its greedy tokens only).")
 @click.option("--init", "init", type=click.Path(exists=True), default=None,
@@ -109,7 +110,7 @@ def _prompts(_ctx, _param, value: str | None) -> str | int | None:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object (last line).")
 def train_drafter(target: str, out: str, layers: tuple[int, ...], row_dtype: str, window: int, num_spec: int,
                   d_model: int, n_heads: int, sequences: int, eval_sequences: int, prompt_len: int,
-                  gen_len: int, epochs: int, batch: int, lr: float, seed: int, threads: int, draft_vocab: int,
+                  gen_len: int, epochs: int, batch: int, lr: float, seed: int, threads: int, draft_vocab: int | None,
                   distill: float, init: str | None, extra_seeds: str, step: str, hops: int, resume: bool, checkpoint_every: int,
                   arch: str, prompts: str | int | None, n_prompts: int | None, held_share: float, draft_layers: int,
                   markov_rank: int, markov_head: str, anchors: int, mask_token_id: int, device: str,
@@ -124,7 +125,7 @@ def train_drafter(target: str, out: str, layers: tuple[int, ...], row_dtype: str
         _train_dspark(target, out, layers=layers, row_dtype=row_dtype, window=window, num_spec=num_spec,
                       prompts=prompts, n_prompts=n_prompts, held_share=held_share, eval_prompts=eval_sequences,
                       prompt_len=prompt_len, gen_len=gen_len, epochs=epochs, batch=batch, lr=lr, seed=seed,
-                      threads=threads, draft_layers=draft_layers, markov_rank=markov_rank,
+                      threads=threads, draft_layers=draft_layers, markov_rank=markov_rank, draft_vocab=draft_vocab or 0,
                       markov_head=markov_head, anchors=anchors, mask_token_id=mask_token_id, device=device,
                       reference_forward=reference_forward, checkpoint_every=checkpoint_every, resume=resume, as_json=as_json)
         return
@@ -139,7 +140,7 @@ def train_drafter(target: str, out: str, layers: tuple[int, ...], row_dtype: str
     cfg = HeadConfig(layers=layers, row_dtype=row_dtype, window=window, num_spec=num_spec, d_model=d_model,
                      n_heads=n_heads, sequences=sequences, eval_sequences=eval_sequences, prompt_len=prompt_len,
                      gen_len=gen_len, epochs=epochs, batch=batch, lr=lr, seed=seed, threads=threads,
-                     draft_vocab=draft_vocab, distill=distill, init=init,
+                     draft_vocab=1024 if draft_vocab is None else draft_vocab, distill=distill, init=init,
                      extra_seeds=_seeds(extra_seeds), step=step, hops=hops,
                      checkpoint_every=checkpoint_every)
     res = train_head(target, out, cfg, resume=resume, log=lambda m: click.echo(m, err=True))

@@ -30,8 +30,9 @@ def num_spec_of(cfg) -> int:
 def build_dspark(target_cfg, *, verifier_path: str, layers: list[int], num_spec: int, window: int,
                  draft_layers: int = 1, intermediate: int | None = None, heads: int | None = None,
                  markov_rank: int = 64, markov_head_type: str = "vanilla", mask_token_id: int = 0,
-                 confidence: bool = True):
-    """A fresh DSparkDraftModel for a target config (embedding, lm_head not yet filled)."""
+                 confidence: bool = True, draft_vocab: int = 0):
+    """A fresh DSparkDraftModel for a target config (embedding, lm_head not yet filled; with a
+    `draft_vocab`, its maps not yet loaded either: load_vocab_mappings)."""
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.dspark import DSparkDraftModel, DSparkSpeculatorConfig
     from speculators.proposals.greedy import GreedyTokenProposalConfig
@@ -52,7 +53,7 @@ def build_dspark(target_cfg, *, verifier_path: str, layers: list[int], num_spec:
                      use_sliding_window=True, rope_parameters=dict(rope), tie_word_embeddings=False)
     tl._attn_implementation = "eager"  # the default compiles with inductor; eager runs anywhere
     cfg = DSparkSpeculatorConfig(
-        transformer_layer_config=tl, draft_vocab_size=int(target_cfg.vocab_size), block_size=num_spec,
+        transformer_layer_config=tl, draft_vocab_size=int(draft_vocab or target_cfg.vocab_size), block_size=num_spec,
         aux_hidden_state_layer_ids=list(layers), mask_token_id=int(mask_token_id), sample_from_anchor=True,
         markov_rank=markov_rank, markov_head_type=markov_head_type, enable_confidence_head=confidence,
         confidence_head_with_markov=confidence and markov_rank > 0, target_hidden_size=hidden,
@@ -67,11 +68,14 @@ def build_dspark(target_cfg, *, verifier_path: str, layers: list[int], num_spec:
 @torch.no_grad()
 def fill_from_target(draft, target) -> None:
     """The verifier-owned weights from the loaded target: embedding, lm_head (the draft's and the
-    verifier's copy). Training compares against the target's own logits, so the verifier norm is not
+    verifier's copy; for a draft vocabulary, its rows, as the reference's own loader takes them: load
+    the maps first). Training compares against the target's own logits, so the verifier norm is not
     used (the trainer feeds the last hidden state after the final norm with an identity in its place)."""
     emb = target.get_input_embeddings().weight
     head = target.get_output_embeddings()
     head = emb if head is None else head.weight
+    if draft.use_draft_vocab:
+        head = head[draft.t2d.to(device=head.device, dtype=torch.bool)]
     draft.embed_tokens.weight.copy_(emb.float())
     draft.lm_head.weight.copy_(head.float())
     draft.verifier_lm_head.weight.copy_(head.float())

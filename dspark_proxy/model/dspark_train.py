@@ -28,7 +28,7 @@ from . import dspark_fast
 from .dspark_head import acceptance, build_dspark, fill_from_target, num_spec_of
 from .taps import HiddenTaps
 
-__all__ = ["DSparkTrainConfig", "train_dspark", "check_before_work", "step_anchors"]
+__all__ = ["DSparkTrainConfig", "train_dspark", "check_before_work", "step_anchors", "draft_vocab_maps", "coverage"]
 
 _ROW_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -44,6 +44,7 @@ class DSparkTrainConfig:
     intermediate: int = 0  # 0: the target's
     markov_rank: int = 64
     markov_head_type: str = "vanilla"
+    draft_vocab: int = 0  # ids the head drafts, the most frequent in the generations; 0: the target's all
     mask_token_id: int = -1  # -1: the tokenizer's pad, else eos, else 0
     prompts_file: str | None = None
     n_prompts: int = 1200
@@ -157,6 +158,31 @@ def step_anchors(loss_mask: torch.Tensor, block_size: int, anchors: int) -> int:
     return max(1, int(valid.sum()))
 
 
+def draft_vocab_maps(seqs: list[dict], size: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(d2t, t2d) for a draft vocabulary of the `size` ids most frequent in the generated continuations
+    (the tokens the head is trained to draft), by the reference's own rule (speculators'
+    build_vocab_mappings_from_distribution); None for the whole vocabulary (0 or >= `vocab`)."""
+    if size <= 0 or size >= vocab:
+        return None
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for s in seqs:
+        counts += torch.bincount(s["toks"][int(s["start"]):].long(), minlength=vocab)[:vocab]
+    nz = counts.nonzero().flatten()
+    freq = dict(zip(nz.tolist(), counts[nz].tolist(), strict=True))
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+
+    return build_vocab_mappings_from_distribution(freq, size, vocab)
+
+
+def coverage(seqs: list[dict], t2d: torch.Tensor) -> float:
+    """The share of the generated continuations' tokens that the draft vocabulary holds."""
+    got = tot = 0
+    for s in seqs:
+        gen = s["toks"][int(s["start"]):].long()
+        got, tot = got + int(t2d[gen].sum()), tot + len(gen)
+    return got / max(1, tot)
+
+
 def _data_key(target: Path, cfg: DSparkTrainConfig, which: str, prompts_digest: str) -> str:
     h = hashlib.sha256(f"{target.resolve()}|{cfg.layers}|{cfg.row_dtype}|{cfg.gen_len}|{cfg.prompt_len}|"
                        f"{cfg.n_prompts}|{cfg.eval_prompts}|{cfg.held_share}|{cfg.seed}|{prompts_digest}".encode())
@@ -204,10 +230,17 @@ def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool 
     mask_id = cfg.mask_token_id
     if mask_id < 0:
         mask_id = next((int(t) for t in (tok.pad_token_id, tok.eos_token_id) if t is not None), 0)
+    V = int(model.config.vocab_size)
+    vocab = draft_vocab_maps(train, cfg.draft_vocab, V)
     draft = build_dspark(model.config, verifier_path=str(target), layers=list(cfg.layers), num_spec=N,
                          window=cfg.window, draft_layers=cfg.draft_layers, intermediate=cfg.intermediate or None,
                          heads=cfg.draft_heads or None, markov_rank=cfg.markov_rank,
-                         markov_head_type=cfg.markov_head_type, mask_token_id=mask_id)
+                         markov_head_type=cfg.markov_head_type, mask_token_id=mask_id,
+                         draft_vocab=len(vocab[0]) if vocab else 0)
+    if vocab:
+        draft.load_vocab_mappings(vocab[1], vocab[0])
+        log(f"draft vocabulary: {len(vocab[0])} of {V} ids, {coverage(held, vocab[1]):.2%} of the held-out "
+            "continuations' tokens")
     fill_from_target(draft, model)
     draft.to(dev)
     from speculators.models.dspark import DSparkDraftModel
@@ -237,7 +270,12 @@ def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool 
         st = torch.load(ckpt, weights_only=False)
         # checkpoints are taken with the identity in the verifier norm's place (below): its weight is
         # the only key they lack, and it is never trained
-        missing, unexpected = draft.load_state_dict(st["draft"], strict=False)
+        try:
+            missing, unexpected = draft.load_state_dict(st["draft"], strict=False)
+        except RuntimeError as e:  # shapes: another --draft-vocab, window, rank ...
+            first = str(e).strip().splitlines()[-1].strip()
+            raise ValueError(f"{ckpt}: a checkpoint of another head ({first}); delete it or train without "
+                             "--resume") from None
         if unexpected or set(missing) - {"verifier_norm.weight"}:
             raise ValueError(f"{ckpt}: a checkpoint of another head (missing {missing}, unexpected {unexpected}); "
                              "delete it or train without --resume")
@@ -304,6 +342,9 @@ def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool 
     res = acceptance(shipped, held_seqs)
     if num_spec_of(shipped.config) != N:
         raise RuntimeError(f"{out_p}: saved with {num_spec_of(shipped.config)} drafts, not {N}")
+    if vocab:
+        res["draft_vocab"] = len(vocab[0])
+        res["draft_vocab_coverage"] = round(coverage(held, vocab[1]), 4)
     return {**res, "loss_per_epoch": history, "train_seconds": train_s, "out": str(out_p),
             "train_sequences": len(train), "held_out_sequences": len(held),
             "params": sum(p.numel() for p in params)}

@@ -104,8 +104,8 @@ class RoundSettings:
 
 
 class RoundCore(LateRounds):
-    """Rank-0 round logic over one attached segment (a new one per engine attach); its publishing and
-    late rounds (`_publish_now`, `_publish_first`, `_skip_taken`, `_event`) are in round/late.py."""
+    """Rank-0 round logic over one attached segment (a new one per engine attach); its publishing, late
+    and failed rounds (`_publish_now`, `_publish_first`, `_skip_taken`, `_fail`, ...) are in round/late.py."""
 
     def __init__(self, seg: Segment, client: DraftClient, stats: Stats, events: EventRing, breaker: CircuitBreaker,
                  settings: RoundSettings) -> None:
@@ -123,6 +123,7 @@ class RoundCore(LateRounds):
                                deadline_ns=self.deadline_ns, publish=stats.set)
         self._rtt_us = self._worker_us = -1.0
         self._first = 0  # this round was published before its STEP (handle() sets it each round)
+        self._first_rows: np.ndarray | None = None  # such a round's rows, copied (late.py `_rows_copy`)
         self.lat = RoundLatencies(stats, self.native)  # the round's latency keys, in one call a round
         self._arange = np.arange(self.M, dtype=np.intp)
         self.desc = _slot_reader(seg, self.slots)  # round t's descriptor and metadata
@@ -340,7 +341,7 @@ class RoundCore(LateRounds):
                 st.inc("resync_rows", int(e_rows[have_win[sel]].sum()))
         sample_meta = self._sample_meta(k, sel)
         if first:  # published before the STEP: the engine may rewrite the rows once it has the reply
-            rows = [np.concatenate([np.asarray(r, dtype=np.uint8).reshape(-1) for r in rows])]  # so ours first
+            rows = self._rows_copy(rows)  # so ours first
             self._publish_first(t, n, phase)
             if self._first < 0:  # the watchdog had failed t: no STEP (as `_step` does for a preempted round)
                 return self._fail(slots, n, "preempted")
@@ -424,21 +425,6 @@ class RoundCore(LateRounds):
         native.fastround.fill_entries(self._prefix, _ENTRIES_AT, wire.ENTRY_SIZE, self._entry_offs, idx, slots,
                                       valid, self.slots.generation, first_pos, plan.anchor_pos, self.desc.v.anchor,
                                       need_u8, plan.new_gen, self.desc.v.k_window, n_out)
-
-    def _fail(self, slots: np.ndarray, n: int, reason: str) -> None:
-        self.slots.mark_dirty(slots)
-        self.stats.inc(f"fallback_{reason}")
-        self.stats.inc("rounds_failed")
-        self.packer.failed(n)
-
-    def _within_cap(self, idx: np.ndarray | None, n: int, e_rows: np.ndarray) -> tuple[np.ndarray, int]:
-        """The entries that fit the link's row cap (pacing.py): a prefix in entry order (at least one),
-        so that in the usual round their rows are a prefix of the staging. The rest get no entry this
-        round: no drafts, slots dirty, windows resent later at the paced rate (`ResyncPlanner.ask`)."""
-        keep, n_rows = self.pacer.keep(e_rows)
-        full = self._arange[:n] if idx is None else idx
-        self.stats.inc("requests_over_link_cap", int(full.shape[0]) - keep)
-        return full[:keep], n_rows
 
     # ------------------------------------------------------------------ step 8
 

@@ -1,6 +1,6 @@
 """The round's ends other than the usual one: publishing round t (at its end, or before its STEP when
-its reply is known), rounds the watchdog (or a fail_all) claimed before the proxy reached them, and the
-events that record them: RoundCore's other half (round/core.py), kept apart so that the round's usual
+its reply is known), rounds the watchdog (or a fail_all) claimed before the proxy reached them, failed
+rounds, requests past the link's row cap, and the events that record them: RoundCore's other half (round/core.py), kept apart so that the round's usual
 path reads on its own.
 
 Owned by the round thread, like the RoundCore it is part of.
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ..shm.hostflag import HostFlags
     from ..shm.segment import Segment
     from ..shm.stamped import SlotReader
+    from .pacing import LinkPacer
     from .reply_page import PagePacker
     from .ring_model import SlotTable
 
@@ -47,6 +48,10 @@ class LateRounds:
     _publish: Callable[[int, np.ndarray], bool]
     _consumed: Callable[[], int]
     _first: int
+    _first_rows: np.ndarray | None
+    _arange: np.ndarray
+    pacer: LinkPacer
+    W: int
 
     def _phase(self) -> str:
         """The round's phase from its descriptor's longest query (handle inlines the same test)."""
@@ -112,3 +117,35 @@ class LateRounds:
         self.packer.none(n)
         self._first = 1 if self._publish_now(t, phase, 0.0) else -1
         self.stats.inc("rounds_published_first")
+
+    def _rows_copy(self, rows: list) -> list:
+        """Rows of a round published first, copied into a buffer of the proxy's own (made once, for the
+        most rows a round sends: M x W, or the staging's rows): `_publish_first` says why. One copy, no
+        allocation a round."""
+        buf = self._first_rows
+        if buf is None:
+            p = self.seg.params
+            self._first_rows = buf = np.empty(max(self.M * self.W, p.max_rows) * p.row_bytes, dtype=np.uint8)
+        flat = [np.asarray(r, dtype=np.uint8).reshape(-1) for r in rows]
+        total = sum(int(f.shape[0]) for f in flat)
+        if total > buf.shape[0]:  # more than a round can hold: not expected, but never a wrong send
+            return [np.concatenate(flat)]
+        out = buf[:total]
+        if total:
+            np.concatenate(flat, out=out)
+        return [out]
+
+    def _fail(self, slots: np.ndarray, n: int, reason: str) -> None:
+        self.slots.mark_dirty(slots)
+        self.stats.inc(f"fallback_{reason}")
+        self.stats.inc("rounds_failed")
+        self.packer.failed(n)
+
+    def _within_cap(self, idx: np.ndarray | None, n: int, e_rows: np.ndarray) -> tuple[np.ndarray, int]:
+        """The entries that fit the link's row cap (pacing.py): a prefix in entry order (at least one),
+        so that in the usual round their rows are a prefix of the staging. The rest get no entry this
+        round: no drafts, slots dirty, windows resent later at the paced rate (`ResyncPlanner.ask`)."""
+        keep, n_rows = self.pacer.keep(e_rows)
+        full = self._arange[:n] if idx is None else idx
+        self.stats.inc("requests_over_link_cap", int(full.shape[0]) - keep)
+        return full[:keep], n_rows
