@@ -223,7 +223,7 @@ def test_a_draft_vocabulary_of_the_most_frequent_ids(tmp_path, monkeypatch):
     for s in torch.load(data, weights_only=False):
         counts += torch.bincount(s["toks"][s["start"]:], minlength=4096)
     nz = counts.nonzero().flatten()
-    d2t, t2d = build_vocab_mappings_from_distribution(dict(zip(nz.tolist(), counts[nz].tolist())), 64, 4096)
+    d2t, t2d = build_vocab_mappings_from_distribution(dict(zip(nz.tolist(), counts[nz].tolist(), strict=True)), 64, 4096)
     w = load_file(str(out / "model.safetensors"))
     assert torch.equal(w["d2t"], d2t) and torch.equal(w["t2d"], t2d)
     ids = torch.arange(64) + d2t

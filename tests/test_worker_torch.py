@@ -288,8 +288,8 @@ def test_drafts_from_kept_projections_equal_drafts_from_rows():
 
 
 def _served_steps(dr, steps, fail_at=None):
-    """serve_step over `steps` (lists of (slot, first_pos, n_rows, new_gen)) on one session; drafts per
-    step, and each step's rows projected."""
+    """serve_step over `steps` (lists of (slot, first_pos, n_rows, new_gen[, need_draft])) on one session;
+    drafts per step, and the rows projected in each."""
     from collections import Counter
 
     from dspark_proxy.worker.serve import serve_step
@@ -301,8 +301,9 @@ def _served_steps(dr, steps, fail_at=None):
     counters: Counter = Counter()
     got = []
     for t, step in enumerate(steps):
-        e = make_entries([dict(slot=s, first_pos=f, n_rows=k, generation=1, flags=(3 if new else 1),
-                               anchor_token=5 + s) for s, f, k, new in step])
+        e = make_entries([dict(slot=s, first_pos=f, n_rows=k, generation=1,
+                               flags=(2 if new else 0) | (1 if (need[0] if need else True) else 0),
+                               anchor_token=5 + s) for s, f, k, new, *need in step])
         rows = _stream(rng, int(e["n_rows"].sum()))
         out = wire.ReplyWriter(len(step), N, 0)
         before = dr.rows_projected
@@ -332,6 +333,26 @@ def test_a_step_projects_its_rows_once_and_drafts_as_from_the_rows():
     again, _ = _served_steps(bare, steps)
     for (_, ids, _), (_, ids2, _) in zip(got, again, strict=True):
         assert np.array_equal(ids, ids2)
+    assert counters["drafter_errors"] == 0
+
+
+def test_a_paused_step_projects_nothing_and_the_next_drafting_step_its_windows_once():
+    """A STEP that asks no drafts (the batch paused by the proxy's gate) costs no projection; the next
+    STEP that asks drafts projects the windows it lacks once and keeps them, and the drafts are those
+    of a drafter that projects every window whole."""
+    steps = [[(0, 0, 5, True), (1, 10, 3, True)]]
+    steps += [[(0, 5 + j, 1, False, False), (1, 13 + j, 1, False, False)] for j in range(6)]  # paused
+    steps += [[(0, 11 + j, 1, False), (1, 19 + j, 1, False)] for j in range(3)]  # drafting again
+    dr = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, seed=6)
+    got, counters = _served_steps(dr, steps)
+    assert [p for _, _, p in got] == [8, 0, 0, 0, 0, 0, 0, 2 + W + W, 2, 2]
+    for status, ids, _ in got[1:7]:
+        assert np.isin(status, (wire.RS_OK, wire.RS_PARTIAL_WINDOW)).all() and (ids == -1).all()  # none asked, none made
+    bare = make_drafter("torch", num_spec=N, window=W, row_bytes=RB, seed=6)
+    bare.project_rows = None
+    again, _ = _served_steps(bare, steps)
+    for t in (0, 7, 8, 9):
+        assert (got[t][1] >= 0).all() and np.array_equal(got[t][1], again[t][1])
     assert counters["drafter_errors"] == 0
 
 

@@ -58,9 +58,14 @@ def serve_step(session: Session, entries: np.ndarray, rows: np.ndarray, sample_m
     bad = bad_entry_mask(entries, layout).tolist()
     meta = sample_meta
     items: list[DraftItem] = []
-    with draft_lock if draft_lock is not None else contextlib.nullcontext():  # the drafter's kernels, one caller
-        aux, failed = _transforms(drafter, rows, counters, drafter_name, entries)
+    aux, failed = None, False
+    # a STEP that asks no drafts (the proxy's gate paused the batch) is applied without transforms: its
+    # slots' windows get theirs when drafts are next asked (_repair), not every paused round
+    if n and (entries["flags"] & RF_NEED_DRAFT).any():
+        with draft_lock if draft_lock is not None else contextlib.nullcontext():  # the drafter's kernels, one caller
+            aux, failed = _transforms(drafter, rows, counters, drafter_name, entries)
     ends_crc: list[tuple[int, int]] = []  # per item: (A(a - 1), A(hi - 1)) of its slot's CRC chain
+    windows: list = []  # per item: its slot's SlotWindow
     status, held = [RS_BAD_ENTRY] * n, [0] * n
     end = 0
     # one conversion of the entries to Python values (ENTRY_DTYPE's fields in order; a field per
@@ -80,6 +85,7 @@ def serve_step(session: Session, entries: np.ndarray, rows: np.ndarray, sample_m
                                    int(meta["seed"][i]) if meta is not None else 0,
                                    float(meta["temperature"][i]) if meta is not None else 0.0,
                                    aux=sw.aux_window(w)))
+            windows.append(sw)
             if shift_w is not None:
                 ends_crc.append(sw.chain_ends(w))
     if n:
@@ -92,6 +98,8 @@ def serve_step(session: Session, entries: np.ndarray, rows: np.ndarray, sample_m
         return
     if shift_w is not None:
         _integrity_crcs(shift_w, items, ends_crc)
+    with draft_lock if draft_lock is not None else contextlib.nullcontext():
+        _repair(drafter, items, windows, counters, drafter_name)
     try:
         with draft_lock if draft_lock is not None else contextlib.nullcontext():
             drafter.draft(items, out)
@@ -120,6 +128,35 @@ def _transforms(drafter: Drafter, rows: np.ndarray, counters: MutableMapping[str
         log.exception("[worker] drafter %s failed to transform %d rows", drafter_name or drafter.name, rows.shape[0])
         counters["drafter_errors"] += 1
         return None, True
+
+
+def _repair(drafter: Drafter, items: list[DraftItem], windows: list, counters: MutableMapping[str, int],
+            drafter_name: str) -> None:
+    """Windows asked for drafts without their rows' transforms (rows applied while the batch was paused,
+    or while projecting failed): their transforms, in one call for the STEP, kept in their slots' rings
+    (SlotWindow.fill_aux), so each such window is transformed once, not every round after. Should the
+    call raise, the drafter transforms those windows itself (or fails them)."""
+    project = getattr(drafter, "project_rows", None)
+    fix = [j for j, it in enumerate(items) if it.aux is None and it.w > 0]
+    if project is None or not fix:
+        return
+    raw = np.concatenate([seg for j in fix for seg in items[j].segments])
+    try:
+        if getattr(project, "needs_positions", False):
+            pos = np.concatenate([np.arange(items[j].anchor_pos - items[j].w, items[j].anchor_pos) for j in fix])
+            tr = project(raw, pos)
+        else:
+            tr = project(raw)
+    except Exception:
+        log.exception("[worker] drafter %s failed to transform %d windows", drafter_name or drafter.name, len(fix))
+        counters["drafter_errors"] += 1
+        return
+    off = 0
+    for j in fix:
+        it, sw = items[j], windows[j]
+        sw.fill_aux(it.w, tr[off:off + it.w])
+        off += it.w
+        it.aux = sw.aux_window(it.w)
 
 
 def _fail(items: list[DraftItem], out: Any) -> None:

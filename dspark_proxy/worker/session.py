@@ -111,6 +111,14 @@ class SlotWindow:
         before = self.chain[(a - 1) % R] if a > self.chain_start else 0
         return before, self.chain[(self.hi - 1) % R]
 
+    def fill_aux(self, w: int, aux: np.ndarray) -> None:
+        """Transforms [w, width] of the last w rows (positions hi - w .. hi - 1), made after those rows
+        were written without them (worker/serve.py `_repair`): kept, valid from hi - w on."""
+        if self.aux is None or self.aux.shape[1] != aux.shape[1]:
+            self.aux = np.zeros((self.window, aux.shape[1]), dtype=np.float32)
+        _ring_put(self.aux, (self.hi - w) % self.window, aux)
+        self.aux_lo = self.hi - w
+
     def aux_window(self, w: int) -> np.ndarray | None:
         """The aux ring when each of the last w rows has its transform there, else None."""
         return self.aux if self.aux is not None and self.hi - w >= self.aux_lo else None
