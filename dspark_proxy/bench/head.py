@@ -7,6 +7,10 @@ each gained `new_rows` rows since the last round (what a round of speculative de
 Both on one thread, p50 over `rounds`.
 
     python -m dspark_proxy.bench.head --target models/stdlib-llama --head models/stdlib-llama-head
+    python -m dspark_proxy.bench.head --target models/stdlib-llama --head models/stdlib-llama-dspark
+
+Either kind of head: a manifest head runs on the worker's `torch` drafter, a DSpark checkpoint on its
+`dspark` drafter (its new rows' keys and values at their positions, as the worker's serve loop asks).
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..model.head_shapes import DSparkShapes, load_head_shapes
 from ..model.hf import Tap, _cache_kw, load_causal_lm
-from ..model.manifest import HeadManifest, head_paths
 
 __all__ = ["bench_head"]
 
@@ -34,15 +38,24 @@ def bench_head(target: str | Path, weights: str | Path, ns: tuple[int, ...] = (1
     from ..worker.session import SlotWindow
 
     torch.set_num_threads(1)
-    man = HeadManifest.load(head_paths(weights)[1])
+    man = load_head_shapes(weights)
     model, _ = load_causal_lm(target)
     N, W, RB = man.num_spec, man.window, man.row_bytes
-    make = drafter_cls or TorchDrafter
+    if isinstance(man, DSparkShapes):
+        from ..worker.drafters.registry import make_drafter
+
+        def make(**kw):
+            return make_drafter("dspark", **kw, head=str(weights), target=str(target), row_dtype=man.row_dtype,
+                                device="cpu", max_reqs=max(ns))
+    else:
+        make = drafter_cls or TorchDrafter
     kw = _cache_kw(model)
     rng = np.random.default_rng(0)
     res: dict[str, dict] = {}
     for n in ns:
         dr = make(num_spec=N, window=W, row_bytes=RB, weights=str(weights))
+        project = getattr(dr, "project_rows", None)  # kept beside the rows, as the worker's serve loop does
+        project = _at_positions(project) if project is not None else None
         ctx_len = 64
         prompts = torch.from_numpy(rng.integers(1, man.vocab_size, (n, ctx_len)))
         tap = Tap(model, man.tap_layers)
@@ -50,9 +63,8 @@ def bench_head(target: str | Path, weights: str | Path, ns: tuple[int, ...] = (1
             out = model(prompts, use_cache=True)
         rows = tap.rows(getattr(torch, man.row_dtype)).contiguous().view(torch.uint8).numpy()  # [n, T, RB]
         slots = [SlotWindow(W, RB, chains=False) for _ in range(n)]
-        project = getattr(dr, "project_rows", None)  # kept beside the rows, as the worker's serve loop does
         for s, sw in enumerate(slots):
-            sw.write(0, rows[s, :W], True, project(rows[s, :W]) if project else None)
+            sw.write(0, rows[s, :W], True, project(rows[s, :W], np.arange(W)) if project else None)
             sw.hi, sw.lo = W, 0
         nxt = out.logits[:, -1:].argmax(-1)
         cache = getattr(out, kw)
@@ -65,7 +77,8 @@ def bench_head(target: str | Path, weights: str | Path, ns: tuple[int, ...] = (1
             hi = W + (r + 1) * new_rows
             src = rows[np.arange(n)[:, None], (hi - new_rows + np.arange(new_rows)[None]) % ctx_len]  # [n, new, RB]
             t0 = time.perf_counter()  # the round: its new rows projected (all at once, as a STEP's), then drafted
-            proj = project(src.reshape(n * new_rows, RB)).reshape(n, new_rows, -1) if project else [None] * n
+            pos = np.tile(hi - new_rows + np.arange(new_rows), n)
+            proj = project(src.reshape(n * new_rows, RB), pos).reshape(n, new_rows, -1) if project else [None] * n
             items = []
             for s, sw in enumerate(slots):
                 sw.write(hi - new_rows, src[s], False, proj[s])
@@ -78,6 +91,13 @@ def bench_head(target: str | Path, weights: str | Path, ns: tuple[int, ...] = (1
         h, t = 1e3 * float(np.median(t_head[skip:])), 1e3 * float(np.median(t_target[skip:]))
         res[str(n)] = {"head_ms": round(h, 3), "target_step_ms": round(t, 3), "ratio": round(h / t, 3)}
     return {"num_spec": N, "window": W, "new_rows": new_rows, "rounds": rounds, "by_requests": res}
+
+
+def _at_positions(project):
+    """A per-row transform called as (rows, positions), whatever it needs."""
+    if getattr(project, "needs_positions", False):
+        return project
+    return lambda rows, _pos: project(rows)
 
 
 def main(argv: list[str] | None = None) -> None:
