@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dspark_proxy.native import fastround
-from dspark_proxy.shm.layout import STATUS_NAMES, STATUS_ROUND_FAILED, SUPPORT_K, ReplyPageLayout
+from dspark_proxy.shm.layout import STATUS_NAMES, STATUS_OK, STATUS_ROUND_FAILED, SUPPORT_K, ReplyPageLayout
 
 __all__ = ["Reply", "ReplyReader"]
 
@@ -107,6 +107,15 @@ class ReplyReader:
         return Reply(t, STATUS_ROUND_FAILED, n, self._fail_ok[:n], self._fail_ids[:n], self._fail_conf[:n],
                      self._fail_sm[:n], self._fail_sup[:n], self._fail_q[:n], reason=reason,
                      n_drafts=self._fail_nd[:n])
+
+    def none(self, t: int, n: int) -> Reply:
+        """A good round with no drafts for any of its n requests (a paused round the engine answered)."""
+        n = min(max(n, 0), self.L.M)
+        if not self.L.sampled:
+            return _reply(t, STATUS_OK, n, self._fail_ok[:n], self._fail_ids[:n], self._fail_conf[:n],
+                          self._fail_nd[:n])
+        return Reply(t, STATUS_OK, n, self._fail_ok[:n], self._fail_ids[:n], self._fail_conf[:n], self._fail_sm[:n],
+                     self._fail_sup[:n], self._fail_q[:n], n_drafts=self._fail_nd[:n])
 
     def parse(self, t: int, n_expected: int) -> Reply:
         """The reply in `buf`. A page whose own n disagrees with the round's is not trusted."""

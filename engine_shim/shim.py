@@ -47,6 +47,7 @@ from .row_ring import EngineRing
 __all__ = ["Shim", "ShimError"]
 
 log = logging.getLogger(__name__)
+WAIT_ANSWERED_PAUSED = 100  # `last_wait` of a round the engine answered itself (paused: no wait at all)
 _REPLY_KEYS = {code: f"replies_{name}" for code, name in STATUS_NAMES.items()}  # built once, not per reply
 
 
@@ -194,6 +195,8 @@ class Shim:
             self._reject(t, slots, err)
             raise err from (None if err is e else e)
         self._att.boundary(t)
+        if self._att.state is AttachState.ATTACHED:  # said before any row of t is written: the proxy may still be
+            self._att.flags.begin_enqueue(t)  # reading round t-1's if we answered that round ourselves (read_reply)
         self.ring.write_checked(a["slots"], a["req_ids"], a["first_pos"], a["valid"], a["rows"])
         self._t, self._n = t, n
         self._rejected = ""
@@ -277,6 +280,13 @@ class Shim:
         att = self._att
         flags = att.flags
         assert flags is not None and att.seg is not None
+        if flags.paused_through() >= t and flags.fail(t, n) == 1:
+            # the proxy promised round t no drafts (its gate paused the batch): the answer is known, so it
+            # is ours at once, and the engine waits for no process (shm_layout.md §3, "Paused rounds")
+            flags.consume(t)
+            self.last_wait = (WAIT_ANSWERED_PAUSED, monotonic_ns())
+            self.counters.inc("rounds_answered_paused")
+            return self._reader.none(t, n)
         r = flags.wait_or_fail(t, n, self._deadline_ns)
         self.last_wait = (r, monotonic_ns())
         reason = ""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 
@@ -79,10 +80,17 @@ def test_close_reads_a_pending_round(proposer):
 
 
 class _FakeRunner:
-    """The four methods hook.py wraps, as vLLM's runner has them (their bodies record the calls)."""
+    """The five methods hook.py wraps, as vLLM's runner has them (their bodies record the calls)."""
+
+    speculative_config = "spec"
+    model_config = SimpleNamespace(is_hybrid=False)
 
     def __init__(self, drafter) -> None:
         self.drafter, self.calls, self._draft_token_ids = drafter, [], None
+
+    def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
+        self.calls.append(("prepare", self.speculative_config))  # vLLM's spec path iff it sees a config
+        return "logits_indices", None, 1
 
     def _setup_eagle3_aux_hidden_state_outputs(self) -> None:
         self.calls.append("setup")
@@ -119,3 +127,46 @@ def test_the_hook_reads_the_reply_where_vllm_reads_the_drafts(deferred):
     assert r._get_draft_token_ids_cpu() == ([[7, 8]], ["r"])  # finished once
     assert done == (["begin", "finish"] if deferred else ["step"])
     assert r._input_fits_in_drafter(SimpleNamespace()) and "propose" not in r.calls
+
+
+def _ours_runner(hybrid: bool = False):
+    d = DSparkProposer.__new__(DSparkProposer)
+    d.active = d.bound = True
+    cls = type("Runner", (_FakeRunner,), {"model_config": SimpleNamespace(is_hybrid=hybrid)})
+    hook._wrap(cls)
+    return cls(d)
+
+
+def test_a_step_without_drafts_takes_vllms_path_without_speculation():
+    """No request of the step has drafts: `_prepare_inputs` sees no speculative config (vLLM's plain
+    sampler, no spec-decode metadata), and the runner has its config back afterwards."""
+    r = _ours_runner()
+    assert r._prepare_inputs(SimpleNamespace(scheduled_spec_decode_tokens={}), None) == ("logits_indices", None, 1)
+    assert r.calls == [("prepare", None)] and r.speculative_config == "spec"
+
+
+def test_a_step_with_drafts_a_hybrid_model_and_a_foreign_drafter_keep_the_speculative_path():
+    with_drafts = SimpleNamespace(scheduled_spec_decode_tokens={"r": [5, 6]})
+    none = SimpleNamespace(scheduled_spec_decode_tokens={})
+    r = _ours_runner()
+    r._prepare_inputs(with_drafts, None)
+    hybrid = _ours_runner(hybrid=True)  # its recurrent state is shifted by the speculative path, drafts or not
+    hybrid._prepare_inputs(none, None)
+    cls = type("Runner", (_FakeRunner,), {})
+    hook._wrap(cls)
+    foreign = cls(mock.MagicMock())  # not ours: vLLM's own methods, untouched
+    foreign._prepare_inputs(none, None)
+    assert r.calls == hybrid.calls == foreign.calls == [("prepare", "spec")]
+
+
+def test_the_config_comes_back_when_vllms_prepare_raises():
+    def boom(self, so, n):
+        raise RuntimeError("vLLM failed")
+
+    d = _ours_runner().drafter
+    cls = type("Runner", (_FakeRunner,), {"_prepare_inputs": boom})
+    hook._wrap(cls)
+    r = cls(d)
+    with pytest.raises(RuntimeError):
+        r._prepare_inputs(SimpleNamespace(scheduled_spec_decode_tokens={}), None)
+    assert r.speculative_config == "spec"

@@ -110,6 +110,9 @@ def test_the_hook_hands_any_other_drafter_to_vllm():
             calls.append("drafts")
             return None, []
 
+        def _prepare_inputs(self, scheduler_output, n):
+            calls.append(f"prepare {self.speculative_config}")
+
     hook._wrap(Runner)
     for drafter in (mock.MagicMock(), None, object()):
         r = Runner()
@@ -118,6 +121,8 @@ def test_the_hook_hands_any_other_drafter_to_vllm():
         assert r.propose_draft_token_ids(*([None] * 9)) == [[5]]
         assert r._input_fits_in_drafter(object()) is False
         assert r._get_draft_token_ids_cpu() == (None, [])
+        r.speculative_config = "spec"
+        r._prepare_inputs(mock.MagicMock(scheduled_spec_decode_tokens={}), None)
         if drafter is not None and hasattr(drafter, "bind"):
             drafter.bind.assert_not_called()
-    assert calls == ["setup", "propose", "drafts"] * 3
+    assert calls == ["setup", "propose", "drafts", "prepare spec"] * 3

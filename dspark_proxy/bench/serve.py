@@ -139,7 +139,8 @@ def _proxy_figures(name: str) -> dict[str, Any]:
     d, c = st["drafting"], st["proxy"].get("counters", {})
     return {"rounds": d["rounds"], "rounds_failed": d["rounds_failed"], "fallbacks": d["fallbacks"],
             "gate": d["gate"].get("counters", {}), "gate_batch": d["gate"].get("batch"),
-            "rounds_published_first": int(c.get("rounds_published_first", 0))}
+            **{k: int(c.get(k, 0)) for k in ("rounds_published_first", "rounds_answered_by_engine",
+                                             "paused_rows_overtaken")}}
 
 
 def _unlink_rings(name: str) -> None:

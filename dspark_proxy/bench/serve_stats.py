@@ -140,6 +140,8 @@ def format_serve(res: Mapping[str, Any]) -> list[str]:
         lines.append(f"  proxy, {arm}: {px.get('rounds')} rounds, {px.get('rounds_failed')} target-only "
                      f"{px.get('fallbacks') or ''}; gate: paused {g.get('batch_tps_paused', 0)}x by tokens/s, "
                      f"{g.get('batch_paused', 0)}x by acceptance, {g.get('batch_tps_resumed', 0)} resumed, "
-                     f"{px.get('rounds_published_first', 0)} rounds published before their STEP")
+                     f"{px.get('rounds_published_first', 0)} rounds published before their STEP, "
+                     f"{px.get('rounds_answered_by_engine', 0)} answered by the engine while paused "
+                     f"({px.get('paused_rows_overtaken', 0)} overtaken)")
     lines.append(f"  outputs differing from no speculation: {res.get('lossless_mismatches')}")
     return lines

@@ -12,6 +12,8 @@ __all__ = ["COUNTER_HELP", "GAUGE_HELP", "LATENCY_HELP", "counter_help", "gauge_
 COUNTER_HELP = {
     "rounds_ok": "Rounds whose drafts reached the engine in time.",
     "rounds_published_first": "Rounds the acceptance gate asked no drafts of, published before their STEP.",
+    "rounds_answered_by_engine": "Paused rounds the engine answered itself (no drafts) before the proxy published.",
+    "paused_rows_overtaken": "Paused rounds whose rows the engine rewrote before the proxy read them (windows resent).",
     "rounds_failed": "Rounds the engine ran target-only (no drafts in time, or the breaker open).",
     "rounds_some_failed": "Rounds where part of a pool's workers did not answer in time.",
     "rounds_decode": "Rounds that were decode steps.",

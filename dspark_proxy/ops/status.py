@@ -257,7 +257,8 @@ def drafting_summary(proxy: dict[str, Any], num_spec: int) -> dict[str, Any]:
         "mean_accepted": round(accepted / drafts, 4) if drafts else None,
         "accepted_by_position": [round(p / drafts, 4) for p in per_pos] if drafts else None,
         "acceptance_rate": round(accepted / tokens, 4) if tokens else None,
-        "rounds": int(c.get("rounds_ok", 0)) + int(c.get("rounds_failed", 0)),
+        # (a paused round the engine answered and overtook sent no STEP: neither ok nor failed)
+        "rounds": int(c.get("rounds_ok", 0)) + int(c.get("rounds_failed", 0)) + int(c.get("paused_rows_overtaken", 0)),
         "rounds_failed": int(c.get("rounds_failed", 0)),
         "fallbacks": fallbacks,
         "gate": {**(g.get("accept_gate") or {}), "counters": gate},

@@ -145,8 +145,7 @@ class RoundCore(LateRounds):
         self._gathered_ns_off = self.lay.word_off(Word.GATHERED_NS)
         self._advanced = False  # round t's rows reached the ring model (set by _run)
         # drafts' effect; the gate (its throughput rule times the engine's steps by their GATHERED_NS stamps)
-        self.accept = Acceptance(self.M, self.N, settings.gate, stats, self.native,
-                                 functools.partial(hf.load, seg.mm, self._gathered_ns_off))
+        self.accept = Acceptance(self.M, self.N, settings.gate, stats, self.native, self._step_clock)
         # the C path's usual round in fewer calls (round/fused.py); None on the reference path
         self.fused = FusedRound(self.slots, self.accept, self.packer, self.N, self.W) if self.native else None
         # what every round asks, bound once per incarnation (round/core.py, "Cost")
@@ -156,7 +155,9 @@ class RoundCore(LateRounds):
         # the header and the round's n requests only (shm_layout.md §3)
         self._publish = functools.partial(self.flags.publish, rows=True)
         self._gathered_ns = functools.partial(hf.load, seg.mm, self._gathered_ns_off)
+        self._gathered = functools.partial(hf.load, seg.mm, self.lay.word_off(Word.GATHERED))
         self._decode_q = self.N + 1  # a longer query than this makes the round a prefill one
+        self._promised = 0  # the last round promised no drafts (PAUSED_THROUGH: late.py, `_paused`)
         self._fixed_timeout_s, self._min_timeout_s = settings.step_timeout_s, settings.min_step_timeout_s
         self._gate_on, self._no_n_out = self.accept.gate.on, self.packer.n_out_table_empty
         self._step_flags = (wire.SF_WANT_MARGIN if settings.want_margin else 0) | (wire.SF_SAMPLED if self.sampled else 0)
@@ -176,7 +177,7 @@ class RoundCore(LateRounds):
         self.rounds = t
         self._rtt_us = -1.0  # set by a round that got its STEP's reply
         self._first = 0  # 1: published before its STEP (`_publish_first`), -1: the watchdog had failed t
-        if self._claimed() >= t:  # taken
+        if self._claimed() >= t and t > self._promised:  # taken (a promised round the engine answered goes on)
             self._skip_taken(t, waited_us)
             self.lat.skipped((_clock() - t0) * 1e6)
             return
@@ -308,7 +309,7 @@ class RoundCore(LateRounds):
         ent = self._prefix.entries(k)
         need = v.need if stage else np.not_equal(v.need_raw, 0, out=v.need)  # _front wrote it from stage 1
         # paused by the acceptance gate: rows sent, no drafts asked; none left: the reply is known now
-        first = self.accept.mask(slots, need) and not np.count_nonzero(need)
+        first = self._paused(t, slots, need)
         n_out = self.packer.n_out(n)
         if have_win is None and self.native:  # the usual round's entries in one C call (its reference: below)
             self._fill_entries(idx, slots, valid, first_pos, plan, v.need_u8, n_out)
@@ -343,6 +344,8 @@ class RoundCore(LateRounds):
         if first:  # published before the STEP: the engine may rewrite the rows once it has the reply
             rows = self._rows_copy(rows)  # so ours first
             self._publish_first(t, n, phase)
+            if self._first == -2:  # a promised round the engine answered and overtook: no STEP, windows resent
+                return self.slots.mark_dirty(slots)
             if self._first < 0:  # the watchdog had failed t: no STEP (as `_step` does for a preempted round)
                 return self._fail(slots, n, "preempted")
         # 6-7. preempted? then the STEP

@@ -15,7 +15,9 @@ over the median interval (a busy machine's intervals are noisy and heavy-tailed:
 a mean): with drafts `(1 + accepted / requests) / median`, without `1 / median`. Per request rather than
 per batch, so a block at another batch size compares like with like at the small batch sizes where
 drafting's cost shows. The gate compares the two (docs/design.md, "Acceptance-aware drafting"). Per
-round: one clock read and a few scalars; the medians only when a block is judged.
+round: one clock read and a few scalars; the medians only when a block is judged. A clock read of -1
+says the engine is already rounds ahead (it answers paused rounds itself, without waiting for the
+proxy: its stamp may be a later round's), and leaves a gap.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ class StepRates:
             self.req_d += n
         if self.first_t < 0:
             self.first_t = t
+        if now < 0:  # no stamp of round t's own (the engine is rounds ahead): a gap, not a sample
+            self._last_t = -2
+            return
         if t == self._last_t + 1 and n and decode:
             dt = now - self._last_ns
             if dt > 0:

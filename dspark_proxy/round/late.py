@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..shm.stamped import BadDescriptor
+from .acceptance import PAUSED
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from ..shm.hostflag import HostFlags
     from ..shm.segment import Segment
     from ..shm.stamped import SlotReader
+    from .acceptance import Acceptance
     from .pacing import LinkPacer
     from .reply_page import PagePacker
     from .ring_model import SlotTable
@@ -49,6 +51,11 @@ class LateRounds:
     _consumed: Callable[[], int]
     _first: int
     _first_rows: np.ndarray | None
+    _promised: int
+    rounds: int
+    accept: Acceptance
+    _gathered_ns: Callable[[], int]
+    _gathered: Callable[[], int]
     _arange: np.ndarray
     pacer: LinkPacer
     W: int
@@ -92,14 +99,39 @@ class LateRounds:
                            proxy_wait_ms=round(waited_us / 1e3, 3), incarnation=self.seg.incarnation)
         self.stats.set("watchdog_events", self.events.dump())
 
+    def _paused(self, t: int, slots: np.ndarray, need: np.ndarray) -> bool:
+        """The gate's mask on round t's NEED_DRAFT flags (in place); True when none is left, so the reply
+        is known before the STEP. While the batch is PAUSED the engine is promised every round of the
+        pause (PAUSED_THROUGH): it answers them itself, without waiting for this process (shm_layout.md
+        §3, "Paused rounds"), so a promised round asks no drafts whatever the gate says now."""
+        cleared = self.accept.mask(slots, need)
+        g = self.accept.gate
+        if g.b_state == PAUSED and g.b_until - 1 > self._promised:  # the pause ends at round b_until
+            self._promised = g.b_until - 1
+            self.flags.promise_paused(self._promised)
+        if t <= self._promised:
+            need[:] = False
+            return True
+        return bool(cleared) and not np.count_nonzero(need)
+
+    def _step_clock(self) -> int:
+        """The gate's clock (gate_tps.py): round t's GATHERED_NS, or -1 when the engine has gathered a
+        later round since, whose stamp it may be (behind an engine that answers paused rounds itself)."""
+        ns = self._gathered_ns()
+        return ns if self._gathered() <= self.rounds else -1
+
     def _publish_now(self, t: int, phase: str, waited_us: float) -> bool:
-        """Round t's page out; False: the watchdog failed t first. Raises when the engine has not
-        consumed round t-1's reply (the hand-off's order is broken: round/core.py's invariants)."""
+        """Round t's page out; False: the watchdog (or, for a promised round, the engine) took t first.
+        Raises when the engine has not consumed round t-1's reply (the hand-off's order is broken:
+        round/core.py's invariants)."""
         if self._consumed() < t - 1:
             raise RuntimeError(f"round {t}: the engine has not consumed round {t - 1}'s reply "
                                f"(words {self.flags.values()})")
         if self._publish(t, self.page):
             return True
+        if t <= self._promised:  # the engine answered it, as promised: no drafts, which is what we had
+            self.stats.inc("rounds_answered_by_engine")
+            return False
         # the watchdog failed t first: the worker may hold rows we now treat as unsent
         self.slots.mark_all_dirty()
         self.stats.inc("watchdog_preempted")
@@ -115,8 +147,16 @@ class LateRounds:
         private copy by then (round/core.py): once the engine has read this reply it may enqueue round
         t+1 and rewrite round t's rows (shm_layout.md §1 and §5), which a view would send torn."""
         self.packer.none(n)
-        self._first = 1 if self._publish_now(t, phase, 0.0) else -1
-        self.stats.inc("rounds_published_first")
+        if self._publish_now(t, phase, 0.0):
+            self._first = 1
+            self.stats.inc("rounds_published_first")
+        elif t > self._promised:
+            self._first = -1
+        elif self.flags.overtaken(t):  # the engine answered t and began t+1: our copy may be torn
+            self._first = -2
+            self.stats.inc("paused_rows_overtaken")
+        else:  # the engine answered t, and the rows were copied before it wrote any of t+1's
+            self._first = 1
 
     def _rows_copy(self, rows: list) -> list:
         """Rows of a round published first, copied into a buffer of the proxy's own (made once, for the

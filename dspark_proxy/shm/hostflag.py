@@ -166,6 +166,16 @@ class HostFlags:
     def reply_consumed(self, t: int) -> bool:
         return _hostflag.load(self.mm, self._off[Word.CONSUMED]) >= t
 
+    def promise_paused(self, t: int) -> None:
+        """Every round up to t will get no drafts (the gate paused the batch through it): the engine may
+        answer them itself, without waiting (shm_layout.md §3, "Paused rounds"). Only ever raised."""
+        _hostflag.raise_to(self.mm, self._off[Word.PAUSED_THROUGH], t)
+
+    def overtaken(self, t: int) -> bool:
+        """After reading round t's rows: did the engine begin a later enqueue meanwhile? (acquire fence,
+        then the load: pairs with `begin_enqueue`'s release fence, so rows read torn are seen here.)"""
+        return _hostflag.load_after(self.mm, self._off[Word.ENQUEUING]) > t
+
     def publish(self, t: int, page: np.ndarray, rows: bool = False) -> bool:
         """Claim t, copy `page` (int32, the page's size) into the reply page, release published = t:
         one GIL-free C call. False when someone claimed t first (the reply is discarded). `rows`: copy
@@ -184,6 +194,15 @@ class HostFlags:
         return _hostflag.fail_all(self.mm, self.words_off, self.page_off, self.zero_bytes, T)
 
     # ------------------------------------------------------------------ engine side
+
+    def begin_enqueue(self, t: int) -> None:
+        """Round t's enqueue begins: said before any of its rows is written (store, then a release fence;
+        the proxy's `overtaken` pairs with it)."""
+        _hostflag.begin_write(self.mm, self._off[Word.ENQUEUING], t)
+
+    def paused_through(self) -> int:
+        """The last round the proxy promised no drafts (`promise_paused`)."""
+        return _hostflag.load(self.mm, self._off[Word.PAUSED_THROUGH])
 
     def raise_gathered(self, t: int, n: int = 0) -> int:
         """Round t's staging, metadata and descriptor are complete (release; wakes the proxy). Its

@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 MAGIC = int.from_bytes(b"DSPKPRXY", "little")
-LAYOUT_VERSION = 3  # 3: the engine names its shared ring (header bytes 2304..2431); 2: resync request round, n_drafts
+LAYOUT_VERSION = 4  # 4: the engine answers rounds the proxy promised paused (words 16, 17); 3: the engine names its shared ring (header bytes 2304..2431); 2: resync request round, n_drafts
 META_SLOTS = 64  # round t's metadata and descriptor live in slot t % 64
 PAGE = 4096
 CACHE_LINE = 64
@@ -63,11 +63,13 @@ class Word:
     PROXY_ROUND = 13  # proxy: the round it is working on (status display only)
     ROUND_N = 14  # engine: requests in the round being gathered (before `gathered`; the watchdog's failed page)
     PUBLISHED_NS = _hostflag.PUBLISHED_NS  # proxy's publish: CLOCK_MONOTONIC after its copy (the engine's spin)
-    COUNT = 16
+    PAUSED_THROUGH = 16  # proxy: every round up to it gets no drafts (the gate paused the batch); raise only
+    ENQUEUING = 17  # engine: the round whose enqueue has begun (before any row of it is written)
+    COUNT = 18
 
     NAMES = ("gathered", "claimed", "published", "consumed", "gathered_ns", "heartbeat_ns", "state",
              "attached", "engine_pid", "abandoned", "resync_seq", "proxy_stats_seq", "shim_stats_seq",
-             "proxy_round", "round_n", "published_ns")
+             "proxy_round", "round_n", "published_ns", "paused_through", "enqueuing")
 
 
 assert len(Word.NAMES) == Word.COUNT

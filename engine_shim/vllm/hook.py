@@ -1,6 +1,6 @@
 """The one place dspark-proxy reaches into vLLM's model runner (docs/vllm.md).
 
-vLLM's `custom_class` proposer gets neither hidden states nor request ids, so four methods of
+vLLM's `custom_class` proposer gets neither hidden states nor request ids, so five methods of
 `GPUModelRunner` (which vLLM's CPU runner inherits) are wrapped, and each wrapper hands over to the
 original unless the runner's drafter is a `DSparkProposer` (known by its class attribute
 `dspark_proxy_drafter`: this module never imports the proposer, which imports it):
@@ -13,7 +13,12 @@ original unless the runner's drafter is a `DSparkProposer` (known by its class a
 - `_get_draft_token_ids_cpu`, where vLLM reads the drafts (after its own bookkeeping of the step):
   the drafter reads the round's reply there, so the proxy's round runs while vLLM works;
 - `_input_fits_in_drafter`: always True, since the drafter caps each request at its own length limit
-  (vLLM's check is for the whole batch: one long request would cost every request its rows).
+  (vLLM's check is for the whole batch: one long request would cost every request its rows);
+- `_prepare_inputs`: a step in which no request has drafts (the acceptance gate paused them, or
+  none came in time) takes vLLM's own path without speculation, as if no speculative config were
+  set for that call: its plain sampler, no spec-decode metadata and no rejection sampler, which with
+  zero drafts only cost time (about 0.6 ms a step at 8 requests on this CPU build: docs/vllm.md).
+  Not for hybrid (recurrent) models, whose state the speculative path shifts even then.
 
 Where the drafts were drawn from the head's distribution (sampled requests, a proxy in sampled mode),
 the wrappers that hand vLLM the drafts also set the runner's `_draft_probs` / `_draft_prob_req_ids`,
@@ -44,7 +49,7 @@ log = logging.getLogger("engine_shim.vllm_hook")
 
 TESTED = ("0.32.0",)
 _PATCHED = ("_setup_eagle3_aux_hidden_state_outputs", "propose_draft_token_ids", "_input_fits_in_drafter",
-            "_get_draft_token_ids_cpu")
+            "_get_draft_token_ids_cpu", "_prepare_inputs")
 
 MARK = "dspark_proxy_drafter"  # the class attribute of DSparkProposer (proposer.py) that _ours looks for
 
@@ -113,11 +118,22 @@ def _ours(runner: Any) -> Any:
     return d if getattr(d, MARK, False) is True and d.active else None
 
 
+def _plain_steps(runner: Any) -> bool:
+    """Whether a step without drafts may take vLLM's path without speculation: the runner's drafter is
+    ours, and the model keeps no recurrent state (a hybrid model's state is shifted by the
+    speculative path even for a step with no drafts: vLLM's `_update_states_after_model_execute`)."""
+    ok = runner.__dict__.get("_dspark_plain_steps")
+    if ok is None:
+        ok = runner._dspark_plain_steps = not bool(getattr(getattr(runner, "model_config", None), "is_hybrid", True))
+    return ok and _ours(runner) is not None
+
+
 def _wrap(cls: type) -> None:
     setup = cls._setup_eagle3_aux_hidden_state_outputs
     propose = cls.propose_draft_token_ids
     fits = cls._input_fits_in_drafter
     drafts = cls._get_draft_token_ids_cpu
+    prepare = cls._prepare_inputs
 
     @functools.wraps(setup)
     def _setup_eagle3_aux_hidden_state_outputs(self: Any) -> None:
@@ -162,7 +178,20 @@ def _wrap(cls: type) -> None:
             _hand_probs(self, d)
         return drafts(self)
 
+    @functools.wraps(prepare)
+    def _prepare_inputs(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        if scheduler_output.scheduled_spec_decode_tokens or not _plain_steps(self):
+            return prepare(self, scheduler_output, *args, **kwargs)
+        # no request has drafts this step: vLLM's own path without speculation (its plain sampler, no
+        # spec-decode metadata), which `_prepare_inputs` takes when it sees no speculative config
+        spec, self.speculative_config = self.speculative_config, None
+        try:
+            return prepare(self, scheduler_output, *args, **kwargs)
+        finally:
+            self.speculative_config = spec
+
     cls._setup_eagle3_aux_hidden_state_outputs = _setup_eagle3_aux_hidden_state_outputs
+    cls._prepare_inputs = _prepare_inputs
     cls.propose_draft_token_ids = propose_draft_token_ids
     cls._input_fits_in_drafter = _input_fits_in_drafter
     cls._get_draft_token_ids_cpu = _get_draft_token_ids_cpu
