@@ -94,10 +94,10 @@ def bench_head(target: str | Path, weights: str | Path, ns: tuple[int, ...] = (1
 
 
 def _at_positions(project):
-    """A per-row transform called as (rows, positions), whatever it needs."""
-    if getattr(project, "needs_positions", False):
-        return project
-    return lambda rows, _pos: project(rows)
+    """A per-row transform called as (rows, positions), whatever it needs (the worker's own dispatch)."""
+    from ..worker.drafters.base import project_at
+
+    return lambda rows, pos: project_at(project, rows, pos)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -36,6 +36,7 @@ from ..wire import (
     bad_entry_mask,
 )
 from .drafters import Drafter, DraftItem
+from .drafters.base import project_at
 from .session import Session
 
 __all__ = ["serve_step"]
@@ -118,12 +119,12 @@ def _transforms(drafter: Drafter, rows: np.ndarray, counters: MutableMapping[str
     if project is None or not rows.shape[0]:
         return None, False
     try:
+        pos = None
         if getattr(project, "needs_positions", False):
             k = entries["n_rows"].astype(np.int64)
             starts = np.cumsum(k) - k
-            pos = np.repeat(entries["first_pos"].astype(np.int64) - starts, k) + np.arange(int(k.sum()))
-            return project(rows, pos[:rows.shape[0]]), False
-        return project(rows), False
+            pos = (np.repeat(entries["first_pos"].astype(np.int64) - starts, k) + np.arange(int(k.sum())))[:rows.shape[0]]
+        return project_at(project, rows, pos), False
     except Exception:
         log.exception("[worker] drafter %s failed to transform %d rows", drafter_name or drafter.name, rows.shape[0])
         counters["drafter_errors"] += 1
@@ -142,11 +143,10 @@ def _repair(drafter: Drafter, items: list[DraftItem], windows: list, counters: M
         return
     raw = np.concatenate([seg for j in fix for seg in items[j].segments])
     try:
+        pos = None
         if getattr(project, "needs_positions", False):
             pos = np.concatenate([np.arange(items[j].anchor_pos - items[j].w, items[j].anchor_pos) for j in fix])
-            tr = project(raw, pos)
-        else:
-            tr = project(raw)
+        tr = project_at(project, raw, pos)
     except Exception:
         log.exception("[worker] drafter %s failed to transform %d windows", drafter_name or drafter.name, len(fix))
         counters["drafter_errors"] += 1

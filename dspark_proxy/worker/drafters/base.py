@@ -10,13 +10,13 @@ start path (the `integrity` drafter) never loads it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from ...wire import ReplyWriter
 
-__all__ = ["DraftItem", "Drafter", "drafter_slot_bytes", "seeded_uniform"]
+__all__ = ["DraftItem", "Drafter", "drafter_slot_bytes", "project_at", "seeded_uniform"]
 
 
 @dataclass
@@ -47,6 +47,14 @@ class Drafter(Protocol):
         """Fill out.draft_ids / confidence (and margin, sampled_mask, support_ids, proposal_q when
         present) for each item's index. Raising fails the batch's drafts (RS_INTERNAL)."""
         ...
+
+
+def project_at(project: Any, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """A drafter's per-row transform (`project_rows`) of `rows`, at their positions when it depends on
+    them (`project_rows.needs_positions`: the dspark drafter's rotary keys), without them otherwise."""
+    if getattr(project, "needs_positions", False):
+        return project(rows, positions)
+    return project(rows)
 
 
 def drafter_slot_bytes(drafter: object, window: int, row_bytes: int) -> int | None:
