@@ -97,7 +97,7 @@ def _at_positions(project):
     """A per-row transform called as (rows, positions), whatever it needs (the worker's own dispatch)."""
     from ..worker.drafters.base import project_at
 
-    return lambda rows, pos: project_at(project, rows, pos)
+    return lambda rows, pos: project_at(project, rows, lambda: pos)
 
 
 def main(argv: list[str] | None = None) -> None:

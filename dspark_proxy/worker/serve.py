@@ -118,13 +118,14 @@ def _transforms(drafter: Drafter, rows: np.ndarray, counters: MutableMapping[str
     project = getattr(drafter, "project_rows", None)
     if project is None or not rows.shape[0]:
         return None, False
+
+    def positions() -> np.ndarray:  # each row's: first_pos + its offset in its entry
+        k = entries["n_rows"].astype(np.int64)
+        starts = np.cumsum(k) - k
+        return (np.repeat(entries["first_pos"].astype(np.int64) - starts, k) + np.arange(int(k.sum())))[:rows.shape[0]]
+
     try:
-        pos = None
-        if getattr(project, "needs_positions", False):
-            k = entries["n_rows"].astype(np.int64)
-            starts = np.cumsum(k) - k
-            pos = (np.repeat(entries["first_pos"].astype(np.int64) - starts, k) + np.arange(int(k.sum())))[:rows.shape[0]]
-        return project_at(project, rows, pos), False
+        return project_at(project, rows, positions), False
     except Exception:
         log.exception("[worker] drafter %s failed to transform %d rows", drafter_name or drafter.name, rows.shape[0])
         counters["drafter_errors"] += 1
@@ -142,11 +143,11 @@ def _repair(drafter: Drafter, items: list[DraftItem], windows: list, counters: M
     if project is None or not fix:
         return
     raw = np.concatenate([seg for j in fix for seg in items[j].segments])
+    def positions() -> np.ndarray:  # each window's: the w before its anchor
+        return np.concatenate([np.arange(items[j].anchor_pos - items[j].w, items[j].anchor_pos) for j in fix])
+
     try:
-        pos = None
-        if getattr(project, "needs_positions", False):
-            pos = np.concatenate([np.arange(items[j].anchor_pos - items[j].w, items[j].anchor_pos) for j in fix])
-        tr = project_at(project, raw, pos)
+        tr = project_at(project, raw, positions)
     except Exception:
         log.exception("[worker] drafter %s failed to transform %d windows", drafter_name or drafter.name, len(fix))
         counters["drafter_errors"] += 1

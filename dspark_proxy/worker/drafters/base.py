@@ -9,6 +9,7 @@ start path (the `integrity` drafter) never loads it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -49,11 +50,12 @@ class Drafter(Protocol):
         ...
 
 
-def project_at(project: Any, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """A drafter's per-row transform (`project_rows`) of `rows`, at their positions when it depends on
-    them (`project_rows.needs_positions`: the dspark drafter's rotary keys), without them otherwise."""
+def project_at(project: Any, rows: np.ndarray, positions: Callable[[], np.ndarray]) -> np.ndarray:
+    """A drafter's per-row transform (`project_rows`) of `rows`, given their positions (`positions()`,
+    worked out only then) when it depends on them (`project_rows.needs_positions`: the dspark drafter's
+    rotary keys). The one place that asks."""
     if getattr(project, "needs_positions", False):
-        return project(rows, positions)
+        return project(rows, positions())
     return project(rows)
 
 

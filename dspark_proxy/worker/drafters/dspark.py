@@ -185,7 +185,7 @@ class DSparkDrafter:
         """A STEP's rows at their positions → what each slot keeps beside them: [k, kv_width] float32."""
         return self._context_kv(raw, positions).reshape(raw.shape[0], -1).cpu().numpy()
 
-    project_rows.needs_positions = True  # type: ignore[attr-defined]  # worker/serve.py passes them
+    project_rows.needs_positions = True  # type: ignore[attr-defined]  # drafters/base.py project_at passes them
 
     def _lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
         y = x @ self.t[name + ".weight"].T
