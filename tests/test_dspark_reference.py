@@ -28,6 +28,7 @@ CONFIGS = {
     "no-markov-conf": dict(rank=0, with_markov=False),
     "sliding-non-causal": dict(non_causal=True, markov="vanilla"),
     "full-attention": dict(sliding_window=None),
+    "attention-bias": dict(attention_bias=True, markov="gated"),
 }
 
 

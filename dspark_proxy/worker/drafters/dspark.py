@@ -52,7 +52,8 @@ def _pick_device(device: str) -> torch.device:
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    """The reference's RMSNorm (x * rsqrt(mean(x^2) + eps) * w, in float32) as torch's one operation."""
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
 
 
 def _rot(x: torch.Tensor) -> torch.Tensor:
@@ -101,7 +102,10 @@ class DSparkDrafter:
         self.scaling = spec.head_dim ** -0.5
         self.kv_width = spec.n_layers * 2 * spec.n_kv_heads * spec.head_dim  # float32 values a row keeps
         self._rope = self._make_rope()
+        self._inv_freq, self._rope_scale = self._static_rope()
+        self.w = self._fuse(self.t)
         self._cols = np.arange(window)
+        self._win = np.zeros((0, 0, self.kv_width), dtype=np.float32)  # _windows' buffer, grown when needed
         self.rows_projected = 0
         self.keep_logits = False  # tests: keep each round's logits (last_logits, [B, n, draft vocab] float32)
         self.last_logits: torch.Tensor | None = None
@@ -148,8 +152,61 @@ class DSparkDrafter:
         cfg = AutoConfig.for_model(layer.get("model_type", "qwen3")).__class__(**layer)
         return Qwen3RotaryEmbedding(cfg).to(self.device)
 
+    def _static_rope(self) -> tuple[torch.Tensor | None, float]:
+        """The rotary module's frequencies and scale when they never change with the positions (every
+        rope type but the dynamic ones): cos/sin are then a product and two functions, computed here as
+        the module computes them (one float32 product a frequency, the same cat), without its dozen
+        operations a call. (None: the module itself is called.)"""
+        kind = str(getattr(self._rope, "rope_type", "default"))
+        if "dynamic" in kind or "longrope" in kind:
+            return None, 1.0
+        return self._rope.inv_freq.float().to(self.device), float(self._rope.attention_scaling)
+
+    def _fuse(self, t: dict) -> dict:
+        """Each group of projections that reads the same input as one matrix product, stored transposed
+        (contiguous) once: a round's operations, not its arithmetic, are most of its time on a CPU (and
+        on a GPU its launches), docs/dspark.md "Its cost". Biases (attention_bias) fused the same way."""
+        s = self.spec
+
+        def lin(*names: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+            w = torch.cat([t[n + ".weight"] for n in names], 0).T.contiguous()
+            bs = [t.get(n + ".bias") for n in names]
+            if all(b is None for b in bs):
+                return w, None
+            return w, torch.cat([b if b is not None else w.new_zeros(t[n + ".weight"].shape[0])
+                                 for b, n in zip(bs, names, strict=True)])
+
+        w: dict = {"fc": lin("fc"), "lm_head": lin("lm_head")}
+        for i in range(s.n_layers):
+            a, m = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
+            w[f"{i}.kv"] = lin(a + "k_proj", a + "v_proj")
+            w[f"{i}.qkv"] = lin(a + "q_proj", a + "k_proj", a + "v_proj")
+            w[f"{i}.o"] = lin(a + "o_proj")
+            w[f"{i}.gate_up"] = lin(m + "gate_proj", m + "up_proj")
+            w[f"{i}.down"] = lin(m + "down_proj")
+        if s.markov_rank:
+            w["markov_w2"] = t["markov_head.markov_w2.weight"].T.contiguous()
+        if s.enable_confidence_head:
+            cw = t["confidence_head.proj.weight"]  # [1, H (+ rank)]: the hidden part and the Markov part
+            w["conf_h"] = cw[:, :s.hidden_size].T.contiguous()
+            w["conf_e"] = cw[:, s.hidden_size:].T.contiguous()
+            w["conf_b"] = t.get("confidence_head.proj.bias")
+        return w
+
+    @staticmethod
+    def _mm(x: torch.Tensor, wb: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
+        return x @ wb[0] if wb[1] is None else torch.addmm(wb[1], x.reshape(-1, x.shape[-1]), wb[0]).view(
+            *x.shape[:-1], -1)
+
     def _cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [*pos.shape, head_dim] for int64 positions of any shape."""
+        if self._inv_freq is not None:
+            f = pos.to(torch.float32)[..., None] * self._inv_freq
+            emb = torch.cat((f, f), dim=-1)
+            cos, sin = emb.cos(), emb.sin()
+            if self._rope_scale != 1.0:
+                cos, sin = cos * self._rope_scale, sin * self._rope_scale
+            return cos, sin
         flat = pos.reshape(1, -1)
         dummy = torch.empty(0, dtype=torch.float32, device=self.device)
         cos, sin = self._rope(dummy, flat)
@@ -161,23 +218,21 @@ class DSparkDrafter:
         x = x.view(_TORCH_ROW[self.row_dtype]).float()
         return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _context_kv(self, raw: np.ndarray, pos: np.ndarray) -> torch.Tensor:
         """Rows [k, row_bytes] at positions pos → [k, L, 2, n_kv, head_dim] float32 keys (normed and
         rotated) and values of every draft layer."""
-        s, t = self.spec, self.t
+        s, t, w = self.spec, self.t, self.w
         self.rows_projected += raw.shape[0]
-        h = _rms(self._rows_to_float(raw) @ t["fc.weight"].T, t["hidden_norm.weight"], self.eps)
+        h = _rms(self._mm(self._rows_to_float(raw), w["fc"]), t["hidden_norm.weight"], self.eps)
         cos, sin = self._cos_sin(torch.from_numpy(np.asarray(pos, dtype=np.int64)).to(self.device))
         cos, sin = cos[:, None, :], sin[:, None, :]
         out = []
         for i in range(s.n_layers):
-            p = f"layers.{i}.self_attn."
-            k = self._lin(h, p + "k_proj").view(-1, s.n_kv_heads, s.head_dim)
-            k = _rms(k, t[p + "k_norm.weight"], self.eps)
+            kv = self._mm(h, w[f"{i}.kv"]).view(-1, 2, s.n_kv_heads, s.head_dim)
+            k = _rms(kv[:, 0], t[f"layers.{i}.self_attn.k_norm.weight"], self.eps)
             k = k * cos + _rot(k) * sin
-            v = self._lin(h, p + "v_proj").view(-1, s.n_kv_heads, s.head_dim)
-            out.append(torch.stack((k, v), dim=1))
+            out.append(torch.stack((k, kv[:, 1]), dim=1))
         # a hostile row (huge values overflow fc) must not leave inf/nan keys in its slot's ring
         return torch.nan_to_num(torch.stack(out, dim=1), nan=0.0, posinf=0.0, neginf=0.0)
 
@@ -194,62 +249,72 @@ class DSparkDrafter:
 
     # -- drafting -------------------------------------------------------------------------------------
     def _windows(self, items: list[DraftItem], apos: np.ndarray, wm: int) -> torch.Tensor:
-        """[B, wm, L, 2, n_kv, hd]: each request's last wm context rows' keys and values, right-aligned
-        (columns before its own rows hold whatever its ring does there; the mask hides them)."""
+        """[B, wm, L, 2, n_kv, hd]: each request's last wm context rows' keys and values, right-aligned;
+        the columns before its own rows are zeros (the mask hides them, and a masked column still meets a
+        zero weight in softmax @ V: 0 * whatever a ring held there must be 0)."""
         W, B = self.window, len(items)
-        cols = (apos[:, None] - wm + self._cols[None, :wm]) % W
-        win = np.zeros((B, wm, self.kv_width), dtype=np.float32)
+        if self._win.shape[0] < B or self._win.shape[1] < wm:
+            self._win = np.zeros((max(B, self._win.shape[0]), W, self.kv_width), dtype=np.float32)
+        win = self._win[:B, :wm]
         for b, it in enumerate(items):
+            w0 = wm - it.w
+            win[b, :w0] = 0.0
             if it.aux is not None:
-                win[b] = it.aux[cols[b]]
+                win[b, w0:] = it.aux[(apos[b] - it.w + self._cols[:it.w]) % W]
             else:  # no keys kept for this window (rows applied while projecting failed): from its rows
                 pos = np.arange(it.anchor_pos - it.w, it.anchor_pos)
-                win[b, wm - it.w:] = self.project_rows(np.concatenate(it.segments), pos)
+                win[b, w0:] = self.project_rows(np.concatenate(it.segments), pos)
         s = self.spec
+        # the buffer is reused next round: on the CPU the block reads it within this round only
         return torch.from_numpy(win).to(self.device).view(B, wm, s.n_layers, 2, s.n_kv_heads, s.head_dim)
 
-    @torch.no_grad()
+    def _masks(self, lens: torch.Tensor, B: int, wm: int) -> list[torch.Tensor]:
+        """Each draft layer's attention mask [B, 1, bs, wm + bs] (True: attend), one per kind of layer: a
+        sliding layer sees its last `sliding_window` context rows and, causal, the block up to itself."""
+        s, dev, bs = self.spec, self.device, self.spec.block_size
+        col = torch.arange(wm, device=dev)[None, :]
+        qi = torch.arange(bs, device=dev)
+        kinds: dict[bool, torch.Tensor] = {}
+        for sliding in set(s.sliding):
+            seen = torch.clamp(lens, max=s.sliding_window) if sliding else lens
+            ctx_ok = (col >= (wm - seen)[:, None])[:, None, :].expand(B, bs, wm)
+            blk_ok = (qi[None, :] <= qi[:, None]) if sliding and not s.sliding_window_non_causal else \
+                torch.ones(bs, bs, dtype=torch.bool, device=dev)
+            kinds[sliding] = torch.cat((ctx_ok, blk_ok[None].expand(B, bs, bs)), dim=2)[:, None]
+        return [kinds[sl] for sl in s.sliding]
+
+    @torch.inference_mode()
     def block_hidden(self, ctx: torch.Tensor, lens: torch.Tensor, anchor: torch.Tensor, apos: torch.Tensor
                      ) -> torch.Tensor:
-        """The block's parallel pass: [B, block_size, H] after `norm` (ctx: [B, wm, L, 2, n_kv, hd])."""
-        s, t = self.spec, self.t
+        """The block's parallel pass: [B, block_size, H] after `norm` (ctx: [B, wm, L, 2, n_kv, hd], zeros
+        before each request's own rows)."""
+        s, t, w = self.spec, self.t, self.w
         B, wm, bs = ctx.shape[0], ctx.shape[1], s.block_size
         tok = torch.full((B, bs), s.mask_token_id, dtype=torch.long, device=self.device)
         tok[:, 0] = anchor
         x = t["embed_tokens.weight"][tok]
         cos, sin = self._cos_sin(apos[:, None] + torch.arange(bs, device=self.device)[None, :])
         cos, sin = cos[:, :, None, :], sin[:, :, None, :]
-        col = torch.arange(wm, device=self.device)[None, :]
-        # columns before a request's own rows are masked, and zeroed too: a masked value still meets a
-        # zero weight in softmax @ V, and 0 * (whatever a ring held there) must be 0
-        ctx = torch.where((col >= (wm - lens)[:, None])[:, :, None, None, None, None], ctx, 0.0)
-        qi = torch.arange(bs, device=self.device)
-        rep = s.n_heads // s.n_kv_heads
+        masks = self._masks(lens, B, wm)
+        nq, nkv = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
         for i in range(s.n_layers):
             p = f"layers.{i}."
-            seen = lens if not s.sliding[i] else torch.clamp(lens, max=s.sliding_window)
-            ctx_ok = (col >= (wm - seen)[:, None])[:, None, :].expand(B, bs, wm)
-            blk_ok = (qi[None, :] <= qi[:, None]) if s.sliding[i] and not s.sliding_window_non_causal else \
-                torch.ones(bs, bs, dtype=torch.bool, device=self.device)
-            ok = torch.cat((ctx_ok, blk_ok[None].expand(B, bs, bs)), dim=2)[:, None]  # [B, 1, bs, wm + bs]
             xn = _rms(x, t[p + "input_layernorm.weight"], self.eps)
             a = p + "self_attn."
-            q = _rms(self._lin(xn, a + "q_proj").view(B, bs, s.n_heads, s.head_dim), t[a + "q_norm.weight"], self.eps)
+            q, k, v = self._mm(xn, w[f"{i}.qkv"]).split((nq, nkv, nkv), dim=-1)
+            q = _rms(q.view(B, bs, s.n_heads, s.head_dim), t[a + "q_norm.weight"], self.eps)
             q = q * cos + _rot(q) * sin
-            k = _rms(self._lin(xn, a + "k_proj").view(B, bs, s.n_kv_heads, s.head_dim), t[a + "k_norm.weight"],
-                     self.eps)
+            k = _rms(k.view(B, bs, s.n_kv_heads, s.head_dim), t[a + "k_norm.weight"], self.eps)
             k = k * cos + _rot(k) * sin
-            v = self._lin(xn, a + "v_proj").view(B, bs, s.n_kv_heads, s.head_dim)
-            K = torch.cat((ctx[:, :, i, 0], k), dim=1).transpose(1, 2).repeat_interleave(rep, dim=1)
-            V = torch.cat((ctx[:, :, i, 1], v), dim=1).transpose(1, 2).repeat_interleave(rep, dim=1)
-            sc = (q.transpose(1, 2) @ K.transpose(2, 3)) * self.scaling
-            sc = sc.masked_fill(~ok, float("-inf"))
-            o = (torch.softmax(sc, dim=-1) @ V).transpose(1, 2).reshape(B, bs, -1)
-            x = x + self._lin(o, a + "o_proj")
+            K = torch.cat((ctx[:, :, i, 0], k), dim=1).transpose(1, 2)
+            V = torch.cat((ctx[:, :, i, 1], v.view(B, bs, s.n_kv_heads, s.head_dim)), dim=1).transpose(1, 2)
+            o = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), K, V, attn_mask=masks[i], scale=self.scaling,
+                enable_gqa=s.n_heads != s.n_kv_heads)
+            x = x + self._mm(o.transpose(1, 2).reshape(B, bs, -1), w[f"{i}.o"])
             xn = _rms(x, t[p + "post_attention_layernorm.weight"], self.eps)
-            m = p + "mlp."
-            g = torch.nn.functional.silu(xn @ t[m + "gate_proj.weight"].T) * (xn @ t[m + "up_proj.weight"].T)
-            x = x + g @ t[m + "down_proj.weight"].T
+            g, u = self._mm(xn, w[f"{i}.gate_up"]).chunk(2, dim=-1)
+            x = x + self._mm(torch.nn.functional.silu(g) * u, w[f"{i}.down"])
         return _rms(x, t["norm.weight"], self.eps)
 
     def draft(self, items: list[DraftItem], out: ReplyWriter) -> None:
@@ -257,9 +322,9 @@ class DSparkDrafter:
         if items:
             self._draft(items, out)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _draft(self, items: list[DraftItem], out: ReplyWriter) -> None:
-        s, t, dev, N = self.spec, self.t, self.device, self.num_spec
+        s, dev, N = self.spec, self.device, self.num_spec
         B = len(items)
         f = np.array([(it.n_out, it.anchor_token, it.index, it.anchor_pos, it.w) for it in items],
                      dtype=np.int64).reshape(B, 5)
@@ -273,7 +338,7 @@ class DSparkDrafter:
         hidden = self.block_hidden(ctx, lens, anchor, torch.from_numpy(f[:, 3]).to(dev))
         off = 0 if s.sample_from_anchor else 1
         hs = hidden[:, off:off + n]
-        base = hs @ t["lm_head.weight"].T  # [B, n, Vd]
+        base = self._mm(hs, self.w["lm_head"])  # [B, n, Vd]
         temps = np.zeros(B)
         if out.sampled_mask is not None:
             temps = np.fromiter((max(0.0, float(it.temperature)) for it in items), np.float64, B)
@@ -291,6 +356,7 @@ class DSparkDrafter:
         kept = [] if self.keep_logits else None
         need_probs = not s.enable_confidence_head or out.margin is not None or bool(sb.size)
         tids: list[torch.Tensor] = []
+        embs: list[torch.Tensor] = []  # the Markov head's embedding of each draft's previous token
         confs: list[torch.Tensor] = []
         margs: list[torch.Tensor] = []
         sups: list[torch.Tensor] = []
@@ -327,16 +393,23 @@ class DSparkDrafter:
                 sups.append(self._to_target(li))
                 qss.append(qs)
             tid = self._to_target(choice)
-            if s.enable_confidence_head:
-                feat = hs[:, j] if not s.confidence_head_with_markov else torch.cat((hs[:, j], emb), dim=-1)
-                c = torch.sigmoid(self._lin(feat, "confidence_head.proj")[:, 0])
+            if emb is not None:
+                embs.append(emb)
             tids.append(tid)
             confs.append(c)
             margs.append(mg if mg is not None else c)
             prev = tid
         # one copy to the host for the whole block (a copy a position is a device sync each)
         ids[:, :n] = torch.stack(tids, dim=1).cpu().numpy()
-        conf[:, :n] = torch.stack(confs, dim=1).float().cpu().numpy()
+        if s.enable_confidence_head:  # every draft's at once, after the loop: it feeds nothing back
+            z = hs @ self.w["conf_h"]
+            if s.confidence_head_with_markov:
+                z = z + torch.stack(embs, dim=1) @ self.w["conf_e"]
+            if self.w["conf_b"] is not None:
+                z = z + self.w["conf_b"]
+            conf[:, :n] = torch.sigmoid(z[..., 0]).cpu().numpy()
+        else:
+            conf[:, :n] = torch.stack(confs, dim=1).float().cpu().numpy()
         if out.margin is not None:
             marg[:, :n] = torch.stack(margs, dim=1).float().cpu().numpy()
         if sb.size:
@@ -373,15 +446,15 @@ class DSparkDrafter:
         if not s.markov_rank:
             return None, None, None
         emb = t["markov_head.markov_w1.weight"][prev]
-        w2 = t["markov_head.markov_w2.weight"]
+        w2 = self.w["markov_w2"]  # transposed
         if s.markov_head_type == "vanilla":
-            return emb @ w2.T, None, emb
+            return emb @ w2, None, emb
         if s.markov_head_type == "gated":
             gate = torch.sigmoid(self._lin(torch.cat((h, emb), dim=-1), "markov_head.gate_proj"))
-            return (gate * emb) @ w2.T, None, emb
+            return (gate * emb) @ w2, None, emb
         if state is None:
             state = emb.new_zeros(emb.shape[0], s.markov_rank)
         g, cand, o = self._lin(torch.cat((state, emb, h), dim=-1), "markov_head.joint_proj").chunk(3, dim=-1)
         g = torch.sigmoid(g)
         state = g * state + (1.0 - g) * torch.tanh(cand)
-        return torch.tanh(o) @ w2.T, state, emb
+        return torch.tanh(o) @ w2, state, emb
