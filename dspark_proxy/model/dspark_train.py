@@ -237,9 +237,10 @@ def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool 
                          heads=cfg.draft_heads or None, markov_rank=cfg.markov_rank,
                          markov_head_type=cfg.markov_head_type, mask_token_id=mask_id,
                          draft_vocab=len(vocab[0]) if vocab else 0)
+    covered = coverage(held, vocab[1]) if vocab else None  # once: logged now, returned at the end
     if vocab:
         draft.load_vocab_mappings(vocab[1], vocab[0])
-        log(f"draft vocabulary: {len(vocab[0])} of {V} ids, {coverage(held, vocab[1]):.2%} of the held-out "
+        log(f"draft vocabulary: {len(vocab[0])} of {V} ids, {covered:.2%} of the held-out "
             "continuations' tokens")
     fill_from_target(draft, model)
     draft.to(dev)
@@ -344,7 +345,7 @@ def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool 
         raise RuntimeError(f"{out_p}: saved with {num_spec_of(shipped.config)} drafts, not {N}")
     if vocab:
         res["draft_vocab"] = len(vocab[0])
-        res["draft_vocab_coverage"] = round(coverage(held, vocab[1]), 4)
+        res["draft_vocab_coverage"] = round(covered, 4)
     return {**res, "loss_per_epoch": history, "train_seconds": train_s, "out": str(out_p),
             "train_sequences": len(train), "held_out_sequences": len(held),
             "params": sum(p.numel() for p in params)}
