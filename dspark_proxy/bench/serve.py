@@ -102,7 +102,7 @@ def _start_arm(arm: str, head: Path | None, stack: ExitStack, logs: Path, vllm_c
         srv.wait_ready(400.0)
         return srv
     layout = shapes_args(head, MAX_NUM_SEQS)
-    name = f"{prefix or f'bench-{os.getpid()}'}-serve-{arm.replace('+', '-')}"
+    name = _segment_name(prefix, arm)
     extra = ["--sampled"] if sampled else []
     mine = os.sched_getaffinity(0)
     try:
@@ -124,8 +124,12 @@ def _start_arm(arm: str, head: Path | None, stack: ExitStack, logs: Path, vllm_c
     srv = spawn_server(MODEL, log_path=logs / f"{arm}.log", head=head, name=name, cpus=vllm_cpus,
                        max_num_seqs=MAX_NUM_SEQS, env=env, ready_timeout_s=400.0)
     stack.callback(srv.stop)
-    srv.segment = name  # type: ignore[attr-defined]  # its proxy's, for `_proxy_figures`
     return srv
+
+
+def _segment_name(prefix: str | None, arm: str) -> str:
+    """The segment of a head arm's proxy (its `status` gives `_proxy_figures`)."""
+    return f"{prefix or f'bench-{os.getpid()}'}-serve-{arm.replace('+', '-')}"
 
 
 def _proxy_figures(name: str) -> dict[str, Any]:
@@ -255,8 +259,8 @@ def run_serve(*, quick: bool, say: Callable[[str], None], prefix: str, reps: int
                                          sampled_dataset, sampled_n)
         for arm in chosen:
             res[arm] = {f"c{c}": cell_medians(runs[arm][c]) for c in concurrency}
-        res["proxies"] = {arm: _proxy_figures(srv.segment) for arm, srv in {**servers, **q_servers}.items()
-                          if getattr(srv, "segment", None)}
+        res["proxies"] = {arm: _proxy_figures(_segment_name(prefix, arm)) for arm in (*servers, *q_servers)
+                          if arm.removesuffix("+q") in heads}
         for arm, by_t in sampled.items():
             if arm in res:  # a +q server runs sampled requests only
                 by_t["t0"] = {"accepted_mean": res[arm][f"c{concurrency[0]}"].get("accepted_mean")}
