@@ -65,6 +65,9 @@ def test_served_drafts_equal_the_reference(tmp_path, target, name):
     m = R.make_head(tmp_path / "head", target, **kw)
     window = 12 if kw.get("sliding_window", 6) is None else 6
     srv, lay, n = _serve(tmp_path / "head", target, m, window)
+    # the projections it fused are held once, in their fused form only
+    assert not [k for k in srv.drafter.t if k.endswith(("proj.weight", "proj.bias")) and "markov_head.gate" not in k
+                and "joint_proj" not in k] and not {"lm_head.weight", "fc.weight"} & set(srv.drafter.t)
     peer = RawPeer(srv.port, lay)
     g = torch.Generator().manual_seed(5)
     hist = {s: torch.zeros(0, RB // 4) for s in range(3)}

@@ -165,10 +165,14 @@ class DSparkDrafter:
     def _fuse(self, t: dict) -> dict:
         """Each group of projections that reads the same input as one matrix product, stored transposed
         (contiguous) once: a round's operations, not its arithmetic, are most of its time on a CPU (and
-        on a GPU its launches), docs/dspark.md "Its cost". Biases (attention_bias) fused the same way."""
+        on a GPU its launches), docs/dspark.md "Its cost". Biases (attention_bias) fused the same way.
+        The tensors fused are moved out of `t`, so the weights are held once (the memory budget counts
+        them once)."""
         s = self.spec
+        used: set[str] = set()
 
         def lin(*names: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+            used.update(names)
             w = torch.cat([t[n + ".weight"] for n in names], 0).T.contiguous()
             bs = [t.get(n + ".bias") for n in names]
             if all(b is None for b in bs):
@@ -186,11 +190,16 @@ class DSparkDrafter:
             w[f"{i}.down"] = lin(m + "down_proj")
         if s.markov_rank:
             w["markov_w2"] = t["markov_head.markov_w2.weight"].T.contiguous()
+            used.add("markov_head.markov_w2")
         if s.enable_confidence_head:
             cw = t["confidence_head.proj.weight"]  # [1, H (+ rank)]: the hidden part and the Markov part
             w["conf_h"] = cw[:, :s.hidden_size].T.contiguous()
             w["conf_e"] = cw[:, s.hidden_size:].T.contiguous()
             w["conf_b"] = t.get("confidence_head.proj.bias")
+            used.add("confidence_head.proj")
+        for n in used:
+            t.pop(n + ".weight", None)
+            t.pop(n + ".bias", None)
         return w
 
     @staticmethod
