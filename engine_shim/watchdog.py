@@ -149,7 +149,7 @@ class Watchdog:
         shim = self.shim
         seg = shim.segment
         if seg is None or shim.state is not AttachState.ATTACHED:
-            self._stop_watcher()
+            self._stop_watcher(unless_attached=True)
             self._look_for_proxy()
             # pending: nothing to do until the engine thread attaches at its next round (it then
             # starts the deadline watcher itself): the attached checks' cadence, not a faster one
@@ -253,8 +253,15 @@ class Watchdog:
                 del self.lateness_ns[:-4096]
                 self.shim.note_watchdog(t, n, "watchdog")
 
-    def _stop_watcher(self) -> None:
+    def _stop_watcher(self, unless_attached: bool = False) -> None:
+        """With `unless_attached`, keep a watcher on the segment the shim is attached to now: this thread
+        saw the shim unattached, and the engine thread may have attached and started that watcher
+        since (stopped, the first rounds went unclaimed until this thread's next tick, which busy
+        engine threads delayed by hundreds of ms)."""
         with self._wlock:
+            if unless_attached and self._watcher is not None and self.shim.state is AttachState.ATTACHED \
+                    and self._watcher_seg is self.shim.segment:
+                return
             w, self._watcher, self._watcher_seg = self._watcher, None, None
         if w is not None:
             self._retire(w)

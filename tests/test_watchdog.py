@@ -456,6 +456,50 @@ def _lateness(seg_name: str, busy_threads: int, rounds: int, deadline_ms: float,
             "watchdog_seen_late_ms": pct(wd) if wd.size else None}
 
 
+class _AttachesAfterTheLook:
+    """The shim as the watchdog thread sees it, with the engine thread attaching right after the
+    watchdog's first look (no segment attached yet): the interleaving a busy GIL makes likely."""
+
+    def __init__(self, shim: Shim, attach) -> None:
+        self._shim, self._attach = shim, attach
+
+    def __getattr__(self, name: str):
+        return getattr(self._shim, name)
+
+    @property
+    def segment(self) -> Segment | None:
+        seg = self._shim.segment
+        attach, self._attach = self._attach, None
+        if attach is not None:
+            attach()
+        return seg
+
+
+def test_a_watcher_started_as_the_engine_attaches_survives_the_watchdogs_stale_look(seg_name):
+    """The watchdog thread saw the shim unattached, then the engine thread attached and started the
+    deadline watcher; the thread's tick goes on to stop the watcher of an unattached shim. It must
+    keep that one: stopped, round 1 was unwatched until the thread's next tick, and CI saw rounds
+    1-3 of test_watchdog_lateness_under_a_gil_heavy_engine[2] claimed by the engine's read_reply."""
+    seg = _segment(seg_name, deadline_ms=10.0)
+    shim = _shim(seg_name, watchdog=False, start_watchdog=False)
+    try:
+        assert shim.offer(Segment.open(seg_name))
+        wd = shim.watchdog
+        wd.started = True  # the engine thread starts watchers (shim._watch); this test drives the ticks
+        batches = _Batches()
+        wd.shim = _AttachesAfterTheLook(shim, lambda: shim.enqueue(1, **batches()))
+        wd._tick()
+        assert shim.state is AttachState.ATTACHED and wd._watcher is not None
+        time.sleep(0.1)  # past round 1's deadline
+        assert shim.read_reply(1).status == 2
+        assert shim.last_wait[0] != WAIT_FAILED_BY_ME, "round 1 was left to the engine's read_reply"
+        assert wd.claims == 1
+    finally:
+        shim.watchdog._stop_watcher()
+        shim.close()
+        _drop(seg)
+
+
 @pytest.mark.parametrize("busy_threads", [0, 2])
 def test_watchdog_lateness_under_a_gil_heavy_engine(seg_name, busy_threads):
     """How late the deadline claim is when the engine's Python threads keep the GIL busy. The claim's
