@@ -30,14 +30,15 @@ def make_target(d: Path) -> Path:
 def make_head(d: Path, target: Path, *, markov: str = "vanilla", rank: int = 8, confidence: bool = True,
               with_markov: bool = True, sample_from_anchor: bool = True, draft_vocab: int = 64,
               block_size: int = 4, sliding_window: int | None = 6, n_layers: int = 2, seed: int = 1,
-              non_causal: bool = False, attention_bias: bool = False) -> DSparkDraftModel:
+              non_causal: bool = False, attention_bias: bool = False, rope: dict | None = None) -> DSparkDraftModel:
     """A random-weight DSpark speculator for `target`, saved with its own save_pretrained into d."""
     torch.manual_seed(seed)
     types = ["sliding_attention" if sliding_window else "full_attention"] * n_layers
     tl = Qwen3Config(hidden_size=HIDDEN, intermediate_size=48, num_hidden_layers=n_layers, num_attention_heads=4,
                      num_key_value_heads=2, head_dim=8, vocab_size=VOCAB, layer_types=types,
                      sliding_window=sliding_window, use_sliding_window=bool(sliding_window),
-                     max_window_layers=n_layers, rms_norm_eps=1e-6, attention_bias=attention_bias)
+                     max_window_layers=n_layers, rms_norm_eps=1e-6, attention_bias=attention_bias,
+                     **({"rope_parameters": rope} if rope else {}))
     tl._attn_implementation = "eager"
     n = block_size if sample_from_anchor else block_size - 1
     cfg = DSparkSpeculatorConfig(

@@ -29,6 +29,9 @@ CONFIGS = {
     "sliding-non-causal": dict(non_causal=True, markov="vanilla"),
     "full-attention": dict(sliding_window=None),
     "attention-bias": dict(attention_bias=True, markov="gated"),
+    # rotary scaled (attention_scaling != 1): the drafter's own cos/sin, scaled as the module scales them
+    "yarn-rope": dict(rope={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                            "original_max_position_embeddings": 10240}),
 }
 
 

@@ -56,9 +56,10 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
 
 
-def _rot(x: torch.Tensor) -> torch.Tensor:
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """The reference's x * cos + rotate_half(x) * sin, in three operations: rotate_half(x) is the halves
+    swapped with the first negated, so with that sign moved into `sin_signed` (_cos_sin) it is a roll."""
+    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, -1), sin_signed)
 
 
 class DSparkDrafter:
@@ -103,6 +104,9 @@ class DSparkDrafter:
         self.kv_width = spec.n_layers * 2 * spec.n_kv_heads * spec.head_dim  # float32 values a row keeps
         self._rope = self._make_rope()
         self._inv_freq, self._rope_scale = self._static_rope()
+        half = spec.head_dim // 2
+        self._half_sign = torch.cat((-torch.ones(half), torch.ones(half))).to(self.device)
+        self._mask_memo: tuple[bytes, list[torch.Tensor]] | None = None  # _masks: the last round's
         self.w = self._fuse(self.t)
         self._cols = np.arange(window)
         self._win = np.zeros((0, 0, self.kv_width), dtype=np.float32)  # _windows' buffer, grown when needed
@@ -183,6 +187,8 @@ class DSparkDrafter:
         w: dict = {"fc": lin("fc"), "lm_head": lin("lm_head")}
         for i in range(s.n_layers):
             a, m = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
+            w[f"{i}.qk_norm"] = torch.cat((t[a + "q_norm.weight"].expand(s.n_heads, -1),
+                                           t[a + "k_norm.weight"].expand(s.n_kv_heads, -1)))
             w[f"{i}.kv"] = lin(a + "k_proj", a + "v_proj")
             w[f"{i}.qkv"] = lin(a + "q_proj", a + "k_proj", a + "v_proj")
             w[f"{i}.o"] = lin(a + "o_proj")
@@ -208,18 +214,19 @@ class DSparkDrafter:
             *x.shape[:-1], -1)
 
     def _cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [*pos.shape, head_dim] for int64 positions of any shape."""
+        """cos and sin [*pos.shape, head_dim] for int64 positions of any shape, sin's first half negated
+        (what _rope takes)."""
         if self._inv_freq is not None:
             f = pos.to(torch.float32)[..., None] * self._inv_freq
             emb = torch.cat((f, f), dim=-1)
-            cos, sin = emb.cos(), emb.sin()
+            cos, sin = emb.cos(), emb.sin().mul_(self._half_sign)
             if self._rope_scale != 1.0:
                 cos, sin = cos * self._rope_scale, sin * self._rope_scale
             return cos, sin
         flat = pos.reshape(1, -1)
         dummy = torch.empty(0, dtype=torch.float32, device=self.device)
         cos, sin = self._rope(dummy, flat)
-        return cos.reshape(*pos.shape, -1), sin.reshape(*pos.shape, -1)
+        return cos.reshape(*pos.shape, -1), (sin * self._half_sign).reshape(*pos.shape, -1)
 
     # -- rows -> context keys and values ----------------------------------------------------------------
     def _rows_to_float(self, raw: np.ndarray) -> torch.Tensor:
@@ -239,8 +246,7 @@ class DSparkDrafter:
         out = []
         for i in range(s.n_layers):
             kv = self._mm(h, w[f"{i}.kv"]).view(-1, 2, s.n_kv_heads, s.head_dim)
-            k = _rms(kv[:, 0], t[f"layers.{i}.self_attn.k_norm.weight"], self.eps)
-            k = k * cos + _rot(k) * sin
+            k = _rope(_rms(kv[:, 0], t[f"layers.{i}.self_attn.k_norm.weight"], self.eps), cos, sin)
             out.append(torch.stack((k, kv[:, 1]), dim=1))
         # a hostile row (huge values overflow fc) must not leave inf/nan keys in its slot's ring
         return torch.nan_to_num(torch.stack(out, dim=1), nan=0.0, posinf=0.0, neginf=0.0)
@@ -277,9 +283,19 @@ class DSparkDrafter:
         # the buffer is reused next round: on the CPU the block reads it within this round only
         return torch.from_numpy(win).to(self.device).view(B, wm, s.n_layers, 2, s.n_kv_heads, s.head_dim)
 
-    def _masks(self, lens: torch.Tensor, B: int, wm: int) -> list[torch.Tensor]:
+    def _masks(self, lens: np.ndarray, wm: int) -> list[torch.Tensor]:
         """Each draft layer's attention mask [B, 1, bs, wm + bs] (True: attend), one per kind of layer: a
-        sliding layer sees its last `sliding_window` context rows and, causal, the block up to itself."""
+        sliding layer sees its last `sliding_window` context rows and, causal, the block up to itself.
+        The last round's are reused when its context lengths were the same (full windows, every round
+        of a steady batch)."""
+        key = lens.astype(np.int64).tobytes() + wm.to_bytes(4, "little")
+        if self._mask_memo is not None and self._mask_memo[0] == key:
+            return self._mask_memo[1]
+        masks = self._make_masks(torch.from_numpy(lens.astype(np.int64)).to(self.device), len(lens), wm)
+        self._mask_memo = (key, masks)
+        return masks
+
+    def _make_masks(self, lens: torch.Tensor, B: int, wm: int) -> list[torch.Tensor]:
         s, dev, bs = self.spec, self.device, self.spec.block_size
         col = torch.arange(wm, device=dev)[None, :]
         qi = torch.arange(bs, device=dev)
@@ -293,10 +309,10 @@ class DSparkDrafter:
         return [kinds[sl] for sl in s.sliding]
 
     @torch.inference_mode()
-    def block_hidden(self, ctx: torch.Tensor, lens: torch.Tensor, anchor: torch.Tensor, apos: torch.Tensor
+    def block_hidden(self, ctx: torch.Tensor, lens: np.ndarray, anchor: torch.Tensor, apos: torch.Tensor
                      ) -> torch.Tensor:
         """The block's parallel pass: [B, block_size, H] after `norm` (ctx: [B, wm, L, 2, n_kv, hd], zeros
-        before each request's own rows)."""
+        before each request's own rows; lens: each request's context rows, on the host)."""
         s, t, w = self.spec, self.t, self.w
         B, wm, bs = ctx.shape[0], ctx.shape[1], s.block_size
         tok = torch.full((B, bs), s.mask_token_id, dtype=torch.long, device=self.device)
@@ -304,17 +320,18 @@ class DSparkDrafter:
         x = t["embed_tokens.weight"][tok]
         cos, sin = self._cos_sin(apos[:, None] + torch.arange(bs, device=self.device)[None, :])
         cos, sin = cos[:, :, None, :], sin[:, :, None, :]
-        masks = self._masks(lens, B, wm)
+        masks = self._masks(lens, wm)
         nq, nkv = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
         for i in range(s.n_layers):
             p = f"layers.{i}."
             xn = _rms(x, t[p + "input_layernorm.weight"], self.eps)
-            a = p + "self_attn."
-            q, k, v = self._mm(xn, w[f"{i}.qkv"]).split((nq, nkv, nkv), dim=-1)
-            q = _rms(q.view(B, bs, s.n_heads, s.head_dim), t[a + "q_norm.weight"], self.eps)
-            q = q * cos + _rot(q) * sin
-            k = _rms(k.view(B, bs, s.n_kv_heads, s.head_dim), t[a + "k_norm.weight"], self.eps)
-            k = k * cos + _rot(k) * sin
+            qkv = self._mm(xn, w[f"{i}.qkv"])
+            # q's and k's heads side by side: one norm (each head its own weight row) and one rotation
+            qk = qkv[..., :nq + nkv].view(B, bs, s.n_heads + s.n_kv_heads, s.head_dim)
+            qk = _rope(torch.nn.functional.rms_norm(qk, (s.head_dim,), None, self.eps).mul_(w[f"{i}.qk_norm"]),
+                       cos, sin)
+            q, k = qk[:, :, :s.n_heads], qk[:, :, s.n_heads:]
+            v = qkv[..., nq + nkv:]
             K = torch.cat((ctx[:, :, i, 0], k), dim=1).transpose(1, 2)
             V = torch.cat((ctx[:, :, i, 1], v.view(B, bs, s.n_kv_heads, s.head_dim)), dim=1).transpose(1, 2)
             o = torch.nn.functional.scaled_dot_product_attention(
@@ -342,9 +359,8 @@ class DSparkDrafter:
         wm = int(f[:, 4].max())
         anchor_np = f[:, 1] % s.vocab_size
         ctx = self._windows(items, f[:, 3], wm)
-        lens = torch.from_numpy(f[:, 4]).to(dev)
         anchor = torch.from_numpy(anchor_np).to(dev)
-        hidden = self.block_hidden(ctx, lens, anchor, torch.from_numpy(f[:, 3]).to(dev))
+        hidden = self.block_hidden(ctx, f[:, 4], anchor, torch.from_numpy(f[:, 3]).to(dev))
         off = 0 if s.sample_from_anchor else 1
         hs = hidden[:, off:off + n]
         base = self._mm(hs, self.w["lm_head"])  # [B, n, Vd]
