@@ -8,6 +8,14 @@ Each state is measured twice over, on a loaded machine as on a quiet one:
 - Wakes: the voluntary sleeps of the same threads per second, which no load changes. The budgets sit
   between what the timers now cost and what they cost before (proxy heartbeat 20 Hz and round loop
   10 Hz; watchdog 100 Hz while pending and 10 Hz attached; the C watcher 20 Hz).
+
+A control beside them: a bare Python process sleeping 0.2 s at a time costs 55-85 us a wake on this
+project's VM, quiet or with two busy processes. Now and then, for tens of seconds, every idle
+process's wake costs several times its usual here, whatever the load (CI once saw the proxy's and the
+shim's cost ten times theirs for 30 s, and the next tests' windows were within budget; a rerun saw
+one such window, the control's wake at 205 us). A window in which the control's wake costs more than
+`DISTURBED_US`, twice its usual, is not counted, and another is taken (at most `MAX_WINDOWS`); a
+window the control calls undisturbed still fails the state.
 """
 
 from __future__ import annotations
@@ -32,6 +40,21 @@ LAYOUT = ["--max-reqs", str(M), "--num-spec", str(N), "--window", str(W), "--row
 SHAPE = {"max_reqs": M, "num_spec": N, "window": W, "row_bytes": B}
 BUDGET_PCT = 0.5  # of one core, proxy + shim together
 WINDOW_S, TRIES, SETTLE_S = 5.0, 3, 1.0
+DISTURBED_US, MAX_WINDOWS = 150.0, 8  # the control's CPU a wake above which a window is not counted
+
+
+@pytest.fixture(scope="module")
+def control() -> Iterator[int]:
+    """The control sleeper's pid (module docstring)."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.2)"])
+    try:
+        yield p.pid
+    finally:
+        p.kill()
+        p.wait()
 
 
 def _tids() -> set[int]:
@@ -52,12 +75,13 @@ def _threads_since(before: set[int]) -> tuple[float, int]:
     return cpu_ns / 1e9, sleeps
 
 
-def _measure(proxy: Child | None, before: set[int]) -> dict[str, float]:
+def _measure(proxy: Child | None, before: set[int], control: int) -> dict[str, float]:
     time.sleep(SETTLE_S)
 
-    def now() -> tuple[float, float, float, float]:
+    def now() -> tuple[float, ...]:
         c, s = _threads_since(before)
-        return (cpu_s(proxy.pid) if proxy else 0.0, c, float(wakes(proxy.pid)) if proxy else 0.0, float(s))
+        return (cpu_s(proxy.pid) if proxy else 0.0, c, float(wakes(proxy.pid)) if proxy else 0.0, float(s),
+                cpu_s(control), float(wakes(control)))
 
     a = now()
     t0 = time.monotonic()
@@ -66,21 +90,29 @@ def _measure(proxy: Child | None, before: set[int]) -> dict[str, float]:
     b = now()
     d = [(y - x) / wall for x, y in zip(a, b, strict=True)]
     return {"proxy_pct": 100 * d[0], "shim_pct": 100 * d[1], "pct": 100 * (d[0] + d[1]),
-            "proxy_wakes": d[2], "shim_wakes": d[3], "wakes": d[2] + d[3]}
+            "proxy_wakes": d[2], "shim_wakes": d[3], "wakes": d[2] + d[3],
+            "control_us_a_wake": 1e6 * d[4] / max(d[5], 1e-9)}
 
 
-def _within(state: str, proxy: Child | None, before: set[int], max_wakes: float) -> dict[str, float]:
+def _within(state: str, proxy: Child | None, before: set[int], max_wakes: float, control: int
+            ) -> dict[str, float]:
     seen = []
-    for _ in range(TRIES):
-        m = _measure(proxy, before)
+    counted = 0
+    for _ in range(MAX_WINDOWS):
+        m = _measure(proxy, before, control)
         seen.append(m)
+        disturbed = m["control_us_a_wake"] > DISTURBED_US
         print(f"\nidle {state}: proxy + shim {m['pct']:.3f}% of a core (proxy {m['proxy_pct']:.3f}%, shim "
               f"{m['shim_pct']:.3f}%), {m['wakes']:.1f} wakes/s (proxy {m['proxy_wakes']:.1f}, shim "
-              f"{m['shim_wakes']:.1f})")
+              f"{m['shim_wakes']:.1f}); the control's wake {m['control_us_a_wake']:.0f} us"
+              f"{' (disturbed: not counted)' if disturbed else ''}")
         if m["pct"] <= BUDGET_PCT and m["wakes"] <= max_wakes:
             return m
+        counted += not disturbed
+        if counted == TRIES:
+            break
     pytest.fail(f"idle {state}: over the budget ({BUDGET_PCT}% of a core, {max_wakes} wakes/s) in every "
-                f"window: {seen}")
+                f"window ({counted} undisturbed): {seen}")
 
 
 @pytest.fixture(scope="module")
@@ -104,32 +136,32 @@ def _rounds(shim, k: int = 5, t0: int = 0) -> int:
     return t0 + k
 
 
-def test_idle_proxy_waiting_for_an_engine(proxy):
-    _within("proxy waiting for an engine", proxy, _tids(), max_wakes=12.0)
+def test_idle_proxy_waiting_for_an_engine(proxy, control):
+    _within("proxy waiting for an engine", proxy, _tids(), 12.0, control)
 
 
-def test_idle_engine_attached_before_its_first_round(proxy, seg_name):
+def test_idle_engine_attached_before_its_first_round(proxy, seg_name, control):
     before = _tids()
     shim = engine_shim.attach(seg_name, timeout_s=10.0, **SHAPE)
     try:
-        _within("attached, no round yet", proxy, before, max_wakes=15.0)
+        _within("attached, no round yet", proxy, before, 15.0, control)
     finally:
         shim.close()
 
 
-def test_idle_after_rounds(proxy, seg_name):
+def test_idle_after_rounds(proxy, seg_name, control):
     before = _tids()
     shim = engine_shim.attach(seg_name, timeout_s=10.0, **SHAPE)
     try:
         _rounds(shim)
         assert shim.attached
-        _within("after rounds", proxy, before, max_wakes=32.0)
+        _within("after rounds", proxy, before, 32.0, control)
     finally:
         shim.close()
 
 
 @pytest.mark.parametrize("leftover", [True, False], ids=["proxy_killed", "no_segment"])
-def test_idle_shim_alone(proxy, seg_name, leftover):
+def test_idle_shim_alone(proxy, seg_name, leftover, control):
     before = _tids()
     shim = engine_shim.attach(seg_name, timeout_s=10.0, **SHAPE)
     try:
@@ -142,13 +174,13 @@ def test_idle_shim_alone(proxy, seg_name, leftover):
         assert not shim.attached
         if not leftover:
             Segment.unlink_name(seg_name)
-        _within(f"shim alone ({'its proxy killed' if leftover else 'no segment'})", None, before, max_wakes=15.0)
+        _within(f"shim alone ({'its proxy killed' if leftover else 'no segment'})", None, before, 15.0, control)
     finally:
         shim.close()
 
 
 @pytest.mark.parametrize("ran", [False, True], ids=["no_round", "after_rounds"])
-def test_idle_thread_mode(seg_name, worker, ran):
+def test_idle_thread_mode(seg_name, worker, ran, control):
     before = _tids()
     shim = engine_shim.attach(seg_name, mode="thread", worker=worker.address, timeout_s=10.0, **SHAPE)
     try:
@@ -156,7 +188,7 @@ def test_idle_thread_mode(seg_name, worker, ran):
             _rounds(shim)
             assert shim.attached
         _within(f"thread mode, {'after rounds' if ran else 'no round yet'}", None, before,
-                max_wakes=32.0 if ran else 15.0)
+                32.0 if ran else 15.0, control)
     finally:
         shim.close()
 
