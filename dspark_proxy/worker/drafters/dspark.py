@@ -189,6 +189,7 @@ class DSparkDrafter:
             a, m = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
             w[f"{i}.qk_norm"] = torch.cat((t[a + "q_norm.weight"].expand(s.n_heads, -1),
                                            t[a + "k_norm.weight"].expand(s.n_kv_heads, -1)))
+            used.add(a + "q_norm")  # only the fused copy is read; k_norm stays (the rows' keys read it)
             w[f"{i}.kv"] = lin(a + "k_proj", a + "v_proj")
             w[f"{i}.qkv"] = lin(a + "q_proj", a + "k_proj", a + "v_proj")
             w[f"{i}.o"] = lin(a + "o_proj")
@@ -288,10 +289,11 @@ class DSparkDrafter:
         sliding layer sees its last `sliding_window` context rows and, causal, the block up to itself.
         The last round's are reused when its context lengths were the same (full windows, every round
         of a steady batch)."""
-        key = lens.astype(np.int64).tobytes() + wm.to_bytes(4, "little")
+        lens64 = lens.astype(np.int64)
+        key = lens64.tobytes() + wm.to_bytes(4, "little")
         if self._mask_memo is not None and self._mask_memo[0] == key:
             return self._mask_memo[1]
-        masks = self._make_masks(torch.from_numpy(lens.astype(np.int64)).to(self.device), len(lens), wm)
+        masks = self._make_masks(torch.from_numpy(lens64).to(self.device), len(lens), wm)
         self._mask_memo = (key, masks)
         return masks
 
