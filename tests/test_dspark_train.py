@@ -71,6 +71,46 @@ def _train(tmp_path, *extra):
     return out, CliRunner().invoke(cli, args, catch_exceptions=False)
 
 
+def _stored(out: Path, prompt_file: Path, held_share: float) -> tuple[list[dict], list[dict]]:
+    """The generations in the head's store, (train, held out), in the prompt file's order."""
+    from transformers import AutoTokenizer
+
+    (store,) = (out / ".work").glob("dspark-generations-*.pt")
+    seqs = torch.load(store, weights_only=False)
+    prompts = read_prompts(prompt_file)
+    enc = encode_prompts(AutoTokenizer.from_pretrained(str(TARGET)), prompts, 256)
+    tr, held = split_prompts(prompts, held_share)
+    get = [seqs.get(enc[i].tobytes()) for i in tr], [seqs.get(enc[i].tobytes()) for i in held]
+    return [q for q in get[0] if q is not None], [q for q in get[1] if q is not None]
+
+
+def test_more_prompts_generate_only_the_new_ones(tmp_path, monkeypatch):
+    """A larger --n-prompts with --resume reuses every continuation made before (the store is keyed by the
+    prompt, not by the run) and trains on the larger set from the checkpoint."""
+    monkeypatch.chdir(ROOT)
+    pf = tmp_path / "prompts.txt"
+    pf.write_text("".join(f"def function_{i}(value):\n" for i in range(12)))
+    args = ("--prompts", str(pf), "--held-share", "0.3", "--target", str(TARGET.relative_to(ROOT)))
+    out, r = _train(tmp_path, *args, "--n-prompts", "3")
+    assert r.exit_code == 0, r.output
+    train, held = _stored(out, pf, 0.3)
+    assert len(train) == 3 and len(held) >= 1
+    first = {q["toks"][:q["start"]].numpy().tobytes(): q["toks"] for q in train + held}
+    out, r = _train(tmp_path, *args, "--n-prompts", "5", "--epochs", "2", "--resume")
+    assert r.exit_code == 0, r.output
+    assert "generating 2 train sequences with the target (3 already generated)" in r.output, r.output
+    assert "held_out sequences" not in r.output and "resumed after epoch 1" in r.output
+    res = json.loads(r.output[r.output.rindex('{"mean_accepted"'):].splitlines()[0])
+    assert res["train_sequences"] == 5 and len(res["loss_per_epoch"]) == 2
+    train2, held2 = _stored(out, pf, 0.3)
+    assert len(train2) == 5 and len(held2) == len(held)
+    for q in train2 + held2:  # the continuations made before are kept as they were
+        k = q["toks"][:q["start"]].numpy().tobytes()
+        assert k not in first or torch.equal(first[k], q["toks"])
+    out, r = _train(tmp_path, *args, "--n-prompts", "5", "--epochs", "2", "--resume")
+    assert r.exit_code == 0 and "generating" not in r.output, r.output
+
+
 def test_train_from_a_prompt_file_loads_in_speculators_and_vllm(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # the checkpoint names its verifier by the path given, relative to here
     pf = tmp_path / "prompts.txt"
@@ -218,9 +258,9 @@ def test_a_draft_vocabulary_of_the_most_frequent_ids(tmp_path, monkeypatch):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["draft_vocab_size"] == 64 and cfg["transformer_layer_config"]["vocab_size"] == 4096
 
-    (data,) = (out / ".work").glob("dspark-train-*.pt")
+    train = _stored(out, pf, 0.3)[0]
     counts = torch.zeros(4096, dtype=torch.long)
-    for s in torch.load(data, weights_only=False):
+    for s in train:
         counts += torch.bincount(s["toks"][s["start"]:], minlength=4096)
     nz = counts.nonzero().flatten()
     d2t, t2d = build_vocab_mappings_from_distribution(dict(zip(nz.tolist(), counts[nz].tolist(), strict=True)), 64, 4096)
@@ -237,7 +277,7 @@ def test_a_draft_vocabulary_of_the_most_frequent_ids(tmp_path, monkeypatch):
     got = load_tensors(spec, resolve_target(spec, None))
     assert torch.equal(got["draft_to_target"], ids)
 
-    s = torch.load(data, weights_only=False)[0]
+    s = train[0]
     drafts = greedy_drafts(m, s["rows"].float(), s["toks"], torch.arange(s["start"], len(s["toks"]) - 5))
     assert bool(t2d[drafts].all())  # every draft a target id inside the draft vocabulary
 

@@ -9,7 +9,8 @@ are packed into one row with document ids, as its trainer packs them. Its attent
 dense mask, tests/test_dspark_fast.py); `reference_forward` runs the reference's own dense-mask backbone. Prompts come from `--prompts FILE`
 (held-out acceptance on a hash split of the same file) or, without one, from the stdlib corpus the
 shipped target learnt from (held-out prompts from its held-out files, the ones `eval` uses). Generated
-data and checkpoints live in `<out>/.work/` (ignored by git); `--resume` continues from the last one.
+data (by prompt: more prompts generate only the new ones) and checkpoints live in `<out>/.work/`
+(ignored by git); `--resume` continues from the last one.
 """
 
 from __future__ import annotations
@@ -184,9 +185,42 @@ def coverage(seqs: list[dict], t2d: torch.Tensor) -> float:
 
 
 def _data_key(target: Path, cfg: DSparkTrainConfig, which: str, prompts_digest: str) -> str:
+    """The file name of one run's generations before the store (`_GenStore`): read once, if present, so
+    a `.work/` made by an earlier version is not generated again."""
     h = hashlib.sha256(f"{target.resolve()}|{cfg.layers}|{cfg.row_dtype}|{cfg.gen_len}|{cfg.prompt_len}|"
                        f"{cfg.n_prompts}|{cfg.eval_prompts}|{cfg.held_share}|{cfg.seed}|{prompts_digest}".encode())
     return f"dspark-{which}-{h.hexdigest()[:16]}.pt"
+
+
+class _GenStore:
+    """The target's continuations and their tapped rows, keyed by the prompt's token ids, in one file per
+    (target, tapped layers, row dtype, continuation length): a run with more prompts (a larger
+    `--n-prompts`, lines added to `--prompts FILE`) generates only the prompts it has not seen, and
+    held-out prompts are generated once. Saved whole, then renamed: a kill never leaves half."""
+
+    def __init__(self, work: Path, target: Path, cfg: DSparkTrainConfig) -> None:
+        h = hashlib.sha256(f"{target.resolve()}|{cfg.layers}|{cfg.row_dtype}|{cfg.gen_len}".encode())
+        self.path = work / f"dspark-generations-{h.hexdigest()[:16]}.pt"
+        self.seqs: dict[bytes, dict] = torch.load(self.path, weights_only=False) if self.path.is_file() else {}
+
+    @staticmethod
+    def key(prompt) -> bytes:
+        return np.asarray(prompt, dtype=np.int64).tobytes()
+
+    def missing(self, prompts: list[np.ndarray]) -> list[int]:
+        return [i for i, p in enumerate(prompts) if self.key(p) not in self.seqs]
+
+    def add(self, seqs: list[dict]) -> None:
+        for q in seqs:  # a continuation's prompt is its first `start` tokens
+            self.seqs[self.key(q["toks"][:int(q["start"])].numpy())] = q
+
+    def take(self, prompts: list[np.ndarray]) -> list[dict]:
+        return [self.seqs[self.key(p)] for p in prompts]
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        torch.save(self.seqs, tmp)
+        tmp.replace(self.path)
 
 
 def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool = False, log=print) -> dict:
@@ -216,15 +250,19 @@ def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool 
         train_p = _stdlib_prompts(tok, "train", cfg.n_prompts, cfg.prompt_len, cfg.seed)
         held_p = _stdlib_prompts(tok, "held_out", cfg.eval_prompts, cfg.prompt_len, cfg.seed)
 
+    store = _GenStore(work, tgt, cfg)
+
     def data(which: str, ps: list[np.ndarray]) -> list[dict]:
-        f = work / _data_key(tgt, cfg, which, digest)
-        if f.is_file():
-            return torch.load(f, weights_only=False)
-        log(f"generating {len(ps)} {which} sequences with the target ...")
-        d = _make_sequences(model, taps, ps, cfg, f"generate {which}", dev)
-        torch.save(d, f.with_suffix(".tmp"))
-        f.with_suffix(".tmp").replace(f)
-        return d
+        legacy = work / _data_key(tgt, cfg, which, digest)
+        if store.missing(ps) and legacy.is_file():
+            store.add(torch.load(legacy, weights_only=False))
+        todo = store.missing(ps)
+        if todo:
+            log(f"generating {len(todo)} {which} sequences with the target"
+                + (f" ({len(ps) - len(todo)} already generated) ..." if len(todo) < len(ps) else " ..."))
+            store.add(_make_sequences(model, taps, [ps[i] for i in todo], cfg, f"generate {which}", dev))
+            store.save()
+        return store.take(ps)
 
     train, held = data("train", train_p), data("held_out", held_p)
     mask_id = cfg.mask_token_id
@@ -282,6 +320,10 @@ def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool 
                              "delete it or train without --resume")
         opt.load_state_dict(st["opt"])
         epoch0, step0, history, tot, cnt = st["epoch"], st["step"], st["history"], st["tot"], st["cnt"]
+        if vocab and not torch.equal(draft.t2d.cpu(), vocab[1].to(draft.t2d.dtype)):
+            # more prompts may rank the ids differently; the checkpoint's lm_head rows are its own ids'
+            covered = coverage(held, draft.t2d.cpu().bool())
+            log(f"draft vocabulary: the checkpoint's ({covered:.2%} of the held-out continuations' tokens)")
         log(f"resumed after epoch {epoch0}" + (f", step {step0} of {steps_per_epoch}" if step0 else ""))
     # the targets are the target's own logits: its last hidden state goes in after the final norm
     # (HiddenTaps keeps it before), so the verifier norm is the target's own norm, applied here
