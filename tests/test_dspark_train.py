@@ -284,3 +284,35 @@ def test_a_draft_vocabulary_of_the_most_frequent_ids(tmp_path, monkeypatch):
     out, r = _train(tmp_path, *args[:-1], "0", "--epochs", "2", "--resume")
     assert r.exit_code != 0 and "a checkpoint of another head" in r.output, r.output
     assert "Traceback" not in r.output
+
+
+def test_the_loss_options_reach_the_references_loss(tmp_path, monkeypatch):
+    """--loss-fn, --per-position-loss-weight, --decay-gamma and --dpace-alpha are handed to the reference's
+    own loss (`get_trainer_kwargs`), and D-PACE without ce is refused in one line, as its trainer refuses it."""
+    import math
+
+    from speculators.models.dspark import DSparkDraftModel
+
+    monkeypatch.chdir(ROOT)
+    pf = tmp_path / "prompts.txt"
+    pf.write_text("".join(f"def function_{i}(value):\n" for i in range(6)))
+    args = ("--prompts", str(pf), "--held-share", "0.3", "--target", str(TARGET.relative_to(ROOT)))
+    out, r = _train(tmp_path, *args, "--per-position-loss-weight", "dpace")
+    assert r.exit_code != 0 and "dpace needs --loss-fn ce" in r.output and "Traceback" not in r.output
+    assert not out.exists()
+    seen = []
+    orig = DSparkDraftModel.get_trainer_kwargs
+
+    def spy(**kw):
+        seen.append(kw)
+        return orig(**kw)
+
+    monkeypatch.setattr(DSparkDraftModel, "get_trainer_kwargs", staticmethod(spy))
+    out, r = _train(tmp_path, *args, "--loss-fn", "ce", "--per-position-loss-weight", "dpace", "--dpace-alpha", "0.25",
+                    "--decay-gamma", "6")
+    assert r.exit_code == 0, r.output
+    assert seen and {k: seen[-1][k] for k in ("loss_fn", "per_position_loss_weight", "dpace_alpha",
+                                              "dflash_decay_gamma")} == {
+        "loss_fn": "ce", "per_position_loss_weight": "dpace", "dpace_alpha": 0.25, "dflash_decay_gamma": 6.0}
+    res = json.loads(r.output[r.output.rindex('{"mean_accepted"'):].splitlines()[0])
+    assert all(math.isfinite(x) and x > 0 for x in res["loss_per_epoch"])

@@ -103,6 +103,16 @@ def _prompts(_ctx, _param, value: str | None) -> str | int | None:
               help="dspark: anchors a step (the reference's max_anchors); 0: every valid position of the step.")
 @click.option("--mask-token-id", default=-1, show_default=True,
               help="dspark: the block's mask token (-1: the tokenizer's pad, else eos).")
+@click.option("--loss-fn", type=click.Choice(["kl_div", "ce"]), default="kl_div", show_default=True,
+              help="dspark: the reference's loss against the target: its whole distribution (kl_div) or its "
+              "greedy token (ce).")
+@click.option("--per-position-loss-weight", "position_weight", type=click.Choice(["fixed-exp-decay", "dpace"]),
+              default="fixed-exp-decay", show_default=True,
+              help="dspark: block position k weighs exp(-k/gamma), or by D-PACE (needs --loss-fn ce).")
+@click.option("--decay-gamma", default=4.0, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
+              help="dspark: gamma of fixed-exp-decay (larger: later positions weigh more).")
+@click.option("--dpace-alpha", default=0.5, show_default=True, type=click.FloatRange(0.0, 1.0, min_open=True),
+              help="dspark: D-PACE's smoothing constant.")
 @click.option("--device", default="cpu", show_default=True, help="dspark: cpu or cuda.")
 @click.option("--reference-forward", is_flag=True,
               help="dspark: train with the reference's own dense-mask forward (slow; the default block-local "
@@ -113,7 +123,8 @@ def train_drafter(target: str, out: str, layers: tuple[int, ...], row_dtype: str
                   gen_len: int, epochs: int, batch: int, lr: float, seed: int, threads: int, draft_vocab: int | None,
                   distill: float, init: str | None, extra_seeds: str, step: str, hops: int, resume: bool, checkpoint_every: int,
                   arch: str, prompts: str | int | None, n_prompts: int | None, held_share: float, draft_layers: int,
-                  markov_rank: int, markov_head: str, anchors: int, mask_token_id: int, device: str,
+                  markov_rank: int, markov_head: str, anchors: int, mask_token_id: int, loss_fn: str,
+                  position_weight: str, decay_gamma: float, dpace_alpha: float, device: str,
                   reference_forward: bool, as_json: bool) -> None:
     """Train a head on TARGET's own greedy generations of stdlib prompts (or, --arch dspark, yours)."""
     if isinstance(prompts, int):
@@ -127,6 +138,8 @@ def train_drafter(target: str, out: str, layers: tuple[int, ...], row_dtype: str
                       prompt_len=prompt_len, gen_len=gen_len, epochs=epochs, batch=batch, lr=lr, seed=seed,
                       threads=threads, draft_layers=draft_layers, markov_rank=markov_rank, draft_vocab=draft_vocab or 0,
                       markov_head=markov_head, anchors=anchors, mask_token_id=mask_token_id, device=device,
+                      loss_fn=loss_fn, position_weight=position_weight, decay_gamma=decay_gamma,
+                      dpace_alpha=dpace_alpha,
                       reference_forward=reference_forward, checkpoint_every=checkpoint_every, resume=resume, as_json=as_json)
         return
     if prompts is not None:
@@ -163,6 +176,8 @@ def _train_dspark(target: str, out: str, *, prompts: str | None, n_prompts: int 
         from ..model.taps import TapError
     except ImportError as e:
         raise click.ClickException(f"{e}; --arch dspark needs speculators==0.9.0 (scripts/setup.sh)") from None
+    if kw["position_weight"] == "dpace" and kw["loss_fn"] != "ce":  # as the reference's trainer refuses it
+        raise click.BadParameter("dpace needs --loss-fn ce", param_hint="--per-position-loss-weight")
     if kw["device"].startswith("cuda"):
         import torch
 

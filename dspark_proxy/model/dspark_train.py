@@ -45,6 +45,10 @@ class DSparkTrainConfig:
     intermediate: int = 0  # 0: the target's
     markov_rank: int = 64
     markov_head_type: str = "vanilla"
+    loss_fn: str = "kl_div"  # the reference's: kl_div (the target's distribution) or ce (its greedy token)
+    position_weight: str = "fixed-exp-decay"  # or dpace (ce only)
+    decay_gamma: float = 4.0
+    dpace_alpha: float = 0.5
     draft_vocab: int = 0  # ids the head drafts, the most frequent in the generations; 0: the target's all
     mask_token_id: int = -1  # -1: the tokenizer's pad, else eos, else 0
     prompts_file: str | None = None
@@ -284,7 +288,9 @@ def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool 
     draft.to(dev)
     from speculators.models.dspark import DSparkDraftModel
 
-    kw, _ = DSparkDraftModel.get_trainer_kwargs(loss_fn="kl_div", loss_implementation="eager")
+    kw, _ = DSparkDraftModel.get_trainer_kwargs(loss_fn=cfg.loss_fn, loss_implementation="eager",
+                                                dflash_decay_gamma=cfg.decay_gamma, dpace_alpha=cfg.dpace_alpha,
+                                                per_position_loss_weight=cfg.position_weight)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01)
     steps_per_epoch = (len(train) + cfg.batch - 1) // cfg.batch
