@@ -8,6 +8,7 @@ forked child that is SIGKILLed, or by the real `dspark-proxy start --worker inpr
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -118,20 +119,64 @@ def test_watchdog_claims_a_late_round_while_the_engine_is_busy(seg_name):
         _drop(seg)
 
 
+class _Collections:
+    """The interpreter's garbage collections (start, end ns) while installed. By the time the suite
+    reaches this file its process holds torch and vLLM (~600,000 objects): a full collection then
+    pauses every Python thread for 100-300 ms (measured), the engine thread's return from read_reply
+    included, which is the interpreter's pause, not the shim's lateness."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[int, int]] = []
+        self._start = 0
+
+    def _seen(self, phase: str, _info: dict) -> None:
+        if phase == "start":
+            self._start = hostflag.monotonic_ns()
+        else:
+            self.spans.append((self._start, hostflag.monotonic_ns()))
+
+    def __enter__(self) -> _Collections:
+        gc.callbacks.append(self._seen)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._seen)
+
+    def ms_within(self, a_ns: int, b_ns: int) -> float:
+        return sum(max(0, min(b, b_ns) - max(a, a_ns)) for a, b in self.spans) / 1e6
+
+
+def test_collections_are_seen_with_their_length():
+    """The excuse above is only what the collector itself reports: a collection inside a span counts,
+    one outside it does not."""
+    with _Collections() as gcs:
+        a = hostflag.monotonic_ns()
+        gc.collect()
+        b = hostflag.monotonic_ns()
+    assert gcs.spans and 0 < gcs.ms_within(a, b) <= (b - a) / 1e6
+    assert gcs.ms_within(b + 1, b + 10**9) == 0.0
+
+
 def test_read_reply_returns_by_the_deadline_when_nobody_publishes(seg_name):
     deadline_ms, margin_ms = 30.0, 25.0
     seg = _segment(seg_name, deadline_ms=deadline_ms)
     shim = _shim(seg_name)
     try:
         batches = _Batches()
-        waits = []
-        for t in range(1, 6):
-            shim.enqueue(t, **batches())
-            gathered_ns = seg.word(Word.GATHERED_NS)
-            reply = shim.read_reply(t)
-            waits.append((hostflag.monotonic_ns() - gathered_ns) / 1e6)
-            assert reply.status == 2 and reply.n == 2 and not reply.ok_mask.any()
-        assert all(deadline_ms - 1 <= w < deadline_ms + margin_ms for w in waits), waits
+        waits, paused = [], []
+        with _Collections() as gcs:
+            for t in range(1, 6):
+                shim.enqueue(t, **batches())
+                gathered_ns = seg.word(Word.GATHERED_NS)
+                reply = shim.read_reply(t)
+                now = hostflag.monotonic_ns()
+                waits.append((now - gathered_ns) / 1e6)
+                paused.append(gcs.ms_within(gathered_ns, now))
+                assert reply.status == 2 and reply.n == 2 and not reply.ok_mask.any()
+        # a collection during a round (CI once saw one round at 61 ms, the others at 30.2-30.5) is not
+        # counted against the shim; anything else late is
+        assert all(deadline_ms - 1 <= w and w - p < deadline_ms + margin_ms
+                   for w, p in zip(waits, paused, strict=True)), (waits, paused)
         # read_reply or the watchdog claimed each (the CAS picks one): exactly one event per round
         assert _hows(shim, "watchdog") == [1, 2, 3, 4, 5]
         assert HostFlags(seg).values() == {"gathered": 5, "claimed": 5, "published": 5, "consumed": 5}
