@@ -109,6 +109,11 @@ def test_more_prompts_generate_only_the_new_ones(tmp_path, monkeypatch):
         assert k not in first or torch.equal(first[k], q["toks"])
     out, r = _train(tmp_path, *args, "--n-prompts", "5", "--epochs", "2", "--resume")
     assert r.exit_code == 0 and "generating" not in r.output, r.output
+    (store,) = (out / ".work").glob("dspark-generations-*.pt")
+    store.write_bytes(b"not a store")
+    out, r = _train(tmp_path, *args, "--n-prompts", "5", "--epochs", "2", "--resume")
+    assert r.exit_code != 0 and f"{store}: not a store of generations" in r.output, r.output
+    assert "Traceback" not in r.output
 
 
 def test_train_from_a_prompt_file_loads_in_speculators_and_vllm(tmp_path, monkeypatch):

@@ -205,7 +205,15 @@ class _GenStore:
     def __init__(self, work: Path, target: Path, cfg: DSparkTrainConfig) -> None:
         h = hashlib.sha256(f"{target.resolve()}|{cfg.layers}|{cfg.row_dtype}|{cfg.gen_len}".encode())
         self.path = work / f"dspark-generations-{h.hexdigest()[:16]}.pt"
-        self.seqs: dict[bytes, dict] = torch.load(self.path, weights_only=False) if self.path.is_file() else {}
+        self.seqs: dict[bytes, dict] = {}
+        if self.path.is_file():
+            try:
+                self.seqs = torch.load(self.path, weights_only=False)
+            except Exception as e:  # noqa: BLE001  (a damaged file: one line, not a traceback)
+                raise ValueError(f"{self.path}: not a store of generations ({type(e).__name__}); delete it "
+                                 "to generate them again") from None
+            if not isinstance(self.seqs, dict):
+                raise ValueError(f"{self.path}: not a store of generations; delete it to generate them again")
 
     @staticmethod
     def key(prompt) -> bytes:
