@@ -321,3 +321,42 @@ def test_the_loss_options_reach_the_references_loss(tmp_path, monkeypatch):
         "loss_fn": "ce", "per_position_loss_weight": "dpace", "dpace_alpha": 0.25, "dflash_decay_gamma": 6.0}
     res = json.loads(r.output[r.output.rindex('{"mean_accepted"'):].splitlines()[0])
     assert all(math.isfinite(x) and x > 0 for x in res["loss_per_epoch"])
+
+
+def test_init_starts_from_a_dspark_checkpoint(tmp_path, monkeypatch):
+    """`--init HEAD`: a head trained on from another DSpark checkpoint takes its shapes (tapped layers, W,
+    draft vocabulary and its ids) and weights; a flag given that disagrees, or a directory that is no
+    DSpark checkpoint, is one line and writes nothing."""
+    from safetensors.torch import load_file
+
+    monkeypatch.chdir(ROOT)
+    pf = tmp_path / "prompts.txt"
+    pf.write_text("".join(f"def function_{i}(value):\n" for i in range(8)))
+    base = ("--prompts", str(pf), "--held-share", "0.3", "--target", str(TARGET.relative_to(ROOT)))
+    a, r = _train(tmp_path / "a", *base, "--draft-vocab", "64", "--window", "8", "--layers", "1,2")
+    assert r.exit_code == 0, r.output
+    res_a = json.loads(r.output[r.output.rindex('{"mean_accepted"'):].splitlines()[0])
+    wa = load_file(str(a / "model.safetensors"))
+
+    b, r = _train(tmp_path / "b", *base, "--init", str(a), "--epochs", "0")  # nothing trained: A itself
+    assert r.exit_code == 0 and f"starting from {a}" in r.output, r.output
+    res_b = json.loads(r.output[r.output.rindex('{"mean_accepted"'):].splitlines()[0])
+    wb = load_file(str(b / "model.safetensors"))
+    assert wb.keys() == wa.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    cfg = json.loads((b / "config.json").read_text())
+    assert cfg["aux_hidden_state_layer_ids"] == [1, 2] and cfg["draft_vocab_size"] == 64
+    assert cfg["transformer_layer_config"]["sliding_window"] == 8
+    assert res_b["mean_accepted"] == res_a["mean_accepted"] and res_b["draft_vocab"] == 64
+
+    c, r = _train(tmp_path / "c", *base, "--init", str(a), "--window", "8", "--loss-fn", "ce")
+    assert r.exit_code == 0, r.output  # a flag that agrees is fine
+    wc = load_file(str(c / "model.safetensors"))
+    assert torch.equal(wc["d2t"], wa["d2t"]) and torch.equal(wc["t2d"], wa["t2d"])  # its ids, not recounted
+    assert not torch.equal(wc["fc.weight"], wa["fc.weight"])  # trained on from A
+
+    d, r = _train(tmp_path / "d", *base, "--init", str(a), "--window", "16")
+    assert r.exit_code != 0 and "--window" in r.output and f"--init {a} has 8" in r.output, r.output
+    assert "Traceback" not in r.output and not d.exists()
+    d, r = _train(tmp_path / "d", *base, "--init", str(ROOT / "models" / "stdlib-llama-head"))
+    assert r.exit_code != 0 and "config.json" in r.output and "Traceback" not in r.output, r.output
+    assert not d.exists()

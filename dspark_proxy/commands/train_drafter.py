@@ -73,7 +73,7 @@ def _prompts(_ctx, _param, value: str | None) -> str | int | None:
               help="Weight of the target's top-k probabilities in the loss (0: its greedy tokens only).")
 @click.option("--init", "init", type=click.Path(exists=True), default=None,
               help="Start from this head's weights (same shapes, or a longer --window), e.g. to train a shipped "
-              "head on more text.")
+              "head on more text; dspark: a DSpark checkpoint, whose shapes the new head takes.")
 @click.option("--extra-seeds", default="", help="More training sets of --sequences generations, one per "
               "seed (comma-separated), e.g. to add text to a head trained with --seed 0.")
 @click.option("--step", type=click.Choice(["markov", "carry"]), default="markov", show_default=True,
@@ -140,7 +140,8 @@ def train_drafter(target: str, out: str, layers: tuple[int, ...], row_dtype: str
                       markov_head=markov_head, anchors=anchors, mask_token_id=mask_token_id, device=device,
                       loss_fn=loss_fn, position_weight=position_weight, decay_gamma=decay_gamma,
                       dpace_alpha=dpace_alpha,
-                      reference_forward=reference_forward, checkpoint_every=checkpoint_every, resume=resume, as_json=as_json)
+                      reference_forward=reference_forward, checkpoint_every=checkpoint_every, resume=resume,
+                      init=init, as_json=as_json)
         return
     if prompts is not None:
         raise click.ClickException(f"--prompts {prompts}: a prompt file needs --arch dspark")
@@ -164,8 +165,36 @@ def train_drafter(target: str, out: str, layers: tuple[int, ...], row_dtype: str
                    f"(n-gram {res['mean_accepted_ngram']:.2f}) over {res['rounds']} held-out rounds")
 
 
+# --init with --arch dspark: the config fields the head's own shapes set, and the flag for each
+_INIT_FLAGS = {"layers": "layers", "window": "window", "num_spec": "num-spec", "draft_layers": "draft-layers",
+               "markov_rank": "markov-rank", "markov_head_type": "markov-head", "mask_token_id": "mask-token-id",
+               "draft_vocab": "draft-vocab"}
+
+
+def _init_dspark(init: str, kw: dict) -> None:
+    """The --init head's shapes into kw; a flag given on the command line that disagrees is refused."""
+    from click.core import ParameterSource
+
+    from ..model.dspark_ckpt import CheckpointError
+    from ..model.dspark_train import init_shapes
+
+    try:
+        shapes = init_shapes(init)
+    except CheckpointError as e:
+        raise click.ClickException(f"--init {e}") from None
+    ctx = click.get_current_context()
+    for field, value in shapes.items():
+        value = tuple(value) if field == "layers" else value
+        flag = _INIT_FLAGS.get(field)  # draft_heads, intermediate: no flag, always the head's
+        if flag and ctx.get_parameter_source(flag.replace("-", "_")) == ParameterSource.COMMANDLINE \
+                and kw[field] != value:
+            shown = ",".join(map(str, value)) if field == "layers" else value
+            raise click.BadParameter(f"{kw[field]!r}, but --init {init} has {shown}", param_hint=f"--{flag}")
+        kw[field] = value
+
+
 def _train_dspark(target: str, out: str, *, prompts: str | None, n_prompts: int | None, as_json: bool,
-                  resume: bool, markov_head: str, **kw) -> None:
+                  resume: bool, markov_head: str, init: str | None, **kw) -> None:
     """--arch dspark: checks (tap ids, prompt file) before anything is written, then the reference's
     own model and loss (dspark_proxy/model/dspark_train.py)."""
     try:
@@ -183,9 +212,11 @@ def _train_dspark(target: str, out: str, *, prompts: str | None, n_prompts: int 
 
         if not torch.cuda.is_available():
             raise click.BadParameter(f"{kw['device']}: torch sees no CUDA device", param_hint="--device")
+    kw["markov_head_type"] = markov_head
+    if init:
+        _init_dspark(init, kw)
     cfg = DSparkTrainConfig(layers=tuple(kw.pop("layers")), prompts_file=prompts,
-                            n_prompts=n_prompts or (0 if prompts else 1200), markov_head_type=markov_head,
-                            **kw)
+                            n_prompts=n_prompts or (0 if prompts else 1200), init=init, **kw)
     try:
         res = train_dspark(target, out, cfg, resume=resume, log=lambda m: click.echo(m, err=True))
     except (TapError, PromptError, ValueError) as e:

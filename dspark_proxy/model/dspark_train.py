@@ -29,7 +29,7 @@ from . import dspark_fast
 from .dspark_head import acceptance, build_dspark, fill_from_target, num_spec_of
 from .taps import HiddenTaps
 
-__all__ = ["DSparkTrainConfig", "train_dspark", "check_before_work", "step_anchors", "draft_vocab_maps", "coverage"]
+__all__ = ["DSparkTrainConfig", "train_dspark", "init_shapes", "check_before_work", "step_anchors", "draft_vocab_maps", "coverage"]
 
 _ROW_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -66,6 +66,51 @@ class DSparkTrainConfig:
     device: str = "cpu"
     checkpoint_every: int = 500
     reference_forward: bool = False  # the reference's dense-mask forward (for checking; dspark_fast.py)
+    init: str | None = None  # a DSpark checkpoint to start from (its shapes: init_shapes)
+
+
+def init_shapes(head_dir: str) -> dict:
+    """The config fields a head started from `head_dir` must share with it (its tapped layers, W, N, draft
+    layers, Markov head, draft vocabulary), read from its config.json (CheckpointError naming the field
+    where it cannot be trained on: a full-attention draft layer or the anchor as the bonus token, which
+    this trainer does not build)."""
+    from .dspark_ckpt import CheckpointError, read_spec
+
+    spec = read_spec(head_dir)
+    where = f"{Path(head_dir) / 'config.json'}"
+    if spec.window is None:
+        raise CheckpointError(f"{where}: field transformer_layer_config.layer_types: train-drafter trains "
+                              "sliding-attention draft layers only")
+    if not spec.sample_from_anchor:
+        raise CheckpointError(f"{where}: field sample_from_anchor: train-drafter trains sample_from_anchor true only")
+    if spec.n_kv_heads != spec.n_heads:
+        raise CheckpointError(f"{where}: field transformer_layer_config.num_key_value_heads: {spec.n_kv_heads}, "
+                              f"train-drafter trains num_attention_heads ({spec.n_heads}) only")
+    return {"layers": spec.aux_layer_ids, "window": spec.window, "num_spec": spec.num_spec,
+            "draft_layers": spec.n_layers, "draft_heads": spec.n_heads,
+            "intermediate": int(spec.layer.get("intermediate_size") or 0), "markov_rank": spec.markov_rank,
+            "markov_head_type": spec.markov_head_type, "mask_token_id": spec.mask_token_id,
+            "draft_vocab": spec.draft_vocab_size if spec.draft_vocab_size < spec.vocab_size else 0}
+
+
+def _init_weights(draft, head_dir: str) -> None:
+    """Loads an --init checkpoint's own tensors over a draft built with its shapes (and filled from the
+    target, whose embedding and lm_head the checkpoint may not hold)."""
+    from safetensors.torch import load_file
+
+    from .dspark_ckpt import _safetensors
+
+    state: dict[str, torch.Tensor] = {}
+    for f in _safetensors(Path(head_dir)):
+        state.update(load_file(str(f)))
+    own = draft.state_dict()
+    for k, v in state.items():
+        if k not in own:
+            raise ValueError(f"{head_dir}: tensor {k}: not a tensor of the head its config.json describes")
+        if tuple(v.shape) != tuple(own[k].shape):
+            raise ValueError(f"{head_dir}: tensor {k}: shape {tuple(v.shape)}, its config.json says "
+                             f"{tuple(own[k].shape)}")
+    draft.load_state_dict(state, strict=False)
 
 
 def check_before_work(target: str | Path, cfg: DSparkTrainConfig):
@@ -281,7 +326,20 @@ def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool 
     if mask_id < 0:
         mask_id = next((int(t) for t in (tok.pad_token_id, tok.eos_token_id) if t is not None), 0)
     V = int(model.config.vocab_size)
-    vocab = draft_vocab_maps(train, cfg.draft_vocab, V)
+    if cfg.init:  # its own ids: its lm_head rows are theirs
+        from safetensors import safe_open
+
+        from .dspark_ckpt import _safetensors
+
+        maps = {}
+        for f in _safetensors(Path(cfg.init)):
+            with safe_open(str(f), "pt") as fh:
+                maps.update({k: fh.get_tensor(k) for k in ("d2t", "t2d") if k in fh.keys()})
+        if cfg.draft_vocab and len(maps) < 2:
+            raise ValueError(f"{cfg.init}: tensor d2t/t2d: missing for its draft vocabulary of {cfg.draft_vocab}")
+        vocab = (maps["d2t"], maps["t2d"]) if cfg.draft_vocab else None
+    else:
+        vocab = draft_vocab_maps(train, cfg.draft_vocab, V)
     draft = build_dspark(model.config, verifier_path=str(target), layers=list(cfg.layers), num_spec=N,
                          window=cfg.window, draft_layers=cfg.draft_layers, intermediate=cfg.intermediate or None,
                          heads=cfg.draft_heads or None, markov_rank=cfg.markov_rank,
@@ -293,6 +351,9 @@ def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool 
         log(f"draft vocabulary: {len(vocab[0])} of {V} ids, {covered:.2%} of the held-out "
             "continuations' tokens")
     fill_from_target(draft, model)
+    if cfg.init:
+        _init_weights(draft, cfg.init)
+        log(f"starting from {cfg.init}")
     draft.to(dev)
     from speculators.models.dspark import DSparkDraftModel
 
