@@ -40,6 +40,7 @@ log = logging.getLogger("dspark_proxy.worker.server")
 
 _TORCH_ROW = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _said_full_attention: set[str] = set()  # "exact only for contexts <= W", said once per checkpoint
+_TABLE_MAX = 16384  # positions the rotary table holds at most (beyond: computed a call)
 
 
 def _pick_device(device: str) -> torch.device:
@@ -106,6 +107,9 @@ class DSparkDrafter:
         self._inv_freq, self._rope_scale = self._static_rope()
         half = spec.head_dim // 2
         self._half_sign = torch.cat((-torch.ones(half), torch.ones(half))).to(self.device)
+        self._cpu = self.device.type == "cpu"
+        empty = torch.zeros(0, spec.head_dim, device=self.device)
+        self._cs_table = (empty, empty)  # _cos_sin: cos and signed sin by position, grown as positions come
         self._mask_memo: tuple[bytes, list[torch.Tensor]] | None = None  # _masks: the last round's
         self.w = self._fuse(self.t)
         self._cols = np.arange(window)
@@ -214,9 +218,24 @@ class DSparkDrafter:
         return x @ wb[0] if wb[1] is None else torch.addmm(wb[1], x.reshape(-1, x.shape[-1]), wb[0]).view(
             *x.shape[:-1], -1)
 
-    def _cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [*pos.shape, head_dim] for int64 positions of any shape, sin's first half negated
-        (what _rope takes)."""
+    def _cos_sin(self, pos: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [*pos.shape, head_dim] for int64 host positions of any shape, sin's first half
+        negated (what _rope takes). A static rotary reads them from a table of the positions seen so
+        far (two gathers a call instead of six operations), computed as the per-call path computes them."""
+        pos = np.asarray(pos, dtype=np.int64)
+        if self._inv_freq is not None and pos.size:
+            hi = int(pos.max()) + 1
+            if hi <= _TABLE_MAX and int(pos.min()) >= 0:
+                if hi > self._cs_table[0].shape[0]:
+                    n = min(_TABLE_MAX, max(hi, 2 * self._cs_table[0].shape[0], 256))
+                    self._cs_table = self._compute_cos_sin(torch.arange(n, device=self.device))
+                idx = self._on_device(pos.reshape(-1))
+                cos_t, sin_t = self._cs_table
+                return (cos_t.index_select(0, idx).view(*pos.shape, -1),
+                        sin_t.index_select(0, idx).view(*pos.shape, -1))
+        return self._compute_cos_sin(self._on_device(pos))
+
+    def _compute_cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self._inv_freq is not None:
             f = pos.to(torch.float32)[..., None] * self._inv_freq
             emb = torch.cat((f, f), dim=-1)
@@ -229,9 +248,14 @@ class DSparkDrafter:
         cos, sin = self._rope(dummy, flat)
         return cos.reshape(*pos.shape, -1), (sin * self._half_sign).reshape(*pos.shape, -1)
 
+    def _on_device(self, a: np.ndarray) -> torch.Tensor:
+        """A host array as a tensor on the drafter's device (on the CPU the same memory, no call)."""
+        x = torch.from_numpy(np.ascontiguousarray(a))
+        return x if self._cpu else x.to(self.device)
+
     # -- rows -> context keys and values ----------------------------------------------------------------
     def _rows_to_float(self, raw: np.ndarray) -> torch.Tensor:
-        x = torch.from_numpy(np.ascontiguousarray(raw)).to(self.device)
+        x = self._on_device(raw)
         x = x.view(_TORCH_ROW[self.row_dtype]).float()
         return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
 
@@ -242,7 +266,7 @@ class DSparkDrafter:
         s, t, w = self.spec, self.t, self.w
         self.rows_projected += raw.shape[0]
         h = _rms(self._mm(self._rows_to_float(raw), w["fc"]), t["hidden_norm.weight"], self.eps)
-        cos, sin = self._cos_sin(torch.from_numpy(np.asarray(pos, dtype=np.int64)).to(self.device))
+        cos, sin = self._cos_sin(pos)
         cos, sin = cos[:, None, :], sin[:, None, :]
         out = []
         for i in range(s.n_layers):
@@ -282,7 +306,8 @@ class DSparkDrafter:
                 win[b, w0:] = self.project_rows(np.concatenate(it.segments), pos)
         s = self.spec
         # the buffer is reused next round: on the CPU the block reads it within this round only
-        return torch.from_numpy(win).to(self.device).view(B, wm, s.n_layers, 2, s.n_kv_heads, s.head_dim)
+        x = torch.from_numpy(win)
+        return (x if self._cpu else x.to(self.device)).view(B, wm, s.n_layers, 2, s.n_kv_heads, s.head_dim)
 
     def _masks(self, lens: np.ndarray, wm: int) -> list[torch.Tensor]:
         """Each draft layer's attention mask [B, 1, bs, wm + bs] (True: attend), one per kind of layer: a
@@ -311,16 +336,17 @@ class DSparkDrafter:
         return [kinds[sl] for sl in s.sliding]
 
     @torch.inference_mode()
-    def block_hidden(self, ctx: torch.Tensor, lens: np.ndarray, anchor: torch.Tensor, apos: torch.Tensor
+    def block_hidden(self, ctx: torch.Tensor, lens: np.ndarray, anchor: torch.Tensor, apos: np.ndarray
                      ) -> torch.Tensor:
         """The block's parallel pass: [B, block_size, H] after `norm` (ctx: [B, wm, L, 2, n_kv, hd], zeros
-        before each request's own rows; lens: each request's context rows, on the host)."""
+        before each request's own rows; lens: each request's context rows, apos: its anchor's position,
+        both on the host)."""
         s, t, w = self.spec, self.t, self.w
         B, wm, bs = ctx.shape[0], ctx.shape[1], s.block_size
         tok = torch.full((B, bs), s.mask_token_id, dtype=torch.long, device=self.device)
         tok[:, 0] = anchor
         x = t["embed_tokens.weight"][tok]
-        cos, sin = self._cos_sin(apos[:, None] + torch.arange(bs, device=self.device)[None, :])
+        cos, sin = self._cos_sin(apos[:, None] + np.arange(bs)[None, :])
         cos, sin = cos[:, :, None, :], sin[:, :, None, :]
         masks = self._masks(lens, wm)
         nq, nkv = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
@@ -361,8 +387,8 @@ class DSparkDrafter:
         wm = int(f[:, 4].max())
         anchor_np = f[:, 1] % s.vocab_size
         ctx = self._windows(items, f[:, 3], wm)
-        anchor = torch.from_numpy(anchor_np).to(dev)
-        hidden = self.block_hidden(ctx, f[:, 4], anchor, torch.from_numpy(f[:, 3]).to(dev))
+        anchor = self._on_device(anchor_np)
+        hidden = self.block_hidden(ctx, f[:, 4], anchor, f[:, 3])
         off = 0 if s.sample_from_anchor else 1
         hs = hidden[:, off:off + n]
         base = self._mm(hs, self.w["lm_head"])  # [B, n, Vd]
@@ -461,7 +487,7 @@ class DSparkDrafter:
 
     def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         m = self.t.get("draft_to_target")
-        return draft_ids if m is None else m[draft_ids]
+        return draft_ids if m is None else m.index_select(0, draft_ids.reshape(-1)).view(draft_ids.shape)
 
     def _markov(self, prev: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None):
         bias, state, _ = self._markov_step(prev, h, state)
@@ -472,7 +498,7 @@ class DSparkDrafter:
         s, t = self.spec, self.t
         if not s.markov_rank:
             return None, None, None
-        emb = t["markov_head.markov_w1.weight"][prev]
+        emb = t["markov_head.markov_w1.weight"].index_select(0, prev)
         w2 = self.w["markov_w2"]  # transposed
         if s.markov_head_type == "vanilla":
             return emb @ w2, None, emb
