@@ -360,3 +360,12 @@ def test_init_starts_from_a_dspark_checkpoint(tmp_path, monkeypatch):
     d, r = _train(tmp_path / "d", *base, "--init", str(ROOT / "models" / "stdlib-llama-head"))
     assert r.exit_code != 0 and "config.json" in r.output and "Traceback" not in r.output, r.output
     assert not d.exists()
+    other = tmp_path / "other"  # a head made for a target with another vocabulary
+    other.mkdir()
+    cfg = json.loads((a / "config.json").read_text())
+    cfg["transformer_layer_config"]["vocab_size"] = 5000
+    (other / "config.json").write_text(json.dumps(cfg))
+    (other / "model.safetensors").write_bytes((a / "model.safetensors").read_bytes())
+    d, r = _train(tmp_path / "d", *base, "--init", str(other))
+    assert r.exit_code != 0 and "field transformer_layer_config.vocab_size: 5000" in r.output, r.output
+    assert "Traceback" not in r.output and not d.exists()

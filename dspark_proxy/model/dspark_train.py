@@ -93,6 +93,17 @@ def init_shapes(head_dir: str) -> dict:
             "draft_vocab": spec.draft_vocab_size if spec.draft_vocab_size < spec.vocab_size else 0}
 
 
+def _init_fits(head_dir: str, target_cfg, target: str) -> None:
+    """An --init head made for another target (vocabulary or hidden size) is refused before any work."""
+    from .dspark_ckpt import read_spec
+
+    spec, where = read_spec(head_dir), Path(head_dir) / "config.json"
+    for field, mine, theirs in (("transformer_layer_config.vocab_size", spec.vocab_size, target_cfg.vocab_size),
+                                ("transformer_layer_config.hidden_size", spec.hidden_size, target_cfg.hidden_size)):
+        if int(mine) != int(theirs):
+            raise ValueError(f"{where}: field {field}: {mine}, but the target {target} has {theirs}")
+
+
 def _init_weights(draft, head_dir: str) -> None:
     """Loads an --init checkpoint's own tensors over a draft built with its shapes (and filled from the
     target, whose embedding and lm_head the checkpoint may not hold)."""
@@ -286,6 +297,8 @@ def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool 
     from .prompts import encode_prompts, split_prompts
 
     model, tok, taps, prompts = check_before_work(target, cfg)  # nothing written before this passes
+    if cfg.init:
+        _init_fits(cfg.init, model.config, target)
     dev = cfg.device
     model.to(dev)
     out_p, tgt = Path(out), Path(target)
