@@ -23,7 +23,7 @@ from .ops.events import EventRing
 from .ops.keep_awake import KeepAwake
 from .ops.metrics import LATENCY_BOUNDS_US  # the bounds only: prometheus-client is imported at start
 from .ops.stats import Stats
-from .round.acceptance import GateSettings
+from .round.acceptance import PAUSED, GateSettings
 from .round.breaker import CircuitBreaker
 from .round.core import RoundCore, RoundSettings
 from .shm import hostflag as hf
@@ -234,6 +234,7 @@ class Proxy:
         # PROXY_ROUND, as each round begins (the shim's watchdog reads it: no sleeper, so no wake), without
         # set_word's two Python calls: between `gathered` and the round, every call is on the engine's wait
         begin = functools.partial(hf.store_release, seg.mm, seg.layout.word_off(Word.PROXY_ROUND))
+        gate = core.accept.gate
         try:
             while not self._stop.is_set():
                 w0 = time.perf_counter()
@@ -245,7 +246,12 @@ class Proxy:
                     self._hang(t)
                 core.handle(t, waited_us)
                 self.stats.observe("gather_us", waited_us)  # after the publish: off the engine's wait
-                self._awake.kick()  # the next round's CPU awake and warm (--keep-awake-ms; off: a no-op)
+                if gate.b_state != PAUSED:
+                    # the next round's CPU awake and warm (--keep-awake-ms; off: a no-op). Not while the gate
+                    # pauses the batch: the engine answers those rounds itself (shm_layout.md §3), and a
+                    # spinning CPU can slow the engine's own (docs/performance.md, "Keeping the proxy's
+                    # CPUs awake")
+                    self._awake.kick()
                 self._maybe_log(t)
                 if not t & RELOOK_MASK:
                     self._relook(core.flags)

@@ -86,6 +86,57 @@ def test_spinners_spin_while_rounds_come_at_sched_idle_and_stop_after(seg_name):
         proxy.stop()
 
 
+def _gauges(name: str) -> dict:
+    time.sleep(0.3)  # the proxy's next statistics snapshot (every 0.25 s)
+    return read_status(name)["proxy"]["gauges"]
+
+
+def test_no_spinning_while_the_gate_pauses_the_batch(seg_name):
+    """While the acceptance gate pauses the whole batch the engine answers its rounds itself, so nothing
+    waits on the proxy's next round, and a spinning CPU can slow the engine's own (on this VM a spinning
+    vCPU slowed the other's work by 15%: docs/performance.md): the spinners are not kicked then, and
+    they sleep while the paused rounds keep coming. Every round verifies drafts and accepts none, so the
+    batch pauses after --accept-patience rounds (for good: the pause is longer than the test)."""
+    proxy = spawn_proxy(seg_name, "null", *LAYOUT, "--deadline-ms", "500", "--keep-awake-ms", "30",
+                        "--accept-patience", "4", "--accept-pause", "1000000", "--accept-pause-max", "1000000",
+                        "--log-every", "0")
+    shim = None
+    t = 0
+
+    def rounds(seconds: float) -> None:
+        nonlocal t
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            t += 1
+            batch = decode_batch(t, SHAPE["row_bytes"])
+            batch["k_window"][:] = 2  # two drafts verified, none accepted (valid 1: the bonus token only)
+            shim.enqueue(t, **batch)
+            assert shim.read_reply(t).status == 0
+            time.sleep(0.002)  # a forward
+
+    try:
+        shim = engine_shim.attach(seg_name, **SHAPE, timeout_s=10.0)
+        end = time.monotonic() + 20.0
+        while _gauges(seg_name).get("accept_gate", {}).get("batch") != "paused" and time.monotonic() < end:
+            rounds(0.2)
+        assert _gauges(seg_name)["accept_gate"]["batch"] == "paused"
+        rounds(0.2)  # the last kick's window (30 ms) runs out while paused rounds come
+        ka = _gauges(seg_name)["keep_awake"]
+        assert ka["spinners"] >= 1
+        for _ in range(4):
+            c0 = cpu_s(proxy.pid)
+            rounds(0.5)
+            used = cpu_s(proxy.pid) - c0
+            ka = _gauges(seg_name)["keep_awake"]
+            assert ka["sleeping"] == ka["spinners"], ka  # the rounds came, no spinner woke
+            assert used < 0.25, f"the proxy spent {used:.2f} s of CPU in 0.5 s of paused rounds"
+        assert _gauges(seg_name)["accept_gate"]["batch"] == "paused"
+    finally:
+        if shim is not None:
+            shim.close()
+        proxy.stop()
+
+
 def test_off_by_default_no_spinner(seg_name):
     proxy = spawn_proxy(seg_name, "null", *LAYOUT, "--deadline-ms", "500", "--log-every", "0")
     try:
@@ -159,6 +210,16 @@ def test_worker_keeps_its_cpus_awake_after_each_reply():
             time.sleep(0.05)
             ka = srv._awake.snapshot()
         assert ka["sleeping"] == ka["spinners"], ka  # the window after the last reply ran out
+        # STEPs that ask no drafts (the proxy's gate paused them: nobody waits on their replies) kick
+        # nothing: the spinners stay asleep while they come
+        for _ in range(3):
+            end = time.monotonic() + 0.3
+            while time.monotonic() < end:
+                out, _ = s.step(ask=False)
+                assert out.ok, out
+                time.sleep(0.002)
+            ka = srv._awake.snapshot()
+            assert ka["sleeping"] == ka["spinners"], ka
     finally:
         c.stop()
         srv.stop()

@@ -369,7 +369,10 @@ class WorkerServer:
             conn.send_parts([buf, buf])
             return True
         conn.send_parts([buf])
-        self._awake.kick()  # the next STEP's CPU awake and warm (--keep-awake-ms; off: a no-op)
+        if self.keep_awake_ms > 0 and (sv.entries["flags"] & RF_NEED_DRAFT).any():
+            # the next STEP's CPU awake and warm; not after a STEP that asked no drafts (the proxy's gate
+            # paused them: nobody waits on the next reply, and a spinning CPU can slow the engine's)
+            self._awake.kick()
         return True
 
     def _serve(self, session: Session, sv: StepView, out: ReplyWriter, layout: WireLayout, served: _Served) -> None:
