@@ -324,9 +324,10 @@ def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool 
 
     def data(which: str, ps: list[np.ndarray]) -> list[dict]:
         legacy = work / _data_key(tgt, cfg, which, digest)
-        if store.missing(ps) and legacy.is_file():
-            store.add(torch.load(legacy, weights_only=False))
         todo = store.missing(ps)
+        if todo and legacy.is_file():
+            store.add(torch.load(legacy, weights_only=False))
+            todo = store.missing(ps)
         if todo:
             log(f"generating {len(todo)} {which} sequences with the target"
                 + (f" ({len(ps) - len(todo)} already generated) ..." if len(todo) < len(ps) else " ..."))
