@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -191,25 +190,3 @@ def test_the_worker_command_takes_its_shapes_from_the_checkpoint(made):
     finally:
         w.stop()
 
-
-def test_rotary_table_equals_the_computed_rotation(made):
-    """`_cos_sin` reads a table of the positions seen so far (grown as larger ones come) and computes
-    those past its cap: every path gives the per-call computation's values exactly."""
-    srv = _server(made)
-    srv.start()
-    try:
-        _check_rotary(srv.drafter)
-    finally:
-        srv.stop()
-
-
-def _check_rotary(dr):
-    from dspark_proxy.worker.drafters import dspark as D
-
-    for pos in (np.array([3, 0, 7]), np.array([[40, 41], [900, 5]]), np.array([D._TABLE_MAX - 1, 2]),
-                np.array([D._TABLE_MAX + 5, 1]), np.array([], dtype=np.int64)):
-        got = dr._cos_sin(pos)
-        want = dr._compute_cos_sin(torch.from_numpy(pos.astype(np.int64)))
-        assert got[0].shape == (*pos.shape, dr.spec.head_dim)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert dr._cs_table[0].shape[0] == D._TABLE_MAX  # grown to the cap, not past it

@@ -40,7 +40,6 @@ log = logging.getLogger("dspark_proxy.worker.server")
 
 _TORCH_ROW = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _said_full_attention: set[str] = set()  # "exact only for contexts <= W", said once per checkpoint
-_TABLE_MAX = 16384  # positions the rotary table holds at most (beyond: computed a call)
 
 
 def _pick_device(device: str) -> torch.device:
@@ -108,8 +107,6 @@ class DSparkDrafter:
         half = spec.head_dim // 2
         self._half_sign = torch.cat((-torch.ones(half), torch.ones(half))).to(self.device)
         self._cpu = self.device.type == "cpu"
-        empty = torch.zeros(0, spec.head_dim, device=self.device)
-        self._cs_table = (empty, empty)  # _cos_sin: cos and signed sin by position, grown as positions come
         self._mask_memo: tuple[bytes, list[torch.Tensor]] | None = None  # _masks: the last round's
         self.w = self._fuse(self.t)
         self._cols = np.arange(window)
@@ -220,22 +217,8 @@ class DSparkDrafter:
 
     def _cos_sin(self, pos: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [*pos.shape, head_dim] for int64 host positions of any shape, sin's first half
-        negated (what _rope takes). A static rotary reads them from a table of the positions seen so
-        far (two gathers a call instead of six operations), computed as the per-call path computes them."""
-        pos = np.asarray(pos, dtype=np.int64)
-        if self._inv_freq is not None and pos.size:
-            hi = int(pos.max()) + 1
-            if hi <= _TABLE_MAX and int(pos.min()) >= 0:
-                if hi > self._cs_table[0].shape[0]:
-                    n = min(_TABLE_MAX, max(hi, 2 * self._cs_table[0].shape[0], 256))
-                    self._cs_table = self._compute_cos_sin(torch.arange(n, device=self.device))
-                idx = self._on_device(pos.reshape(-1))
-                cos_t, sin_t = self._cs_table
-                return (cos_t.index_select(0, idx).view(*pos.shape, -1),
-                        sin_t.index_select(0, idx).view(*pos.shape, -1))
-        return self._compute_cos_sin(self._on_device(pos))
-
-    def _compute_cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        negated (what _rope takes)."""
+        pos = self._on_device(np.asarray(pos, dtype=np.int64))
         if self._inv_freq is not None:
             f = pos.to(torch.float32)[..., None] * self._inv_freq
             emb = torch.cat((f, f), dim=-1)
