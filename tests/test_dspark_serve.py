@@ -189,4 +189,3 @@ def test_the_worker_command_takes_its_shapes_from_the_checkpoint(made):
             peer.close()
     finally:
         w.stop()
-
