@@ -428,7 +428,7 @@ def _remote_client(cfg: ProxyConfig, params: LayoutParams, token: bytes | None) 
     def make(host: str, port: int) -> TcpDraftClient:
         return TcpDraftClient(host, port, max_reqs=cfg.max_reqs, num_spec=cfg.num_spec, window=cfg.window,
                               row_bytes=cfg.row_bytes, sampled=cfg.sampled, token=token,
-                              target_id=cfg.target_id)
+                              target_id=cfg.target_id, spin_us=cfg.spin_us)
 
     if not spec.is_pool:
         host, port = parse_hostport(spec.addresses[0], field="worker")

@@ -6,9 +6,10 @@ TcpDraftClient in this process to an integrity worker process on loopback, one e
 engine's pace: both sides sleep between STEPs, as in eval), after a first STEP of W rows. Prints one
 JSON line: the p50s of rtt and of the worker's reported time, and their difference (docs/performance.md,
 "The STEP's round trip beyond the worker's own time"). --keep-awake-ms starts the worker with it and
-kicks the same spinners here after each STEP, as a proxy with it does.
+kicks the same spinners here after each STEP, as a proxy with it does; --spin-us starts the worker with
+it and waits for each reply with it, as a proxy with it does.
 
-    python scripts/bench_step_gap.py [--steps 800] [--every-ms 5] [--keep-awake-ms 0]
+    python scripts/bench_step_gap.py [--steps 800] [--every-ms 5] [--keep-awake-ms 0] [--spin-us 0] [--pin]
 """
 
 from __future__ import annotations
@@ -34,12 +35,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=800)
     ap.add_argument("--every-ms", type=float, default=5.0)
     ap.add_argument("--keep-awake-ms", type=float, default=0.0)
+    ap.add_argument("--spin-us", type=float, default=0.0)
+    ap.add_argument("--pin", action="store_true", help="this process on the first CPU, the worker on the second")
     a = ap.parse_args(argv)
     ka = ["--keep-awake-ms", str(a.keep_awake_ms)] if a.keep_awake_ms > 0 else []
+    ka += ["--spin-us", str(a.spin_us)] if a.spin_us > 0 else []
     worker = spawn_worker("--max-reqs", str(M), "--num-spec", str(N), "--window", str(W), "--row-bytes", str(RB),
                           *ka, timeout_s=60.0)
+    if a.pin:
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, cpus[:1])
+        for tid in os.listdir(f"/proc/{worker.pid}/task"):  # its threads, started already
+            os.sched_setaffinity(int(tid), cpus[1:2])
     client = TcpDraftClient("127.0.0.1", int(worker.address.rsplit(":", 1)[1]), max_reqs=M, num_spec=N, window=W,
-                            row_bytes=RB, backoff_s=(0.01, 0.05))
+                            row_bytes=RB, backoff_s=(0.01, 0.05), spin_us=a.spin_us)
     awake = KeepAwake(a.keep_awake_ms)
     client.start()
     try:
@@ -72,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         awake.close()
     r, w = float(np.median(rtt)), float(np.median(own))
     print(json.dumps({"gap_us": round(r - w, 1), "rtt_us": round(r, 1), "worker_us": round(w, 1), "steps": len(rtt),
-                      "failed": failed, "keep_awake_ms": a.keep_awake_ms, "load": round(os.getloadavg()[0], 2)}))
+                      "failed": failed, "keep_awake_ms": a.keep_awake_ms, "spin_us": a.spin_us, "pinned": a.pin, "load": round(os.getloadavg()[0], 2)}))
     return 0
 
 

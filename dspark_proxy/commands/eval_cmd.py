@@ -39,6 +39,9 @@ __all__ = ["eval_cmd"]
 @click.option("--keep-awake-ms", type=click.FloatRange(0, 60_000), default=0.0, show_default=True,
               help="The worker's and the proxy's --keep-awake-ms: their CPUs kept out of idle between rounds "
                    "(SCHED_IDLE spinners), so a STEP and its reply wake warm CPUs (docs/performance.md).")
+@click.option("--spin-us", type=click.FloatRange(0, 1_000_000), default=0.0, show_default=True,
+              help="The worker's and the proxy's --spin-us: each waits for the other's frame polling its "
+                   "socket this long before sleeping (docs/performance.md).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (last line).")
 @click.option("--plot", "plot_path", default=None, metavar="DIR",
               help="Also draw acceptance by draft position and tokens/s per arm as PNGs in DIR (created if "
@@ -46,7 +49,7 @@ __all__ = ["eval_cmd"]
 def eval_cmd(quick: bool, model: str | None, head: str | None, prompts: str | int | None, n_prompts: int | None,
              max_new: int | None,
              max_batch: int | None, reps: int, faults: bool, deadline_ms: float, min_confidence: float | None,
-             keep_awake_ms: float, as_json: bool, plot_path: str | None) -> None:
+             keep_awake_ms: float, spin_us: float, as_json: bool, plot_path: str | None) -> None:
     """Measure what the head earns: acceptance, speed-up over target-only and n-gram, losslessness, faults."""
     plot_dir, _ = plot_option("eval", plot_path)
     try:
@@ -66,7 +69,7 @@ def eval_cmd(quick: bool, model: str | None, head: str | None, prompts: str | in
                  prompt_texts=texts,
                  max_new=max_new, max_batch=max_batch, reps=reps, faults=faults, deadline_ms=deadline_ms,
                  min_confidence=MIN_CONFIDENCE if min_confidence is None else min_confidence,
-                 keep_awake_ms=keep_awake_ms, say=lambda m: click.echo(f"[eval] {m}", err=True))
+                 keep_awake_ms=keep_awake_ms, spin_us=spin_us, say=lambda m: click.echo(f"[eval] {m}", err=True))
     if plot_dir is not None:
         from ..spec.plot import plot_eval
 

@@ -110,7 +110,9 @@ class TcpDraftClient:
                  sampled: bool = False, token: bytes | None = None, connect_timeout_s: float = 1.0,
                  max_frame_bytes: int = 64 << 20, backoff_s: tuple[float, float] = (0.05, 1.0),
                  max_consecutive_timeouts: int = 3, client_id: str | None = None, target_id: str = "",
-                 tap_layers: tuple[int, ...] = (), row_dtype: str = "") -> None:
+                 tap_layers: tuple[int, ...] = (), row_dtype: str = "", spin_us: float = 0.0) -> None:
+        """spin_us: wait for each REPLY spinning on the socket for up to this long before sleeping
+        (`--spin-us`, FramedConnection.spin_s)."""
         self.host = host
         self.port = port
         self.layout = WireLayout(num_spec=num_spec, window=window, row_bytes=row_bytes, max_reqs=max_reqs,
@@ -125,6 +127,7 @@ class TcpDraftClient:
         self.target_id = target_id  # named in the HELLO (set_target_id changes it)
         self.tap_layers = tuple(tap_layers)  # named in the HELLO: the row layout the engine taps ("" / (): unsaid)
         self.row_dtype = row_dtype
+        self.spin_s = spin_us / 1e6
         self._retry = threading.Event()  # wakes a disabled client's wait early (set_target_id, stop)
         self.counters: Counter[str] = Counter()
         self.disabled = False
@@ -521,6 +524,7 @@ class TcpDraftClient:
             self._check_welcome(msg)
             conn.decoder.set_limits({MSG_REPLY: lay.max_reply_payload(), MSG_ERROR: MAX_CONTROL_PAYLOAD,
                                      MSG_PONG: MAX_CONTROL_PAYLOAD}, max_frame_bytes=self.max_frame_bytes)
+            conn.spin_s = self.spin_s  # from here on the STEPs' replies
             self._epoch += 1
             self.welcome = msg
             ok = True

@@ -6,6 +6,12 @@ worker's untimed loop. Frames are received through the sans-IO `wire.Decoder`: r
 the decoder's buffers, and a payload buffer is only allocated after its header passed the limits.
 Rows are sent with scatter-gather sendmsg straight from the caller's buffers; partial sends advance
 through memoryview slices, never a copy.
+
+A connection may spin (`spin_s`, the proxy's and the worker's `--spin-us`): a receive that finds nothing
+tries again at once for up to that long before it sleeps in poll(), so a frame that arrives meanwhile
+costs no wake-up of a sleeping thread (docs/performance.md, "The STEP's round trip beyond the worker's
+own time"). The spin is bounded by the caller's deadline, and a thread that spins keeps its CPU busy at
+normal priority: off by default.
 """
 
 from __future__ import annotations
@@ -107,6 +113,7 @@ class FramedConnection:
         self.closed = False
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.spin_s = 0.0  # how long a receive retries before it sleeps (the module docstring)
 
     def send_parts(self, parts: Sequence, deadline: float | None = None) -> None:
         """Send the concatenation of parts (bytes-like buffers) completely, or raise SendTimeout /
@@ -165,7 +172,8 @@ class FramedConnection:
         header (drop the connection), OSError on socket errors."""
         dec = self.decoder
         sock = self.sock
-        if deadline is None and not dec.buffered_bytes and not dec.has_frame:
+        spin_until = None  # set at the first empty receive
+        if deadline is None and not self.spin_s and not dec.buffered_bytes and not dec.has_frame:
             # untimed (the worker's loop between STEPs): nothing is buffered, and the next frame is most
             # likely still to come, so wait first rather than fail a recv (its exception) and then wait
             self._poll_in.poll()
@@ -176,6 +184,12 @@ class FramedConnection:
             try:
                 n = sock.recv_into(dec.recv_buffer())
             except BlockingIOError:
+                if self.spin_s:
+                    now = time.monotonic()
+                    if spin_until is None:
+                        spin_until = now + self.spin_s if deadline is None else min(now + self.spin_s, deadline)
+                    if now < spin_until:
+                        continue
                 ms = _timeout_ms(deadline)
                 if ms == 0:
                     return None

@@ -130,7 +130,8 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
              max_new: int | None = None, max_batch: int | None = None, reps: int = 3, faults: bool = True,
              deadline_ms: float = 50.0, threads: int = 1, min_confidence: float = MIN_CONFIDENCE,
              say: Callable[[str], None] = lambda s: None,
-             prompt_texts: list[str] | None = None, keep_awake_ms: float = 0.0) -> dict[str, Any]:
+             prompt_texts: list[str] | None = None, keep_awake_ms: float = 0.0,
+             spin_us: float = 0.0) -> dict[str, Any]:
     """`prompt_texts` (eval --prompts FILE) replace the held-out prompts, each cut to its last 32 tokens."""
     import engine_shim
 
@@ -161,8 +162,9 @@ def run_eval(*, quick: bool = False, model: str = DEFAULT_MODEL, head: str = DEF
                            "reps": reps, "model": os.path.basename(model.rstrip("/")), "head": os.path.basename(head.rstrip("/")),
                            "drafter": head_drafter(man)}
     shown: list[dict[str, Any]] = []
-    res["keep_awake_ms"] = keep_awake_ms
-    with SpecSystem(name, head, max_reqs=B, deadline_ms=deadline_ms, target=model, keep_awake_ms=keep_awake_ms) as sysm:
+    res["keep_awake_ms"], res["spin_us"] = keep_awake_ms, spin_us
+    with SpecSystem(name, head, max_reqs=B, deadline_ms=deadline_ms, target=model, keep_awake_ms=keep_awake_ms,
+                    spin_us=spin_us) as sysm:
         from ..model.hf import target_id
 
         tid = target_id(model)  # the engine names its target: a head made for another is refused

@@ -35,7 +35,8 @@ class SpecSystem:
     with `target` as its target) on a fixed loopback port + proxy `name`; a context manager."""
 
     def __init__(self, name: str, head: str, *, max_reqs: int, deadline_ms: float, sampled: bool = False,
-                 worker_threads: int = 1, seed: int = 0, target: str | None = None, keep_awake_ms: float = 0.0) -> None:
+                 worker_threads: int = 1, seed: int = 0, target: str | None = None, keep_awake_ms: float = 0.0,
+                 spin_us: float = 0.0) -> None:
         man = load_head_shapes(head)
         self.manifest = man
         self.drafter = head_drafter(man)
@@ -47,6 +48,8 @@ class SpecSystem:
         self.threads = str(worker_threads)
         # both processes' --keep-awake-ms: SCHED_IDLE spinners keep their CPUs warm between rounds
         self.awake = ["--keep-awake-ms", str(keep_awake_ms)] if keep_awake_ms > 0 else []
+        # and their --spin-us: each waits for the other's frame spinning on the socket a while
+        self.awake += ["--spin-us", str(spin_us)] if spin_us > 0 else []
         self.worker: Child | None = None
         self.proxy: Child | None = None
 

@@ -97,7 +97,8 @@ class WorkerServer:
                  handshake_timeout_s: float = 1.0, memory_budget_bytes: int | None = None,
                  max_sessions_per_conn: int = 4, max_handshakes: int = 16, adopt_shapes: bool = True,
                  max_window: int = MAX_WINDOW, target: str | None = None,
-                 row_dtype: str = "bfloat16", gpu_memory_budget_mb: int = 0, keep_awake_ms: float = 0.0) -> None:
+                 row_dtype: str = "bfloat16", gpu_memory_budget_mb: int = 0, keep_awake_ms: float = 0.0,
+                 spin_us: float = 0.0) -> None:
         self.layout = WireLayout(num_spec=num_spec, window=window, row_bytes=row_bytes, max_reqs=max_reqs,
                                  sampled=sampled)
         if token is not None and len(token) == 0:
@@ -144,6 +145,7 @@ class WorkerServer:
         self._draft_lock = threading.Lock()
         self._fault_counter = FaultCounter(self.faults)
         self.keep_awake_ms = keep_awake_ms
+        self.spin_s = spin_us / 1e6  # each connection waits for its next STEP spinning this long (--spin-us)
         self._awake = KeepAwake(0.0)  # start() makes the configured one (spinners live while it serves)
         self._stop = threading.Event()
         self._listener: socket.socket | None = None
@@ -265,6 +267,7 @@ class WorkerServer:
                                      MSG_NEW_SESSION: MAX_CONTROL_PAYLOAD, MSG_PING: MAX_CONTROL_PAYLOAD},
                                     max_frame_bytes=self._max_frame_bytes
                                     or APP_HEADER_SIZE + layout.max_step_payload())
+            conn.spin_s = self.spin_s
             while not self._stop.is_set():
                 f = conn.recv_frame(None)
                 if f is None:
