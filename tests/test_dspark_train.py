@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -75,8 +76,8 @@ def _stored(out: Path, prompt_file: Path, held_share: float) -> tuple[list[dict]
     """The generations in the head's store, (train, held out), in the prompt file's order."""
     from transformers import AutoTokenizer
 
-    (store,) = (out / ".work").glob("dspark-generations-*.pt")
-    seqs = torch.load(store, weights_only=False)
+    (store,) = (out / ".work").glob("dspark-generations-*")
+    seqs = {k: q for f in sorted(store.glob("*.pt")) for k, q in torch.load(f, weights_only=False).items()}
     prompts = read_prompts(prompt_file)
     enc = encode_prompts(AutoTokenizer.from_pretrained(str(TARGET)), prompts, 256)
     tr, held = split_prompts(prompts, held_share)
@@ -109,11 +110,45 @@ def test_more_prompts_generate_only_the_new_ones(tmp_path, monkeypatch):
         assert k not in first or torch.equal(first[k], q["toks"])
     out, r = _train(tmp_path, *args, "--n-prompts", "5", "--epochs", "2", "--resume")
     assert r.exit_code == 0 and "generating" not in r.output, r.output
-    (store,) = (out / ".work").glob("dspark-generations-*.pt")
+    (store,) = (out / ".work").glob("dspark-generations-*")
+    assert len(list(store.glob("*.pt"))) == 3  # a file a batch: train 3, held out, then the 2 new train prompts
+    store = sorted(store.glob("*.pt"))[-1]
     store.write_bytes(b"not a store")
     out, r = _train(tmp_path, *args, "--n-prompts", "5", "--epochs", "2", "--resume")
     assert r.exit_code != 0 and f"{store}: not a store of generations" in r.output, r.output
     assert "Traceback" not in r.output
+
+
+def test_the_store_keeps_each_batch_as_it_is_made(tmp_path):
+    """A kill during a long generation loses only the batch in progress: each batch is a file of the
+    store as soon as it is made, and a run after the kill finds them; the single file an earlier version
+    kept is read too."""
+    from dspark_proxy.model.dspark_train import DSparkTrainConfig, _GenStore
+
+    cfg = DSparkTrainConfig(layers=(1, 2, 4))
+
+    def seq(i: int) -> dict:
+        return {"toks": torch.tensor([i, i + 1, 7, 8]), "rows": torch.zeros(4, 3), "last": torch.zeros(4, 2),
+                "start": 2}
+
+    def batches():
+        yield [seq(0), seq(10)]
+        yield [seq(20)]
+        raise KeyboardInterrupt  # killed while the third batch was being made
+
+    store = _GenStore(tmp_path, TARGET, cfg)
+    with pytest.raises(KeyboardInterrupt):
+        for chunk in batches():
+            store.add(chunk)
+    prompts = [np.array([i, i + 1]) for i in (0, 10, 20, 30)]
+    again = _GenStore(tmp_path, TARGET, cfg)
+    assert again.missing(prompts) == [3]
+    assert torch.equal(again.take(prompts[2:3])[0]["toks"], seq(20)["toks"])
+    torch.save({_GenStore.key(np.array([30, 31])): seq(30)}, again.dir.with_suffix(".pt"))  # an earlier version's
+    third = _GenStore(tmp_path, TARGET, cfg)
+    assert third.missing(prompts) == []
+    third.add([seq(40)])  # numbered after the files there
+    assert sorted(f.name for f in third.dir.glob("*")) == ["000000.pt", "000001.pt", "000002.pt"]
 
 
 def test_train_from_a_prompt_file_loads_in_speculators_and_vllm(tmp_path, monkeypatch):

@@ -19,6 +19,7 @@ import hashlib
 import math
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -162,9 +163,9 @@ def _generate(model, prompt: torch.Tensor, new: int, eos: int | None) -> torch.T
 
 
 def _make_sequences(model, taps: HiddenTaps, prompts: list[np.ndarray], cfg: DSparkTrainConfig, desc: str,
-                    device: str, gen_batch: int = 128) -> list[dict]:
-    """Greedy continuations of each prompt (equal-length prompts batched) and their tapped rows."""
-    out: list[dict | None] = [None] * len(prompts)
+                    device: str, gen_batch: int = 128) -> Iterator[list[dict]]:
+    """Greedy continuations of the prompts and their tapped rows, a batch of equal-length prompts at a
+    time (each batch yielded as it is made: the store keeps it before the next)."""
     by_len: dict[int, list[int]] = {}
     for i, p in enumerate(prompts):
         by_len.setdefault(len(p), []).append(i)
@@ -174,9 +175,8 @@ def _make_sequences(model, taps: HiddenTaps, prompts: list[np.ndarray], cfg: DSp
         seq = _generate(model, x, cfg.gen_len, None)
         rows, last, _ = taps(seq)
         rows = rows.to(_ROW_DTYPES[cfg.row_dtype]).cpu()
-        for j, i in enumerate(idx):
-            out[i] = {"toks": seq[j].cpu(), "rows": rows[j], "last": last[j].to(torch.bfloat16).cpu(), "start": L}
-    return out  # type: ignore[return-value]
+        last = last.to(torch.bfloat16).cpu()
+        yield [{"toks": seq[j].cpu(), "rows": rows[j], "last": last[j], "start": L} for j in range(len(idx))]
 
 
 def _stdlib_prompts(tok, which: str, n: int, length: int, seed: int) -> list[np.ndarray]:
@@ -253,23 +253,34 @@ def _data_key(target: Path, cfg: DSparkTrainConfig, which: str, prompts_digest: 
 
 
 class _GenStore:
-    """The target's continuations and their tapped rows, keyed by the prompt's token ids, in one file per
-    (target, tapped layers, row dtype, continuation length): a run with more prompts (a larger
+    """The target's continuations and their tapped rows, keyed by the prompt's token ids, in one directory
+    per (target, tapped layers, row dtype, continuation length): a run with more prompts (a larger
     `--n-prompts`, lines added to `--prompts FILE`) generates only the prompts it has not seen, and
-    held-out prompts are generated once. Saved whole, then renamed: a kill never leaves half."""
+    held-out prompts are generated once. One file per batch of generations, kept as soon as the batch is
+    made (written whole, then renamed): a kill loses at most the batch in progress, a store that grows is
+    never rewritten, and its files are read memory-mapped, so a store larger than memory still trains
+    (tens of GB: ~200 KB a sequence for models/stdlib-llama). The single file an earlier version kept
+    (`<dir>.pt`) is read too."""
 
     def __init__(self, work: Path, target: Path, cfg: DSparkTrainConfig) -> None:
         h = hashlib.sha256(f"{target.resolve()}|{cfg.layers}|{cfg.row_dtype}|{cfg.gen_len}".encode())
-        self.path = work / f"dspark-generations-{h.hexdigest()[:16]}.pt"
+        self.dir = work / f"dspark-generations-{h.hexdigest()[:16]}"
         self.seqs: dict[bytes, dict] = {}
-        if self.path.is_file():
-            try:
-                self.seqs = torch.load(self.path, weights_only=False)
-            except Exception as e:  # noqa: BLE001  (a damaged file: one line, not a traceback)
-                raise ValueError(f"{self.path}: not a store of generations ({type(e).__name__}); delete it "
-                                 "to generate them again") from None
-            if not isinstance(self.seqs, dict):
-                raise ValueError(f"{self.path}: not a store of generations; delete it to generate them again")
+        old = self.dir.with_suffix(".pt")
+        files = sorted(self.dir.glob("*.pt")) if self.dir.is_dir() else []
+        for f in ([old] if old.is_file() else []) + files:
+            self._read(f)
+        self._next = 1 + max((int(f.stem) for f in files if f.stem.isdigit()), default=-1)
+
+    def _read(self, f: Path) -> None:
+        try:
+            seqs = torch.load(f, weights_only=False, mmap=True)
+        except Exception as e:  # noqa: BLE001  (a damaged file: one line, not a traceback)
+            raise ValueError(f"{f}: not a store of generations ({type(e).__name__}); delete it to generate "
+                             "them again") from None
+        if not isinstance(seqs, dict):
+            raise ValueError(f"{f}: not a store of generations; delete it to generate them again")
+        self.seqs.update(seqs)
 
     @staticmethod
     def key(prompt) -> bytes:
@@ -279,16 +290,18 @@ class _GenStore:
         return [i for i, p in enumerate(prompts) if self.key(p) not in self.seqs]
 
     def add(self, seqs: list[dict]) -> None:
-        for q in seqs:  # a continuation's prompt is its first `start` tokens
-            self.seqs[self.key(q["toks"][:int(q["start"])].numpy())] = q
+        """Kept on disk (one more file) before they count as generated."""
+        chunk = {self.key(q["toks"][:int(q["start"])].numpy()): q for q in seqs}  # its prompt: the first `start`
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / f"{self._next:06d}.pt"
+        tmp = path.with_suffix(".tmp")
+        torch.save(chunk, tmp)
+        tmp.replace(path)
+        self._next += 1
+        self.seqs.update(chunk)
 
     def take(self, prompts: list[np.ndarray]) -> list[dict]:
         return [self.seqs[self.key(p)] for p in prompts]
-
-    def save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        torch.save(self.seqs, tmp)
-        tmp.replace(self.path)
 
 
 def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool = False, log=print) -> dict:
@@ -331,8 +344,8 @@ def train_dspark(target: str, out: str, cfg: DSparkTrainConfig, *, resume: bool 
         if todo:
             log(f"generating {len(todo)} {which} sequences with the target"
                 + (f" ({len(ps) - len(todo)} already generated) ..." if len(todo) < len(ps) else " ..."))
-            store.add(_make_sequences(model, taps, [ps[i] for i in todo], cfg, f"generate {which}", dev))
-            store.save()
+            for chunk in _make_sequences(model, taps, [ps[i] for i in todo], cfg, f"generate {which}", dev):
+                store.add(chunk)
         return store.take(ps)
 
     train, held = data("train", train_p), data("held_out", held_p)
