@@ -93,6 +93,16 @@ def test_after_its_spin_a_receive_sleeps(pair):
     assert f is not None and conn._poll_in.calls == 1  # spun 20 ms, then slept until the frame
 
 
+def _stepping(c) -> Stepper:
+    """A Stepper on `c` once it is connected, its first STEP (the whole window) answered."""
+    end = time.monotonic() + 20.0
+    while c.connection_epoch() is None and time.monotonic() < end:
+        time.sleep(0.01)
+    s = Stepper(c)
+    s.check(*s.step(new_gen=True))
+    return s
+
+
 def test_worker_spins_between_steps_through_its_cli():
     """`worker --spin-us`: after each reply its connection's thread spins (a CPU busy), and stops once
     the window passes without a STEP; the client's own `spin_us` the same while it waits for replies.
@@ -101,11 +111,7 @@ def test_worker_spins_between_steps_through_its_cli():
                      "--spin-us", "300000", timeout_s=30.0)
     c = make_client(int(w.address.rsplit(":", 1)[1]), spin_us=300_000)
     try:
-        end = time.monotonic() + 20.0
-        while c.connection_epoch() is None and time.monotonic() < end:
-            time.sleep(0.01)
-        s = Stepper(c)
-        s.check(*s.step(new_gen=True))
+        s = _stepping(c)
         cpu0, t0 = cpu_s(w.pid), time.monotonic()
         while time.monotonic() - t0 < 1.0:  # a STEP every 100 ms: the worker spins between them
             s.check(*s.step())
@@ -132,11 +138,7 @@ def test_the_client_spins_while_its_reply_is_on_the_way(spin_us):
     srv = make_server(faults=FaultPlan(delay_ms=100.0))
     c = make_client(srv.port, spin_us=spin_us)
     try:
-        end = time.monotonic() + 20.0
-        while c.connection_epoch() is None and time.monotonic() < end:
-            time.sleep(0.01)
-        s = Stepper(c)
-        s.check(*s.step(new_gen=True))
+        s = _stepping(c)
         t0, wall0 = time.thread_time(), time.monotonic()
         s.check(*s.step())
         cpu, wall = time.thread_time() - t0, time.monotonic() - wall0
