@@ -64,7 +64,7 @@ from ..shm.stamped import BadDescriptor, SlotReader
 from .acceptance import PAUSED, Acceptance, GateSettings
 from .breaker import BreakerState, CircuitBreaker
 from .fused import FusedRound
-from .late import LateRounds
+from .late import FIRST_FAILED, FIRST_NO, FIRST_OVERTAKEN, LateRounds
 from .pacing import LinkPacer
 from .reply_page import PagePacker
 from .resync_plan import ResyncPlanner
@@ -122,7 +122,7 @@ class RoundCore(LateRounds):
         self.pacer = LinkPacer(window=self.W, max_rows=p.max_rows, resync_max=resync_windows_per_enqueue(p),
                                deadline_ns=self.deadline_ns, publish=stats.set)
         self._rtt_us = self._worker_us = -1.0
-        self._first = 0  # this round was published before its STEP (handle() sets it each round)
+        self._first = FIRST_NO  # what came of publishing this round before its STEP (late.py; each round)
         self._first_rows: np.ndarray | None = None  # such a round's rows, copied (late.py `_rows_copy`)
         self.lat = RoundLatencies(stats, self.native)  # the round's latency keys, in one call a round
         self._arange = np.arange(self.M, dtype=np.intp)
@@ -176,7 +176,7 @@ class RoundCore(LateRounds):
         t0 = _clock()
         self.rounds = t
         self._rtt_us = -1.0  # set by a round that got its STEP's reply
-        self._first = 0  # 1: published before its STEP (`_publish_first`), -1: the watchdog had failed t
+        self._first = FIRST_NO
         if self._claimed() >= t and t > self._promised:  # taken (a promised round the engine answered goes on)
             self._skip_taken(t, waited_us)
             self.lat.skipped((_clock() - t0) * 1e6)
@@ -215,7 +215,7 @@ class RoundCore(LateRounds):
             elif not self._ring_refused:  # the peer's input: one line an incarnation, no traceback
                 self._ring_refused = True
                 log.warning("[round] t=%d: %s; rounds fail closed until the engine attaches anew", t, e)
-        if not self._first:
+        if self._first == FIRST_NO:
             self._publish_now(t, phase, waited_us)
         self.lat.done(phase, (_clock() - t0) * 1e6, self._rtt_us, self._worker_us)
 
@@ -344,9 +344,9 @@ class RoundCore(LateRounds):
         if first:  # published before the STEP: the engine may rewrite the rows once it has the reply
             rows = self._rows_copy(rows)  # so ours first
             self._publish_first(t, n, phase)
-            if self._first == -2:  # a promised round the engine answered and overtook: no STEP, windows resent
+            if self._first == FIRST_OVERTAKEN:  # no STEP, its windows resent
                 return self.slots.mark_dirty(slots)
-            if self._first < 0:  # the watchdog had failed t: no STEP (as `_step` does for a preempted round)
+            if self._first == FIRST_FAILED:  # no STEP (as `_step` does for a preempted round)
                 return self._fail(slots, n, "preempted")
         # 6-7. preempted? then the STEP
         reply = self._step(t, n, slots, ent, n_rows, rows, sample_meta, epoch, n_out)
@@ -396,7 +396,7 @@ class RoundCore(LateRounds):
         """Steps 6 and 7: the round's STEP unless the watchdog completed t while we built it (the staging
         may be refilling), and what its outcome teaches the link's pacing and the breaker. None: the
         round failed (and is marked so); else the reply to accept."""
-        if self._first == 0 and self._claimed() >= t:  # (published first: the claim is its own)
+        if self._first == FIRST_NO and self._claimed() >= t:  # (published first: the claim is its own)
             self._fail(slots, n, "preempted")
             return None
         pacer = self.pacer

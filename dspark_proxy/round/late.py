@@ -29,7 +29,13 @@ if TYPE_CHECKING:
     from .reply_page import PagePacker
     from .ring_model import SlotTable
 
-__all__ = ["LateRounds"]
+__all__ = ["FIRST_FAILED", "FIRST_NO", "FIRST_OVERTAKEN", "FIRST_PUBLISHED", "LateRounds"]
+
+# What `_publish_first` made of a round whose reply was known before its STEP (`_first`; round/core.py
+# reads it): not such a round; published (the STEP goes out after it); the watchdog had failed it (no
+# STEP, as for a preempted round); the engine answered it and began the next before our copy of its rows
+# was whole (no STEP: its windows are resent)
+FIRST_NO, FIRST_PUBLISHED, FIRST_FAILED, FIRST_OVERTAKEN = 0, 1, -1, -2
 
 
 class LateRounds:
@@ -148,15 +154,15 @@ class LateRounds:
         t+1 and rewrite round t's rows (shm_layout.md §1 and §5), which a view would send torn."""
         self.packer.none(n)
         if self._publish_now(t, phase, 0.0):
-            self._first = 1
+            self._first = FIRST_PUBLISHED
             self.stats.inc("rounds_published_first")
         elif t > self._promised:
-            self._first = -1
+            self._first = FIRST_FAILED
         elif self.flags.overtaken(t):  # the engine answered t and began t+1: our copy may be torn
-            self._first = -2
+            self._first = FIRST_OVERTAKEN
             self.stats.inc("paused_rows_overtaken")
         else:  # the engine answered t, and the rows were copied before it wrote any of t+1's
-            self._first = 1
+            self._first = FIRST_PUBLISHED
 
     def _rows_copy(self, rows: list) -> list:
         """Rows of a round published first, copied into a buffer of the proxy's own (made once, for the
