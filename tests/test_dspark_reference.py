@@ -22,6 +22,7 @@ TOL = 1e-4
 CONFIGS = {
     "vanilla-conf-anchor-reduced": dict(),
     "gated-noconf": dict(markov="gated", confidence=False),
+    "vanilla-noconf": dict(confidence=False),  # the draft's probability as its confidence, on the host loop
     "rnn-bonus-anchor": dict(markov="rnn", sample_from_anchor=False),
     "gated-bonus-anchor-conf-without-markov": dict(markov="gated", sample_from_anchor=False, with_markov=False),
     "vanilla-full-vocab": dict(draft_vocab=R.VOCAB, markov="rnn"),

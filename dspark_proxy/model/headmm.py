@@ -107,15 +107,15 @@ set_threads(default_threads())
 
 
 def mm(x: np.ndarray, w: Packed, b: np.ndarray | None = None, resid: np.ndarray | None = None,
-       rms: bool = False) -> np.ndarray:
+       rms: bool = False, eps: float = EPS) -> np.ndarray:
     """resid + ((rms(x) if rms else x) @ w + b), b and resid optional: x [..., K] → [..., M] float32, each
-    row by `mm_reference`'s order. One call for what is a norm, a product and two adds in numpy; the
-    shapes are checked in C (a ValueError names them)."""
+    row by `mm_reference`'s order (the norm's eps `eps`: a DSpark checkpoint's own). One call for what is
+    a norm, a product and two adds in numpy; the shapes are checked in C (a ValueError names them)."""
     if not x.flags.c_contiguous:
         x = np.ascontiguousarray(x)
     if resid is not None and not resid.flags.c_contiguous:
         resid = np.ascontiguousarray(resid)
-    return _headmm.mm(x, w.panels, w.shape[1], b, resid, rms, EPS)
+    return _headmm.mm(x, w.panels, w.shape[1], b, resid, rms, np.float32(eps))
 
 
 def step(ctx_j: np.ndarray, prev: np.ndarray, carry: np.ndarray | None, more: bool, weights: tuple,
@@ -160,9 +160,9 @@ def project_bf16(raw: np.ndarray, n_taps: int, hidden: int, in_w: Packed, in_b: 
                                 EPS)
 
 
-def rms(x: np.ndarray) -> np.ndarray:
+def rms(x: np.ndarray, eps: float = EPS) -> np.ndarray:
     """x / sqrt(mean(x²) + eps) over the last axis, by `rms_reference`'s order."""
-    return _headmm.rms(x if x.flags.c_contiguous else np.ascontiguousarray(x), EPS)
+    return _headmm.rms(x if x.flags.c_contiguous else np.ascontiguousarray(x), np.float32(eps))
 
 
 def rms_reference(x: np.ndarray) -> np.ndarray:

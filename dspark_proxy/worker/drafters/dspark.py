@@ -26,11 +26,13 @@ it stays lossless.
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import torch
 
 from ...model.dspark_ckpt import ROW_ITEMSIZE, CheckpointError, load_tensors, read_spec, resolve_target
+from ...model.head_threads import ThreadChoice
 from ...wire import TOP_K, ReplyWriter
 from .base import DraftItem, seeded_uniform
 
@@ -39,6 +41,7 @@ __all__ = ["DSparkDrafter"]
 log = logging.getLogger("dspark_proxy.worker.server")
 
 _TORCH_ROW = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_ROPE_TABLE_BYTES = 16 << 20  # _cos_sin's table of cos/sin by position: 65,536 positions at head_dim 32
 _said_full_attention: set[str] = set()  # "exact only for contexts <= W", said once per checkpoint
 
 
@@ -70,7 +73,7 @@ class DSparkDrafter:
 
     def __init__(self, *, num_spec: int, window: int, row_bytes: int, head: str | None = None,
                  target: str | None = None, device: str = "auto", row_dtype: str = "bfloat16",
-                 gpu_memory_budget_mb: int = 0, max_reqs: int = 64, **_: object) -> None:
+                 gpu_memory_budget_mb: int = 0, max_reqs: int = 64, native: bool = True, **_: object) -> None:
         if not head:
             raise CheckpointError("head: the dspark drafter needs --head CKPT_DIR (a speculators checkpoint)")
         if row_dtype not in ROW_ITEMSIZE:
@@ -106,9 +109,19 @@ class DSparkDrafter:
         self._inv_freq, self._rope_scale = self._static_rope()
         half = spec.head_dim // 2
         self._half_sign = torch.cat((-torch.ones(half), torch.ones(half))).to(self.device)
+        self._rope_table = torch.zeros(0, 2, spec.head_dim, device=self.device)  # _cos_sin: [P, cos|sin, hd]
+        self._rope_rows = 0
+        self._rope_cap = max(64, _ROPE_TABLE_BYTES // (8 * spec.head_dim))
         self._cpu = self.device.type == "cpu"
+        self.native = native and self._cpu  # the head's kernel and the host loop (_pack, _greedy_host); else torch
         self._mask_memo: tuple[bytes, list[torch.Tensor]] | None = None  # _masks: the last round's
-        self.w = self._fuse(self.t)
+        self.w, self._norm_of = self._fuse(self.t)
+        self._packed = self._pack() if self.native else {}
+        if self.native:  # _greedy_host's tables, as host arrays (the same memory)
+            self._w1_np = self.t["markov_head.markov_w1.weight"].numpy() if self.spec.markov_rank else None
+            d2t = self.t.get("draft_to_target")
+            self._d2t_np = None if d2t is None else d2t.numpy()
+        self.threads = ThreadChoice(self._headmm.threads()) if self._packed else None
         self._cols = np.arange(window)
         self._win = np.zeros((0, 0, self.kv_width), dtype=np.float32)  # _windows' buffer, grown when needed
         self.rows_projected = 0
@@ -185,7 +198,21 @@ class DSparkDrafter:
             return w, torch.cat([b if b is not None else w.new_zeros(t[n + ".weight"].shape[0])
                                  for b, n in zip(bs, names, strict=True)])
 
-        w: dict = {"fc": lin("fc"), "lm_head": lin("lm_head")}
+        w: dict = {"fc": lin("fc")}
+        # the products that read a normed input, with that norm's weight: on the CPU it is folded into
+        # the matrix (rms(x) * g @ W = rms(x) @ (g W)) and the kernel norms x in the same call (_pack)
+        norm_of: dict[str, torch.Tensor] = {"out": t["norm.weight"]}
+        lm_w, lm_b = lin("lm_head")
+        if s.enable_confidence_head:  # the confidence head's hidden part: one more column of lm_head's product
+            cw = t["confidence_head.proj.weight"]  # [1, H (+ rank)]: the hidden part and the Markov part
+            cb = t.get("confidence_head.proj.bias")
+            if lm_b is not None or cb is not None:
+                lm_b = torch.cat((lm_b if lm_b is not None else lm_w.new_zeros(lm_w.shape[1]),
+                                  cb if cb is not None else lm_w.new_zeros(1)))
+            lm_w = torch.cat((lm_w, cw[:, :s.hidden_size].T), dim=1).contiguous()
+            w["conf_e"] = cw[:, s.hidden_size:].T.contiguous()
+            used.add("confidence_head.proj")
+        w["out"] = (lm_w, lm_b)  # [H, Vd (+ 1)]: base logits (and the confidence head's logit)
         for i in range(s.n_layers):
             a, m = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
             w[f"{i}.qk_norm"] = torch.cat((t[a + "q_norm.weight"].expand(s.n_heads, -1),
@@ -196,40 +223,92 @@ class DSparkDrafter:
             w[f"{i}.o"] = lin(a + "o_proj")
             w[f"{i}.gate_up"] = lin(m + "gate_proj", m + "up_proj")
             w[f"{i}.down"] = lin(m + "down_proj")
+            norm_of[f"{i}.kv"] = t["hidden_norm.weight"]
+            norm_of[f"{i}.qkv"] = t[f"layers.{i}.input_layernorm.weight"]
+            norm_of[f"{i}.gate_up"] = t[f"layers.{i}.post_attention_layernorm.weight"]
         if s.markov_rank:
-            w["markov_w2"] = t["markov_head.markov_w2.weight"].T.contiguous()
+            w["markov_w2"] = (t["markov_head.markov_w2.weight"].T.contiguous(), None)
             used.add("markov_head.markov_w2")
-        if s.enable_confidence_head:
-            cw = t["confidence_head.proj.weight"]  # [1, H (+ rank)]: the hidden part and the Markov part
-            w["conf_h"] = cw[:, :s.hidden_size].T.contiguous()
-            w["conf_e"] = cw[:, s.hidden_size:].T.contiguous()
-            w["conf_b"] = t.get("confidence_head.proj.bias")
-            used.add("confidence_head.proj")
         for n in used:
             t.pop(n + ".weight", None)
             t.pop(n + ".bias", None)
-        return w
+        return w, norm_of
 
-    @staticmethod
-    def _mm(x: torch.Tensor, wb: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
-        return x @ wb[0] if wb[1] is None else torch.addmm(wb[1], x.reshape(-1, x.shape[-1]), wb[0]).view(
-            *x.shape[:-1], -1)
+    def _pack(self) -> dict:
+        """On the CPU every product goes through the head's kernel (model/headmm.py) instead of torch:
+        it reads its matrix from panels packed once, where BLAS packs it again each call (for a round's
+        few rows most of a product's time), norms its input in the same call (the norm's weight folded
+        into the matrix), adds the residual there too, and can share a product with a second thread
+        while the engine and the proxy wait for the drafts (`threads`, measured a round at a time as
+        the carry head's drafter does). A round's torch operations cost some 5-40 us each on a CPU
+        whatever their size (docs/dspark.md, "Its cost"), so each one saved counts. The torch copies of
+        the packed matrices are dropped: the weights are held once."""
+        from ...model import headmm
+
+        self._headmm = headmm
+        out = {}
+        for name, wb in list(self.w.items()):
+            if not (isinstance(wb, tuple) and wb[0].dim() == 2):
+                continue
+            g = self._norm_of.get(name)
+            m = wb[0] if g is None else wb[0] * g[:, None].to(wb[0].dtype)
+            b = None if wb[1] is None else np.ascontiguousarray(wb[1].numpy(), dtype=np.float32)
+            pk = headmm.Packed(m.numpy())
+            pk.w = None  # the plain form is not read here
+            out[name] = (pk, b, g is not None)
+            self.w[name] = None
+        return out
+
+    def _proj(self, x: torch.Tensor, name: str, resid: torch.Tensor | None = None) -> torch.Tensor:
+        """resid + (norm(x) if `name` reads a normed input else x) @ W + b (resid, b optional)."""
+        p = self._packed.get(name)
+        if p is not None:
+            r = None if resid is None else resid.numpy()
+            return torch.from_numpy(self._headmm.mm(x.numpy(), p[0], p[1], r, p[2], self.eps))
+        w, b = self.w[name]
+        g = self._norm_of.get(name)
+        if g is not None:
+            x = _rms(x, g, self.eps)
+        y = x @ w if b is None else torch.addmm(b, x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], -1)
+        return y if resid is None else resid + y
+
+    def _head_norm(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """RMS norm over the last axis (a head's) times g (broadcast), as the reference's q/k norms."""
+        if self.native:
+            return torch.from_numpy(self._headmm.rms(x.numpy(), self.eps)).mul_(g)
+        return _rms(x, None, self.eps).mul_(g) if g.dim() > 1 else _rms(x, g, self.eps)
 
     def _cos_sin(self, pos: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [*pos.shape, head_dim] for int64 host positions of any shape, sin's first half
-        negated (what _rope takes)."""
-        pos = self._on_device(np.asarray(pos, dtype=np.int64))
+        negated (what _rope takes). Static frequencies: rows of a table of every position below the
+        largest seen so far (computed by `_cos_sin_of`, a row each position; grown by doubling, up to
+        _ROPE_TABLE_BYTES), so a round indexes it once instead of its seven operations."""
+        pos = np.asarray(pos, dtype=np.int64)
         if self._inv_freq is not None:
-            f = pos.to(torch.float32)[..., None] * self._inv_freq
-            emb = torch.cat((f, f), dim=-1)
-            cos, sin = emb.cos(), emb.sin().mul_(self._half_sign)
-            if self._rope_scale != 1.0:
-                cos, sin = cos * self._rope_scale, sin * self._rope_scale
-            return cos, sin
+            top = int(pos.max(initial=0)) + 1 if int(pos.min(initial=0)) >= 0 else self._rope_cap + 1
+            if top > self._rope_rows and self._rope_rows < self._rope_cap:
+                rows = min(self._rope_cap, max(top, 2 * self._rope_rows, 64))
+                cos, sin = self._cos_sin_of(torch.arange(rows, device=self.device))
+                self._rope_table, self._rope_rows = torch.stack((cos, sin), dim=1).contiguous(), rows
+            if top <= self._rope_rows:
+                cs = self._rope_table[self._on_device(pos)]
+                return cs[..., 0, :], cs[..., 1, :]
+            return self._cos_sin_of(self._on_device(pos))
+        pos = self._on_device(pos)
         flat = pos.reshape(1, -1)
         dummy = torch.empty(0, dtype=torch.float32, device=self.device)
         cos, sin = self._rope(dummy, flat)
         return cos.reshape(*pos.shape, -1), (sin * self._half_sign).reshape(*pos.shape, -1)
+
+    def _cos_sin_of(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin, sin's first half negated, for positions on the device, computed as the rotary
+        module computes them (one float32 product a frequency, the same cat, then its scale)."""
+        f = pos.to(torch.float32)[..., None] * self._inv_freq
+        emb = torch.cat((f, f), dim=-1)
+        cos, sin = emb.cos(), emb.sin().mul_(self._half_sign)
+        if self._rope_scale != 1.0:
+            cos, sin = cos * self._rope_scale, sin * self._rope_scale
+        return cos, sin
 
     def _on_device(self, a: np.ndarray) -> torch.Tensor:
         """A host array as a tensor on the drafter's device (on the CPU the same memory, no call)."""
@@ -246,15 +325,15 @@ class DSparkDrafter:
     def _context_kv(self, raw: np.ndarray, pos: np.ndarray) -> torch.Tensor:
         """Rows [k, row_bytes] at positions pos → [k, L, 2, n_kv, head_dim] float32 keys (normed and
         rotated) and values of every draft layer."""
-        s, t, w = self.spec, self.t, self.w
+        s, t = self.spec, self.t
         self.rows_projected += raw.shape[0]
-        h = _rms(self._mm(self._rows_to_float(raw), w["fc"]), t["hidden_norm.weight"], self.eps)
+        h = self._proj(self._rows_to_float(raw), "fc")  # hidden_norm: in each layer's kv product
         cos, sin = self._cos_sin(pos)
         cos, sin = cos[:, None, :], sin[:, None, :]
         out = []
         for i in range(s.n_layers):
-            kv = self._mm(h, w[f"{i}.kv"]).view(-1, 2, s.n_kv_heads, s.head_dim)
-            k = _rope(_rms(kv[:, 0], t[f"layers.{i}.self_attn.k_norm.weight"], self.eps), cos, sin)
+            kv = self._proj(h, f"{i}.kv").view(-1, 2, s.n_kv_heads, s.head_dim)
+            k = _rope(self._head_norm(kv[:, 0], t[f"layers.{i}.self_attn.k_norm.weight"]), cos, sin)
             out.append(torch.stack((k, kv[:, 1]), dim=1))
         # a hostile row (huge values overflow fc) must not leave inf/nan keys in its slot's ring
         return torch.nan_to_num(torch.stack(out, dim=1), nan=0.0, posinf=0.0, neginf=0.0)
@@ -321,9 +400,9 @@ class DSparkDrafter:
     @torch.inference_mode()
     def block_hidden(self, ctx: torch.Tensor, lens: np.ndarray, anchor: torch.Tensor, apos: np.ndarray
                      ) -> torch.Tensor:
-        """The block's parallel pass: [B, block_size, H] after `norm` (ctx: [B, wm, L, 2, n_kv, hd], zeros
-        before each request's own rows; lens: each request's context rows, apos: its anchor's position,
-        both on the host)."""
+        """The block's parallel pass: [B, block_size, H] before `norm` (which the "out" product applies;
+        ctx: [B, wm, L, 2, n_kv, hd], zeros before each request's own rows; lens: each request's context
+        rows, apos: its anchor's position, both on the host)."""
         s, t, w = self.spec, self.t, self.w
         B, wm, bs = ctx.shape[0], ctx.shape[1], s.block_size
         tok = torch.full((B, bs), s.mask_token_id, dtype=torch.long, device=self.device)
@@ -334,13 +413,10 @@ class DSparkDrafter:
         masks = self._masks(lens, wm)
         nq, nkv = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
         for i in range(s.n_layers):
-            p = f"layers.{i}."
-            xn = _rms(x, t[p + "input_layernorm.weight"], self.eps)
-            qkv = self._mm(xn, w[f"{i}.qkv"])
+            qkv = self._proj(x, f"{i}.qkv")  # input_layernorm: in the product
             # q's and k's heads side by side: one norm (each head its own weight row) and one rotation
-            qk = qkv[..., :nq + nkv].view(B, bs, s.n_heads + s.n_kv_heads, s.head_dim)
-            qk = _rope(torch.nn.functional.rms_norm(qk, (s.head_dim,), None, self.eps).mul_(w[f"{i}.qk_norm"]),
-                       cos, sin)
+            qk = qkv[..., :nq + nkv].reshape(B, bs, s.n_heads + s.n_kv_heads, s.head_dim)
+            qk = _rope(self._head_norm(qk, w[f"{i}.qk_norm"]), cos, sin)
             q, k = qk[:, :, :s.n_heads], qk[:, :, s.n_heads:]
             v = qkv[..., nq + nkv:]
             K = torch.cat((ctx[:, :, i, 0], k), dim=1).transpose(1, 2)
@@ -348,16 +424,22 @@ class DSparkDrafter:
             o = torch.nn.functional.scaled_dot_product_attention(
                 q.transpose(1, 2), K, V, attn_mask=masks[i], scale=self.scaling,
                 enable_gqa=s.n_heads != s.n_kv_heads)
-            x = x + self._mm(o.transpose(1, 2).reshape(B, bs, -1), w[f"{i}.o"])
-            xn = _rms(x, t[p + "post_attention_layernorm.weight"], self.eps)
-            g, u = self._mm(xn, w[f"{i}.gate_up"]).chunk(2, dim=-1)
-            x = x + self._mm(torch.nn.functional.silu(g) * u, w[f"{i}.down"])
-        return _rms(x, t["norm.weight"], self.eps)
+            x = self._proj(o.transpose(1, 2).reshape(B, bs, -1), f"{i}.o", resid=x)
+            g, u = self._proj(x, f"{i}.gate_up").chunk(2, dim=-1)  # post_attention_layernorm: in the product
+            x = self._proj(torch.nn.functional.silu(g) * u, f"{i}.down", resid=x)
+        return x
 
     def draft(self, items: list[DraftItem], out: ReplyWriter) -> None:
         items = [it for it in items if it.w > 0]
-        if items:
+        if not items:
+            return
+        if self.threads is None:
             self._draft(items, out)
+            return
+        self._headmm.use_threads(self.threads.pick(len(items)))
+        t0 = time.perf_counter()
+        self._draft(items, out)
+        self.threads.record(len(items), time.perf_counter() - t0)
 
     @torch.inference_mode()
     def _draft(self, items: list[DraftItem], out: ReplyWriter) -> None:
@@ -373,8 +455,13 @@ class DSparkDrafter:
         anchor = self._on_device(anchor_np)
         hidden = self.block_hidden(ctx, f[:, 4], anchor, f[:, 3])
         off = 0 if s.sample_from_anchor else 1
-        hs = hidden[:, off:off + n]
-        base = self._mm(hs, self.w["lm_head"])  # [B, n, Vd]
+        out_all = self._proj(hidden[:, :off + n], "out")  # [B, off + n, Vd (+ 1)]: norm, lm_head (, confidence)
+        Vd = s.draft_vocab_size
+        base = out_all[:, off:, :Vd]  # [B, n, Vd]
+        hs = None  # the normed hidden states, only for a Markov head that reads them
+        if s.markov_rank and s.markov_head_type in ("gated", "rnn"):
+            hn = _rms(hidden[:, :off + n], self.t["norm.weight"], self.eps)
+            hs, h0 = hn[:, off:], hn[:, 0]
         temps = np.zeros(B)
         if out.sampled_mask is not None:
             temps = np.fromiter((max(0.0, float(it.temperature)) for it in items), np.float64, B)
@@ -402,9 +489,12 @@ class DSparkDrafter:
         prev = anchor
         state = None
         if s.markov_rank and s.markov_head_type == "rnn" and not s.sample_from_anchor:
-            _, state = self._markov(prev, hidden[:, 0], None)  # the anchor slot carries the rnn state
-        for j in range(n):
-            bias, state, emb = self._markov_step(prev, hs[:, j], state)
+            _, state = self._markov(prev, h0, None)  # the anchor slot carries the rnn state
+        host = self.native and not sb.size and Vd > 1 and (not s.markov_rank or s.markov_head_type == "vanilla")
+        if host:  # the common case, on the host: the same drafts (tests/test_dspark_reference.py)
+            emb_t, pm = self._greedy_host(base.numpy(), anchor_np, n, need_probs, ids, kept)
+        for j in range(0 if host else n):
+            bias, state, emb = self._markov_step(prev, None if hs is None else hs[:, j], state)
             logits = base[:, j] if bias is None else base[:, j] + bias
             if kept is not None:
                 kept.append(logits.cpu())
@@ -435,19 +525,21 @@ class DSparkDrafter:
             confs.append(c)
             margs.append(mg if mg is not None else c)
             prev = tid
-        # one copy to the host for the whole block (a copy a position is a device sync each)
-        ids[:, :n] = torch.stack(tids, dim=1).cpu().numpy()
+        if not host:
+            # one copy to the host for the whole block (a copy a position is a device sync each)
+            ids[:, :n] = torch.stack(tids, dim=1).cpu().numpy()
+            emb_t = torch.stack(embs, dim=1) if embs else None
+            pm = np.stack((torch.stack(confs, dim=1).float().cpu().numpy(),
+                           torch.stack(margs, dim=1).float().cpu().numpy()), axis=-1) if need_probs else None
         if s.enable_confidence_head:  # every draft's at once, after the loop: it feeds nothing back
-            z = hs @ self.w["conf_h"]
+            z = out_all[:, off:, Vd]  # the hidden part and the bias, from the "out" product
             if s.confidence_head_with_markov:
-                z = z + torch.stack(embs, dim=1) @ self.w["conf_e"]
-            if self.w["conf_b"] is not None:
-                z = z + self.w["conf_b"]
-            conf[:, :n] = torch.sigmoid(z[..., 0]).cpu().numpy()
+                z = z + (emb_t @ self.w["conf_e"])[..., 0]
+            conf[:, :n] = torch.sigmoid(z).cpu().numpy()
         else:
-            conf[:, :n] = torch.stack(confs, dim=1).float().cpu().numpy()
+            conf[:, :n] = pm[..., 0]
         if out.margin is not None:
-            marg[:, :n] = torch.stack(margs, dim=1).float().cpu().numpy()
+            marg[:, :n] = pm[..., 1]
         if sb.size:
             kk_n = sups[0].shape[1]
             sup[sb, :n, :kk_n] = torch.stack(sups, dim=1).cpu().numpy()
@@ -468,6 +560,38 @@ class DSparkDrafter:
             out.support_ids[idx[sb]] = sup[sb]
             out.proposal_q[idx[sb]] = q[sb]
 
+    def _greedy_host(self, base: np.ndarray, anchor: np.ndarray, n: int, need_probs: bool, ids: np.ndarray,
+                     kept: list | None) -> tuple[torch.Tensor | None, np.ndarray | None]:
+        """The greedy drafts left to right on the host (a vanilla Markov head or none, on the CPU): per
+        position one kernel call adds the previous token's bias to the base logits (model/headmm.py `mm`
+        with the base as its residual) and one finds the arg max with the draft's probability and margin
+        (`top1`), where torch takes some ten operations of 5-40 us each. base [B, n, Vd] → ids[:, :n]
+        filled (target ids); returns the Markov embeddings [B, n, rank] (None without a Markov head) and
+        [B, n, probability | margin] (None unless need_probs)."""
+        hm, s = self._headmm, self.spec
+        B = base.shape[0]
+        w1 = self._w1_np
+        emb = np.empty((B, n, s.markov_rank), dtype=np.float32) if s.markov_rank else None
+        pm = np.empty((B, n, 2), dtype=np.float32) if need_probs else None
+        d2t = self._d2t_np
+        prev = anchor
+        for j in range(n):
+            lg = base[:, j]
+            if emb is not None:
+                e = w1[prev]
+                emb[:, j] = e
+                lg = hm.mm(e, self._packed["markov_w2"][0], None, lg)
+            if kept is not None:
+                kept.append(torch.from_numpy(np.array(lg, dtype=np.float32)))
+            if need_probs:
+                c, cm = hm.top1(lg)
+                pm[:, j] = cm
+            else:
+                c = lg.argmax(-1)
+            prev = c if d2t is None else d2t[c]
+            ids[:, j] = prev
+        return (None if emb is None else torch.from_numpy(emb)), pm
+
     def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         m = self.t.get("draft_to_target")
         return draft_ids if m is None else m.index_select(0, draft_ids.reshape(-1)).view(draft_ids.shape)
@@ -482,15 +606,14 @@ class DSparkDrafter:
         if not s.markov_rank:
             return None, None, None
         emb = t["markov_head.markov_w1.weight"].index_select(0, prev)
-        w2 = self.w["markov_w2"]  # transposed
         if s.markov_head_type == "vanilla":
-            return emb @ w2, None, emb
+            return self._proj(emb, "markov_w2"), None, emb
         if s.markov_head_type == "gated":
             gate = torch.sigmoid(self._lin(torch.cat((h, emb), dim=-1), "markov_head.gate_proj"))
-            return (gate * emb) @ w2, None, emb
+            return self._proj(gate * emb, "markov_w2"), None, emb
         if state is None:
             state = emb.new_zeros(emb.shape[0], s.markov_rank)
         g, cand, o = self._lin(torch.cat((state, emb, h), dim=-1), "markov_head.joint_proj").chunk(3, dim=-1)
         g = torch.sigmoid(g)
         state = g * state + (1.0 - g) * torch.tanh(cand)
-        return torch.tanh(o) @ w2, state, emb
+        return self._proj(torch.tanh(o), "markov_w2"), state, emb
