@@ -59,10 +59,11 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, out: torch.Tensor | None = None
+          ) -> torch.Tensor:
     """The reference's x * cos + rotate_half(x) * sin, in three operations: rotate_half(x) is the halves
     swapped with the first negated, so with that sign moved into `sin_signed` (_cos_sin) it is a roll."""
-    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, -1), sin_signed)
+    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, -1), sin_signed, out=out)
 
 
 class DSparkDrafter:
@@ -121,6 +122,8 @@ class DSparkDrafter:
             self._w1_np = self.t["markov_head.markov_w1.weight"].numpy() if self.spec.markov_rank else None
             d2t = self.t.get("draft_to_target")
             self._d2t_np = None if d2t is None else d2t.numpy()
+            ce = self.w.get("conf_e")
+            self._conf_e_np = None if ce is None or not ce.numel() else ce.numpy()[:, 0].copy()
         self.threads = ThreadChoice(self._headmm.threads()) if self._packed else None
         self._cols = np.arange(window)
         self._win = np.zeros((0, 0, self.kv_width), dtype=np.float32)  # _windows' buffer, grown when needed
@@ -330,13 +333,13 @@ class DSparkDrafter:
         h = self._proj(self._rows_to_float(raw), "fc")  # hidden_norm: in each layer's kv product
         cos, sin = self._cos_sin(pos)
         cos, sin = cos[:, None, :], sin[:, None, :]
-        out = []
+        out = torch.empty(raw.shape[0], s.n_layers, 2, s.n_kv_heads, s.head_dim, device=self.device)
         for i in range(s.n_layers):
             kv = self._proj(h, f"{i}.kv").view(-1, 2, s.n_kv_heads, s.head_dim)
-            k = _rope(self._head_norm(kv[:, 0], t[f"layers.{i}.self_attn.k_norm.weight"]), cos, sin)
-            out.append(torch.stack((k, kv[:, 1]), dim=1))
+            _rope(self._head_norm(kv[:, 0], t[f"layers.{i}.self_attn.k_norm.weight"]), cos, sin, out=out[:, i, 0])
+            out[:, i, 1] = kv[:, 1]
         # a hostile row (huge values overflow fc) must not leave inf/nan keys in its slot's ring
-        return torch.nan_to_num(torch.stack(out, dim=1), nan=0.0, posinf=0.0, neginf=0.0)
+        return torch.nan_to_num_(out, nan=0.0, posinf=0.0, neginf=0.0)
 
     def project_rows(self, raw: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """A STEP's rows at their positions → what each slot keeps beside them: [k, kv_width] float32."""
@@ -531,7 +534,12 @@ class DSparkDrafter:
             emb_t = torch.stack(embs, dim=1) if embs else None
             pm = np.stack((torch.stack(confs, dim=1).float().cpu().numpy(),
                            torch.stack(margs, dim=1).float().cpu().numpy()), axis=-1) if need_probs else None
-        if s.enable_confidence_head:  # every draft's at once, after the loop: it feeds nothing back
+        if s.enable_confidence_head and host:  # the same on the host: numpy's few us an operation
+            z = out_all.numpy()[:, off:, Vd]
+            if s.confidence_head_with_markov:
+                z = z + emb_t.numpy() @ self._conf_e_np
+            conf[:, :n] = 1.0 / (1.0 + np.exp(-z))
+        elif s.enable_confidence_head:  # every draft's at once, after the loop: it feeds nothing back
             z = out_all[:, off:, Vd]  # the hidden part and the bias, from the "out" product
             if s.confidence_head_with_markov:
                 z = z + (emb_t @ self.w["conf_e"])[..., 0]
