@@ -21,6 +21,10 @@ In sampled mode a request with temperature t > 0 draws each draft from the top-3
 renormalised, with a uniform that is a function of (seed, anchor position, j) alone (drafters/base.py's
 `seeded_uniform`), and the reply's support and q are that distribution, so rejection sampling against
 it stays lossless.
+On the CPU (`native`, the default there) the products go through the head's own kernel with each norm
+folded into the matrix after it and the greedy loop runs on the host (`_pack`, `_greedy_host`):
+docs/dspark.md, "Its cost"; `native=False` (and CUDA) runs it all in torch, the path the native one is
+tested against (tests/test_dspark_native.py).
 """
 
 from __future__ import annotations
