@@ -22,7 +22,7 @@ renormalised, with a uniform that is a function of (seed, anchor position, j) al
 `seeded_uniform`), and the reply's support and q are that distribution, so rejection sampling against
 it stays lossless.
 On the CPU (`native`, the default there) the products go through the head's own kernel with each norm
-folded into the matrix after it and the greedy loop runs on the host (`_pack`, `_greedy_host`):
+folded into the matrix after it (dspark_products.py) and the greedy loop runs on the host (`_greedy_host`):
 docs/dspark.md, "Its cost"; `native=False` (and CUDA) runs it all in torch, the path the native one is
 tested against (tests/test_dspark_native.py).
 """
@@ -39,13 +39,14 @@ from ...model.dspark_ckpt import ROW_ITEMSIZE, CheckpointError, load_tensors, re
 from ...model.head_threads import ThreadChoice
 from ...wire import TOP_K, ReplyWriter
 from .base import DraftItem, seeded_uniform
+from .dspark_products import Products
+from .dspark_rope import Rotary, rope
 
 __all__ = ["DSparkDrafter"]
 
 log = logging.getLogger("dspark_proxy.worker.server")
 
 _TORCH_ROW = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-_ROPE_TABLE_BYTES = 16 << 20  # _cos_sin's table of cos/sin by position: 65,536 positions at head_dim 32
 _said_full_attention: set[str] = set()  # "exact only for contexts <= W", said once per checkpoint
 
 
@@ -61,13 +62,6 @@ def _pick_device(device: str) -> torch.device:
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """The reference's RMSNorm (x * rsqrt(mean(x^2) + eps) * w, in float32) as torch's one operation."""
     return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, out: torch.Tensor | None = None
-          ) -> torch.Tensor:
-    """The reference's x * cos + rotate_half(x) * sin, in three operations: rotate_half(x) is the halves
-    swapped with the first negated, so with that sign moved into `sin_signed` (_cos_sin) it is a roll."""
-    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, -1), sin_signed, out=out)
 
 
 class DSparkDrafter:
@@ -110,25 +104,21 @@ class DSparkDrafter:
         self.eps = float(spec.layer.get("rms_norm_eps", 1e-6))
         self.scaling = spec.head_dim ** -0.5
         self.kv_width = spec.n_layers * 2 * spec.n_kv_heads * spec.head_dim  # float32 values a row keeps
-        self._rope = self._make_rope()
-        self._inv_freq, self._rope_scale = self._static_rope()
-        half = spec.head_dim // 2
-        self._half_sign = torch.cat((-torch.ones(half), torch.ones(half))).to(self.device)
-        self._rope_table = torch.zeros(0, 2, spec.head_dim, device=self.device)  # _cos_sin: [P, cos|sin, hd]
-        self._rope_rows = 0
-        self._rope_cap = max(64, _ROPE_TABLE_BYTES // (8 * spec.head_dim))
         self._cpu = self.device.type == "cpu"
-        self.native = native and self._cpu  # the head's kernel and the host loop (_pack, _greedy_host); else torch
+        self.native = native and self._cpu  # the head's kernel and the host loop (_greedy_host); else torch
+        self.rotary = Rotary(spec.layer, spec.head_dim, self.device)
         self._mask_memo: tuple[bytes, list[torch.Tensor]] | None = None  # _masks: the last round's
-        self.w, self._norm_of = self._fuse(self.t)
-        self._packed = self._pack() if self.native else {}
+        self.products = Products(spec, self.t, self.eps, self.native)
+        self.w = self.products.w
+        self._proj = self.products.proj
         if self.native:  # _greedy_host's tables, as host arrays (the same memory)
-            self._w1_np = self.t["markov_head.markov_w1.weight"].numpy() if self.spec.markov_rank else None
+            self._headmm = self.products.headmm
+            self._w1_np = self.t["markov_head.markov_w1.weight"].numpy() if spec.markov_rank else None
             d2t = self.t.get("draft_to_target")
             self._d2t_np = None if d2t is None else d2t.numpy()
             ce = self.w.get("conf_e")
             self._conf_e_np = None if ce is None or not ce.numel() else ce.numpy()[:, 0].copy()
-        self.threads = ThreadChoice(self._headmm.threads()) if self._packed else None
+        self.threads = ThreadChoice(self._headmm.threads()) if self.native else None
         self._cols = np.arange(window)
         self._win = np.zeros((0, 0, self.kv_width), dtype=np.float32)  # _windows' buffer, grown when needed
         self.rows_projected = 0
@@ -164,159 +154,6 @@ class DSparkDrafter:
                                   f"({weights >> 20} MiB weights, the rest a round of {max_reqs} requests); "
                                   f"the budget is {budget_mb} MiB (raise --gpu-memory-budget-mb or lower --max-reqs)")
 
-    # -- rotary ---------------------------------------------------------------------------------------
-    def _make_rope(self):
-        """The reference's rotary embedding (transformers' Qwen3 rotary over the layer config)."""
-        from transformers import AutoConfig
-        from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
-
-        layer = dict(self.spec.layer)
-        rp = layer.get("rope_parameters")
-        if isinstance(rp, dict) and "sliding_attention" in rp:
-            layer["rope_parameters"] = rp["sliding_attention"]
-        cfg = AutoConfig.for_model(layer.get("model_type", "qwen3")).__class__(**layer)
-        return Qwen3RotaryEmbedding(cfg).to(self.device)
-
-    def _static_rope(self) -> tuple[torch.Tensor | None, float]:
-        """The rotary module's frequencies and scale when they never change with the positions (every
-        rope type but the dynamic ones): cos/sin are then a product and two functions, computed here as
-        the module computes them (one float32 product a frequency, the same cat), without its dozen
-        operations a call. (None: the module itself is called.)"""
-        kind = str(getattr(self._rope, "rope_type", "default"))
-        if "dynamic" in kind or "longrope" in kind:
-            return None, 1.0
-        return self._rope.inv_freq.float().to(self.device), float(self._rope.attention_scaling)
-
-    def _fuse(self, t: dict) -> dict:
-        """Each group of projections that reads the same input as one matrix product, stored transposed
-        (contiguous) once: a round's operations, not its arithmetic, are most of its time on a CPU (and
-        on a GPU its launches), docs/dspark.md "Its cost". Biases (attention_bias) fused the same way.
-        The tensors fused are moved out of `t`, so the weights are held once (the memory budget counts
-        them once)."""
-        s = self.spec
-        used: set[str] = set()
-
-        def lin(*names: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-            used.update(names)
-            w = torch.cat([t[n + ".weight"] for n in names], 0).T.contiguous()
-            bs = [t.get(n + ".bias") for n in names]
-            if all(b is None for b in bs):
-                return w, None
-            return w, torch.cat([b if b is not None else w.new_zeros(t[n + ".weight"].shape[0])
-                                 for b, n in zip(bs, names, strict=True)])
-
-        w: dict = {"fc": lin("fc")}
-        # the products that read a normed input, with that norm's weight: on the CPU it is folded into
-        # the matrix (rms(x) * g @ W = rms(x) @ (g W)) and the kernel norms x in the same call (_pack)
-        norm_of: dict[str, torch.Tensor] = {"out": t["norm.weight"]}
-        lm_w, lm_b = lin("lm_head")
-        if s.enable_confidence_head:  # the confidence head's hidden part: one more column of lm_head's product
-            cw = t["confidence_head.proj.weight"]  # [1, H (+ rank)]: the hidden part and the Markov part
-            cb = t.get("confidence_head.proj.bias")
-            if lm_b is not None or cb is not None:
-                lm_b = torch.cat((lm_b if lm_b is not None else lm_w.new_zeros(lm_w.shape[1]),
-                                  cb if cb is not None else lm_w.new_zeros(1)))
-            lm_w = torch.cat((lm_w, cw[:, :s.hidden_size].T), dim=1).contiguous()
-            w["conf_e"] = cw[:, s.hidden_size:].T.contiguous()
-            used.add("confidence_head.proj")
-        w["out"] = (lm_w, lm_b)  # [H, Vd (+ 1)]: base logits (and the confidence head's logit)
-        for i in range(s.n_layers):
-            a, m = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
-            w[f"{i}.qk_norm"] = torch.cat((t[a + "q_norm.weight"].expand(s.n_heads, -1),
-                                           t[a + "k_norm.weight"].expand(s.n_kv_heads, -1)))
-            used.add(a + "q_norm")  # only the fused copy is read; k_norm stays (the rows' keys read it)
-            w[f"{i}.kv"] = lin(a + "k_proj", a + "v_proj")
-            w[f"{i}.qkv"] = lin(a + "q_proj", a + "k_proj", a + "v_proj")
-            w[f"{i}.o"] = lin(a + "o_proj")
-            w[f"{i}.gate_up"] = lin(m + "gate_proj", m + "up_proj")
-            w[f"{i}.down"] = lin(m + "down_proj")
-            norm_of[f"{i}.kv"] = t["hidden_norm.weight"]
-            norm_of[f"{i}.qkv"] = t[f"layers.{i}.input_layernorm.weight"]
-            norm_of[f"{i}.gate_up"] = t[f"layers.{i}.post_attention_layernorm.weight"]
-        if s.markov_rank:
-            w["markov_w2"] = (t["markov_head.markov_w2.weight"].T.contiguous(), None)
-            used.add("markov_head.markov_w2")
-        for n in used:
-            t.pop(n + ".weight", None)
-            t.pop(n + ".bias", None)
-        return w, norm_of
-
-    def _pack(self) -> dict:
-        """On the CPU every product goes through the head's kernel (model/headmm.py) instead of torch:
-        it reads its matrix from panels packed once, where BLAS packs it again each call (for a round's
-        few rows most of a product's time), norms its input in the same call (the norm's weight folded
-        into the matrix), adds the residual there too, and can share a product with a second thread
-        while the engine and the proxy wait for the drafts (`threads`, measured a round at a time as
-        the carry head's drafter does). A round's torch operations cost some 5-40 us each on a CPU
-        whatever their size (docs/dspark.md, "Its cost"), so each one saved counts. The torch copies of
-        the packed matrices are dropped: the weights are held once."""
-        from ...model import headmm
-
-        self._headmm = headmm
-        out = {}
-        for name, wb in list(self.w.items()):
-            if not (isinstance(wb, tuple) and wb[0].dim() == 2):
-                continue
-            g = self._norm_of.get(name)
-            m = wb[0] if g is None else wb[0] * g[:, None].to(wb[0].dtype)
-            b = None if wb[1] is None else np.ascontiguousarray(wb[1].numpy(), dtype=np.float32)
-            pk = headmm.Packed(m.numpy())
-            pk.w = None  # the plain form is not read here
-            out[name] = (pk, b, g is not None)
-            self.w[name] = None
-        return out
-
-    def _proj(self, x: torch.Tensor, name: str, resid: torch.Tensor | None = None) -> torch.Tensor:
-        """resid + (norm(x) if `name` reads a normed input else x) @ W + b (resid, b optional)."""
-        p = self._packed.get(name)
-        if p is not None:
-            r = None if resid is None else resid.numpy()
-            return torch.from_numpy(self._headmm.mm(x.numpy(), p[0], p[1], r, p[2], self.eps))
-        w, b = self.w[name]
-        g = self._norm_of.get(name)
-        if g is not None:
-            x = _rms(x, g, self.eps)
-        y = x @ w if b is None else torch.addmm(b, x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], -1)
-        return y if resid is None else resid + y
-
-    def _head_norm(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        """RMS norm over the last axis (a head's) times g (broadcast), as the reference's q/k norms."""
-        if self.native:
-            return torch.from_numpy(self._headmm.rms(x.numpy(), self.eps)).mul_(g)
-        return _rms(x, None, self.eps).mul_(g) if g.dim() > 1 else _rms(x, g, self.eps)
-
-    def _cos_sin(self, pos: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [*pos.shape, head_dim] for int64 host positions of any shape, sin's first half
-        negated (what _rope takes). Static frequencies: rows of a table of every position below the
-        largest seen so far (computed by `_cos_sin_of`, a row each position; grown by doubling, up to
-        _ROPE_TABLE_BYTES), so a round indexes it once instead of its seven operations."""
-        pos = np.asarray(pos, dtype=np.int64)
-        if self._inv_freq is not None:
-            top = int(pos.max(initial=0)) + 1 if int(pos.min(initial=0)) >= 0 else self._rope_cap + 1
-            if top > self._rope_rows and self._rope_rows < self._rope_cap:
-                rows = min(self._rope_cap, max(top, 2 * self._rope_rows, 64))
-                cos, sin = self._cos_sin_of(torch.arange(rows, device=self.device))
-                self._rope_table, self._rope_rows = torch.stack((cos, sin), dim=1).contiguous(), rows
-            if top <= self._rope_rows:
-                cs = self._rope_table[self._on_device(pos)]
-                return cs[..., 0, :], cs[..., 1, :]
-            return self._cos_sin_of(self._on_device(pos))
-        pos = self._on_device(pos)
-        flat = pos.reshape(1, -1)
-        dummy = torch.empty(0, dtype=torch.float32, device=self.device)
-        cos, sin = self._rope(dummy, flat)
-        return cos.reshape(*pos.shape, -1), (sin * self._half_sign).reshape(*pos.shape, -1)
-
-    def _cos_sin_of(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin, sin's first half negated, for positions on the device, computed as the rotary
-        module computes them (one float32 product a frequency, the same cat, then its scale)."""
-        f = pos.to(torch.float32)[..., None] * self._inv_freq
-        emb = torch.cat((f, f), dim=-1)
-        cos, sin = emb.cos(), emb.sin().mul_(self._half_sign)
-        if self._rope_scale != 1.0:
-            cos, sin = cos * self._rope_scale, sin * self._rope_scale
-        return cos, sin
-
     def _on_device(self, a: np.ndarray) -> torch.Tensor:
         """A host array as a tensor on the drafter's device (on the CPU the same memory, no call)."""
         x = torch.from_numpy(np.ascontiguousarray(a))
@@ -335,12 +172,12 @@ class DSparkDrafter:
         s, t = self.spec, self.t
         self.rows_projected += raw.shape[0]
         h = self._proj(self._rows_to_float(raw), "fc")  # hidden_norm: in each layer's kv product
-        cos, sin = self._cos_sin(pos)
+        cos, sin = self.rotary.cos_sin(pos)
         cos, sin = cos[:, None, :], sin[:, None, :]
         out = torch.empty(raw.shape[0], s.n_layers, 2, s.n_kv_heads, s.head_dim, device=self.device)
         for i in range(s.n_layers):
             kv = self._proj(h, f"{i}.kv").view(-1, 2, s.n_kv_heads, s.head_dim)
-            _rope(self._head_norm(kv[:, 0], t[f"layers.{i}.self_attn.k_norm.weight"]), cos, sin, out=out[:, i, 0])
+            rope(self.products.head_norm(kv[:, 0], t[f"layers.{i}.self_attn.k_norm.weight"]), cos, sin, out=out[:, i, 0])
             out[:, i, 1] = kv[:, 1]
         # a hostile row (huge values overflow fc) must not leave inf/nan keys in its slot's ring
         return torch.nan_to_num_(out, nan=0.0, posinf=0.0, neginf=0.0)
@@ -415,7 +252,7 @@ class DSparkDrafter:
         tok = torch.full((B, bs), s.mask_token_id, dtype=torch.long, device=self.device)
         tok[:, 0] = anchor
         x = t["embed_tokens.weight"][tok]
-        cos, sin = self._cos_sin(apos[:, None] + np.arange(bs)[None, :])
+        cos, sin = self.rotary.cos_sin(apos[:, None] + np.arange(bs)[None, :])
         cos, sin = cos[:, :, None, :], sin[:, :, None, :]
         masks = self._masks(lens, wm)
         nq, nkv = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
@@ -423,7 +260,7 @@ class DSparkDrafter:
             qkv = self._proj(x, f"{i}.qkv")  # input_layernorm: in the product
             # q's and k's heads side by side: one norm (each head its own weight row) and one rotation
             qk = qkv[..., :nq + nkv].reshape(B, bs, s.n_heads + s.n_kv_heads, s.head_dim)
-            qk = _rope(self._head_norm(qk, w[f"{i}.qk_norm"]), cos, sin)
+            qk = rope(self.products.head_norm(qk, w[f"{i}.qk_norm"]), cos, sin)
             q, k = qk[:, :, :s.n_heads], qk[:, :, s.n_heads:]
             v = qkv[..., nq + nkv:]
             K = torch.cat((ctx[:, :, i, 0], k), dim=1).transpose(1, 2)
@@ -542,7 +379,8 @@ class DSparkDrafter:
             z = out_all.numpy()[:, off:, Vd]
             if s.confidence_head_with_markov:
                 z = z + emb_t.numpy() @ self._conf_e_np
-            conf[:, :n] = 1.0 / (1.0 + np.exp(-z))
+            with np.errstate(over="ignore"):  # a very negative logit: exp overflows, the confidence is 0
+                conf[:, :n] = 1.0 / (1.0 + np.exp(-z))
         elif s.enable_confidence_head:  # every draft's at once, after the loop: it feeds nothing back
             z = out_all[:, off:, Vd]  # the hidden part and the bias, from the "out" product
             if s.confidence_head_with_markov:
@@ -592,7 +430,7 @@ class DSparkDrafter:
             if emb is not None:
                 e = w1[prev]
                 emb[:, j] = e
-                lg = hm.mm(e, self._packed["markov_w2"][0], None, lg)
+                lg = hm.mm(e, self.products.packed["markov_w2"][0], None, lg)
             if kept is not None:
                 kept.append(torch.from_numpy(np.array(lg, dtype=np.float32)))
             if need_probs:
