@@ -63,6 +63,8 @@ BAD = {
                      ["config.json", "speculators_model_type", "eagle3"]),
     "missing-field": (lambda h, t: _edit_json(h / "config.json", mask_token_id=None),
                       ["config.json", "mask_token_id", "missing"]),
+    "mask-outside-vocab": (lambda h, t: _edit_json(h / "config.json", mask_token_id=256),
+                           ["config.json", "mask_token_id", "256", "vocab_size 256"]),
     "missing-tensor": (lambda h, t: _edit_tensors(h / "model.safetensors", drop=["fc.weight"]),
                        ["model.safetensors", "fc.weight", "missing"]),
     "misshapen-tensor": (lambda h, t: _edit_tensors(h / "model.safetensors", reshape="layers.1.mlp.up_proj.weight"),

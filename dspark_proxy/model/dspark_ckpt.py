@@ -135,12 +135,16 @@ def read_spec(head_dir: str | Path) -> DSparkSpec:
     conf, with_markov = bool(cfg.get("enable_confidence_head", True)), bool(cfg.get("confidence_head_with_markov", True))
     if conf and with_markov and rank == 0:
         raise CheckpointError(f"{path}: field confidence_head_with_markov: true needs markov_rank > 0")
+    mask = _int(cfg, "mask_token_id", str(path))
+    if isinstance(layer.get("vocab_size"), int) and mask >= layer["vocab_size"]:
+        raise CheckpointError(f"{path}: field mask_token_id: {mask} is outside the vocabulary "
+                              f"(transformer_layer_config.vocab_size {layer['vocab_size']})")
     verifier = ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
     ths = cfg.get("target_hidden_size")
     return DSparkSpec(
         head_dir=d, layer=layer, block_size=block, aux_layer_ids=tuple(ids),
         draft_vocab_size=_int(cfg, "draft_vocab_size", str(path), lo=1), vocab_size=layer["vocab_size"],
-        mask_token_id=_int(cfg, "mask_token_id", str(path)), sample_from_anchor=sfa,
+        mask_token_id=mask, sample_from_anchor=sfa,
         sliding_window_non_causal=bool(cfg.get("sliding_window_non_causal", False)), markov_rank=rank,
         markov_head_type=head_type, enable_confidence_head=conf, confidence_head_with_markov=with_markov,
         target_hidden_size=ths if isinstance(ths, int) else None, verifier_path=verifier, hidden_size=hidden,
