@@ -116,6 +116,11 @@ class DSparkDrafter:
             self._w1_np = self.t["markov_head.markov_w1.weight"].numpy() if spec.markov_rank else None
             d2t = self.t.get("draft_to_target")
             self._d2t_np = None if d2t is None else d2t.numpy()
+            self._embed_np = self.t["embed_tokens.weight"].numpy()
+            # the first layer's q/k/v of the block's mask rows, by the kernel that computes the anchor's
+            # (its rows' sums do not depend on the rows beside them: model/headmm.py), so the same bytes
+            self._mask_qkv0 = self._proj(torch.from_numpy(self._embed_np[spec.mask_token_id][None].copy()),
+                                         "0.qkv")[0]
             ce = self.w.get("conf_e")
             self._conf_e_np = None if ce is None or not ce.numel() else ce.numpy()[:, 0].copy()
         self.threads = ThreadChoice(self._headmm.threads()) if self.native else None
@@ -249,15 +254,26 @@ class DSparkDrafter:
         rows, apos: its anchor's position, both on the host)."""
         s, t, w = self.spec, self.t, self.w
         B, wm, bs = ctx.shape[0], ctx.shape[1], s.block_size
-        tok = torch.full((B, bs), s.mask_token_id, dtype=torch.long, device=self.device)
-        tok[:, 0] = anchor
-        x = t["embed_tokens.weight"][tok]
+        if self.native:  # the block's input on the host: the anchor's embedding, then the mask token's
+            xn = np.empty((B, bs, s.hidden_size), dtype=np.float32)
+            xn[:, 0] = self._embed_np[anchor.numpy()]
+            xn[:, 1:] = self._embed_np[s.mask_token_id]
+            x = torch.from_numpy(xn)
+        else:
+            tok = torch.full((B, bs), s.mask_token_id, dtype=torch.long, device=self.device)
+            tok[:, 0] = anchor
+            x = t["embed_tokens.weight"][tok]
         cos, sin = self.rotary.cos_sin(apos[:, None] + np.arange(bs)[None, :])
         cos, sin = cos[:, :, None, :], sin[:, :, None, :]
         masks = self._masks(lens, wm)
         nq, nkv = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
         for i in range(s.n_layers):
-            qkv = self._proj(x, f"{i}.qkv")  # input_layernorm: in the product
+            if i == 0 and self.native:  # the mask rows' are the same every round: only the anchor's computed
+                qkv = torch.from_numpy(np.empty((B, bs, self._mask_qkv0.shape[-1]), dtype=np.float32))
+                qkv[:, 0] = self._proj(x[:, 0], "0.qkv")
+                qkv[:, 1:] = self._mask_qkv0
+            else:
+                qkv = self._proj(x, f"{i}.qkv")  # input_layernorm: in the product
             # q's and k's heads side by side: one norm (each head its own weight row) and one rotation
             qk = qkv[..., :nq + nkv].reshape(B, bs, s.n_heads + s.n_kv_heads, s.head_dim)
             qk = rope(self.products.head_norm(qk, w[f"{i}.qk_norm"]), cos, sin)
