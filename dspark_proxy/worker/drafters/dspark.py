@@ -39,7 +39,7 @@ from ...model.dspark_ckpt import ROW_ITEMSIZE, CheckpointError, load_tensors, re
 from ...model.head_threads import ThreadChoice
 from ...wire import TOP_K, ReplyWriter
 from .base import DraftItem, seeded_uniform
-from .dspark_products import Products
+from .dspark_products import Products, rms
 from .dspark_rope import Rotary, rope
 
 __all__ = ["DSparkDrafter"]
@@ -57,11 +57,6 @@ def _pick_device(device: str) -> torch.device:
     if d.type == "cuda" and not torch.cuda.is_available():
         raise CheckpointError(f"device {device!r}: this torch has no CUDA device (--device cpu)")
     return d
-
-
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """The reference's RMSNorm (x * rsqrt(mean(x^2) + eps) * w, in float32) as torch's one operation."""
-    return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
 
 
 class DSparkDrafter:
@@ -120,7 +115,11 @@ class DSparkDrafter:
             # the first layer's q/k/v of the block's mask rows, by the kernel that computes the anchor's
             # (its rows' sums do not depend on the rows beside them: model/headmm.py), so the same bytes
             self._mask_qkv0 = self._proj(torch.from_numpy(self._embed_np[spec.mask_token_id][None].copy()),
-                                         "0.qkv")[0]
+                                         "0.qkv")[0].numpy()
+            # the block's input and its first q/k/v, kept across rounds (grown with the batch), the mask
+            # rows written once: a round writes its anchors' rows only
+            self._x0 = np.empty((0, spec.block_size, spec.hidden_size), dtype=np.float32)
+            self._qkv0 = np.empty((0, spec.block_size, self._mask_qkv0.shape[-1]), dtype=np.float32)
             ce = self.w.get("conf_e")
             self._conf_e_np = None if ce is None or not ce.numel() else ce.numpy()[:, 0].copy()
         self.threads = ThreadChoice(self._headmm.threads()) if self.native else None
@@ -255,9 +254,13 @@ class DSparkDrafter:
         s, t, w = self.spec, self.t, self.w
         B, wm, bs = ctx.shape[0], ctx.shape[1], s.block_size
         if self.native:  # the block's input on the host: the anchor's embedding, then the mask token's
-            xn = np.empty((B, bs, s.hidden_size), dtype=np.float32)
+            if self._x0.shape[0] < B:
+                self._x0 = np.empty((B, bs, s.hidden_size), dtype=np.float32)
+                self._x0[:, 1:] = self._embed_np[s.mask_token_id]
+                self._qkv0 = np.empty((B, bs, self._mask_qkv0.shape[-1]), dtype=np.float32)
+                self._qkv0[:, 1:] = self._mask_qkv0
+            xn = self._x0[:B]  # read within this round only: every product writes a new array
             xn[:, 0] = self._embed_np[anchor.numpy()]
-            xn[:, 1:] = self._embed_np[s.mask_token_id]
             x = torch.from_numpy(xn)
         else:
             tok = torch.full((B, bs), s.mask_token_id, dtype=torch.long, device=self.device)
@@ -269,9 +272,8 @@ class DSparkDrafter:
         nq, nkv = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
         for i in range(s.n_layers):
             if i == 0 and self.native:  # the mask rows' are the same every round: only the anchor's computed
-                qkv = torch.from_numpy(np.empty((B, bs, self._mask_qkv0.shape[-1]), dtype=np.float32))
+                qkv = torch.from_numpy(self._qkv0[:B])
                 qkv[:, 0] = self._proj(x[:, 0], "0.qkv")
-                qkv[:, 1:] = self._mask_qkv0
             else:
                 qkv = self._proj(x, f"{i}.qkv")  # input_layernorm: in the product
             # q's and k's heads side by side: one norm (each head its own weight row) and one rotation
@@ -320,7 +322,7 @@ class DSparkDrafter:
         base = out_all[:, off:, :Vd]  # [B, n, Vd]
         hs = None  # the normed hidden states, only for a Markov head that reads them
         if s.markov_rank and s.markov_head_type in ("gated", "rnn"):
-            hn = _rms(hidden[:, :off + n], self.t["norm.weight"], self.eps)
+            hn = rms(hidden[:, :off + n], self.t["norm.weight"], self.eps)
             hs, h0 = hn[:, off:], hn[:, 0]
         temps = np.zeros(B)
         if out.sampled_mask is not None:

@@ -16,7 +16,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["Products", "fuse"]
+__all__ = ["Products", "fuse", "rms"]
+
+
+def rms(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """The reference's RMSNorm (x * rsqrt(mean(x^2) + eps) * w, in float32) as torch's one operation."""
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
 
 
 def fuse(spec, t: dict) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -103,7 +108,7 @@ class Products:
         w, b = self.w[name]
         g = self.norm_of.get(name)
         if g is not None:
-            x = torch.nn.functional.rms_norm(x, (x.shape[-1],), g, self.eps)
+            x = rms(x, g, self.eps)
         y = x @ w if b is None else torch.addmm(b, x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], -1)
         return y if resid is None else resid + y
 
@@ -111,4 +116,4 @@ class Products:
         """RMS norm over the last axis (a head's) times g (broadcast), as the reference's q/k norms."""
         if self.native:
             return torch.from_numpy(self.headmm.rms(x.numpy(), self.eps)).mul_(g)
-        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, self.eps).mul_(g)
+        return rms(x, None, self.eps).mul_(g)
