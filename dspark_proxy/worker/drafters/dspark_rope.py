@@ -1,5 +1,6 @@
 """The dspark drafter's rotary embedding: the reference's cos/sin (transformers' Qwen3 rotary over the
-checkpoint's layer config) for any host positions, and its rotation.
+checkpoint's layer config; for the default rope type the same figures computed here, so a worker
+never imports transformers) for any host positions, and its rotation.
 
 Where the frequencies never change with the positions (every rope type but the dynamic ones) cos/sin
 are a product and two functions, computed as the module computes them; a table of them by position,
@@ -24,6 +25,38 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, out: torc
     return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, -1), sin_signed, out=out)
 
 
+class _DefaultRope:
+    """What `Rotary` reads of transformers' rotary module for the "default" rope type, computed as that
+    module computes it (`Qwen3RotaryEmbedding.compute_default_rope_parameters`): importing transformers
+    costs a worker some 5 s at start, and the default type is the one DSpark checkpoints carry."""
+
+    rope_type = "default"
+    attention_scaling = 1.0
+
+    def __init__(self, theta: float, dim: int) -> None:
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+
+    def to(self, device: torch.device) -> _DefaultRope:
+        self.inv_freq = self.inv_freq.to(device)
+        return self
+
+
+def _default_rope(layer: dict) -> _DefaultRope | None:
+    """The default rope of a layer config that states it plainly (`rope_parameters` {rope_type:
+    "default", rope_theta}, `head_dim`, no legacy `rope_scaling`), else None: transformers' module then
+    reads it."""
+    rp = layer.get("rope_parameters")
+    if isinstance(rp, dict) and "sliding_attention" in rp:
+        rp = rp["sliding_attention"]
+    if not isinstance(rp, dict) or rp.get("rope_type") != "default" or layer.get("rope_scaling") is not None:
+        return None
+    theta, dim = rp.get("rope_theta"), layer.get("head_dim")  # an unstated head_dim: the config class's default
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or isinstance(dim, bool) \
+            or not isinstance(dim, int) or dim <= 0:
+        return None
+    return _DefaultRope(float(theta), dim)
+
+
 class Rotary:
     """cos/sin by position for one checkpoint's draft layers, on one device."""
 
@@ -39,6 +72,9 @@ class Rotary:
         self._cap = max(64, TABLE_BYTES // (8 * head_dim))
 
     def _make_module(self, layer: dict):
+        plain = _default_rope(layer)
+        if plain is not None:
+            return plain
         from transformers import AutoConfig
         from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
