@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -88,3 +89,30 @@ def test_native_is_the_cpu_default_and_holds_its_matrices_once(pairs):
     # the packed products' torch copies are dropped; the torch path keeps them
     assert {k for k, v in nat.w.items() if v is None} >= {"fc", "out", "0.qkv", "0.gate_up", "markov_w2"}
     assert all(ref.w[k] is not None for k in ("fc", "out", "0.qkv", "0.gate_up", "markov_w2"))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_markov_table_gives_the_per_position_products_bytes(pairs, seed):
+    nat, _, _ = pairs["vanilla-conf-reduced"]
+    assert nat._markov_tab is not None
+    case = (seed, [W, 2, 5, 1], [1, 7, 200, R.VOCAB - 1], [0, 40, 900, 3], [0, 5, 3, 1], wire.SF_WANT_MARGIN)
+    a, la = _round(nat, *case)
+    tab, nat._markov_tab = nat._markov_tab, None  # each position's bias by the kernel, as without a table
+    try:
+        b, lb = _round(nat, *case)
+    finally:
+        nat._markov_tab = tab
+    assert (a.draft_ids == b.draft_ids).all()
+    assert (a.confidence == b.confidence).all() and (a.margin == b.margin).all()
+    assert torch.equal(la, lb)
+
+
+def test_no_markov_table_past_its_size(tmp_path, monkeypatch):
+    from dspark_proxy.worker.drafters import dspark
+
+    target = R.make_target(tmp_path / "target")
+    R.make_head(tmp_path / "head", target)
+    monkeypatch.setattr(dspark, "MARKOV_TABLE_BYTES", R.VOCAB * 64 * 4 - 1)  # one byte short
+    dr = make_drafter("dspark", num_spec=4, window=W, row_bytes=RB, head=str(tmp_path / "head"),
+                      target=str(target), row_dtype="float32", device="cpu")
+    assert dr._markov_tab is None

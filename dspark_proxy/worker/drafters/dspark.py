@@ -59,6 +59,9 @@ def _pick_device(device: str) -> torch.device:
     return d
 
 
+MARKOV_TABLE_BYTES = 32 << 20  # _markov_table: the shipped head's is 16 MiB (4,096 tokens x 1,024 draft ids)
+
+
 class DSparkDrafter:
     """A DSpark checkpoint as a worker drafter. Its N, window and row layout are the checkpoint's."""
 
@@ -122,8 +125,8 @@ class DSparkDrafter:
             self._qkv0 = np.empty((0, spec.block_size, self._mask_qkv0.shape[-1]), dtype=np.float32)
             ce = self.w.get("conf_e")
             self._conf_e_np = None if ce is None or not ce.numel() else ce.numpy()[:, 0].copy()
+            self._markov_tab = self._markov_table()
         self.threads = ThreadChoice(self._headmm.threads()) if self.native else None
-        self._cols = np.arange(window)
         self._win = np.zeros((0, 0, self.kv_width), dtype=np.float32)  # _windows' buffer, grown when needed
         self.rows_projected = 0
         self.keep_logits = False  # tests: keep each round's logits (last_logits, [B, n, draft vocab] float32)
@@ -157,6 +160,20 @@ class DSparkDrafter:
             raise CheckpointError(f"gpu_memory_budget_mb: the head needs about {need >> 20} MiB on {self.device} "
                                   f"({weights >> 20} MiB weights, the rest a round of {max_reqs} requests); "
                                   f"the budget is {budget_mb} MiB (raise --gpu-memory-budget-mb or lower --max-reqs)")
+
+    def _markov_table(self) -> np.ndarray | None:
+        """A vanilla Markov head's bias for every previous token [V, draft vocab], where it fits in
+        MARKOV_TABLE_BYTES (None: each position computes it): a position's bias is then a row read where
+        the product of its embedding cost ~40 us a position. The same bytes: the kernel's rows do not
+        depend on the rows beside them (model/headmm.py) and it adds the base logits after the product
+        and its bias, as `lg + table[prev]` does."""
+        s = self.spec
+        if not s.markov_rank or s.markov_head_type != "vanilla":
+            return None
+        w1 = self._w1_np
+        if w1.shape[0] * s.draft_vocab_size * 4 > MARKOV_TABLE_BYTES:
+            return None
+        return self._proj(torch.from_numpy(w1), "markov_w2").numpy()
 
     def _on_device(self, a: np.ndarray) -> torch.Tensor:
         """A host array as a tensor on the drafter's device (on the CPU the same memory, no call)."""
@@ -209,8 +226,11 @@ class DSparkDrafter:
         for b, it in enumerate(items):
             w0 = wm - it.w
             win[b, :w0] = 0.0
-            if it.aux is not None:
-                win[b, w0:] = it.aux[(apos[b] - it.w + self._cols[:it.w]) % W]
+            if it.aux is not None:  # the ring's last w rows: one or two slices (a gather costs 5x more)
+                a = (int(apos[b]) - it.w) % W
+                cut = min(it.w, W - a)
+                win[b, w0:w0 + cut] = it.aux[a:a + cut]
+                win[b, w0 + cut:] = it.aux[:it.w - cut]
             else:  # no keys kept for this window (rows applied while projecting failed): from its rows
                 pos = np.arange(it.anchor_pos - it.w, it.anchor_pos)
                 win[b, w0:] = self.project_rows(np.concatenate(it.segments), pos)
@@ -431,14 +451,15 @@ class DSparkDrafter:
     def _greedy_host(self, base: np.ndarray, anchor: np.ndarray, n: int, need_probs: bool, ids: np.ndarray,
                      kept: list | None) -> tuple[torch.Tensor | None, np.ndarray | None]:
         """The greedy drafts left to right on the host (a vanilla Markov head or none, on the CPU): per
-        position one kernel call adds the previous token's bias to the base logits (model/headmm.py `mm`
-        with the base as its residual) and one finds the arg max with the draft's probability and margin
-        (`top1`), where torch takes some ten operations of 5-40 us each. base [B, n, Vd] → ids[:, :n]
+        position the previous token's bias is added to the base logits (a row of `_markov_table`, or one
+        kernel call, model/headmm.py `mm` with the base as its residual) and one call finds the arg max
+        with the draft's probability and margin (`top1`), where torch takes some ten operations of 5-40
+        us each. base [B, n, Vd] → ids[:, :n]
         filled (target ids); returns the Markov embeddings [B, n, rank] (None without a Markov head) and
         [B, n, probability | margin] (None unless need_probs)."""
         hm, s = self._headmm, self.spec
         B = base.shape[0]
-        w1 = self._w1_np
+        w1, tab = self._w1_np, self._markov_tab
         emb = np.empty((B, n, s.markov_rank), dtype=np.float32) if s.markov_rank else None
         pm = np.empty((B, n, 2), dtype=np.float32) if need_probs else None
         d2t = self._d2t_np
@@ -448,7 +469,7 @@ class DSparkDrafter:
             if emb is not None:
                 e = w1[prev]
                 emb[:, j] = e
-                lg = hm.mm(e, self.products.packed["markov_w2"][0], None, lg)
+                lg = lg + tab[prev] if tab is not None else hm.mm(e, self.products.packed["markov_w2"][0], None, lg)
             if kept is not None:
                 kept.append(torch.from_numpy(np.array(lg, dtype=np.float32)))
             if need_probs:
