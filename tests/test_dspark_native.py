@@ -94,25 +94,52 @@ def test_native_is_the_cpu_default_and_holds_its_matrices_once(pairs):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_markov_table_gives_the_per_position_products_bytes(pairs, seed):
     nat, _, _ = pairs["vanilla-conf-reduced"]
-    assert nat._markov_tab is not None
+    assert nat.host.markov_tab is not None
     case = (seed, [W, 2, 5, 1], [1, 7, 200, R.VOCAB - 1], [0, 40, 900, 3], [0, 5, 3, 1], wire.SF_WANT_MARGIN)
     a, la = _round(nat, *case)
-    tab, nat._markov_tab = nat._markov_tab, None  # each position's bias by the kernel, as without a table
+    tab, nat.host.markov_tab = nat.host.markov_tab, None  # each position's bias by the kernel, as without a table
     try:
         b, lb = _round(nat, *case)
     finally:
-        nat._markov_tab = tab
+        nat.host.markov_tab = tab
     assert (a.draft_ids == b.draft_ids).all()
     assert (a.confidence == b.confidence).all() and (a.margin == b.margin).all()
     assert torch.equal(la, lb)
 
 
 def test_no_markov_table_past_its_size(tmp_path, monkeypatch):
-    from dspark_proxy.worker.drafters import dspark
+    from dspark_proxy.worker.drafters import dspark_host
 
     target = R.make_target(tmp_path / "target")
     R.make_head(tmp_path / "head", target)
-    monkeypatch.setattr(dspark, "MARKOV_TABLE_BYTES", R.VOCAB * 64 * 4 - 1)  # one byte short
+    monkeypatch.setattr(dspark_host, "MARKOV_TABLE_BYTES", R.VOCAB * 64 * 4 - 1)  # one byte short
     dr = make_drafter("dspark", num_spec=4, window=W, row_bytes=RB, head=str(tmp_path / "head"),
                       target=str(target), row_dtype="float32", device="cpu")
-    assert dr._markov_tab is None
+    assert dr.host.markov_tab is None
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_rows_to_float_is_torchs_conversion_and_leaves_the_rows_alone(dtype):
+    from dspark_proxy.worker.drafters.dspark_host import rows_to_f32
+
+    raw = np.random.default_rng(0).integers(0, 256, (9, 64), dtype=np.uint8)  # every pattern: nan, inf, subnormal
+    before = raw.copy()
+    got = rows_to_f32(raw, dtype)
+    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
+    want = torch.nan_to_num(torch.from_numpy(raw.copy()).view(tdt).float(), nan=0.0, posinf=0.0, neginf=0.0)
+    assert got.dtype == np.float32 and np.array_equal(got, want.numpy())
+    assert np.array_equal(raw, before)
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_a_steps_rows_give_the_torch_paths_keys_hostile_rows_included(pairs, name):
+    nat, ref, _ = pairs[name]
+    rng = np.random.default_rng(5)
+    rows = rng.standard_normal((6, RB // 4), dtype=np.float32)
+    rows[1, 3], rows[2, 0], rows[3, 7] = np.nan, np.inf, -np.inf
+    rows[4] = np.float32(3e38)  # overflows the products
+    pos = np.array([0, 1, 2, 900, 65535, 70000])
+    a = nat.project_rows(rows.view(np.uint8), pos)
+    b = ref.project_rows(rows.view(np.uint8), pos)
+    assert np.isfinite(a).all() and np.isfinite(b).all()
+    assert a.shape == b.shape and np.abs(a - b).max() <= 1e-5

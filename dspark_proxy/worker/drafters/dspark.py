@@ -22,8 +22,8 @@ renormalised, with a uniform that is a function of (seed, anchor position, j) al
 `seeded_uniform`), and the reply's support and q are that distribution, so rejection sampling against
 it stays lossless.
 On the CPU (`native`, the default there) the products go through the head's own kernel with each norm
-folded into the matrix after it (dspark_products.py) and the greedy loop runs on the host (`_greedy_host`):
-docs/dspark.md, "Its cost"; `native=False` (and CUDA) runs it all in torch, the path the native one is
+folded into the matrix after it (dspark_products.py), and a STEP's new rows and the greedy loop run on the
+host (dspark_host.py): docs/dspark.md, "Its cost"; `native=False` (and CUDA) runs it all in torch, the path the native one is
 tested against (tests/test_dspark_native.py).
 """
 
@@ -39,6 +39,7 @@ from ...model.dspark_ckpt import ROW_ITEMSIZE, CheckpointError, load_tensors, re
 from ...model.head_threads import ThreadChoice
 from ...wire import TOP_K, ReplyWriter
 from .base import DraftItem, seeded_uniform
+from .dspark_host import HostPath
 from .dspark_products import Products, rms
 from .dspark_rope import Rotary, rope
 
@@ -57,9 +58,6 @@ def _pick_device(device: str) -> torch.device:
     if d.type == "cuda" and not torch.cuda.is_available():
         raise CheckpointError(f"device {device!r}: this torch has no CUDA device (--device cpu)")
     return d
-
-
-MARKOV_TABLE_BYTES = 32 << 20  # _markov_table: the shipped head's is 16 MiB (4,096 tokens x 1,024 draft ids)
 
 
 class DSparkDrafter:
@@ -103,17 +101,15 @@ class DSparkDrafter:
         self.scaling = spec.head_dim ** -0.5
         self.kv_width = spec.n_layers * 2 * spec.n_kv_heads * spec.head_dim  # float32 values a row keeps
         self._cpu = self.device.type == "cpu"
-        self.native = native and self._cpu  # the head's kernel and the host loop (_greedy_host); else torch
+        self.native = native and self._cpu  # the head's kernel and the host side (dspark_host.py); else torch
         self.rotary = Rotary(spec.layer, spec.head_dim, self.device)
         self._mask_memo: tuple[bytes, list[torch.Tensor]] | None = None  # _masks: the last round's
         self.products = Products(spec, self.t, self.eps, self.native)
         self.w = self.products.w
         self._proj = self.products.proj
-        if self.native:  # _greedy_host's tables, as host arrays (the same memory)
+        if self.native:  # the host side (dspark_host.py) and the block's tables, as host arrays
             self._headmm = self.products.headmm
-            self._w1_np = self.t["markov_head.markov_w1.weight"].numpy() if spec.markov_rank else None
-            d2t = self.t.get("draft_to_target")
-            self._d2t_np = None if d2t is None else d2t.numpy()
+            self.host = HostPath(spec, self.t, self.products, self.rotary, self.eps, row_dtype)
             self._embed_np = self.t["embed_tokens.weight"].numpy()
             # the first layer's q/k/v of the block's mask rows, by the kernel that computes the anchor's
             # (its rows' sums do not depend on the rows beside them: model/headmm.py), so the same bytes
@@ -125,7 +121,6 @@ class DSparkDrafter:
             self._qkv0 = np.empty((0, spec.block_size, self._mask_qkv0.shape[-1]), dtype=np.float32)
             ce = self.w.get("conf_e")
             self._conf_e_np = None if ce is None or not ce.numel() else ce.numpy()[:, 0].copy()
-            self._markov_tab = self._markov_table()
         self.threads = ThreadChoice(self._headmm.threads()) if self.native else None
         self._win = np.zeros((0, 0, self.kv_width), dtype=np.float32)  # _windows' buffer, grown when needed
         self.rows_projected = 0
@@ -161,20 +156,6 @@ class DSparkDrafter:
                                   f"({weights >> 20} MiB weights, the rest a round of {max_reqs} requests); "
                                   f"the budget is {budget_mb} MiB (raise --gpu-memory-budget-mb or lower --max-reqs)")
 
-    def _markov_table(self) -> np.ndarray | None:
-        """A vanilla Markov head's bias for every previous token [V, draft vocab], where it fits in
-        MARKOV_TABLE_BYTES (None: each position computes it): a position's bias is then a row read where
-        the product of its embedding cost ~40 us a position. The same bytes: the kernel's rows do not
-        depend on the rows beside them (model/headmm.py) and it adds the base logits after the product
-        and its bias, as `lg + table[prev]` does."""
-        s = self.spec
-        if not s.markov_rank or s.markov_head_type != "vanilla":
-            return None
-        w1 = self._w1_np
-        if w1.shape[0] * s.draft_vocab_size * 4 > MARKOV_TABLE_BYTES:
-            return None
-        return self._proj(torch.from_numpy(w1), "markov_w2").numpy()
-
     def _on_device(self, a: np.ndarray) -> torch.Tensor:
         """A host array as a tensor on the drafter's device (on the CPU the same memory, no call)."""
         x = torch.from_numpy(np.ascontiguousarray(a))
@@ -205,6 +186,9 @@ class DSparkDrafter:
 
     def project_rows(self, raw: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """A STEP's rows at their positions → what each slot keeps beside them: [k, kv_width] float32."""
+        if self.native:
+            self.rows_projected += raw.shape[0]
+            return self.host.context_kv(raw, positions)
         return self._context_kv(raw, positions).reshape(raw.shape[0], -1).cpu().numpy()
 
     project_rows.needs_positions = True  # type: ignore[attr-defined]  # drafters/base.py project_at passes them
@@ -374,7 +358,7 @@ class DSparkDrafter:
             _, state = self._markov(prev, h0, None)  # the anchor slot carries the rnn state
         host = self.native and not sb.size and Vd > 1 and (not s.markov_rank or s.markov_head_type == "vanilla")
         if host:  # the common case, on the host: the same drafts (tests/test_dspark_reference.py)
-            emb_t, pm = self._greedy_host(base.numpy(), anchor_np, n, need_probs, ids, kept)
+            emb_t, pm = self.host.greedy(base.numpy(), anchor_np, n, need_probs, ids, kept)
         for j in range(0 if host else n):
             bias, state, emb = self._markov_step(prev, None if hs is None else hs[:, j], state)
             logits = base[:, j] if bias is None else base[:, j] + bias
@@ -447,39 +431,6 @@ class DSparkDrafter:
             out.sampled_mask[idx[sb]] = 1
             out.support_ids[idx[sb]] = sup[sb]
             out.proposal_q[idx[sb]] = q[sb]
-
-    def _greedy_host(self, base: np.ndarray, anchor: np.ndarray, n: int, need_probs: bool, ids: np.ndarray,
-                     kept: list | None) -> tuple[torch.Tensor | None, np.ndarray | None]:
-        """The greedy drafts left to right on the host (a vanilla Markov head or none, on the CPU): per
-        position the previous token's bias is added to the base logits (a row of `_markov_table`, or one
-        kernel call, model/headmm.py `mm` with the base as its residual) and one call finds the arg max
-        with the draft's probability and margin (`top1`), where torch takes some ten operations of 5-40
-        us each. base [B, n, Vd] → ids[:, :n]
-        filled (target ids); returns the Markov embeddings [B, n, rank] (None without a Markov head) and
-        [B, n, probability | margin] (None unless need_probs)."""
-        hm, s = self._headmm, self.spec
-        B = base.shape[0]
-        w1, tab = self._w1_np, self._markov_tab
-        emb = np.empty((B, n, s.markov_rank), dtype=np.float32) if s.markov_rank else None
-        pm = np.empty((B, n, 2), dtype=np.float32) if need_probs else None
-        d2t = self._d2t_np
-        prev = anchor
-        for j in range(n):
-            lg = base[:, j]
-            if emb is not None:
-                e = w1[prev]
-                emb[:, j] = e
-                lg = lg + tab[prev] if tab is not None else hm.mm(e, self.products.packed["markov_w2"][0], None, lg)
-            if kept is not None:
-                kept.append(torch.from_numpy(np.array(lg, dtype=np.float32)))
-            if need_probs:
-                c, cm = hm.top1(lg)
-                pm[:, j] = cm
-            else:
-                c = lg.argmax(-1)
-            prev = c if d2t is None else d2t[c]
-            ids[:, j] = prev
-        return (None if emb is None else torch.from_numpy(emb)), pm
 
     def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         m = self.t.get("draft_to_target")
