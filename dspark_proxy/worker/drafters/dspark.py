@@ -22,9 +22,9 @@ renormalised, with a uniform that is a function of (seed, anchor position, j) al
 `seeded_uniform`), and the reply's support and q are that distribution, so rejection sampling against
 it stays lossless.
 On the CPU (`native`, the default there) the products go through the head's own kernel with each norm
-folded into the matrix after it (dspark_products.py), and a STEP's new rows and the greedy loop run on the
-host (dspark_host.py): docs/dspark.md, "Its cost"; `native=False` (and CUDA) runs it all in torch, the path the native one is
-tested against (tests/test_dspark_native.py).
+folded into the matrix after it (dspark_products.py), and a STEP's new rows and the greedy loop run on
+the host (dspark_host.py): docs/dspark.md, "Its cost"; `native=False` (and CUDA) runs it all in torch,
+the path the native one is tested against (tests/test_dspark_native.py).
 """
 
 from __future__ import annotations
