@@ -102,6 +102,9 @@ def main() -> int:
     ap.add_argument("--n-prompts", type=int, default=8)
     ap.add_argument("--max-new", type=int, default=48)
     ap.add_argument("--deadline-ms", type=float, default=50.0)
+    ap.add_argument("--spin-us", type=float, default=20000.0,
+                    help="the worker's and the proxy's --spin-us (such a machine has cores to spare: the STEP's "
+                         "round trip beyond the worker's time, issue 29 item 6, is measured with it); 0: off")
     a = ap.parse_args()
     import engine_shim
     from dspark_proxy.ops.status import read_status
@@ -119,13 +122,15 @@ def main() -> int:
     name = f"devcheck-{os.getpid()}"
     port = 20000 + os.getpid() % 20000
     lay = ["--max-reqs", str(a.batch), "--num-spec", str(N), "--window", str(W), "--row-bytes", str(RB)]
+    spin = ["--spin-us", str(a.spin_us)] if a.spin_us > 0 else []
     t0 = time.monotonic()
     worker = spawn_worker(*lay, "--drafter", "dspark", "--head", str(head), "--target", str(target),
-                          "--device", a.device, listen=f"127.0.0.1:{port}", timeout_s=120.0, stderr=None)
+                          "--device", a.device, *spin, listen=f"127.0.0.1:{port}", timeout_s=120.0, stderr=None)
     proxy = None
     res: dict = {"device": a.device, "torch": torch.__version__, "head": str(head), "num_spec": N, "window": W}
     try:
-        proxy = spawn_proxy(name, f"127.0.0.1:{port}", *lay, "--deadline-ms", str(a.deadline_ms), "--log-every", "0")
+        proxy = spawn_proxy(name, f"127.0.0.1:{port}", *lay, "--deadline-ms", str(a.deadline_ms), "--log-every", "0",
+                            *spin)
         shim = engine_shim.attach(name, max_reqs=a.batch, num_spec=N, window=W, row_bytes=RB, timeout_s=30.0)
         waits, accepted, rounds, mismatches, t = [], 0, 0, 0, 0
         for start in range(0, len(prompts), a.batch):
@@ -183,7 +188,10 @@ def main() -> int:
                     "deadline_ms": a.deadline_ms, "rounds": t,
                     "drafter_ms_p50": round(lat.get("worker_us", {}).get("p50_us", 0.0) / 1e3, 3),
                     "proxy_worker_rtt_ms_p50": round(lat.get("rtt_us", {}).get("p50_us", 0.0) / 1e3, 3),
+                    "spin_us": a.spin_us,
                     "wall_s": round(time.monotonic() - t0, 1)})
+        # issue 29 item 6: the STEP's round trip beyond the worker's own time (p50s)
+        res["proxy_worker_gap_ms_p50"] = round(res["proxy_worker_rtt_ms_p50"] - res["drafter_ms_p50"], 3)
     finally:
         if proxy is not None:
             proxy.stop()
