@@ -309,7 +309,7 @@ class DSparkDrafter:
 
     @torch.inference_mode()
     def _draft(self, items: list[DraftItem], out: ReplyWriter) -> None:
-        s, dev, N = self.spec, self.device, self.num_spec
+        s, N = self.spec, self.num_spec
         B = len(items)
         f = np.array([(it.n_out, it.anchor_token, it.index, it.anchor_pos, it.w) for it in items],
                      dtype=np.int64).reshape(B, 5)
@@ -324,42 +324,84 @@ class DSparkDrafter:
         out_all = self._proj(hidden[:, :off + n], "out")  # [B, off + n, Vd (+ 1)]: norm, lm_head (, confidence)
         Vd = s.draft_vocab_size
         base = out_all[:, off:, :Vd]  # [B, n, Vd]
-        hs = None  # the normed hidden states, only for a Markov head that reads them
-        if s.markov_rank and s.markov_head_type in ("gated", "rnn"):
-            hn = rms(hidden[:, :off + n], self.t["norm.weight"], self.eps)
-            hs, h0 = hn[:, off:], hn[:, 0]
         temps = np.zeros(B)
         if out.sampled_mask is not None:
             temps = np.fromiter((max(0.0, float(it.temperature)) for it in items), np.float64, B)
-        sampled = temps > 0
+        sb = np.flatnonzero(temps > 0)  # the requests whose drafts are drawn from q
         ids = np.full((B, N), -1, dtype=np.int32)
         conf = np.zeros((B, N), dtype=np.float32)
         marg = np.zeros((B, N), dtype=np.float32)
-        sup = np.full((B, N, TOP_K), -1, dtype=np.int32) if sampled.any() else None
-        q = np.zeros((B, N, TOP_K), dtype=np.float32) if sampled.any() else None
-        sb = np.flatnonzero(sampled)
+        kept = [] if self.keep_logits else None
+        need_probs = not s.enable_confidence_head or out.margin is not None or bool(sb.size)
+        sq = None
+        host = self.native and not sb.size and Vd > 1 and (not s.markov_rank or s.markov_head_type == "vanilla")
+        if host:  # the common case, on the host: the same drafts (tests/test_dspark_native.py)
+            emb_t, pm = self.host.greedy(base.numpy(), anchor_np, n, need_probs, ids, kept)
+        else:
+            emb_t, pm, sq = self._torch_loop(hidden[:, :off + n], base, anchor, items, temps, sb, need_probs, ids, kept)
+        if s.enable_confidence_head and host:  # the same on the host: numpy's few us an operation
+            z = out_all.numpy()[:, off:, Vd]
+            if s.confidence_head_with_markov:
+                z = z + emb_t.numpy() @ self._conf_e_np
+            with np.errstate(over="ignore"):  # a very negative logit: exp overflows, the confidence is 0
+                conf[:, :n] = 1.0 / (1.0 + np.exp(-z))
+        elif s.enable_confidence_head:  # every draft's at once, after the loop: it feeds nothing back
+            z = out_all[:, off:, Vd]  # the hidden part and the bias, from the "out" product
+            if s.confidence_head_with_markov:
+                z = z + (emb_t @ self.w["conf_e"])[..., 0]
+            conf[:, :n] = torch.sigmoid(z).cpu().numpy()
+        else:
+            conf[:, :n] = pm[..., 0]
+        if out.margin is not None:
+            marg[:, :n] = pm[..., 1]
+        if kept is not None:
+            self.last_logits = torch.stack(kept, dim=1)
+        cut = np.arange(N)[None, :] >= n_out[:, None]
+        ids[cut], conf[cut], marg[cut] = -1, 0.0, 0.0
+        idx = f[:, 2]
+        out.draft_ids[idx] = ids
+        out.confidence[idx] = conf
+        if out.margin is not None:
+            out.margin[idx] = marg
+        if sb.size:
+            sup, q = sq
+            sup[cut] = -1
+            q[cut] = 0.0
+            out.sampled_mask[idx[sb]] = 1
+            out.support_ids[idx[sb]] = sup[sb]
+            out.proposal_q[idx[sb]] = q[sb]
+
+    def _torch_loop(self, hb: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, items: list[DraftItem],
+                    temps: np.ndarray, sb: np.ndarray, need_probs: bool, ids: np.ndarray, kept: list | None
+                    ) -> tuple[torch.Tensor | None, np.ndarray | None, tuple[np.ndarray, np.ndarray] | None]:
+        """The drafts left to right in torch: sampled requests, the gated and rnn Markov heads, CUDA and
+        `native=False`. hb: the block's hidden states [B, off + n, H] before `norm`; base: the base logits
+        [B, n, Vd]; sb: the requests drawn from q. Fills ids[:, :n]; returns the Markov embeddings
+        [B, n, rank] (or None), [B, n, probability | margin] (None unless need_probs), and for sampled
+        requests (support, q) [B, N, TOP_K] (else None)."""
+        s, dev, N = self.spec, self.device, self.num_spec
+        B, n = base.shape[0], base.shape[1]
+        off = hb.shape[1] - n
+        hs = h0 = None  # the normed hidden states, only for a Markov head that reads them
+        if s.markov_rank and s.markov_head_type in ("gated", "rnn"):
+            hn = rms(hb, self.t["norm.weight"], self.eps)
+            hs, h0 = hn[:, off:], hn[:, 0]
         if sb.size:
             key = np.array([(items[b].seed & ((1 << 64) - 1), items[b].anchor_pos) for b in sb.tolist()],
                            dtype=np.uint64).reshape(-1, 2)
             tt = torch.from_numpy(temps[sb]).to(dev, torch.float32)[:, None]
-        kept = [] if self.keep_logits else None
-        need_probs = not s.enable_confidence_head or out.margin is not None or bool(sb.size)
+            sbt = torch.from_numpy(sb).to(dev)
         tids: list[torch.Tensor] = []
         embs: list[torch.Tensor] = []  # the Markov head's embedding of each draft's previous token
         confs: list[torch.Tensor] = []
         margs: list[torch.Tensor] = []
         sups: list[torch.Tensor] = []
         qss: list[torch.Tensor] = []
-        if sb.size:
-            sbt = torch.from_numpy(sb).to(dev)
         prev = anchor
         state = None
         if s.markov_rank and s.markov_head_type == "rnn" and not s.sample_from_anchor:
             _, state = self._markov(prev, h0, None)  # the anchor slot carries the rnn state
-        host = self.native and not sb.size and Vd > 1 and (not s.markov_rank or s.markov_head_type == "vanilla")
-        if host:  # the common case, on the host: the same drafts (tests/test_dspark_reference.py)
-            emb_t, pm = self.host.greedy(base.numpy(), anchor_np, n, need_probs, ids, kept)
-        for j in range(0 if host else n):
+        for j in range(n):
             bias, state, emb = self._markov_step(prev, None if hs is None else hs[:, j], state)
             logits = base[:, j] if bias is None else base[:, j] + bias
             if kept is not None:
@@ -391,46 +433,20 @@ class DSparkDrafter:
             confs.append(c)
             margs.append(mg if mg is not None else c)
             prev = tid
-        if not host:
-            # one copy to the host for the whole block (a copy a position is a device sync each)
-            ids[:, :n] = torch.stack(tids, dim=1).cpu().numpy()
-            emb_t = torch.stack(embs, dim=1) if embs else None
-            pm = np.stack((torch.stack(confs, dim=1).float().cpu().numpy(),
-                           torch.stack(margs, dim=1).float().cpu().numpy()), axis=-1) if need_probs else None
-        if s.enable_confidence_head and host:  # the same on the host: numpy's few us an operation
-            z = out_all.numpy()[:, off:, Vd]
-            if s.confidence_head_with_markov:
-                z = z + emb_t.numpy() @ self._conf_e_np
-            with np.errstate(over="ignore"):  # a very negative logit: exp overflows, the confidence is 0
-                conf[:, :n] = 1.0 / (1.0 + np.exp(-z))
-        elif s.enable_confidence_head:  # every draft's at once, after the loop: it feeds nothing back
-            z = out_all[:, off:, Vd]  # the hidden part and the bias, from the "out" product
-            if s.confidence_head_with_markov:
-                z = z + (emb_t @ self.w["conf_e"])[..., 0]
-            conf[:, :n] = torch.sigmoid(z).cpu().numpy()
-        else:
-            conf[:, :n] = pm[..., 0]
-        if out.margin is not None:
-            marg[:, :n] = pm[..., 1]
+        # one copy to the host for the whole block (a copy a position is a device sync each)
+        ids[:, :n] = torch.stack(tids, dim=1).cpu().numpy()
+        emb_t = torch.stack(embs, dim=1) if embs else None
+        pm = np.stack((torch.stack(confs, dim=1).float().cpu().numpy(),
+                       torch.stack(margs, dim=1).float().cpu().numpy()), axis=-1) if need_probs else None
+        sq = None
         if sb.size:
+            sup = np.full((B, N, TOP_K), -1, dtype=np.int32)
+            q = np.zeros((B, N, TOP_K), dtype=np.float32)
             kk_n = sups[0].shape[1]
             sup[sb, :n, :kk_n] = torch.stack(sups, dim=1).cpu().numpy()
             q[sb, :n, :kk_n] = torch.stack(qss, dim=1).cpu().numpy()
-        if kept is not None:
-            self.last_logits = torch.stack(kept, dim=1)
-        cut = np.arange(N)[None, :] >= n_out[:, None]
-        ids[cut], conf[cut], marg[cut] = -1, 0.0, 0.0
-        idx = f[:, 2]
-        out.draft_ids[idx] = ids
-        out.confidence[idx] = conf
-        if out.margin is not None:
-            out.margin[idx] = marg
-        if sb.size:
-            sup[cut] = -1
-            q[cut] = 0.0
-            out.sampled_mask[idx[sb]] = 1
-            out.support_ids[idx[sb]] = sup[sb]
-            out.proposal_q[idx[sb]] = q[sb]
+            sq = (sup, q)
+        return emb_t, pm, sq
 
     def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         m = self.t.get("draft_to_target")
