@@ -104,7 +104,7 @@ def main() -> int:
     ap.add_argument("--deadline-ms", type=float, default=50.0)
     ap.add_argument("--spin-us", type=float, default=20000.0,
                     help="the worker's and the proxy's --spin-us (such a machine has cores to spare: the STEP's "
-                         "round trip beyond the worker's time, issue 29 item 6, is measured with it); 0: off")
+                         "round trip beyond the worker's time is measured with it); 0: off")
     a = ap.parse_args()
     import engine_shim
     from dspark_proxy.ops.status import read_status
@@ -190,7 +190,8 @@ def main() -> int:
                     "proxy_worker_rtt_ms_p50": round(lat.get("rtt_us", {}).get("p50_us", 0.0) / 1e3, 3),
                     "spin_us": a.spin_us,
                     "wall_s": round(time.monotonic() - t0, 1)})
-        # issue 29 item 6: the STEP's round trip beyond the worker's own time (p50s)
+        # the STEP's round trip beyond the worker's own time (p50s; docs/performance.md, "The STEP's round
+        # trip beyond the worker's own time")
         res["proxy_worker_gap_ms_p50"] = round(res["proxy_worker_rtt_ms_p50"] - res["drafter_ms_p50"], 3)
     finally:
         if proxy is not None:
