@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ...model.head_runner import bf16_to_f32
 from .dspark_rope import Rotary
 
 __all__ = ["HostPath", "MARKOV_TABLE_BYTES", "rows_to_f32", "zero_nonfinite"]
@@ -29,8 +30,8 @@ def rows_to_f32(raw: np.ndarray, row_dtype: str) -> np.ndarray:
     """Rows [k, row_bytes] (bfloat16, float16 or float32 values) as a new float32 array, a non-finite
     value 0 (a hostile row must not reach a slot's keys)."""
     raw = np.ascontiguousarray(raw)
-    if row_dtype == "bfloat16":  # a bfloat16 is the top half of the float32 of the same value
-        x = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    if row_dtype == "bfloat16":
+        x = bf16_to_f32(raw)
     else:
         x = raw.view(np.float16 if row_dtype == "float16" else np.float32).astype(np.float32)
     return zero_nonfinite(x)
