@@ -62,6 +62,11 @@ class Sim:
         self.a.mask(self.slots, need)
         self.need = need
 
+    def resize(self, n: int) -> None:
+        """The batch grows or shrinks to n requests (slots 0..n-1), those there asking drafts as it did."""
+        self.slots = np.arange(n, dtype=np.int64)
+        self.need = np.full(n, self.need.any())
+
     def run(self, rounds: int, draft_ns: int, **kw) -> None:
         for _ in range(rounds):
             self.step(draft_ns, **kw)

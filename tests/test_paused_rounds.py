@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dspark_proxy.round.acceptance import PAUSED, GateSettings
+from dspark_proxy.round.acceptance import PAUSED, PAYS, PROMISE_AHEAD, SWITCH_AFTER, GateSettings
 from dspark_proxy.round.core import RoundSettings
-from dspark_proxy.round.gate_tps import StepRates
+from dspark_proxy.round.gate_tps import StepRates, bucket
 from dspark_proxy.shm.layout import Word
 from engine_shim.shim import WAIT_ANSWERED_PAUSED
 from tests.rig import Rig, ScriptedClient, full_windows
@@ -240,3 +240,30 @@ def test_any_order_of_engine_and_proxy_on_promised_rounds_keeps_every_draft_righ
                 break
         else:
             raise AssertionError("the windows never came whole again")
+
+
+def test_a_long_pause_is_promised_a_few_rounds_ahead_and_ends_at_a_size_where_drafting_pays(seg_name):
+    """A throughput pause of 400 rounds: PAUSED_THROUGH goes PROMISE_AHEAD rounds past the round handled,
+    not to the pause's end; the batch moving to a size where drafting was found to pay ends the pause,
+    the promised rounds still get no drafts, and the first round past them drafts, exact."""
+    gate = GateSettings(break_even=0.5, patience=4, pause=8, pause_max=512, probe=1, tps_every=1000)
+    client = ScriptedClient(max_reqs=4, num_spec=3, window=4, row_bytes=16)
+    with Rig(seg_name, M=4, N=3, W=4, B=16, settings=RoundSettings(gate=gate), client=client) as rig:
+        g = rig.core.accept.gate
+        rig.round(REQS)
+        g.b_recall[bucket(1)] = PAYS
+        g.b_tps = True
+        g._batch_paused(rig.t, rig.t + 400, "accept_batch_tps_paused")
+        for _ in range(5):
+            reply, _ = rig.round(REQS)
+            assert reply.ok and not reply.ok_mask.any()
+            assert rig.seg.word(Word.PAUSED_THROUGH) == rig.t + PROMISE_AHEAD
+        drafted_at = None
+        for _ in range(PROMISE_AHEAD + SWITCH_AFTER):
+            reply, b = rig.round(REQS[:1])  # one request
+            if reply.ok_mask.any():
+                drafted_at = rig.t
+                assert rig.check_drafts(reply, b) == 1 and all(full_windows(rig, reply, b))
+                break
+        assert g.b_state != PAUSED and g.b_bucket == bucket(1)
+        assert drafted_at == rig.seg.word(Word.PAUSED_THROUGH) + 1

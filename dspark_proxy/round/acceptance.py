@@ -58,13 +58,16 @@ import numpy as np
 
 from .. import native
 from ..ops.stats import Stats
-from .gate_tps import MIN_SAMPLES, StepRates
+from .gate_tps import MIN_SAMPLES, StepRates, bucket
 
 __all__ = ["Acceptance", "GateSettings", "DraftEffect", "AcceptGate", "ACTIVE", "PAUSED", "PROBING", "STATE_NAMES",
            "accepted_drafts"]
 
 ACTIVE, PAUSED, PROBING = 0, 1, 2
 STATE_NAMES = ("active", "paused", "probing")
+PAYS = -1  # AcceptGate.b_recall: drafting was found to pay at that batch size (> 0: the pause it was given)
+PROMISE_AHEAD = 32  # rounds past the one handled that a batch pause promises the engine (shm_layout.md §3)
+SWITCH_AFTER = 4  # rounds in a row at another batch-size bucket before the throughput rule moves to it
 
 
 @dataclass(frozen=True)
@@ -259,6 +262,13 @@ class AcceptGate:
         self.b_judged = (-1, -1)  # the rounds of the batch's last two ACTIVE judgements (the throughput rule)
         self.b_more = 0  # a throughput probe's verified rounds past its first look
         self._asked = True  # the batch asked drafts in the last round (not PAUSED when it was masked)
+        # the throughput rule per batch size (gate_tps.py, `bucket`): the rounds' bucket, and per bucket what
+        # the rule last found there: the pause it gave drafting, PAYS (drafting beat the plain rate by the
+        # margin), 0 (not judged yet)
+        self.b_bucket = self.b_next = self.b_next_n = 0  # b_next: another bucket seen b_next_n rounds in a row
+        self.b_recall = [0] * (bucket(max_slots) + 1)
+        self.b_recall_other = False  # a bucket but this one has a pause to recall: a change of size may pause
+        self.b_promised = 0  # the engine's paused_through: rounds up to it ask no drafts whatever the state
 
     # ------------------------------------------------------------------ per round
 
@@ -293,6 +303,10 @@ class AcceptGate:
         none), the batch's block and the ACTIVE slots are judged when due."""
         asked = self._asked  # round t-1 went out asking drafts: step t is what that cost, verified or not
         if self.tps is not None:
+            if n and bucket(n) != self.b_bucket:
+                self._seen_size(t, bucket(n))
+            elif self.b_next_n:
+                self.b_next_n = 0
             self.tps.round(t, n, asked, decode)
         if self.b_state == PAUSED and t >= self.b_until:
             self._batch_pause_over(t)
@@ -307,15 +321,24 @@ class AcceptGate:
         if t >= self.next_tick:
             self.next_tick = t + self.s.patience
             self._judge_active(t)
-        self._asked = self.b_state != PAUSED  # what mask() does to round t: the class of step t+1
+        if self.b_state == PAUSED:  # promised a round at a time, so a change of size may end a pause
+            self.b_promised = max(self.b_promised, min(self.b_until - 1, t + PROMISE_AHEAD))
+        self._asked = self.b_state != PAUSED and t > self.b_promised  # round t's mask: the class of step t+1
+
+    def steady(self, t: int) -> bool:
+        """Nothing in round t's end() can pause drafting (no slot paused or probing, the batch ACTIVE with its
+        block not due, no bucket to recall a pause from): its entries may be filled before it (round/core.py)."""
+        return not self.on or (self.n_paused == 0 and self.n_probing == 0 and self.b_state != PAUSED
+                               and t < self.next_tick and self.b_left > 1 and not self.b_recall_other
+                               and t > self.b_promised)
 
     def mask(self, slots: np.ndarray, need: np.ndarray) -> int:
         """Clear `need` (the round's NEED_DRAFT flags, in place) where the slot or the batch is PAUSED;
         how many it cleared."""
-        if not self.on or (self.n_paused == 0 and self.b_state != PAUSED):
+        if not self.on or (self.n_paused == 0 and self._asked):
             return 0
         before = int(np.count_nonzero(need))
-        if self.b_state == PAUSED:
+        if not self._asked:  # the batch PAUSED, or the round promised paused (b_promised)
             need[:] = False
         else:
             need &= self.state[slots] != PAUSED
@@ -402,10 +425,13 @@ class AcceptGate:
             self.b_sample = False
             self._batch_block(ACTIVE, self.s.patience)
             return
+        self._probe_block()
+        self.stats.inc("accept_batch_probes")
+
+    def _probe_block(self) -> None:
         first = max(self.s.probe, MIN_SAMPLES) if self.b_tps else self.s.probe
         self._batch_block(PROBING, first)
         self.b_more = max(self.s.probe, self.s.patience) - first if self.b_tps else 0
-        self.stats.inc("accept_batch_probes")
 
     def _judge_batch(self, t: int) -> None:
         """The batch's block is whole: low acceptance pauses it; with the throughput rule, the block's
@@ -430,6 +456,8 @@ class AcceptGate:
             if self.b_state == PROBING:
                 self.b_pause = s.pause
                 self.stats.inc("accept_batch_tps_resumed" if self.b_tps else "accept_batch_resumed")
+                if self.b_tps:
+                    self.b_recall[self.b_bucket] = PAYS
             self.b_tps = False
             self._batch_block(ACTIVE, s.patience)
             return
@@ -439,6 +467,8 @@ class AcceptGate:
         else:
             counter = "accept_batch_tps_paused" if slow else "accept_batch_paused"
         self.b_tps, self.b_slow = slow, 0
+        if slow:
+            self.b_recall[self.b_bucket] = self.b_pause
         self._batch_paused(t, t + self.b_pause, counter)
 
     def _tps_verdict(self, t: int, accepted: int) -> str:
@@ -468,10 +498,47 @@ class AcceptGate:
         self.b_judged = (self.b_judged[1], t)
         if drafting is not None and plain is not None:
             self.b_slow = self.b_slow + 1 if drafting < plain else 0
+            if fresh and drafting >= plain * (1.0 + s.tps_margin):
+                self.b_recall[self.b_bucket] = PAYS
             if fresh and (self.b_slow >= 2 or drafting < 0.5 * plain):
                 return "slow"
             stale = stale or (self.b_slow > 0 and not fresh)
         return "sample" if stale else "ok"
+
+    def _seen_size(self, t: int, new: int) -> None:
+        """Round t's batch is in another bucket: moved there once it has stayed SWITCH_AFTER rounds (a
+        batch that hovers at a boundary does not restart its blocks every round), at once the first time."""
+        if new != self.b_next:
+            self.b_next, self.b_next_n = new, 0
+        self.b_next_n += 1
+        if self.b_bucket == 0 or self.b_next_n >= SWITCH_AFTER:
+            self.b_next_n = 0
+            self._switch(t, new)
+
+    def _switch(self, t: int, new: int) -> None:
+        """The batch's size moved to another bucket, where what drafting is worth is its own (gate_tps.py):
+        where the throughput rule last paused drafting, the batch pauses again at once, for that pause,
+        rather than drafting blocks to learn it anew (load that moves between few requests and many);
+        where drafting was found to pay, it drafts, a throughput pause or sample under way ended (the
+        rounds the engine was promised still ask no drafts: `b_promised`); at a size not judged yet the
+        batch goes on as it was, its block restarted against that size's plain rate (a pause's end
+        probes there). A pause for low acceptance is not the size's: it runs its course."""
+        old, self.b_bucket = self.b_bucket, new
+        assert self.tps is not None
+        self.tps.switch(old, new)
+        self.b_recall_other = any(p > 0 for i, p in enumerate(self.b_recall) if i != new)
+        found, state = self.b_recall[new], self.b_state
+        if old == 0 or (state == PAUSED and (found == 0 or not (self.b_tps or self.b_sample))):
+            return
+        self.b_slow, self.b_judged, self.b_more = 0, (t, t), 0
+        if found > 0:
+            self.b_sample, self.b_tps, self.b_pause = False, True, found
+            self._batch_paused(t, t + found, "accept_batch_tps_recalled")
+        elif found == 0 and state == PROBING:
+            self._probe_block()
+        else:
+            self.b_sample, self.b_tps, self.b_pause = False, False, self.s.pause
+            self._batch_block(ACTIVE, self.s.patience)
 
     def _batch_paused(self, t: int, until: int, counter: str) -> None:
         self.b_state, self.b_until = PAUSED, until

@@ -61,7 +61,7 @@ from ..shm.resync import WindowAsker
 from ..shm.ring_shm import RingError
 from ..shm.segment import Segment
 from ..shm.stamped import BadDescriptor, SlotReader
-from .acceptance import PAUSED, Acceptance, GateSettings
+from .acceptance import Acceptance, GateSettings
 from .breaker import BreakerState, CircuitBreaker
 from .fused import FusedRound
 from .late import FIRST_FAILED, FIRST_NO, FIRST_OVERTAKEN, LateRounds
@@ -233,8 +233,7 @@ class RoundCore(LateRounds):
         go = moved is None and (epoch is None or epoch == self._last_epoch)
         g = self.accept.gate
         fill = go and epoch is not None and self.breaker.current is _CLOSED and not self.pacer.row_cap \
-            and self._no_n_out and (not self._gate_on or (g.n_paused == 0 and g.n_probing == 0 and
-                                                          g.b_state != PAUSED and t < g.next_tick and g.b_left > 1))
+            and self._no_n_out and (not self._gate_on or g.steady(t))
         n, plan, stage = self.fused.front(t, self.seg, self.desc, go, fill, self._prefix, _ENTRIES_AT, _ENTRY_SIZE,
                                           self._entry_offs, self._gather_arg)
         self._advanced = stage > 0  # round t's rows reached the ring model (an error past here keeps it)

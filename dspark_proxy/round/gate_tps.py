@@ -14,7 +14,9 @@ chunks is long with drafts or without).
 over the median interval (a busy machine's intervals are noisy and heavy-tailed: a median of a block, not
 a mean): with drafts `(1 + accepted / requests) / median`, without `1 / median`. Per request rather than
 per batch, so a block at another batch size compares like with like at the small batch sizes where
-drafting's cost shows. The gate compares the two (docs/design.md, "Acceptance-aware drafting"). Per
+drafting's cost shows. The gate compares the two (docs/design.md, "Acceptance-aware drafting"). What a
+target step costs grows with the tokens it verifies, so drafting can pay at 1 request and not at 8: the
+plain rate is kept per batch-size bucket (`bucket`), and a block never mixes two (`switch`). Per
 round: one clock read and a few scalars; the medians only when a block is judged. A clock read of -1
 says the engine is already rounds ahead (it answers paused rounds itself, without waiting for the
 proxy: its stamp may be a later round's), and leaves a gap.
@@ -27,10 +29,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["StepRates", "MIN_SAMPLES"]
+__all__ = ["StepRates", "MIN_SAMPLES", "bucket"]
 
 CAP = 64  # intervals kept a class and block
 MIN_SAMPLES = 4  # a block with fewer intervals of a class gives no rate of it
+
+
+def bucket(n: int) -> int:
+    """The batch-size bucket of a round of n requests: 1, 2, 3-4, 5-8, 9-16, ... (0: none)."""
+    return (n - 1).bit_length() + 1 if n > 0 else 0
 
 
 class StepRates:
@@ -52,6 +59,7 @@ class StepRates:
         self.plain: float | None = None
         self.drafting: float | None = None
         self.plain_at = 0
+        self._plains: dict[int, tuple[float | None, int]] = {}  # bucket -> (plain, plain_at), but the current's
 
     def round(self, t: int, n: int, drafted: int | bool, decode: bool = True) -> None:
         """Round t (n requests; drafted: round t-1 asked drafts, so step t is drafting's whether they came
@@ -83,6 +91,14 @@ class StepRates:
     def begin(self) -> None:
         """A new block: its intervals start afresh."""
         self.n_d = self.n_p = self.req_d = 0
+
+    def switch(self, old: int, new: int) -> None:
+        """The batch moved from bucket `old` to `new`: the plain rate becomes new's (None: not learnt
+        there yet), the block's intervals start afresh and the next interval, which spans both, is a gap."""
+        self._plains[old] = (self.plain, self.plain_at)
+        self.plain, self.plain_at = self._plains.get(new, (None, 0))
+        self.begin()
+        self._last_t = -2
 
     def learn_plain(self, t: int) -> float | None:
         """The block's rate without drafts, when it has enough intervals (then kept as `plain`)."""

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..shm.stamped import BadDescriptor
-from .acceptance import PAUSED
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -107,13 +106,14 @@ class LateRounds:
 
     def _paused(self, t: int, slots: np.ndarray, need: np.ndarray) -> bool:
         """The gate's mask on round t's NEED_DRAFT flags (in place); True when none is left, so the reply
-        is known before the STEP. While the batch is PAUSED the engine is promised every round of the
-        pause (PAUSED_THROUGH): it answers them itself, without waiting for this process (shm_layout.md
-        §3, "Paused rounds"), so a promised round asks no drafts whatever the gate says now."""
+        is known before the STEP. While the batch is PAUSED the engine is promised the pause's rounds,
+        a few ahead at a time (PAUSED_THROUGH, the gate's `b_promised`): it answers them itself, without
+        waiting for this process (shm_layout.md §3, "Paused rounds"), so a promised round asks no drafts
+        whatever the gate says now."""
         cleared = self.accept.mask(slots, need)
         g = self.accept.gate
-        if g.b_state == PAUSED and g.b_until - 1 > self._promised:  # the pause ends at round b_until
-            self._promised = g.b_until - 1
+        if g.b_promised > self._promised:
+            self._promised = g.b_promised
             self.flags.promise_paused(self._promised)
         if t <= self._promised:
             need[:] = False
