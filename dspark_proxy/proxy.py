@@ -23,9 +23,9 @@ from .ops.events import EventRing
 from .ops.keep_awake import KeepAwake
 from .ops.metrics import LATENCY_BOUNDS_US  # the bounds only: prometheus-client is imported at start
 from .ops.stats import Stats
-from .round.acceptance import PAUSED, GateSettings
 from .round.breaker import CircuitBreaker
 from .round.core import RoundCore, RoundSettings
+from .round.gate import PAUSED, GateSettings
 from .shm import hostflag as hf
 from .shm.hostflag import FAR_AHEAD, HostFlags
 from .shm.layout import LayoutParams, State, Word

@@ -1,4 +1,4 @@
-"""The drafting's effect and the acceptance gate (dspark_proxy/round/acceptance.py): accepted drafts read from
+"""The drafting's effect and the acceptance gate (dspark_proxy/round/acceptance.py, gate.py): accepted drafts read from
 the engine's valid / k_window, counted under vLLM's spec_decode names; the per-slot and whole-batch
 state machines, one test per transition; and, through the real round (tests/rig.py), a paused request's
 entry still carries its rows without NEED_DRAFT and its window stays whole."""
@@ -9,16 +9,9 @@ import numpy as np
 import pytest
 
 from dspark_proxy.ops.stats import Stats
-from dspark_proxy.round.acceptance import (
-    ACTIVE,
-    PAUSED,
-    PROBING,
-    Acceptance,
-    DraftEffect,
-    GateSettings,
-    accepted_drafts,
-)
+from dspark_proxy.round.acceptance import Acceptance, DraftEffect, accepted_drafts
 from dspark_proxy.round.core import RoundSettings
+from dspark_proxy.round.gate import ACTIVE, PAUSED, PROBING, GateSettings
 from tests.rig import Rig, full_windows
 
 pytestmark = pytest.mark.timeout(60)

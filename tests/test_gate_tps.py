@@ -1,4 +1,4 @@
-"""The acceptance gate's throughput rule (dspark_proxy/round/acceptance.py, gate_tps.py): the whole batch stops
+"""The acceptance gate's throughput rule (dspark_proxy/round/gate.py, gate_tps.py): the whole batch stops
 drafting while drafting's tokens per request-second of engine time fall below those without drafts.
 
 Driven by a small simulated engine with a fake clock: each round's requests verified drafts exactly when
@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from dspark_proxy.ops.stats import Stats
-from dspark_proxy.round.acceptance import ACTIVE, PAUSED, PROBING, Acceptance, GateSettings
+from dspark_proxy.round.acceptance import Acceptance
 from dspark_proxy.round.core import RoundSettings
+from dspark_proxy.round.gate import ACTIVE, PAUSED, PROBING, GateSettings
 from dspark_proxy.round.gate_tps import MIN_SAMPLES, StepRates
 from dspark_proxy.shm.layout import Word
 from tests.rig import Rig, ScriptedClient, full_windows

@@ -1,4 +1,4 @@
-"""The throughput rule per batch size (dspark_proxy/round/acceptance.py `_switch`, gate_tps.py `bucket`):
+"""The throughput rule per batch size (dspark_proxy/round/gate.py `_switch`, gate_tps.py `bucket`):
 what a target step costs grows with the tokens it verifies, so drafting can pay at one request and not at
 four. Each size has its own plain rate and blocks never mix two; a size where the rule paused drafting
 pauses again at once when the batch comes back to it, until a probe there pays; a throughput pause ends
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dspark_proxy.round.acceptance import ACTIVE, PAUSED, PAYS, PROMISE_AHEAD, SWITCH_AFTER, GateSettings
+from dspark_proxy.round.gate import ACTIVE, PAUSED, PAYS, PROMISE_AHEAD, SWITCH_AFTER, GateSettings
 from dspark_proxy.round.gate_tps import StepRates, bucket
 from tests.test_gate_tps import PLAIN, S, Sim
 
@@ -72,32 +72,53 @@ def test_a_probe_that_pays_forgets_the_sizes_pause():
     assert s.c("accept_batch_tps_recalled") == 0 and s.g.b_state == ACTIVE
 
 
-def test_each_size_has_its_own_plain_rate_and_a_block_never_mixes_two():
+def test_each_size_keeps_the_plain_rate_learnt_there():
     r = StepRates(clock=iter(range(0, 10_000, 10)).__next__)
     for t in range(1, 7):
         r.round(t, 2, 0)
     assert r.learn_plain(6) == pytest.approx(1e8)
-    r.switch(2, 3)
-    assert r.plain is None and r.plain_at == 0 and r.n_p == r.n_d == r.req_d == 0
-    r.round(7, 4, 0)  # the interval from round 6 spans both sizes: not a sample
-    assert r.n_p == 0
+    r.switch(2, 3)  # none learnt at 3-4 requests: two's stands in; the block goes on
+    assert r.plain == pytest.approx(1e8) and r.plain_at == 6 and r.n_p == 5
+    for t in range(7, 14):
+        r.round(t, 4, 0)
+    r.begin()
+    for t in range(14, 20):
+        r.round(t, 4, 0)
+    r.plain = None
+    assert r.learn_plain(19) == pytest.approx(1e8)
+    r.plain = 5e7  # (as if learnt so)
     r.switch(3, 2)
     assert r.plain == pytest.approx(1e8) and r.plain_at == 6
+    r.switch(2, 3)
+    assert r.plain == pytest.approx(5e7) and r.plain_at == 19
 
+
+def test_a_size_not_judged_yet_goes_on_as_it_was():
+    """Neither its block restarted (a size that moves every few rounds would never have one judged) nor
+    a pause ended."""
     s = Sim(n=1)
-    s.run(S.patience // 2, CHEAP)
-    _resize(s, 4, CHEAP)  # a new block at four requests: a whole one still to go
-    assert s.g.b_state == ACTIVE and s.g.b_left == S.patience - 1 and s.g.b_bucket == 3
+    s.run(S.patience // 4, CHEAP)
+    left = s.g.b_left
+    _resize(s, 4, CHEAP)
+    assert s.g.b_state == ACTIVE and s.g.b_left == left - SWITCH_AFTER and s.g.b_bucket == 3
+    s = Sim(n=4)
+    _until_paused(s, SLOW)
+    until = s.g.b_until
+    _resize(s, 1, CHEAP)
+    assert s.g.b_state == PAUSED and s.g.b_until == until
 
 
-def test_a_batch_hovering_at_a_boundary_keeps_its_bucket():
-    """One round in SWITCH_AFTER at two requests, the rest at three: its blocks still come whole (the
-    first is judged, and with tps_every this short that asks a plain sample)."""
-    s = Sim(GateSettings(break_even=0.5, patience=8, pause=16, pause_max=64, probe=2, tps_every=8), n=3)
-    for k in range(3 * 8):
-        s.resize(2 if k % SWITCH_AFTER == SWITCH_AFTER - 1 else 3)
+def test_a_batch_hovering_next_to_a_size_found_slow_does_not_pause():
+    """Three requests found slow; the batch at two, one round in SWITCH_AFTER at three: never counted there."""
+    s = Sim(n=2)
+    s.g.b_recall[bucket(3)] = 16
+    for k in range(10 * SWITCH_AFTER):
+        s.resize(3 if k % SWITCH_AFTER == SWITCH_AFTER - 1 else 2)
         s.step(CHEAP)
-    assert s.g.b_bucket == 3 and s.c("accept_batch_tps_samples") >= 1
+    assert s.g.b_bucket == 2 and s.c("accept_batch_tps_recalled") == 0 and s.g.b_state == ACTIVE
+    s.resize(3)
+    s.run(SWITCH_AFTER, CHEAP)
+    assert s.c("accept_batch_tps_recalled") == 1
 
 
 def test_the_promise_goes_a_few_rounds_ahead_and_a_size_change_ends_the_pause_after_it():
@@ -122,15 +143,20 @@ def test_the_promise_goes_a_few_rounds_ahead_and_a_size_change_ends_the_pause_af
     assert s.t == s.g.b_promised + 1 and rounds <= PROMISE_AHEAD
 
 
-def test_a_sample_under_way_at_a_size_not_judged_yet_learns_that_sizes_plain_rate():
-    s = Sim(n=4)
-    s.until(lambda: s.g.b_sample, CHEAP)
-    _resize(s, 1, CHEAP)
-    assert s.g.b_state == PAUSED and s.g.b_sample and s.g.tps.plain is None
-    s.until(lambda: s.g.b_state == ACTIVE, CHEAP)
-    assert s.g.tps.plain == pytest.approx(1e9 / PLAIN) and s.g.b_bucket == 1
+def test_a_sample_ends_where_drafting_pays_and_becomes_a_pause_where_it_was_slow():
+    s = Sim(n=1)
+    s.until(lambda: s.g.b_recall[1] == PAYS, CHEAP)
+    s.g.b_recall[bucket(2)] = 40  # (as if found slow at two requests)
     _resize(s, 4, CHEAP)
-    assert s.g.tps.plain is None
+    s.until(lambda: s.g.b_sample, CHEAP)
+    _resize(s, 1, CHEAP)  # drafting pays at one request: the sample is over
+    assert s.g.b_state == ACTIVE and not s.g.b_sample
+    _resize(s, 4, CHEAP)
+    s.until(lambda: s.g.b_sample, CHEAP)
+    until = s.g.b_until
+    _resize(s, 2, CHEAP)  # found slow at two: the sample becomes that size's pause
+    assert s.g.b_state == PAUSED and not s.g.b_sample and s.g.b_tps and s.g.b_pause == 40
+    assert s.g.b_until == max(until, s.t + 40) and s.c("accept_batch_tps_recalled") == 1
 
 
 def test_an_acceptance_pause_is_not_the_sizes():

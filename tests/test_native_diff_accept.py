@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from dspark_proxy import native
 from dspark_proxy.ops.stats import Stats
-from dspark_proxy.round.acceptance import Acceptance, GateSettings
+from dspark_proxy.round.acceptance import Acceptance
+from dspark_proxy.round.gate import GateSettings
 
 M, N = 6, 4
 

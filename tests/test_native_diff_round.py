@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dspark_proxy.round.acceptance import GateSettings
 from dspark_proxy.round.core import RoundSettings
+from dspark_proxy.round.gate import GateSettings
 
 from .rig import Rig
 from .test_native_diff import B, Driver, M, N, RecordingClient, W, _native, _one, _state

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dspark_proxy.round.acceptance import GateSettings
+from dspark_proxy.round.gate import GateSettings
 
 from .test_native_diff import Driver, _one, _state
 from .test_native_diff_round import M, N, W, _rig

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dspark_proxy.round.acceptance import PAUSED, PAYS, PROMISE_AHEAD, SWITCH_AFTER, GateSettings
 from dspark_proxy.round.core import RoundSettings
+from dspark_proxy.round.gate import PAUSED, PAYS, PROMISE_AHEAD, SWITCH_AFTER, GateSettings
 from dspark_proxy.round.gate_tps import StepRates, bucket
 from dspark_proxy.shm.layout import Word
 from engine_shim.shim import WAIT_ANSWERED_PAUSED

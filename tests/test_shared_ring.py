@@ -352,8 +352,8 @@ def test_a_reply_published_before_its_step_sends_its_own_rows(seg_name):
     `_publish_first`): the engine may read that reply and enqueue t + 1 while the STEP for t is still
     going out, rewriting ring rows of round t. Its rows are taken first, so the worker gets round t's
     bytes, and the drafts after the pause are right."""
-    from dspark_proxy.round.acceptance import GateSettings
     from dspark_proxy.round.core import RoundSettings
+    from dspark_proxy.round.gate import GateSettings
 
     gate = GateSettings(break_even=0.5, patience=4, pause=8, pause_max=16, probe=1, tps_every=64)
     with Rig(seg_name, M=4, N=3, W=4, B=BIG, settings=RoundSettings(gate=gate)) as rig:

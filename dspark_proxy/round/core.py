@@ -61,9 +61,10 @@ from ..shm.resync import WindowAsker
 from ..shm.ring_shm import RingError
 from ..shm.segment import Segment
 from ..shm.stamped import BadDescriptor, SlotReader
-from .acceptance import Acceptance, GateSettings
+from .acceptance import Acceptance
 from .breaker import BreakerState, CircuitBreaker
 from .fused import FusedRound
+from .gate import GateSettings
 from .late import FIRST_FAILED, FIRST_NO, FIRST_OVERTAKEN, LateRounds
 from .pacing import LinkPacer
 from .reply_page import PagePacker
@@ -100,7 +101,7 @@ class RoundSettings:
     n_out_table: tuple[int, ...] = ()  # n_out by batch size (index min(n, len-1)); empty = all N
     step_timeout_s: float | None = None  # None: what is left of the deadline since `gathered`
     min_step_timeout_s: float = 0.0005
-    gate: GateSettings = GateSettings()  # acceptance-aware drafting (acceptance.py)
+    gate: GateSettings = GateSettings()  # acceptance-aware drafting (gate.py)
 
 
 class RoundCore(LateRounds):

@@ -9,14 +9,14 @@ verified drafts made accepted + 1 tokens, the others 1. So per round, one interv
 round t-1 asked drafts (the step that drafting made longer, verified or come too late) or not; decode rounds only (a step with prefill
 chunks is long with drafts or without).
 
-`StepRates` keeps the intervals of the batch gate's current block (acceptance.py, `AcceptGate`): at most
+`StepRates` keeps the intervals of the batch gate's current block (gate.py, `AcceptGate`): at most
 `CAP` a class, a ring, so a long pause keeps its last ones. A block's rate is tokens per request-round
 over the median interval (a busy machine's intervals are noisy and heavy-tailed: a median of a block, not
 a mean): with drafts `(1 + accepted / requests) / median`, without `1 / median`. Per request rather than
 per batch, so a block at another batch size compares like with like at the small batch sizes where
 drafting's cost shows. The gate compares the two (docs/design.md, "Acceptance-aware drafting"). What a
 target step costs grows with the tokens it verifies, so drafting can pay at 1 request and not at 8: the
-plain rate is kept per batch-size bucket (`bucket`), and a block never mixes two (`switch`). Per
+plain rate is kept per batch-size bucket (`bucket`, `switch`). Per
 round: one clock read and a few scalars; the medians only when a block is judged. A clock read of -1
 says the engine is already rounds ahead (it answers paused rounds itself, without waiting for the
 proxy: its stamp may be a later round's), and leaves a gap.
@@ -93,12 +93,11 @@ class StepRates:
         self.n_d = self.n_p = self.req_d = 0
 
     def switch(self, old: int, new: int) -> None:
-        """The batch moved from bucket `old` to `new`: the plain rate becomes new's (None: not learnt
-        there yet), the block's intervals start afresh and the next interval, which spans both, is a gap."""
-        self._plains[old] = (self.plain, self.plain_at)
-        self.plain, self.plain_at = self._plains.get(new, (None, 0))
-        self.begin()
-        self._last_t = -2
+        """The batch moved from bucket `old` to `new`: the plain rate becomes the one last learnt there
+        (where none was, old's stands in). The block's intervals go on (the gate does not restart it)."""
+        if self.plain is not None:
+            self._plains[old] = (self.plain, self.plain_at)
+        self.plain, self.plain_at = self._plains.get(new, (self.plain, self.plain_at))
 
     def learn_plain(self, t: int) -> float | None:
         """The block's rate without drafts, when it has enough intervals (then kept as `plain`)."""
