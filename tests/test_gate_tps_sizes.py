@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from dspark_proxy.round.gate import ACTIVE, PAUSED, PAYS, PROMISE_AHEAD, SWITCH_AFTER, GateSettings
-from dspark_proxy.round.gate_tps import StepRates, bucket
+from dspark_proxy.round.gate_tps import StepRates, bucket, size_label
 from tests.test_gate_tps import PLAIN, S, Sim
 
 pytestmark = pytest.mark.timeout(60)
@@ -37,6 +37,7 @@ def _until_paused(s: Sim, draft_ns: int) -> int:
 
 def test_buckets():
     assert [bucket(n) for n in (0, 1, 2, 3, 4, 5, 8, 9, 16, 17, 256)] == [0, 1, 2, 3, 3, 4, 4, 5, 5, 6, 9]
+    assert [size_label(b) for b in range(1, 7)] == ["1", "2", "3-4", "5-8", "9-16", "17-32"]
 
 
 @pytest.mark.parametrize("native_path", [False, True])
@@ -48,6 +49,7 @@ def test_a_size_where_drafting_was_slow_pauses_again_at_once(native_path):
     assert s.g.b_state == PAUSED and s.g.b_bucket == 1
     s.until(lambda: s.c("accept_batch_tps_resumed") == 1, CHEAP)
     assert s.g.b_recall[1] == PAYS and s.c("accept_batch_tps_probe_failed") == 0
+    assert s.g.snapshot()["tps_by_size"] == {"1": "pays", "3-4": p}  # what status shows
     assert s.g.b_recall[3] == p and s.g.b_recall_other and not s.g.steady(s.t)  # four requests' pause kept
     s.run(20, CHEAP)
     assert s.g.b_state == ACTIVE and s.need.all() and s.c("accept_batch_tps_paused") == 1

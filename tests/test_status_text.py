@@ -48,7 +48,8 @@ def _status() -> dict:
                      "accepted_by_position": [0.7] * 8, "acceptance_rate": 0.4642, "rounds": 123, "rounds_failed": 3,
                      "fallbacks": {"timeout": 3}, "gate": {"enabled": True, "counters": {},
                                                                           "tps_rule": True, "tps_plain": 250.0,
-                                                                          "tps_drafting": 180.46}},
+                                                                          "tps_drafting": 180.46,
+                                                                          "tps_by_size": {"1": "pays", "5-8": 256}}},
     }
 
 
@@ -61,6 +62,7 @@ def test_status_fits_80_columns_in_sections():
     assert "spec_decode_num_accepted_tokens_per_pos_0" not in text  # in Drafting, not among the counters
     assert "mean accepted 1.81 of 8" in text and "REFUSED" in text
     assert "tokens/s a request: 180.5 with drafts, 250.0 without" in text  # the throughput rule's rates
+    assert "by batch size: 1 drafts, 5-8 paused (256 rounds)" in text
 
 
 def test_events_are_a_table_not_python_dicts():

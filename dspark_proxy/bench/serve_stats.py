@@ -91,7 +91,7 @@ def mean_accepted(before: Mapping[str, float], after: Mapping[str, float]) -> fl
 
 
 def serve_targets(res: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Issue 30's goals for a head arm (docs/performance.md, "Serving under load"): >= 2.5x no speculation at c=1, >= 1.5x at
+    """The goals for a head arm (docs/performance.md, "Serving under load"): >= 2.5x no speculation at c=1, >= 1.5x at
     c=8, ahead of vLLM's n-gram and never slower than no speculation at every concurrency, no output lost."""
     sp = res.get("speedup_vs_nospec") or {}
     heads = [a for a in sp if a != "ngram"]

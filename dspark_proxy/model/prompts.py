@@ -1,7 +1,7 @@
 """The user's prompts for training a head: a text or JSONL file, one prompt a line.
 
 A head learns what its target says after the prompts it is shown; a head trained on stdlib code and
-served on chat accepts little (issue 29), so `train-drafter --prompts FILE` trains on the user's own
+served on chat accepts little (docs/dspark.md, "Train a head on your own prompts"), so `train-drafter --prompts FILE` trains on the user's own
 prompts, through the target's chat template where the tokenizer has one, and measures acceptance on a
 held-out split of the same file. The split is by a hash of each prompt's text, so adding lines to the
 file never moves an old prompt between train and held-out.

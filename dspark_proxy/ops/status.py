@@ -289,6 +289,9 @@ def format_drafting(d: dict[str, Any]) -> list[str]:
         rates = [f"{gate[k]:.1f} {w}" for k, w in (("tps_drafting", "with drafts"), ("tps_plain", "without"))
                  if gate.get(k) is not None]
         lines.append("  gate     tokens/s a request: " + ", ".join(rates))
+    if gate.get("tps_by_size"):
+        lines.append("  gate     by batch size: " + ", ".join(
+            f"{size} {'drafts' if v == 'pays' else f'paused ({v} rounds)'}" for size, v in gate["tps_by_size"].items()))
     return lines
 
 

@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops.stats import Stats
-from .gate_tps import MIN_SAMPLES, StepRates, bucket
+from .gate_tps import MIN_SAMPLES, StepRates, bucket, size_label
 
 if TYPE_CHECKING:
     from .acceptance import DraftEffect
@@ -220,11 +220,13 @@ class AcceptGate:
 
     def snapshot(self) -> dict:
         """For status: the slots in each state now and the batch's state; with the throughput rule, the
-        rates it learnt (tokens per request-second, None: not yet)."""
+        rates it learnt (tokens per request-second, None: not yet) and what it found at each batch size
+        judged (`tps_by_size`: "pays", or the pause it gave drafting there, in rounds)."""
         snap = {"enabled": self.on, "slots_paused": self.n_paused, "slots_probing": self.n_probing,
                 "batch": STATE_NAMES[self.b_state], "break_even": self.s.break_even, "tps_rule": self.tps is not None}
         if self.tps is not None:
             snap.update(self.tps.snapshot())
+            snap["tps_by_size"] = {size_label(b): "pays" if f == PAYS else f for b, f in enumerate(self.b_recall) if f}
         return snap
 
     # ------------------------------------------------------------------ transitions

@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["StepRates", "MIN_SAMPLES", "bucket"]
+__all__ = ["StepRates", "MIN_SAMPLES", "bucket", "size_label"]
 
 CAP = 64  # intervals kept a class and block
 MIN_SAMPLES = 4  # a block with fewer intervals of a class gives no rate of it
@@ -38,6 +38,13 @@ MIN_SAMPLES = 4  # a block with fewer intervals of a class gives no rate of it
 def bucket(n: int) -> int:
     """The batch-size bucket of a round of n requests: 1, 2, 3-4, 5-8, 9-16, ... (0: none)."""
     return (n - 1).bit_length() + 1 if n > 0 else 0
+
+
+def size_label(b: int) -> str:
+    """The batch sizes of bucket b, as status shows them: "1", "2", "3-4", "5-8", ..."""
+    hi = 1 << max(b - 1, 0)
+    lo = (1 << (b - 2)) + 1 if b >= 2 else 1
+    return str(hi) if lo == hi else f"{lo}-{hi}"
 
 
 class StepRates:

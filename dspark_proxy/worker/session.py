@@ -71,7 +71,7 @@ class SlotWindow:
         # of everything before its end, a restart begins it anew
         self.aux: np.ndarray | None = None
         self.aux_lo = 0
-        # A(p) at p % (W + 1), 4 bytes each (a list of ints took 40: issue 28 item 2); none without chains
+        # A(p) at p % (W + 1), 4 bytes each (a list of ints took 40); none without chains
         self.chain = array(_CHAIN, bytes(4 * (window + 1))) if chains else array(_CHAIN)
         self.chain_start = 0
         self.chains = chains  # only the integrity drafter reads them: a torch drafter pays no CRC

@@ -8,7 +8,7 @@ window (its manifest's), and any drafter that does not say otherwise is taken to
 The memory budget bounds what is adopted: one session of the HELLO's shapes must fit in it, counted as
 all its slots can hold (`session_bytes`: rows, CRC chain, the drafter's per-slot state), and a window
 past the worker's `--max-window` is refused, so nothing a HELLO asks costs more than the budget charges
-(issue 28: the CRC shift tables of a window are about 2 sqrt(W) tables, built in milliseconds, crc.py).
+(the CRC shift tables of a window are about 2 sqrt(W) tables, built in milliseconds: crc.py).
 
 The head's target is checked here too: a HELLO that names a target (`target_id`) is refused by a
 drafter made for another one; a HELLO that names none is served, and the worker says so once.
