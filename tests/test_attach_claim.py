@@ -1,4 +1,4 @@
-"""Issue 10 item 7: no window in which a live attacher looks dead, and one shim per (process, name)."""
+"""No window in which a live attacher looks dead, and one shim per (process, name)."""
 
 from __future__ import annotations
 

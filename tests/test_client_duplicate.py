@@ -1,4 +1,4 @@
-"""One REPLY frame too many (issue 10 item 3): a frame nobody waits for is discarded, so the client
+"""One REPLY frame too many: a frame nobody waits for is discarded, so the client
 stays in step with the worker and drafts resume at once instead of every later round reading the
 previous round's reply."""
 

@@ -1,4 +1,4 @@
-"""Sampled-mode reply fields are checked by the client before use (issue 10 item 6): a worker whose
+"""Sampled-mode reply fields are checked by the client before use: a worker whose
 drafter writes a NaN q, a q over 1, a support summing past 1, an id outside the vocabulary its WELCOME
 announced, or a draft outside its own support gets a `bad_reply` (a target-only round), counted by
 cause, and the next good reply on the same connection is used as usual."""

@@ -1,4 +1,4 @@
-"""The dspark drafter against the reference (issue 29, item 2): small random-weight DSpark speculators
+"""The dspark drafter against the reference: small random-weight DSpark speculators
 built and saved by `speculators` 0.9.0, served by our worker through the real protocol, compared on the
 same rows and tokens with drafts from the reference model's own modules (tests/dspark_ref.py): drafts
 identical at every position, float32 logits and confidences within 1e-4, contexts shorter and longer

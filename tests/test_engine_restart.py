@@ -1,7 +1,7 @@
 """A new engine attaching to a running proxy numbers its rounds afresh (from 1): everything the proxy
 counts in rounds restarts or is re-based with it. Before, the one breaker per proxy kept the old
 engine's round numbers, and an engine restarted while it was open got no drafts for about the old
-engine's round count plus the cooldown (issue 10 item 2)."""
+engine's round count plus the cooldown."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 11 item 7: every event field accurate (the round's own), the incarnation on every event, only
+"""Every event field accurate (the round's own), the incarnation on every event, only
 produced phases documented, and `status --watch` riding through a proxy restart."""
 
 from __future__ import annotations

@@ -269,7 +269,7 @@ def test_drafts_that_always_come_late_are_judged_and_paused(native_path):
     """A drafter that misses every deadline: each drafting step is the engine's wait (3 plain steps) and
     verifies nothing. Those steps are drafting's cost, not plain ones, and they fill its blocks: the
     rule pauses it (before, every such step was a plain sample, no block was ever whole, and the batch
-    drafted late for ever: the DSpark arm's 0.65x on a busy machine, issue 30)."""
+    drafted late for ever: the DSpark arm's 0.65x on a busy machine)."""
     s = Sim(GateSettings(break_even=0.5, patience=8, pause=16, pause_max=512, probe=2, tps_every=400),
             native_path=native_path)
     s.until(lambda: s.c("accept_batch_tps_paused") == 1, 3 * PLAIN, limit=S.tps_every, late=True)

@@ -1,4 +1,4 @@
-"""Issue 15: the idle cost of proxy + shim, at most 0.5% of one core in every state (docs/performance.md, "Idle, state by state").
+"""The idle cost of proxy + shim, at most 0.5% of one core in every state (docs/performance.md, "Idle, state by state").
 
 Each state is measured twice over, on a loaded machine as on a quiet one:
 - CPU time (not wall time) of the proxy process and of the shim's threads in this process (only the

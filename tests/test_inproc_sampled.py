@@ -1,4 +1,4 @@
-"""`--worker inproc` and `--worker null` with `--sampled` (issue 11 item 6): the in-process workers
+"""`--worker inproc` and `--worker null` with `--sampled`: the in-process workers
 answer sampled rounds with the integrity drafter's own sampled sections (support draft + k, q one-hot,
 for requests that sample), instead of every round failing with "sampled reply without its support ids
 and q"."""

@@ -1,5 +1,5 @@
 """A systematic error in the round is logged once per 10 s with a count of what was held back, not a
-traceback per round (issue 11 item 6)."""
+traceback per round."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Messages for people (issue 31): each error a user can make is one line on stderr naming the path,
+"""Messages for people: each error a user can make is one line on stderr naming the path,
 address or field, with an exit code from exitcodes.py; deprecated names work and say what to use."""
 
 from __future__ import annotations

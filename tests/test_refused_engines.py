@@ -1,4 +1,4 @@
-"""Refusals are visible (issue 30 items 4 and 5): an engine refused for its shapes is listed by `status`
+"""Refusals are visible: an engine refused for its shapes is listed by `status`
 (human and --json) with the field and both values (dspark_proxy/shm/refusals.py); the vLLM proposer
 names its served model's target (engine_shim/vllm/link.py `target_of`) and logs one prefixed line when
 it attaches and one when the proxy's worker refuses it (`LinkLog`)."""

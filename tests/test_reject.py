@@ -1,4 +1,4 @@
-"""Issue 11 item 1: one rejected enqueue costs exactly that round, attached or not."""
+"""One rejected enqueue costs exactly that round, attached or not."""
 
 from __future__ import annotations
 

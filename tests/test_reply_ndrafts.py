@@ -1,5 +1,5 @@
-"""Every reply says exactly what to use: n_drafts per request, -1 / 0 past it, nothing stale (issue 11,
-item 2), through the real shim, round and page, with the in-process integrity worker (tests/rig.py)."""
+"""Every reply says exactly what to use: n_drafts per request, -1 / 0 past it, nothing stale,
+through the real shim, round and page, with the in-process integrity worker (tests/rig.py)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_finished_requests_are_never_asked_for_and_live_windows_come_back(seg_name):
-    """Issue 10 item 1: M=8, W=4, 2 windows a round, one worker timeout, then the requests in slots 0
+    """M=8, W=4, 2 windows a round, one worker timeout, then the requests in slots 0
     and 1 finish. Before: the idle slots 0 and 1 filled the window budget for ever (staged every round)
     and the live requests drafted from 1 of 4 rows."""
     rig = Rig(seg_name, M=8, W=4, R=2)
@@ -58,7 +58,7 @@ def _lose_every_window(rig: Rig, reqs: list[tuple[int, int, int]]) -> None:
 
 
 def test_a_hung_proxy_costs_each_requested_window_one_copy(seg_name):
-    """Issue 11 item 3: the resync request names its round and is honoured once. Before: while the
+    """The resync request names its round and is honoured once. Before: while the
     proxy was late or hung, every enqueue copied every requested window again."""
     rig = Rig(seg_name, M=8, W=4, R=2)
     try:

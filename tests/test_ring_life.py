@@ -1,4 +1,4 @@
-"""The engine's shared ring's life (shm_layout.md §1 and §9; issue 28 items 3-6).
+"""The engine's shared ring's life (shm_layout.md §1 and §9).
 
 - another local user squatting /dev/shm names never stops a Shim() (item 3);
 - truncating the engine's ring never kills the proxy: the memfd is sealed, its ftruncate refused (item 4);

@@ -1,4 +1,4 @@
-"""Issue 10 item 8: a stuck round loop (heartbeat still going) is seen as a hung proxy."""
+"""A stuck round loop (heartbeat still going) is seen as a hung proxy."""
 
 from __future__ import annotations
 

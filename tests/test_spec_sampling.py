@@ -1,6 +1,6 @@
 """Sampled-mode losslessness: speculative sampling through `spec.verify.accept_sampled` must give the
 target's own distribution, whatever the proposal, as long as each draft was drawn from it; a drafter
-that drafts greedily while reporting q is caught (issue 13 item 4).
+that drafts greedily while reporting q is caught.
 
 A small vocabulary (6 tokens) and a Markov target p(next | prev) make the exact distribution of the
 first two generated tokens known; 20,000 generations in one batch, drafting 3 tokens a round from a

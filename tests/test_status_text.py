@@ -1,4 +1,4 @@
-"""`status` for people (issue 31): 80 columns, sections, events as a table, an idle gap between rounds
+"""`status` for people: 80 columns, sections, events as a table, an idle gap between rounds
 named so (not a 17 s "max" that reads as a stall); idle and refused-peer logs throttled."""
 
 from __future__ import annotations

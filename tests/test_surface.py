@@ -1,4 +1,4 @@
-"""The operator's surfaces (issue 16): `status` explains the drafting's effect (human and --json), the
+"""The operator's surfaces: `status` explains the drafting's effect (human and --json), the
 same in Prometheus, `status --watch` redraws in place, and a missing optional dependency is one line
 and an exit code."""
 

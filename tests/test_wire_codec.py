@@ -257,7 +257,7 @@ def test_bad_entry_mask():
     e["first_pos"][8] = -2                    # negative position
     e["anchor_pos"][8] = 0
     assert wire.bad_entry_mask(e, LAYOUT).tolist() == [False] + [True] * 8
-    # a slot at or past the agreed max_reqs has no window to go in (issue 10 item 4)
+    # a slot at or past the agreed max_reqs has no window to go in
     e = np.zeros(3, dtype=wire.ENTRY_DTYPE)
     e["slot"] = [LAYOUT.max_reqs - 1, LAYOUT.max_reqs, 2**32 - 1]
     e["n_rows"] = e["anchor_pos"] = 1

@@ -1,4 +1,4 @@
-"""The worker's memory is bounded per peer (issue 10 item 4): slots by the agreed max_reqs, sessions by
+"""The worker's memory is bounded per peer: slots by the agreed max_reqs, sessions by
 connection, all windows by a memory budget, and no connection can evict, drop or step a session that
 another open connection owns."""
 

@@ -74,7 +74,7 @@ def test_only_the_integrity_worker_hashes_rows(monkeypatch):
 def test_window_shifts_equal_zlibs_combine_at_every_size():
     """WindowShifts (what the worker assembles window CRCs with) is shift(w * row_bytes) for every w,
     one table per w up to 512 windows and two passes beyond, up to the protocol's 2^20; built in
-    milliseconds and about 2 sqrt(W) tables, not W + 1 (issue 28 item 1)."""
+    milliseconds and about 2 sqrt(W) tables, not W + 1."""
     import time
 
     from dspark_proxy.crc import WindowShifts, shift_tables

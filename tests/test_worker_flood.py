@@ -1,4 +1,4 @@
-"""Unauthenticated sockets cannot take the worker's connection slots (issue 10 item 5): handshakes
+"""Unauthenticated sockets cannot take the worker's connection slots: handshakes
 have their own small budget and a short timeout, an idle socket gives way to one that speaks, and an
 authenticated proxy connects and reconnects through a flood of hundreds of idle sockets."""
 

@@ -1,4 +1,4 @@
-"""What a HELLO may cost the worker (issue 28 items 1-2): a peer's window buys no work outside the memory
+"""What a HELLO may cost the worker: a peer's window buys no work outside the memory
 budget and nothing slow under a lock another connection needs; a window past `--max-window`, or shapes
 whose slots do not fit the budget, are refused naming the field and both values; and the budget counts
 all a slot really holds (rows, CRC chain, the drafter's per-slot state), so a session's RSS stays within
