@@ -42,7 +42,7 @@ COUNTER_HELP = {
     "accept_batch_tps_paused": "Times the whole batch was paused because drafting made it slower (tokens/s).",
     "accept_batch_tps_resumed": "Times a batch paused for speed resumed drafting after a probe beat the rate without.",
     "accept_batch_tps_probe_failed": "Probes of a batch paused for speed that paused it again.",
-    "accept_batch_tps_recalled": "Times the batch grew or shrank to a size where drafting was last too slow, and paused again at once.",
+    "accept_batch_tps_recalled": "Times the batch grew or shrank to a size where drafting was found too slow, and paused again at once.",
     "fallbacks": "Rounds the engine ran target-only, by cause.",
     "request_status": "Requests in replies, by their status.",
     "requests_not_staged": "Requests left out of a round for lack of staging room.",

@@ -40,7 +40,8 @@ every block the drafting one; low acceptance pauses first, as above.
 
 Per batch size (the throughput rule only; gate_tps.py, `bucket`): a target step's cost grows with the
 tokens it verifies, so each bucket of sizes keeps its plain rate and what the rule last found there
-(`b_recall`): a pause (the batch pauses again at once on coming back, `accept_batch_tps_recalled`),
+(`b_recall`): a pause, once a probe there failed (the batch pauses again at once on coming back,
+`accept_batch_tps_recalled`),
 PAYS (a throughput pause, sample or probe under way ends on coming there), or nothing yet (the batch
 goes on as it was). A size counts after SWITCH_AFTER rounds in a row, and a batch pause is promised to
 the engine PROMISE_AHEAD rounds at a time so that such a change can end it.
@@ -334,14 +335,18 @@ class AcceptGate:
             self.b_tps = False
             self._batch_block(ACTIVE, s.patience)
             return
+        # what the size remembers: a pause once a probe confirmed the slow blocks (one verdict on a busy
+        # machine may be noise, and a remembered pause costs every return to the size); nothing before
         if self.b_state == PROBING:
             self.b_pause = min(self.b_pause * 2, s.pause_max)
             counter = "accept_batch_tps_probe_failed" if slow else "accept_batch_probe_failed"
+            if slow:
+                self.b_recall[self.b_bucket] = self.b_pause
         else:
             counter = "accept_batch_tps_paused" if slow else "accept_batch_paused"
+            if slow:
+                self.b_recall[self.b_bucket] = 0
         self.b_tps, self.b_slow = slow, 0
-        if slow:
-            self.b_recall[self.b_bucket] = self.b_pause
         self._batch_paused(t, t + self.b_pause, counter)
 
     def _tps_verdict(self, t: int, accepted: int) -> str:
@@ -391,7 +396,8 @@ class AcceptGate:
 
     def _switch(self, t: int, new: int) -> None:
         """The batch's size moved to another bucket, where what drafting is worth is its own (gate_tps.py).
-        Where the throughput rule last paused drafting, the batch pauses again at once, for that pause
+        Where the throughput rule last paused drafting and a probe confirmed it, the batch pauses again
+        at once, for that pause
         (a throughput pause under way goes on), rather than drafting blocks to learn it anew (load that
         moves between few requests and many); where drafting was found to pay, a throughput pause,
         sample or probe under way ends and the batch drafts (the rounds the engine was promised still
