@@ -133,7 +133,7 @@ class AcceptGate:
         self.b_slow = 0  # ACTIVE blocks in a row whose drafting rate was below the plain one
         self.b_judged = (-1, -1)  # the rounds of the batch's last two ACTIVE judgements (the throughput rule)
         self.b_more = 0  # a throughput probe's verified rounds past its first look
-        self._asked = True  # the batch asked drafts in the last round (not PAUSED when it was masked)
+        self._asked = True  # the last round's mask asks drafts of the batch (not PAUSED, not a promised round)
         # the throughput rule per batch size (gate_tps.py, `bucket`): the rounds' bucket, and per bucket what
         # the rule last found there: the pause it gave drafting, PAYS (drafting beat the plain rate by the
         # margin), 0 (not judged yet)
@@ -205,8 +205,8 @@ class AcceptGate:
                                and t > self.b_promised)
 
     def mask(self, slots: np.ndarray, need: np.ndarray) -> int:
-        """Clear `need` (the round's NEED_DRAFT flags, in place) where the slot or the batch is PAUSED;
-        how many it cleared."""
+        """Clear `need` (the round's NEED_DRAFT flags, in place) where the slot or the batch is PAUSED, or
+        all of it in a round promised paused; how many it cleared."""
         if not self.on or (self.n_paused == 0 and self._asked):
             return 0
         before = int(np.count_nonzero(need))
