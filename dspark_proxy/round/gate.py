@@ -55,18 +55,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from ..ops.stats import Stats
 from .gate_tps import MIN_SAMPLES, StepRates, bucket, size_label
 
-if TYPE_CHECKING:
-    from .acceptance import DraftEffect
+__all__ = ["AcceptGate", "GateSettings", "Effect", "ACTIVE", "PAUSED", "PROBING", "STATE_NAMES", "PAYS",
+           "PROMISE_AHEAD", "SWITCH_AFTER"]
 
-__all__ = ["AcceptGate", "GateSettings", "ACTIVE", "PAUSED", "PROBING", "STATE_NAMES", "PAYS", "PROMISE_AHEAD",
-           "SWITCH_AFTER"]
+
+class Effect(Protocol):
+    """What the batch machine reads of the drafts' effect (acceptance.py's DraftEffect, which imports
+    this module): request-rounds that verified drafts, and the accepted drafts so far."""
+
+    drafts: int
+
+    def accepted_total(self) -> int: ...
+
 
 ACTIVE, PAUSED, PROBING = 0, 1, 2
 STATE_NAMES = ("active", "paused", "probing")
@@ -109,7 +116,7 @@ class AcceptGate:
     judged together every `patience` rounds (those with at least `patience` verified rounds in their
     block), probes as they complete, pauses as they end: each a few numpy calls over the slots concerned."""
 
-    def __init__(self, max_slots: int, settings: GateSettings, stats: Stats, effect: DraftEffect,
+    def __init__(self, max_slots: int, settings: GateSettings, stats: Stats, effect: Effect,
                  clock: Callable[[], int] | None = None) -> None:
         self.s, self.stats, self.M, self.effect = settings, stats, max_slots, effect
         self.on = settings.break_even > 0
